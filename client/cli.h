@@ -1,0 +1,34 @@
+// Subcommands of the `kvmem` CLI. Each returns the process exit code:
+// 0 success, 1 the service reported an error, 2 bad usage.
+#ifndef KVMEM_CLIENT_CLI_H_
+#define KVMEM_CLIENT_CLI_H_
+
+#include <grpcpp/support/status.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+
+ABSL_DECLARE_FLAG(std::string, addr);
+ABSL_DECLARE_FLAG(bool, json);
+
+namespace kvmem {
+
+int RunDemo(const std::vector<std::string>& args);
+int RunRecall(const std::vector<std::string>& args);
+int RunStats(const std::vector<std::string>& args);
+
+// Prints "kvmem: <what>: <CODE>: <message>" to stderr; returns 1.
+int ReportError(const std::string& what, const grpc::Status& status);
+const char* StatusCodeName(grpc::StatusCode code);
+
+// Percentile (0..100) of values; 0 for an empty vector. Sorts values.
+double Percentile(std::vector<double>& values, double pct);
+
+// --addr, or the default server address when it is empty.
+std::string AddrOrDefault();
+
+}  // namespace kvmem
+
+#endif  // KVMEM_CLIENT_CLI_H_

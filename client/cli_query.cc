@@ -1,0 +1,145 @@
+// `kvmem recall` and `kvmem stats`.
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdio>
+#include <random>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "client/cli.h"
+#include "client/kvmem_client.h"
+
+ABSL_FLAG(std::string, stream, "", "Stream id (recall, stats).");
+ABSL_FLAG(std::string, query, "",
+          "recall: comma-separated floats, summary_dim of them.");
+ABSL_FLAG(int64_t, query_seed, -1,
+          "recall: use a random N(0,1) query of the stream's summary_dim "
+          "from this seed instead of --query.");
+ABSL_FLAG(uint32_t, top_k, 0, "recall: candidate blocks (0: stream default).");
+ABSL_FLAG(uint32_t, max_tokens, 0, "recall: token budget (0: stream default).");
+
+namespace kvmem {
+namespace {
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.always_print_primitive_fields = true;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+void PrintStatsHuman(const v1::StreamStats& s) {
+  const auto& g = s.config().geometry();
+  std::printf(
+      "stream %s%s\n"
+      "  geometry        %u layers x %u kv_heads x %u head_dim, %s, <= %u "
+      "tokens/frame\n"
+      "  hot window      %u tokens; %u frames/block; summary dim %u\n"
+      "  frames          %llu (last durable %lld), %llu tokens, next position "
+      "%llu\n"
+      "  blocks          %llu sealed, %u frames in the open block\n"
+      "  memory          %.2f MiB KV stored (cold %.2f MiB, warm %.2f MiB), "
+      "%.1f KiB summaries in RAM\n"
+      "  recalls         %llu, %llu blocks, %llu tokens recalled\n",
+      s.stream_id().c_str(), s.closed() ? " (closed)" : "", g.layers(),
+      g.kv_heads(), g.head_dim(), v1::DType_Name(g.dtype()).c_str(),
+      g.max_tokens_per_frame(), s.config().hot_window_tokens(),
+      s.config().block_policy().frames_per_block(), s.summary_dim(),
+      static_cast<unsigned long long>(s.frames()),
+      static_cast<long long>(s.last_durable_frame()),
+      static_cast<unsigned long long>(s.tokens()),
+      static_cast<unsigned long long>(s.next_token_position()),
+      static_cast<unsigned long long>(s.sealed_blocks()), s.open_block_frames(),
+      s.payload_bytes() / 1048576.0, s.cold_bytes() / 1048576.0,
+      s.warm_bytes() / 1048576.0, s.summary_bytes() / 1024.0,
+      static_cast<unsigned long long>(s.recalls()),
+      static_cast<unsigned long long>(s.recalled_blocks()),
+      static_cast<unsigned long long>(s.recalled_tokens()));
+}
+
+}  // namespace
+
+int RunStats(const std::vector<std::string>&) {
+  auto client = KvmemClient::Connect(AddrOrDefault());
+  const std::string id = absl::GetFlag(FLAGS_stream);
+  v1::ListStreamsResponse list;
+  grpc::Status s;
+  if (id.empty()) {
+    s = client->ListStreams(&list);
+  } else {
+    s = client->GetStreamStats(id, list.add_streams());
+  }
+  if (!s.ok()) return ReportError("stats", s);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", ToJson(list).c_str());
+    return 0;
+  }
+  if (list.streams_size() == 0) std::printf("no streams\n");
+  for (const auto& st : list.streams()) PrintStatsHuman(st);
+  return 0;
+}
+
+int RunRecall(const std::vector<std::string>&) {
+  const std::string id = absl::GetFlag(FLAGS_stream);
+  if (id.empty()) {
+    std::fprintf(stderr, "kvmem recall: --stream=ID is required\n");
+    return 2;
+  }
+  auto client = KvmemClient::Connect(AddrOrDefault());
+  v1::RecallRequest req;
+  req.set_stream_id(id);
+  req.mutable_budget()->set_top_k(absl::GetFlag(FLAGS_top_k));
+  req.mutable_budget()->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
+  const int64_t seed = absl::GetFlag(FLAGS_query_seed);
+  if (seed >= 0) {
+    v1::StreamStats stats;
+    grpc::Status s = client->GetStreamStats(id, &stats);
+    if (!s.ok()) return ReportError("recall", s);
+    std::mt19937_64 rng(static_cast<uint64_t>(seed));
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (uint32_t i = 0; i < stats.summary_dim(); ++i) req.add_query(n(rng));
+  } else {
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_query), ',', absl::SkipEmpty())) {
+      float v;
+      if (!absl::SimpleAtof(part, &v)) {
+        std::fprintf(stderr,
+                     "kvmem recall: --query value \"%s\" is not a "
+                     "number\n",
+                     std::string(part).c_str());
+        return 2;
+      }
+      req.add_query(v);
+    }
+  }
+  v1::RecallResponse resp;
+  grpc::Status s = client->Recall(req, &resp);
+  if (!s.ok()) return ReportError("recall", s);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", ToJson(resp).c_str());
+    return 0;
+  }
+  std::printf(
+      "recall on %s: %d blocks, %u of %u budget tokens, top_k %u, %u "
+      "candidates outside the hot window, %u us in the engine\n",
+      id.c_str(), resp.blocks_size(), resp.total_tokens(), resp.budget_tokens(),
+      resp.top_k(), resp.candidates(), resp.timing().total_us());
+  for (const auto& b : resp.blocks()) {
+    std::printf(
+        "  block %6llu  frames %llu-%llu  positions [%llu, %llu)  "
+        "%u tokens  score %.4f  gate %.3f\n",
+        static_cast<unsigned long long>(b.block_id()),
+        static_cast<unsigned long long>(b.first_frame()),
+        static_cast<unsigned long long>(b.last_frame()),
+        static_cast<unsigned long long>(b.first_token_position()),
+        static_cast<unsigned long long>(b.end_token_position()),
+        b.token_count(), b.score(), b.gate_weight());
+  }
+  return 0;
+}
+
+}  // namespace kvmem

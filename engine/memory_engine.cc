@@ -1,0 +1,125 @@
+#include "engine/memory_engine.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/record_codec.h"
+#include "engine/status_macros.h"
+#include "engine/stream_config.h"
+
+namespace kvmem {
+
+MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store)
+    : store_(std::move(store)) {}
+
+absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
+    std::unique_ptr<ColdStore> store) {
+  std::unique_ptr<MemoryEngine> engine(new MemoryEngine(std::move(store)));
+  KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
+  absl::MutexLock lock(&engine->mu_);
+  for (const StreamRecord& r : records) {
+    KVMEM_ASSIGN_OR_RETURN(StreamConfig config, DecodeConfig(r.config));
+    KVMEM_ASSIGN_OR_RETURN(StreamState state, DecodeState(r.state));
+    KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
+    KVMEM_ASSIGN_OR_RETURN(
+        std::unique_ptr<Stream> stream,
+        Stream::Recover(r.stream_id, config, state, engine->store_.get()));
+    engine->streams_[r.stream_id] = std::move(stream);
+  }
+  return engine;
+}
+
+absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
+    const std::string& id, const StreamConfig& requested) {
+  KVMEM_RETURN_IF_ERROR(ValidateStreamId(id));
+  const StreamConfig config = WithDefaults(requested);
+  KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(id);
+  if (it != streams_.end()) {
+    if (!(it->second->config() == config)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("stream \"", id,
+                       "\" exists with a different config; delete it or "
+                       "open it with the same config"));
+    }
+    KVMEM_RETURN_IF_ERROR(it->second->Reopen());
+    return OpenStreamResult{false, it->second->Stats()};
+  }
+  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream,
+                         Stream::Create(id, config, store_.get()));
+  std::shared_ptr<Stream> shared = std::move(stream);
+  streams_[id] = shared;
+  return OpenStreamResult{true, shared->Stats()};
+}
+
+absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Find(
+    const std::string& id) const {
+  KVMEM_RETURN_IF_ERROR(ValidateStreamId(id));
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) {
+    return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<StreamStats> MemoryEngine::CloseStream(const std::string& id) {
+  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  KVMEM_RETURN_IF_ERROR(stream->Close());
+  return stream->Stats();
+}
+
+absl::Status MemoryEngine::DeleteStream(const std::string& id) {
+  std::shared_ptr<Stream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    KVMEM_RETURN_IF_ERROR(ValidateStreamId(id));
+    auto it = streams_.find(id);
+    if (it == streams_.end()) {
+      return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
+    }
+    stream = it->second;
+    // Holding mu_ keeps a concurrent OpenStream of the same id from creating
+    // records that the range delete below would remove.
+    stream->MarkDeleted();
+    KVMEM_RETURN_IF_ERROR(store_->DeleteStream(id));
+    streams_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<StreamStats> MemoryEngine::ListStreams() const {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : streams_) streams.push_back(s);
+  }
+  std::vector<StreamStats> out;
+  out.reserve(streams.size());
+  for (const auto& s : streams) out.push_back(s->Stats());
+  return out;
+}
+
+absl::StatusOr<StreamStats> MemoryEngine::GetStats(
+    const std::string& id) const {
+  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  return stream->Stats();
+}
+
+absl::StatusOr<AppendResult> MemoryEngine::Append(const std::string& id,
+                                                  const Frame& frame) {
+  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  return stream->Append(frame);
+}
+
+absl::StatusOr<RecallResult> MemoryEngine::Recall(const std::string& id,
+                                                  const RecallQuery& query) {
+  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  return stream->Recall(query);
+}
+
+size_t MemoryEngine::stream_count() const {
+  absl::MutexLock lock(&mu_);
+  return streams_.size();
+}
+
+}  // namespace kvmem

@@ -1,0 +1,46 @@
+// Validation and derived sizes of a stream's configuration. Pure functions.
+#ifndef KVMEM_ENGINE_STREAM_CONFIG_H_
+#define KVMEM_ENGINE_STREAM_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "engine/types.h"
+
+namespace kvmem {
+
+inline constexpr uint32_t kDefaultFramesPerBlock = 4;
+inline constexpr uint32_t kDefaultTopK = 8;
+inline constexpr uint32_t kMaxTopK = 4096;
+inline constexpr size_t kMaxStreamIdBytes = 128;
+
+// OK when id is 1..128 bytes of [A-Za-z0-9._:-]; otherwise INVALID_ARGUMENT
+// naming `field` and the value.
+absl::Status ValidateStreamId(absl::string_view id,
+                              absl::string_view field = "stream_id");
+
+// Returns config with every zero/empty default filled in. Does not validate.
+StreamConfig WithDefaults(const StreamConfig& config);
+
+// OK when config (after WithDefaults) describes a usable stream; otherwise
+// INVALID_ARGUMENT naming the field (as in kvmem.v1, e.g.
+// "config.geometry.head_dim") and the offending value.
+absl::Status ValidateStreamConfig(const StreamConfig& config);
+
+// Payload bytes of a frame of token_count tokens.
+uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count);
+
+// Elements of one layer's K (or V) for token_count tokens.
+uint64_t LayerSliceElements(const Geometry& g, uint32_t token_count);
+
+// Dimension of a block summary (and of a query).
+uint32_t SummaryDim(const StreamConfig& config);
+
+// Indexed layers after defaults (all layers when the list is empty).
+std::vector<uint32_t> EffectiveIndexedLayers(const StreamConfig& config);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_STREAM_CONFIG_H_

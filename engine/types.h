@@ -1,0 +1,133 @@
+// Plain value types the memory engine speaks: stream configuration, frames,
+// blocks, recall queries and results, statistics. They mirror kvmem.v1 but
+// carry no gRPC or protobuf dependency. All are copyable values; none is
+// internally synchronised.
+#ifndef KVMEM_ENGINE_TYPES_H_
+#define KVMEM_ENGINE_TYPES_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+
+namespace kvmem {
+
+struct Geometry {
+  uint32_t layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  DType dtype = DType::kUnspecified;
+  uint32_t max_tokens_per_frame = 0;
+};
+
+struct StreamConfig {
+  Geometry geometry;
+  uint32_t hot_window_tokens = 0;
+  uint32_t frames_per_block = 0;         // 0: default.
+  std::vector<uint32_t> indexed_layers;  // Empty: all layers.
+  std::string index_factory;             // Empty: "Flat".
+  uint32_t default_top_k = 0;            // 0: default.
+  uint32_t default_max_tokens = 0;       // 0: 20 % of the hot window.
+  float gate_temperature = 0.0f;         // 0: 1.0.
+  std::map<std::string, std::string> labels;
+
+  bool operator==(const StreamConfig& o) const;
+};
+
+struct Detection {
+  uint64_t track_id = 0;
+  uint32_t class_id = 0;
+  float x_min = 0, y_min = 0, x_max = 0, y_max = 0;
+  float score = 0;
+};
+
+struct FrameSignals {
+  std::vector<Detection> detections;
+  std::vector<float> scene_embedding;
+};
+
+// One frame's KV. payload is layer-major (see kvmem.v1.StreamGeometry).
+struct Frame {
+  uint64_t index = 0;
+  int64_t timestamp_us = 0;
+  uint64_t first_token_position = 0;
+  uint32_t token_count = 0;
+  std::string payload;
+  FrameSignals signals;
+};
+
+enum class Tier : uint32_t {
+  kUnspecified = 0,
+  kWarm = 1,
+  kCold = 2,
+  kDegraded = 3,
+  kEvicted = 4
+};
+
+// A sealed block: consecutive frames, recalled as a unit.
+struct BlockInfo {
+  uint64_t id = 0;
+  uint64_t first_frame = 0;
+  uint64_t last_frame = 0;  // Inclusive.
+  uint64_t first_token_position = 0;
+  uint64_t end_token_position = 0;  // One past the last token's position.
+  uint32_t token_count = 0;
+  uint64_t payload_bytes = 0;
+  Tier tier = Tier::kCold;
+};
+
+struct AppendResult {
+  int64_t last_durable_frame = -1;
+  bool sealed_block = false;
+};
+
+struct RecallQuery {
+  std::vector<float> query;
+  uint32_t top_k = 0;                   // 0: stream default.
+  uint32_t max_tokens = 0;              // 0: stream default.
+  uint64_t current_token_position = 0;  // 0: newest appended token.
+  FrameSignals signals;
+};
+
+struct RecalledBlock {
+  BlockInfo block;
+  float score = 0;
+  float gate_weight = 0;
+};
+
+struct RecallResult {
+  std::vector<RecalledBlock> blocks;
+  uint32_t total_tokens = 0;
+  uint32_t candidates = 0;
+  uint32_t budget_tokens = 0;
+  uint32_t top_k = 0;
+  uint32_t search_us = 0;
+  uint32_t plan_us = 0;
+  uint32_t total_us = 0;
+};
+
+struct StreamStats {
+  std::string stream_id;
+  StreamConfig config;  // With defaults filled in.
+  bool closed = false;
+  int64_t last_durable_frame = -1;
+  uint64_t next_token_position = 0;
+  uint64_t frames = 0;
+  uint64_t tokens = 0;
+  uint64_t sealed_blocks = 0;
+  uint32_t open_block_frames = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t summary_bytes = 0;
+  uint32_t summary_dim = 0;
+  uint64_t recalls = 0;
+  uint64_t recalled_blocks = 0;
+  uint64_t recalled_tokens = 0;
+  uint64_t warm_bytes = 0;
+  uint64_t cold_bytes = 0;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_TYPES_H_

@@ -1,0 +1,39 @@
+// Executor: a fixed pool of worker threads for work that may block (RocksDB
+// commits and reads, fsync), so gRPC's callback threads never wait on I/O.
+//
+// Thread safety: Submit may be called from any thread. The destructor runs
+// every task already submitted, then joins the workers.
+#ifndef KVMEM_SERVER_EXECUTOR_H_
+#define KVMEM_SERVER_EXECUTOR_H_
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvmem {
+
+class Executor {
+ public:
+  explicit Executor(int threads);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  void Submit(std::function<void()> task);
+
+ private:
+  void Run();
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_SERVER_EXECUTOR_H_

@@ -1,0 +1,52 @@
+// FrameIngest: turns the FrameHeader / PayloadChunk messages of one call
+// (AppendFrames or Session) into whole frames and appends them to a stream.
+// Checks each message as it arrives, so a bad chunk is rejected before the
+// rest of its frame is buffered.
+//
+// Thread safety: none; one instance per call, used by one task at a time.
+#ifndef KVMEM_SERVER_FRAME_INGEST_H_
+#define KVMEM_SERVER_FRAME_INGEST_H_
+
+#include <memory>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "engine/stream.h"
+#include "kvmem/v1/types.pb.h"
+
+namespace kvmem {
+
+class FrameIngest {
+ public:
+  // REQUIRES: stream is not null.
+  explicit FrameIngest(std::shared_ptr<Stream> stream);
+
+  // Starts a frame; appends it when the header carries the whole payload.
+  // Returns the append result when a frame was stored, nullopt when more
+  // chunks are expected.
+  absl::StatusOr<std::optional<AppendResult>> OnHeader(v1::FrameHeader* header);
+  absl::StatusOr<std::optional<AppendResult>> OnChunk(v1::PayloadChunk* chunk);
+
+  // OK when no frame is half received; otherwise INVALID_ARGUMENT saying how
+  // many bytes of which frame arrived. Call when the client stops sending.
+  absl::Status CheckNoPartialFrame() const;
+
+  uint64_t frames_written() const { return frames_written_; }
+  uint64_t bytes_written() const { return bytes_written_; }
+  uint64_t sealed_blocks() const { return sealed_blocks_; }
+  Stream& stream() { return *stream_; }
+
+ private:
+  absl::StatusOr<std::optional<AppendResult>> MaybeAppend();
+
+  std::shared_ptr<Stream> stream_;
+  std::optional<Frame> frame_;  // The frame being received.
+  uint64_t expected_bytes_ = 0;
+  uint64_t frames_written_ = 0;
+  uint64_t bytes_written_ = 0;
+  uint64_t sealed_blocks_ = 0;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_SERVER_FRAME_INGEST_H_

@@ -1,0 +1,76 @@
+// KvMemoryService: the kvmem.v1.KvMemory gRPC service on the callback API.
+// A thin layer: convert proto to engine types, call the MemoryEngine, map
+// absl::Status to grpc::Status. Work that may block on storage runs on the
+// Executor, never on a gRPC callback thread.
+//
+// Thread safety: gRPC calls the service from many threads; it holds no state
+// of its own beyond const options and thread-safe collaborators.
+#ifndef KVMEM_SERVER_KVMEM_SERVICE_H_
+#define KVMEM_SERVER_KVMEM_SERVICE_H_
+
+#include <cstdint>
+
+#include "engine/memory_engine.h"
+#include "kvmem/v1/service.grpc.pb.h"
+#include "server/executor.h"
+
+namespace kvmem {
+
+struct ServiceOptions {
+  // Largest FetchBlocks chunk the server sends (also the cap on a request's
+  // max_chunk_bytes); keep below the transport's max message size.
+  uint32_t max_chunk_bytes = 4u << 20;
+  // Session responses queued for a slow reader before reads pause.
+  uint32_t session_queue_limit = 64;
+};
+
+class KvMemoryService final : public v1::KvMemory::CallbackService {
+ public:
+  // REQUIRES: engine and executor outlive the service and its calls.
+  KvMemoryService(MemoryEngine* engine, Executor* executor,
+                  const ServiceOptions& options);
+
+  grpc::ServerUnaryReactor* OpenStream(grpc::CallbackServerContext* ctx,
+                                       const v1::OpenStreamRequest* req,
+                                       v1::OpenStreamResponse* resp) override;
+  grpc::ServerUnaryReactor* CloseStream(grpc::CallbackServerContext* ctx,
+                                        const v1::CloseStreamRequest* req,
+                                        v1::CloseStreamResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteStream(
+      grpc::CallbackServerContext* ctx, const v1::DeleteStreamRequest* req,
+      v1::DeleteStreamResponse* resp) override;
+  grpc::ServerUnaryReactor* ListStreams(grpc::CallbackServerContext* ctx,
+                                        const v1::ListStreamsRequest* req,
+                                        v1::ListStreamsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStreamStats(grpc::CallbackServerContext* ctx,
+                                           const v1::GetStreamStatsRequest* req,
+                                           v1::StreamStats* resp) override;
+  grpc::ServerUnaryReactor* Recall(grpc::CallbackServerContext* ctx,
+                                   const v1::RecallRequest* req,
+                                   v1::RecallResponse* resp) override;
+  grpc::ServerReadReactor<v1::AppendFramesRequest>* AppendFrames(
+      grpc::CallbackServerContext* ctx,
+      v1::AppendFramesResponse* resp) override;
+  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<v1::FetchBlocksResponse>* FetchBlocks(
+      grpc::CallbackServerContext* ctx,
+      const v1::FetchBlocksRequest* req) override;
+
+ private:
+  MemoryEngine* const engine_;
+  Executor* const executor_;
+  const ServiceOptions options_;
+};
+
+// Shared by Recall and Session: runs a recall and fills resp.
+absl::Status RunRecall(MemoryEngine* engine, const std::string& stream_id,
+                       const v1::RecallRequest& req, v1::RecallResponse* resp);
+
+// Shared by OpenStream and Session.
+absl::Status RunOpen(MemoryEngine* engine, const v1::OpenStreamRequest& req,
+                     v1::OpenStreamResponse* resp);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_SERVER_KVMEM_SERVICE_H_

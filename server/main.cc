@@ -1,0 +1,171 @@
+// kvmem-server: the KV-cache memory service. Opens (or creates) the RocksDB
+// cold store in --data_dir, recovers every stream, and serves kvmem.v1 plus
+// grpc.health.v1 and server reflection on TCP and/or a unix socket until
+// SIGINT or SIGTERM, then drains in-flight calls and closes the store.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "engine/memory_engine.h"
+#include "server/executor.h"
+#include "server/kvmem_service.h"
+#include "spdlog/spdlog.h"
+#include "storage/rocks_cold_store.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50551",
+          "TCP address to serve on (host:port; port 0 picks a free port). "
+          "Empty disables TCP.");
+ABSL_FLAG(std::string, unix_socket, "",
+          "Unix socket path to serve on (created with mode 0600). Empty "
+          "disables it.");
+ABSL_FLAG(std::string, data_dir, "./kvmem-data",
+          "RocksDB directory of the cold store (created if missing).");
+ABSL_FLAG(bool, sync_writes, false,
+          "fsync the WAL before acknowledging each frame. Off: acknowledged "
+          "frames survive a process crash (kill -9) but not a power loss.");
+ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
+          "Largest gRPC message accepted or sent, in bytes.");
+ABSL_FLAG(int32_t, max_chunk_bytes, 4 << 20,
+          "Largest FetchBlocks chunk, in bytes (must be below "
+          "--max_message_bytes).");
+ABSL_FLAG(int32_t, worker_threads, 0,
+          "Threads for storage-bound work; 0 means 2 per core, at least 4.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the bound TCP port to this file once serving.");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warn, error or off.");
+
+namespace {
+
+constexpr char kServiceName[] = "kvmem.v1.KvMemory";
+
+int Run() {
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  if (listen.empty() && unix_socket.empty()) {
+    spdlog::error("nothing to serve on: set --listen and/or --unix_socket");
+    return 2;
+  }
+  const int max_msg = absl::GetFlag(FLAGS_max_message_bytes);
+  const int max_chunk = absl::GetFlag(FLAGS_max_chunk_bytes);
+  if (max_msg < (1 << 16) || max_chunk < 1024 || max_chunk > max_msg - 4096) {
+    spdlog::error(
+        "--max_message_bytes={} must be >= 65536 and --max_chunk_bytes={} "
+        "in [1024, max_message_bytes - 4096]",
+        max_msg, max_chunk);
+    return 2;
+  }
+
+  // Signals are taken by sigwait below; block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  kvmem::RocksColdStoreOptions store_options;
+  store_options.path = absl::GetFlag(FLAGS_data_dir);
+  store_options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
+  auto store = kvmem::OpenRocksColdStore(store_options);
+  if (!store.ok()) {
+    spdlog::error("{}", store.status().ToString());
+    return 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto engine = kvmem::MemoryEngine::Open(*std::move(store));
+  if (!engine.ok()) {
+    spdlog::error("recovery failed: {}", engine.status().ToString());
+    return 1;
+  }
+  const double recover_ms = std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0)
+                                .count();
+  for (const auto& s : (*engine)->ListStreams()) {
+    spdlog::info(
+        "recovered stream {}: {} frames, {} blocks, last durable "
+        "frame {}",
+        s.stream_id, s.frames, s.sealed_blocks, s.last_durable_frame);
+  }
+  spdlog::info("opened {} with {} streams in {:.1f} ms", store_options.path,
+               (*engine)->stream_count(), recover_ms);
+
+  int workers = absl::GetFlag(FLAGS_worker_threads);
+  if (workers <= 0) {
+    workers =
+        std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  auto executor = std::make_unique<kvmem::Executor>(workers);
+  kvmem::ServiceOptions service_options;
+  service_options.max_chunk_bytes = static_cast<uint32_t>(max_chunk);
+  kvmem::KvMemoryService service(engine->get(), executor.get(),
+                                 service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(max_msg);
+  builder.SetMaxSendMessageSize(max_msg);
+  int tcp_port = 0;
+  if (!listen.empty()) {
+    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
+                             &tcp_port);
+  }
+  if (!unix_socket.empty()) {
+    ::unlink(unix_socket.c_str());
+    builder.AddListeningPort("unix:" + unix_socket,
+                             grpc::InsecureServerCredentials());
+  }
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || (!listen.empty() && tcp_port == 0)) {
+    spdlog::error("could not listen on {}{}{}", listen,
+                  unix_socket.empty() ? "" : " / unix:", unix_socket);
+    return 1;
+  }
+  if (!unix_socket.empty()) ::chmod(unix_socket.c_str(), 0600);
+  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  server->GetHealthCheckService()->SetServingStatus(true);
+  if (!listen.empty()) spdlog::info("serving on tcp port {}", tcp_port);
+  if (!unix_socket.empty()) spdlog::info("serving on unix:{}", unix_socket);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << tcp_port << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  spdlog::info("signal {}: draining calls", sig);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  server->Wait();
+  executor.reset();  // Runs every queued task.
+  engine->reset();   // Closes RocksDB, syncing the WAL.
+  if (!unix_socket.empty()) ::unlink(unix_socket.c_str());
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kvmem-server: KV-cache memory service for streaming video LLMs.\n"
+      "Usage: kvmem-server [--listen=HOST:PORT] [--unix_socket=PATH] "
+      "[--data_dir=DIR] ...");
+  absl::ParseCommandLine(argc, argv);
+  return Run();
+}

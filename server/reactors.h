@@ -1,0 +1,30 @@
+// The streaming RPCs' reactors. Each is heap-allocated per call and deletes
+// itself in OnDone. Reactor callbacks only hand work to the Executor; the
+// work (which may block on RocksDB) then starts the next read or write, so a
+// call has at most one task in flight and its state needs no lock beyond the
+// Session's write queue.
+#ifndef KVMEM_SERVER_REACTORS_H_
+#define KVMEM_SERVER_REACTORS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "engine/memory_engine.h"
+#include "kvmem/v1/service.pb.h"
+#include "server/executor.h"
+
+namespace kvmem {
+
+grpc::ServerReadReactor<v1::AppendFramesRequest>* NewAppendFramesReactor(
+    MemoryEngine* engine, Executor* executor, v1::AppendFramesResponse* resp);
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
+NewSessionReactor(MemoryEngine* engine, Executor* executor,
+                  uint32_t queue_limit);
+
+grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(
+    MemoryEngine* engine, Executor* executor, const v1::FetchBlocksRequest& req,
+    uint32_t max_chunk_bytes);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_SERVER_REACTORS_H_

@@ -1,0 +1,76 @@
+// ColdStore: the durable tier under the memory engine. It stores, per stream,
+// an opaque config record, an opaque state record, frame payloads keyed by
+// frame index, and opaque block records keyed by block id. The engine owns the
+// encoding of every record; the store owns durability and atomicity.
+//
+// Thread safety: every ColdStore implementation is safe for concurrent use
+// from multiple threads without external synchronisation.
+#ifndef KVMEM_STORAGE_COLD_STORE_H_
+#define KVMEM_STORAGE_COLD_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace kvmem {
+
+// One atomic change to one stream: either all of it is durable or none is.
+struct StreamWrite {
+  std::string stream_id;
+  std::optional<std::string> config;  // Replaces the config record.
+  std::optional<std::string> state;   // Replaces the state record.
+  // A frame payload to store. The view must stay valid during Commit.
+  std::optional<std::pair<uint64_t, absl::string_view>> frame;
+  std::vector<std::pair<uint64_t, std::string>>
+      blocks;  // Block records to put.
+};
+
+struct StreamRecord {
+  std::string stream_id;
+  std::string config;
+  std::string state;
+};
+
+class ColdStore {
+ public:
+  virtual ~ColdStore() = default;
+
+  // Applies `write` atomically. On success every part is as durable as the
+  // store's sync policy promises (see RocksColdStoreOptions::sync_writes).
+  virtual absl::Status Commit(const StreamWrite& write) = 0;
+
+  // Returns the payload of a frame, or NOT_FOUND.
+  virtual absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
+                                               uint64_t frame_index) = 0;
+
+  // Calls fn for every block record of the stream in increasing block id
+  // order. Stops at and returns the first non-OK status fn returns.
+  virtual absl::Status ScanBlocks(
+      absl::string_view stream_id,
+      const std::function<absl::Status(uint64_t block_id,
+                                       absl::string_view record)>& fn) = 0;
+
+  // Every stream that has a config record, in stream id order.
+  virtual absl::StatusOr<std::vector<StreamRecord>> ListStreams() = 0;
+
+  // Removes every record of the stream. OK when it had none.
+  virtual absl::Status DeleteStream(absl::string_view stream_id) = 0;
+
+  // Bytes of payloads on disk or in memory, as the store estimates them.
+  virtual uint64_t ApproximatePayloadBytes() = 0;
+};
+
+// An in-memory ColdStore for engine tests. Not durable.
+std::unique_ptr<ColdStore> NewMemColdStore();
+
+}  // namespace kvmem
+
+#endif  // KVMEM_STORAGE_COLD_STORE_H_

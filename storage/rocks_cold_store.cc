@@ -1,0 +1,238 @@
+#include "storage/rocks_cold_store.h"
+
+#include <filesystem>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/table.h"
+#include "rocksdb/utilities/options_util.h"
+#include "rocksdb/write_batch.h"
+
+namespace kvmem {
+namespace {
+
+constexpr char kStreamsCf[] = "streams";
+constexpr char kBlocksCf[] = "blocks";
+constexpr char kPayloadsCf[] = "payloads";
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
+  if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  return absl::InternalError(msg);
+}
+
+std::string StreamPrefix(absl::string_view stream_id) {
+  std::string k(stream_id);
+  k.push_back('\0');
+  return k;
+}
+
+std::string NumberedKey(absl::string_view stream_id, uint64_t n) {
+  std::string k = StreamPrefix(stream_id);
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    k.push_back(static_cast<char>((n >> shift) & 0xff));
+  }
+  return k;
+}
+
+uint64_t DecodeNumber(absl::string_view key_suffix) {
+  uint64_t n = 0;
+  for (char c : key_suffix) n = (n << 8) | static_cast<uint8_t>(c);
+  return n;
+}
+
+std::string MetaKey(absl::string_view stream_id, char kind) {
+  std::string k = StreamPrefix(stream_id);
+  k.push_back(kind);
+  return k;
+}
+
+class RocksColdStore final : public ColdStore {
+ public:
+  RocksColdStore(std::unique_ptr<rocksdb::DB> db,
+                 std::vector<rocksdb::ColumnFamilyHandle*> handles,
+                 bool sync_writes)
+      : db_(std::move(db)), handles_(std::move(handles)) {
+    write_options_.sync = sync_writes;
+    write_options_.disableWAL = false;
+    streams_ = handles_[1];
+    blocks_ = handles_[2];
+    payloads_ = handles_[3];
+  }
+
+  ~RocksColdStore() override {
+    db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
+    for (auto* h : handles_)
+      db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    db_->Close().PermitUncheckedError();
+  }
+
+  absl::Status Commit(const StreamWrite& write) override {
+    rocksdb::WriteBatch batch;
+    if (write.config) {
+      batch.Put(streams_, MetaKey(write.stream_id, 'c'), *write.config);
+    }
+    if (write.state) {
+      batch.Put(streams_, MetaKey(write.stream_id, 'S'), *write.state);
+    }
+    if (write.frame) {
+      const absl::string_view p = write.frame->second;
+      batch.Put(payloads_, NumberedKey(write.stream_id, write.frame->first),
+                rocksdb::Slice(p.data(), p.size()));
+    }
+    for (const auto& [id, record] : write.blocks) {
+      batch.Put(blocks_, NumberedKey(write.stream_id, id), record);
+    }
+    return FromRocks(db_->Write(write_options_, &batch), "commit");
+  }
+
+  absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
+                                       uint64_t frame_index) override {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), payloads_,
+                                 NumberedKey(stream_id, frame_index), &value);
+    if (s.IsNotFound()) {
+      return absl::NotFoundError(absl::StrCat(
+          "frame ", frame_index, " of stream ", stream_id, " is not stored"));
+    }
+    if (!s.ok()) return FromRocks(s, "get frame");
+    return value;
+  }
+
+  absl::Status ScanBlocks(
+      absl::string_view stream_id,
+      const std::function<absl::Status(uint64_t, absl::string_view)>& fn)
+      override {
+    const std::string prefix = StreamPrefix(stream_id);
+    std::string upper(stream_id);
+    upper.push_back('\x01');
+    rocksdb::Slice upper_slice(upper);
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &upper_slice;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, blocks_));
+    for (it->Seek(prefix); it->Valid(); it->Next()) {
+      const rocksdb::Slice key = it->key();
+      if (key.size() != prefix.size() + 8) {
+        return absl::DataLossError(absl::StrCat(
+            "block key of stream ", stream_id, " has ", key.size(), " bytes"));
+      }
+      const uint64_t id =
+          DecodeNumber(absl::string_view(key.data() + prefix.size(), 8));
+      const rocksdb::Slice v = it->value();
+      absl::Status st = fn(id, absl::string_view(v.data(), v.size()));
+      if (!st.ok()) return st;
+    }
+    return FromRocks(it->status(), "scan blocks");
+  }
+
+  absl::StatusOr<std::vector<StreamRecord>> ListStreams() override {
+    std::vector<StreamRecord> out;
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(rocksdb::ReadOptions(), streams_));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const std::string key = it->key().ToString();
+      const size_t nul = key.find('\0');
+      if (nul == std::string::npos || nul + 2 != key.size()) continue;
+      const std::string id = key.substr(0, nul);
+      if (out.empty() || out.back().stream_id != id)
+        out.push_back({id, "", ""});
+      if (key[nul + 1] == 'c') out.back().config = it->value().ToString();
+      if (key[nul + 1] == 'S') out.back().state = it->value().ToString();
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), "list streams");
+    std::vector<StreamRecord> with_config;
+    for (auto& r : out) {
+      if (!r.config.empty()) with_config.push_back(std::move(r));
+    }
+    return with_config;
+  }
+
+  absl::Status DeleteStream(absl::string_view stream_id) override {
+    const std::string begin = StreamPrefix(stream_id);
+    std::string end(stream_id);
+    end.push_back('\x01');
+    rocksdb::WriteBatch batch;
+    for (auto* cf : {streams_, blocks_, payloads_}) {
+      batch.DeleteRange(cf, begin, end);
+    }
+    return FromRocks(db_->Write(write_options_, &batch), "delete stream");
+  }
+
+  uint64_t ApproximatePayloadBytes() override {
+    uint64_t total = 0;
+    for (const char* prop :
+         {"rocksdb.total-blob-file-size", "rocksdb.live-sst-files-size",
+          "rocksdb.cur-size-all-mem-tables"}) {
+      uint64_t v = 0;
+      if (db_->GetIntProperty(payloads_, prop, &v)) total += v;
+    }
+    return total;
+  }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  rocksdb::ColumnFamilyHandle* streams_ = nullptr;
+  rocksdb::ColumnFamilyHandle* blocks_ = nullptr;
+  rocksdb::ColumnFamilyHandle* payloads_ = nullptr;
+  rocksdb::WriteOptions write_options_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ColdStore>> OpenRocksColdStore(
+    const RocksColdStoreOptions& options) {
+  if (options.path.empty()) {
+    return absl::InvalidArgumentError("cold store path is empty");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.path, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create cold store directory ", options.path, ": ",
+                     ec.message()));
+  }
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.max_background_jobs = 2;
+  db_options.manual_wal_flush = false;
+
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  rocksdb::ColumnFamilyOptions meta_cf;
+  meta_cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  rocksdb::ColumnFamilyOptions payload_cf = meta_cf;
+  payload_cf.enable_blob_files = true;
+  payload_cf.min_blob_size = options.min_blob_size;
+  payload_cf.blob_file_size = 256ull << 20;
+  payload_cf.enable_blob_garbage_collection = true;
+  payload_cf.write_buffer_size = 64ull << 20;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, meta_cf},
+      {kStreamsCf, meta_cf},
+      {kBlocksCf, meta_cf},
+      {kPayloadsCf, payload_cf}};
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s =
+      rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
+  if (!s.ok()) {
+    return FromRocks(s, absl::StrCat("open RocksDB at ", options.path));
+  }
+  return std::unique_ptr<ColdStore>(
+      new RocksColdStore(std::unique_ptr<rocksdb::DB>(raw), std::move(handles),
+                         options.sync_writes));
+}
+
+}  // namespace kvmem
