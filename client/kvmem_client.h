@@ -58,9 +58,9 @@ class KvmemClient {
   grpc::Status GetStreamStats(const std::string& stream_id,
                               v1::StreamStats* stats);
 
-  // Uploads frames in order over one AppendFrames call. On failure resp still
-  // holds what the server reported, and the status message names the last
-  // durable frame.
+  // Uploads frames in order over one AppendFrames call. On failure gRPC
+  // delivers no response message; the status message names the stream's last
+  // durable frame, from which to resume.
   grpc::Status AppendFrames(const std::string& stream_id,
                             const std::vector<OutgoingFrame>& frames,
                             v1::AppendFramesResponse* resp);

@@ -1,0 +1,336 @@
+// The real kvmem-server binary on a unix socket and a loopback TCP port,
+// driven through the C++ client library.
+#include <grpcpp/generic/generic_stub.h>
+
+#include "client/kvmem_client.h"
+#include "client/server_process.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reflection_probe.grpc.pb.h"
+#include "tests/stream_model.h"
+
+namespace kvmem {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::StreamModel;
+using testing::TestGeometry;
+
+constexpr uint32_t kFpb = 4;
+constexpr uint32_t kWindow = 96;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(); }
+
+  void StartServer() {
+    ServerProcessOptions o;
+    o.binary = KVMEM_SERVER_BINARY;
+    o.data_dir = dir_.path() + "/data";
+    o.unix_socket = dir_.path() + "/kvmem.sock";
+    o.listen = "127.0.0.1:0";
+    o.log_file = dir_.path() + "/server.log";
+    server_ = std::make_unique<ServerProcess>(o);
+    std::string error;
+    ASSERT_TRUE(server_->Start(std::chrono::seconds(30), &error)) << error;
+    ClientOptions co;
+    co.chunk_bytes = 1000;  // Forces multi-chunk frames.
+    unix_ = KvmemClient::Connect(server_->target(), co);
+    tcp_ = KvmemClient::Connect(server_->tcp_target(), co);
+    ASSERT_THAT(server_->target(), HasSubstr("unix:"));
+  }
+
+  static v1::StreamConfig Config(const TestGeometry& g) {
+    v1::StreamConfig c;
+    c.mutable_geometry()->set_layers(g.layers);
+    c.mutable_geometry()->set_kv_heads(g.kv_heads);
+    c.mutable_geometry()->set_head_dim(g.head_dim);
+    c.mutable_geometry()->set_dtype(static_cast<v1::DType>(g.dtype));
+    c.mutable_geometry()->set_max_tokens_per_frame(16);
+    c.set_hot_window_tokens(kWindow);
+    c.mutable_block_policy()->set_frames_per_block(kFpb);
+    c.mutable_index_policy()->add_indexed_layers(1);
+    c.mutable_index_policy()->add_indexed_layers(2);
+    return c;
+  }
+
+  static OutgoingFrame ToOutgoing(const testing::ModelFrame& m, uint64_t i) {
+    OutgoingFrame f;
+    f.header.set_frame_index(i);
+    f.header.set_first_token_position(m.first_pos);
+    f.header.set_token_count(m.kv.tokens);
+    f.payload = m.bytes;
+    return f;
+  }
+
+  // Runs `n` random queries through `client` and checks each against the
+  // oracle; returns the responses for later comparison.
+  std::vector<v1::RecallResponse> CheckRecalls(KvmemClient& client,
+                                               const std::string& id,
+                                               const StreamModel& model,
+                                               uint64_t seed, int n) {
+    std::mt19937_64 rng(seed);
+    std::vector<v1::RecallResponse> out;
+    size_t returned = 0;
+    for (int i = 0; i < n; ++i) {
+      v1::RecallRequest req;
+      req.set_stream_id(id);
+      const auto q = testing::RandomQuery(rng, model.summary_dim());
+      for (float x : q) req.add_query(x);
+      req.mutable_budget()->set_top_k(1 + i % 8);
+      req.mutable_budget()->set_max_tokens(20 + 17 * i);
+      v1::RecallResponse resp;
+      grpc::Status s = client.Recall(req, &resp);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      const auto want = model.Recall(q, 1 + i % 8, 20 + 17 * i);
+      EXPECT_EQ(resp.blocks_size(), static_cast<int>(want.size()));
+      uint32_t tokens = 0;
+      for (int j = 0;
+           j < resp.blocks_size() && j < static_cast<int>(want.size()); ++j) {
+        EXPECT_EQ(resp.blocks(j).block_id(), want[j].block_id);
+        EXPECT_NEAR(resp.blocks(j).score(), want[j].score,
+                    1e-4 * std::max(1.0, std::abs(want[j].score)));
+        tokens += resp.blocks(j).token_count();
+      }
+      EXPECT_LE(tokens, 20u + 17 * i);
+      EXPECT_EQ(tokens, resp.total_tokens());
+      returned += want.size();
+      out.push_back(resp);
+    }
+    EXPECT_GT(returned, 0u);
+    return out;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<KvmemClient> unix_, tcp_;
+};
+
+TEST_F(ServerTest, HealthAndReflection) {
+  for (KvmemClient* c : {unix_.get(), tcp_.get()}) {
+    for (const char* service : {"", "kvmem.v1.KvMemory"}) {
+      grpc::health::v1::HealthCheckResponse h;
+      ASSERT_TRUE(c->CheckHealth(service, &h).ok());
+      EXPECT_EQ(h.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+    }
+  }
+  auto channel = grpc::CreateChannel(server_->tcp_target(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) {
+    names.push_back(s.name());
+  }
+  EXPECT_THAT(names, ::testing::IsSupersetOf(
+                         {"kvmem.v1.KvMemory", "grpc.health.v1.Health"}));
+  // The descriptor of the service is served too (what ghz/grpcurl need).
+  req.set_file_containing_symbol("kvmem.v1.KvMemory");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  EXPECT_GT(resp.file_descriptor_response().file_descriptor_proto_size(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServerTest, TwoStreamsOverBothTransportsMatchOracleAndSurviveKill) {
+  TestGeometry g16;  // fp16 over the unix socket with AppendFrames.
+  TestGeometry g32;  // fp32 over TCP with a Session.
+  g32.dtype = DType::kFp32;
+  g32.head_dim = 8;
+  StreamModel a(g16, kFpb, kWindow, {1, 2});
+  StreamModel b(g32, kFpb, kWindow, {1, 2});
+  std::mt19937_64 rng(11);
+
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(unix_->OpenStream("cam-a", Config(g16), &opened).ok());
+  EXPECT_TRUE(opened.created());
+  std::vector<OutgoingFrame> batch;
+  for (uint64_t i = 0; i < 300; ++i) {
+    batch.push_back(ToOutgoing(a.AddFrame(rng, 1 + rng() % 16, rng() % 4), i));
+    if (batch.size() == 50) {
+      v1::AppendFramesResponse resp;
+      grpc::Status s = unix_->AppendFrames("cam-a", batch, &resp);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(resp.last_durable_frame(), static_cast<int64_t>(i));
+      EXPECT_EQ(resp.frames_written(), 50u);
+      batch.clear();
+    }
+  }
+
+  std::unique_ptr<SessionClient> session;
+  const v1::StreamConfig config_b = Config(g32);
+  ASSERT_TRUE(tcp_->StartSession("cam-b", &config_b, &session).ok());
+  for (uint64_t i = 0; i < 202; ++i) {
+    v1::AppendAck ack;
+    grpc::Status s = session->Append(ToOutgoing(b.AddFrame(rng, 16), i), &ack);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(ack.last_durable_frame(), static_cast<int64_t>(i));
+    EXPECT_EQ(ack.sealed_block(), (i + 1) % kFpb == 0);
+  }
+  ASSERT_TRUE(session->Finish().ok());
+
+  // Answers are the same whichever transport asks.
+  const auto before_a = CheckRecalls(*unix_, "cam-a", a, 1, 40);
+  CheckRecalls(*tcp_, "cam-a", a, 1, 5);
+  const auto before_b = CheckRecalls(*tcp_, "cam-b", b, 2, 40);
+
+  // FetchBlocks returns exactly the appended bytes, in small chunks.
+  std::vector<uint64_t> ids = {0, 17, 5, 74};
+  std::vector<FetchedBlock> fetched;
+  grpc::Status s = unix_->FetchBlocks("cam-a", ids, &fetched, 777);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(fetched.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(fetched[i].info.block_id(), ids[i]);
+    EXPECT_EQ(fetched[i].payload, a.BlockBytes(ids[i])) << "block " << ids[i];
+    EXPECT_EQ(fetched[i].payload.size(), fetched[i].info.payload_bytes());
+  }
+
+  // kill -9, restart on the same directory: same answers, resume point kept.
+  server_->Kill();
+  StartServer();
+  v1::StreamStats stats;
+  ASSERT_TRUE(unix_->GetStreamStats("cam-a", &stats).ok());
+  EXPECT_EQ(stats.last_durable_frame(), 299);
+  EXPECT_EQ(stats.sealed_blocks(), 75u);
+  ASSERT_TRUE(tcp_->GetStreamStats("cam-b", &stats).ok());
+  EXPECT_EQ(stats.last_durable_frame(), 201);
+  EXPECT_EQ(stats.open_block_frames(), 2u);
+  const auto after_a = CheckRecalls(*unix_, "cam-a", a, 1, 40);
+  const auto after_b = CheckRecalls(*tcp_, "cam-b", b, 2, 40);
+  for (size_t i = 0; i < before_a.size(); ++i) {
+    ASSERT_EQ(before_a[i].blocks_size(), after_a[i].blocks_size());
+    for (int j = 0; j < before_a[i].blocks_size(); ++j) {
+      EXPECT_EQ(before_a[i].blocks(j).block_id(),
+                after_a[i].blocks(j).block_id());
+      EXPECT_EQ(before_a[i].blocks(j).score(), after_a[i].blocks(j).score());
+    }
+  }
+  for (size_t i = 0; i < before_b.size(); ++i) {
+    ASSERT_EQ(before_b[i].blocks_size(), after_b[i].blocks_size());
+  }
+  // The client resumes after the last durable frame; a replay is refused.
+  std::vector<OutgoingFrame> resume = {ToOutgoing(b.AddFrame(rng, 16), 202),
+                                       ToOutgoing(b.AddFrame(rng, 16), 203)};
+  v1::AppendFramesResponse ar;
+  ASSERT_TRUE(tcp_->AppendFrames("cam-b", resume, &ar).ok());
+  EXPECT_EQ(ar.last_durable_frame(), 203);
+  EXPECT_EQ(ar.sealed_blocks(), 1u);  // The block open across the kill.
+  CheckRecalls(*tcp_, "cam-b", b, 3, 20);
+  s = tcp_->AppendFrames("cam-b", {resume[0]}, &ar);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(s.error_message(), HasSubstr("last durable frame is 203"));
+}
+
+TEST_F(ServerTest, InvalidRequestsGetPreciseStatus) {
+  TestGeometry g;
+  StreamModel m(g, kFpb, kWindow, {1, 2});
+  std::mt19937_64 rng(5);
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(unix_->OpenStream("s", Config(g), &opened).ok());
+
+  // Unknown stream, on every call that names one.
+  v1::RecallRequest rr;
+  rr.set_stream_id("ghost");
+  rr.add_query(1.0f);
+  v1::RecallResponse resp;
+  grpc::Status s = unix_->Recall(rr, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("\"ghost\""));
+  v1::StreamStats stats;
+  EXPECT_EQ(unix_->GetStreamStats("ghost", &stats).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  std::vector<FetchedBlock> fetched;
+  EXPECT_EQ(unix_->FetchBlocks("ghost", {0}, &fetched).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::AppendFramesResponse ar;
+  s = unix_->AppendFrames("ghost", {ToOutgoing(m.AddFrame(rng, 4), 0)}, &ar);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(unix_->DeleteStream("ghost").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // Payload length that does not match the geometry.
+  OutgoingFrame bad = ToOutgoing(m.frames()[0], 0);
+  bad.payload.resize(bad.payload.size() - 2);
+  s = unix_->AppendFrames("s", {bad}, &ar);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("frame.payload_bytes is"));
+  EXPECT_THAT(s.error_message(), HasSubstr("last durable frame is -1"));
+
+  // Zero-dimension query and wrong-dimension query.
+  rr.set_stream_id("s");
+  rr.clear_query();
+  s = unix_->Recall(rr, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("query is empty"));
+  rr.add_query(1.0f);
+  s = unix_->Recall(rr, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("query has 1 floats"));
+
+  // Bad config fields.
+  v1::StreamConfig c = Config(g);
+  c.mutable_geometry()->set_head_dim(0);
+  s = unix_->OpenStream("t", c, &opened);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("config.geometry.head_dim is 0"));
+  s = unix_->OpenStream("bad id!", Config(g), &opened);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("stream_id"));
+
+  // A chunk that skips bytes ends the call; the frame is not stored.
+  {
+    grpc::ClientContext ctx;
+    v1::AppendFramesResponse r;
+    auto w = unix_->stub()->AppendFrames(&ctx, &r);
+    v1::AppendFramesRequest req;
+    req.set_stream_id("s");
+    const auto& f = m.frames()[0];
+    req.mutable_frame()->set_frame_index(0);
+    req.mutable_frame()->set_token_count(f.kv.tokens);
+    req.mutable_frame()->set_payload_bytes(f.bytes.size());
+    req.mutable_frame()->set_payload(f.bytes.substr(0, 100));
+    w->Write(req);
+    v1::AppendFramesRequest chunk;
+    chunk.mutable_chunk()->set_frame_index(0);
+    chunk.mutable_chunk()->set_offset(200);
+    chunk.mutable_chunk()->set_data(f.bytes.substr(200));
+    w->Write(chunk);
+    w->WritesDone();
+    s = w->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("chunk.offset is 200"));
+  }
+  ASSERT_TRUE(unix_->GetStreamStats("s", &stats).ok());
+  EXPECT_EQ(stats.frames(), 0u);
+
+  // A session survives a rejected query and keeps appending.
+  std::unique_ptr<SessionClient> session;
+  ASSERT_TRUE(unix_->StartSession("s", nullptr, &session).ok());
+  v1::AppendAck ack;
+  ASSERT_TRUE(session->Append(ToOutgoing(m.frames()[0], 0), &ack).ok());
+  v1::RecallRequest empty;
+  s = session->Recall(empty, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(session->Append(ToOutgoing(m.AddFrame(rng, 4), 1), &ack).ok());
+  EXPECT_EQ(ack.last_durable_frame(), 1);
+  // A frame gap ends the session with FAILED_PRECONDITION.
+  s = session->Append(ToOutgoing(m.AddFrame(rng, 4), 7), &ack);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("next expected is 2"));
+
+  // Fetching a block that does not exist.
+  s = unix_->FetchBlocks("s", {99}, &fetched);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("block_ids has 99"));
+}
+
+}  // namespace
+}  // namespace kvmem

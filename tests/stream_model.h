@@ -1,0 +1,148 @@
+// StreamModel: the test's own model of a stream with fixed frames per block,
+// kept from the floats the test generated. Its Recall is the brute-force
+// oracle that engine and server answers are checked against: exact inner
+// products with mean-key summaries, blocks entirely outside the hot window,
+// top-k by score, then the token budget filled in score order.
+#ifndef KVMEM_TESTS_STREAM_MODEL_H_
+#define KVMEM_TESTS_STREAM_MODEL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace kvmem::testing {
+
+struct ModelFrame {
+  FloatFrame kv;
+  uint64_t first_pos = 0;
+  std::string bytes;  // Encoded payload as sent.
+};
+
+struct OracleHit {
+  uint64_t block_id;
+  double score;
+  uint32_t tokens;
+};
+
+class StreamModel {
+ public:
+  StreamModel(TestGeometry g, uint32_t frames_per_block, uint32_t hot_window,
+              std::vector<uint32_t> indexed_layers)
+      : g_(g),
+        fpb_(frames_per_block),
+        window_(hot_window),
+        layers_(std::move(indexed_layers)) {}
+
+  // A new frame of `tokens` tokens starting `gap` positions after the
+  // previous one's end.
+  const ModelFrame& AddFrame(std::mt19937_64& rng, uint32_t tokens,
+                             uint32_t gap = 0) {
+    ModelFrame f;
+    f.kv = RandomFrame(rng, g_, tokens);
+    f.first_pos = next_pos_ + gap;
+    f.bytes = Encode(f.kv, g_.dtype);
+    next_pos_ = f.first_pos + tokens;
+    frames_.push_back(std::move(f));
+    return frames_.back();
+  }
+
+  // Seals the partial block, as CloseStream does.
+  void Close() {
+    if (frames_.size() > block_starts_end())
+      sealed_extra_.push_back(frames_.size());
+  }
+
+  size_t sealed_blocks() const { return BlockRanges().size(); }
+  uint64_t next_pos() const { return next_pos_; }
+  const std::vector<ModelFrame>& frames() const { return frames_; }
+  size_t summary_dim() const {
+    return layers_.size() * g_.kv_heads * g_.head_dim;
+  }
+
+  // [first_frame, end_frame) of each sealed block.
+  std::vector<std::pair<size_t, size_t>> BlockRanges() const {
+    std::vector<std::pair<size_t, size_t>> r;
+    size_t start = 0;
+    size_t extra = 0;
+    while (true) {
+      size_t end = start + fpb_;
+      if (extra < sealed_extra_.size() && sealed_extra_[extra] <= end &&
+          sealed_extra_[extra] > start) {
+        end = sealed_extra_[extra++];
+      } else if (end > frames_.size()) {
+        break;
+      }
+      r.emplace_back(start, end);
+      start = end;
+    }
+    return r;
+  }
+
+  std::string BlockBytes(size_t block) const {
+    const auto [a, b] = BlockRanges()[block];
+    std::string out;
+    for (size_t f = a; f < b; ++f) out += frames_[f].bytes;
+    return out;
+  }
+
+  std::vector<OracleHit> Recall(const std::vector<float>& q, uint32_t top_k,
+                                uint32_t max_tokens,
+                                uint64_t current_pos = 0) const {
+    const uint64_t window_end = current_pos == 0 ? next_pos_ : current_pos + 1;
+    const uint64_t window_start =
+        window_end > window_ ? window_end - window_ : 0;
+    std::vector<OracleHit> scored;
+    const auto ranges = BlockRanges();
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      const auto [first, end] = ranges[b];
+      const ModelFrame& last = frames_[end - 1];
+      if (last.first_pos + last.kv.tokens > window_start) continue;
+      std::vector<const FloatFrame*> kv;
+      uint32_t tokens = 0;
+      for (size_t f = first; f < end; ++f) {
+        kv.push_back(&frames_[f].kv);
+        tokens += frames_[f].kv.tokens;
+      }
+      const std::vector<double> mean = MeanKey(g_, kv, layers_);
+      double s = 0;
+      for (size_t i = 0; i < mean.size(); ++i) s += q[i] * mean[i];
+      scored.push_back({b, s, tokens});
+    }
+    std::sort(scored.begin(), scored.end(),
+              [](const OracleHit& a, const OracleHit& b) {
+                return a.score > b.score;
+              });
+    if (scored.size() > top_k) scored.resize(top_k);
+    std::vector<OracleHit> chosen;
+    uint64_t used = 0;
+    for (const OracleHit& h : scored) {
+      if (used + h.tokens > max_tokens) continue;
+      used += h.tokens;
+      chosen.push_back(h);
+      if (used == max_tokens) break;
+    }
+    return chosen;
+  }
+
+ private:
+  size_t block_starts_end() const {
+    const auto r = BlockRanges();
+    return r.empty() ? 0 : r.back().second;
+  }
+
+  TestGeometry g_;
+  uint32_t fpb_;
+  uint32_t window_;
+  std::vector<uint32_t> layers_;
+  std::vector<ModelFrame> frames_;
+  std::vector<size_t> sealed_extra_;  // Frame counts at which Close sealed.
+  uint64_t next_pos_ = 0;
+};
+
+}  // namespace kvmem::testing
+
+#endif  // KVMEM_TESTS_STREAM_MODEL_H_

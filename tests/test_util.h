@@ -1,0 +1,107 @@
+// Helpers shared by kvmem tests: temporary directories and synthetic KV
+// frames whose values are exact in fp16, so oracles can work from the floats
+// the test generated rather than from the server's decoder.
+#ifndef KVMEM_TESTS_TEST_UTIL_H_
+#define KVMEM_TESTS_TEST_UTIL_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+
+namespace kvmem::testing {
+
+// A fresh directory under $TMPDIR, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "kvmem-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct TestGeometry {
+  uint32_t layers = 3;
+  uint32_t kv_heads = 2;
+  uint32_t head_dim = 16;
+  DType dtype = DType::kFp16;
+};
+
+// One frame's KV as floats, layer-major: [layer][K|V][head][token][dim].
+struct FloatFrame {
+  uint32_t tokens = 0;
+  std::vector<float> values;
+
+  float Key(const TestGeometry& g, uint32_t layer, uint32_t head, uint32_t tok,
+            uint32_t d) const {
+    const size_t slice = static_cast<size_t>(g.kv_heads) * tokens * g.head_dim;
+    return values[2 * slice * layer +
+                  (static_cast<size_t>(head) * tokens + tok) * g.head_dim + d];
+  }
+};
+
+// Values are multiples of 1/64 in [-2, 2]: exact in fp16, bf16 and fp32.
+inline FloatFrame RandomFrame(std::mt19937_64& rng, const TestGeometry& g,
+                              uint32_t tokens) {
+  std::uniform_int_distribution<int> q(-128, 128);
+  FloatFrame f;
+  f.tokens = tokens;
+  f.values.resize(static_cast<size_t>(g.layers) * 2 * g.kv_heads * tokens *
+                  g.head_dim);
+  for (auto& v : f.values) v = q(rng) / 64.0f;
+  return f;
+}
+
+inline std::string Encode(const FloatFrame& f, DType dtype) {
+  std::string out(f.values.size() * DTypeBytes(dtype), '\0');
+  EncodeFromFloat(f.values.data(), f.values.size(), dtype,
+                  reinterpret_cast<uint8_t*>(out.data()));
+  return out;
+}
+
+// Mean key over the frames' tokens for the given layers:
+// [layer][head][dim] in double, the oracle of a block summary.
+inline std::vector<double> MeanKey(const TestGeometry& g,
+                                   const std::vector<const FloatFrame*>& frames,
+                                   const std::vector<uint32_t>& layers) {
+  std::vector<double> sum(layers.size() * g.kv_heads * g.head_dim, 0.0);
+  uint64_t tokens = 0;
+  for (const FloatFrame* f : frames) {
+    for (size_t li = 0; li < layers.size(); ++li) {
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t t = 0; t < f->tokens; ++t) {
+          for (uint32_t d = 0; d < g.head_dim; ++d) {
+            sum[(li * g.kv_heads + h) * g.head_dim + d] +=
+                f->Key(g, layers[li], h, t, d);
+          }
+        }
+      }
+    }
+    tokens += f->tokens;
+  }
+  for (auto& s : sum) s /= static_cast<double>(tokens);
+  return sum;
+}
+
+inline std::vector<float> RandomQuery(std::mt19937_64& rng, size_t dim) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> q(dim);
+  for (auto& x : q) x = n(rng);
+  return q;
+}
+
+}  // namespace kvmem::testing
+
+#endif  // KVMEM_TESTS_TEST_UTIL_H_

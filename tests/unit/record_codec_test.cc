@@ -1,0 +1,60 @@
+#include "engine/record_codec.h"
+
+#include "gtest/gtest.h"
+
+namespace kvmem {
+namespace {
+
+TEST(RecordCodecTest, RoundTrips) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kBf16, 16};
+  c.hot_window_tokens = 64;
+  c.indexed_layers = {1};
+  c.labels = {{"camera", "lobby"}, {"site", "A"}};
+  c.gate_temperature = 0.5f;
+  auto c2 = DecodeConfig(EncodeConfig(c));
+  ASSERT_TRUE(c2.ok()) << c2.status();
+  EXPECT_TRUE(*c2 == c);
+
+  StreamState s;
+  s.closed = true;
+  s.last_frame = 41;
+  s.next_token_position = 9999;
+  s.open_block_frames = 3;
+  s.open_block_tokens = 77;
+  auto s2 = DecodeState(EncodeState(s));
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(s2->last_frame, 41);
+  EXPECT_TRUE(s2->closed);
+  EXPECT_EQ(s2->next_token_position, 9999u);
+  EXPECT_EQ(s2->open_block_tokens, 77u);
+
+  BlockRecord b;
+  b.info.id = 5;
+  b.info.first_frame = 20;
+  b.info.last_frame = 23;
+  b.info.token_count = 128;
+  b.summary = {1.5f, -2.0f, 0.25f};
+  auto b2 = DecodeBlock(EncodeBlock(b));
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ(b2->info.last_frame, 23u);
+  EXPECT_EQ(b2->summary, b.summary);
+}
+
+TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {
+  BlockRecord b;
+  b.summary = {1, 2, 3};
+  const std::string bytes = EncodeBlock(b);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_EQ(DecodeBlock(bytes.substr(0, n)).status().code(),
+              absl::StatusCode::kDataLoss)
+        << n;
+  }
+  EXPECT_EQ(DecodeBlock(bytes + "x").status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeState("").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeConfig("\x02").status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace kvmem

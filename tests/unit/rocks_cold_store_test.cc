@@ -1,0 +1,102 @@
+#include "storage/rocks_cold_store.h"
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace kvmem {
+namespace {
+
+absl::StatusOr<std::unique_ptr<ColdStore>> Open(const std::string& dir) {
+  RocksColdStoreOptions o;
+  o.path = dir + "/db";
+  return OpenRocksColdStore(o);
+}
+
+std::vector<std::pair<uint64_t, std::string>> Blocks(ColdStore& s,
+                                                     const std::string& id) {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  EXPECT_TRUE(s.ScanBlocks(id, [&](uint64_t b, absl::string_view r) {
+                 out.emplace_back(b, std::string(r));
+                 return absl::OkStatus();
+               }).ok());
+  return out;
+}
+
+TEST(RocksColdStoreTest, CommitsAtomicallyAndSurvivesReopen) {
+  testing::TempDir dir;
+  const std::string big(300 * 1024, 'k');  // Goes to a blob file.
+  {
+    auto store = Open(dir.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    StreamWrite w;
+    w.stream_id = "cam";
+    w.config = "cfg";
+    w.state = "s0";
+    ASSERT_TRUE((*store)->Commit(w).ok());
+    for (uint64_t f = 0; f < 3; ++f) {
+      StreamWrite fw;
+      fw.stream_id = "cam";
+      const std::string payload = big + std::to_string(f);
+      fw.frame.emplace(f, payload);
+      fw.state = "s" + std::to_string(f + 1);
+      if (f == 1) fw.blocks.emplace_back(0, "block0");
+      ASSERT_TRUE((*store)->Commit(fw).ok());
+    }
+    // A stream whose id is a prefix of another must not see its records.
+    StreamWrite other;
+    other.stream_id = "cam2";
+    other.config = "cfg2";
+    other.blocks.emplace_back(0, "other");
+    ASSERT_TRUE((*store)->Commit(other).ok());
+  }
+  auto store = Open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto list = (*store)->ListStreams();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].stream_id, "cam");
+  EXPECT_EQ((*list)[0].config, "cfg");
+  EXPECT_EQ((*list)[0].state, "s3");
+  EXPECT_EQ((*list)[1].stream_id, "cam2");
+  auto f2 = (*store)->GetFrame("cam", 2);
+  ASSERT_TRUE(f2.ok());
+  EXPECT_EQ(*f2, big + "2");
+  EXPECT_EQ((*store)->GetFrame("cam", 3).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Blocks(**store, "cam"),
+            (std::vector<std::pair<uint64_t, std::string>>{{0, "block0"}}));
+  EXPECT_GT((*store)->ApproximatePayloadBytes(), 0u);
+
+  ASSERT_TRUE((*store)->DeleteStream("cam").ok());
+  EXPECT_EQ((*store)->GetFrame("cam", 0).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Blocks(**store, "cam").empty());
+  list = (*store)->ListStreams();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ(Blocks(**store, "cam2").size(), 1u);
+}
+
+TEST(RocksColdStoreTest, ScanStopsOnCallbackError) {
+  testing::TempDir dir;
+  auto store = Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  StreamWrite w;
+  w.stream_id = "s";
+  for (uint64_t b = 0; b < 5; ++b) w.blocks.emplace_back(b, "x");
+  ASSERT_TRUE((*store)->Commit(w).ok());
+  int seen = 0;
+  absl::Status s = (*store)->ScanBlocks("s", [&](uint64_t, absl::string_view) {
+    return ++seen == 2 ? absl::DataLossError("stop") : absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(seen, 2);
+}
+
+TEST(RocksColdStoreTest, UnusablePathIsAnError) {
+  RocksColdStoreOptions o;
+  o.path = "/proc/kvmem-cannot-create";
+  EXPECT_FALSE(OpenRocksColdStore(o).ok());
+}
+
+}  // namespace
+}  // namespace kvmem
