@@ -11,6 +11,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "client/cli.h"
 
 ABSL_FLAG(std::string, addr, "",
@@ -71,8 +73,16 @@ std::string AddrOrDefault() {
 }  // namespace kvmem
 
 int main(int argc, char** argv) {
+  // --help lists the flags defined in kvmem's own sources.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "client/");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "kvmem <demo|recall|stats> [flags]\n"
+      "command-line client of kvmem-server.\nUsage: kvmem <demo|recall|stats> "
+      "[flags]\n"
       "  demo    stream a synthetic multi-camera workload through "
       "kvmem-server\n"
       "          (starts one on a unix socket unless --addr is given)\n"

@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
   libabsl-dev
-  libfaiss-dev libopenblas-dev
+  libfaiss-dev libopenblas-dev libblas-dev liblapack-dev
   librocksdb-dev
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev

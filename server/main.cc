@@ -17,6 +17,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "engine/memory_engine.h"
 #include "server/executor.h"
 #include "server/kvmem_service.h"
@@ -162,8 +164,16 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists the flags defined in kvmem's own sources.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "server/") ||
+           absl::StrContains(file, "client/");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "kvmem-server: KV-cache memory service for streaming video LLMs.\n"
+      "the KV-cache memory service for streaming video LLMs.\n"
       "Usage: kvmem-server [--listen=HOST:PORT] [--unix_socket=PATH] "
       "[--data_dir=DIR] ...");
   absl::ParseCommandLine(argc, argv);
