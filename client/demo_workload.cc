@@ -59,7 +59,7 @@ OutgoingFrame CameraWorkload::MakeFrame(int index) {
   const size_t dim = g_.head_dim;
   if (shot_of_frame_[index] != offset_shot_) {
     offset_shot_ = shot_of_frame_[index];
-    shot_offset_ = UnitVector(rng_, places_[0].size(), 0.4f);
+    shot_offset_ = UnitVector(rng_, places_[0].size(), 0.35f);
   }
   const std::vector<float>& place = places_[place_of_frame_[index]];
   std::normal_distribution<float> noise(0.0f, 0.8f);
@@ -93,7 +93,7 @@ OutgoingFrame CameraWorkload::MakeFrame(int index) {
 }
 
 std::vector<float> CameraWorkload::MakeQuery(int index) {
-  std::normal_distribution<float> noise(0.0f, 0.3f);
+  std::normal_distribution<float> noise(0.0f, 0.15f);
   std::vector<float> q = places_[place_of_frame_[index]];
   for (auto& x : q) x += noise(rng_);
   return q;

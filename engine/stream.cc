@@ -142,19 +142,25 @@ absl::Status Stream::ValidateFrame(const Frame& frame,
   return ValidateSignals("frame.signals", frame.signals);
 }
 
-BlockRecord Stream::SealOpenBlock(const StreamState& state,
-                                  const SummaryBuilder& summary) const {
+BlockRecord Stream::SealOpenBlock(const SummaryBuilder& summary,
+                                  StreamState* state,
+                                  StreamWrite* write) const {
   BlockRecord rec;
-  rec.info.id = state.next_block_id;
-  rec.info.first_frame = state.open_block_first_frame;
+  rec.info.id = state->next_block_id;
+  rec.info.first_frame = state->open_block_first_frame;
   rec.info.last_frame =
-      state.open_block_first_frame + state.open_block_frames - 1;
-  rec.info.first_token_position = state.open_block_first_position;
-  rec.info.end_token_position = state.next_token_position;
-  rec.info.token_count = state.open_block_tokens;
-  rec.info.payload_bytes = state.open_block_payload_bytes;
+      state->open_block_first_frame + state->open_block_frames - 1;
+  rec.info.first_token_position = state->open_block_first_position;
+  rec.info.end_token_position = state->next_token_position;
+  rec.info.token_count = state->open_block_tokens;
+  rec.info.payload_bytes = state->open_block_payload_bytes;
   rec.info.tier = Tier::kCold;
   rec.summary = summary.Mean();
+  write->blocks.emplace_back(rec.info.id, EncodeBlock(rec));
+  state->next_block_id += 1;
+  state->open_block_frames = 0;
+  state->open_block_tokens = 0;
+  state->open_block_payload_bytes = 0;
   return rec;
 }
 
@@ -195,12 +201,7 @@ absl::StatusOr<AppendResult> Stream::Append(const Frame& frame) {
   write.frame.emplace(frame.index, frame.payload);
   std::optional<BlockRecord> sealed;
   if (next.open_block_frames >= config_.frames_per_block) {
-    sealed = SealOpenBlock(next, summary);
-    write.blocks.emplace_back(sealed->info.id, EncodeBlock(*sealed));
-    next.next_block_id += 1;
-    next.open_block_frames = 0;
-    next.open_block_tokens = 0;
-    next.open_block_payload_bytes = 0;
+    sealed = SealOpenBlock(summary, &next, &write);
   }
   write.state = EncodeState(next);
   KVMEM_RETURN_IF_ERROR(store_->Commit(write));
@@ -233,12 +234,7 @@ absl::Status Stream::Close() {
   write.stream_id = id_;
   std::optional<BlockRecord> sealed;
   if (next.open_block_frames > 0) {
-    sealed = SealOpenBlock(next, open_summary_);
-    write.blocks.emplace_back(sealed->info.id, EncodeBlock(*sealed));
-    next.next_block_id += 1;
-    next.open_block_frames = 0;
-    next.open_block_tokens = 0;
-    next.open_block_payload_bytes = 0;
+    sealed = SealOpenBlock(open_summary_, &next, &write);
   }
   next.closed = true;
   write.state = EncodeState(next);

@@ -73,9 +73,10 @@ class Stream {
 
   absl::Status ValidateFrame(const Frame& frame,
                              const StreamState& state) const;
-  // Builds the record of the open block as if sealed now.
-  BlockRecord SealOpenBlock(const StreamState& state,
-                            const SummaryBuilder& summary) const;
+  // Seals the open block described by *state: returns its record, adds it to
+  // *write and advances *state past it. Nothing is durable until Commit.
+  BlockRecord SealOpenBlock(const SummaryBuilder& summary, StreamState* state,
+                            StreamWrite* write) const;
   // Installs a sealed block in RAM. REQUIRES: mu_ held exclusively.
   void InstallBlock(const BlockRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
