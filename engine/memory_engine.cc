@@ -32,22 +32,31 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   KVMEM_RETURN_IF_ERROR(ValidateStreamId(id));
   const StreamConfig config = WithDefaults(requested);
   KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
-  absl::MutexLock lock(&mu_);
-  auto it = streams_.find(id);
-  if (it != streams_.end()) {
-    if (!(it->second->config() == config)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("stream \"", id,
-                       "\" exists with a different config; delete it or "
-                       "open it with the same config"));
+  // control_mu_ orders creations and deletions; mu_ is held only for map
+  // lookups, never across a commit, so other streams' calls do not wait.
+  absl::MutexLock control(&control_mu_);
+  std::shared_ptr<Stream> existing;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(id);
+    if (it != streams_.end()) existing = it->second;
+  }
+  if (existing) {
+    if (!(existing->config() == config)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "stream \"", id, "\" exists with a different config; delete it or "
+          "open it with the same config"));
     }
-    KVMEM_RETURN_IF_ERROR(it->second->Reopen());
-    return OpenStreamResult{false, it->second->Stats()};
+    KVMEM_RETURN_IF_ERROR(existing->Reopen());
+    return OpenStreamResult{false, existing->Stats()};
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream,
                          Stream::Create(id, config, store_.get()));
   std::shared_ptr<Stream> shared = std::move(stream);
-  streams_[id] = shared;
+  {
+    absl::MutexLock lock(&mu_);
+    streams_[id] = shared;
+  }
   return OpenStreamResult{true, shared->Stats()};
 }
 
@@ -69,21 +78,18 @@ absl::StatusOr<StreamStats> MemoryEngine::CloseStream(const std::string& id) {
 }
 
 absl::Status MemoryEngine::DeleteStream(const std::string& id) {
-  std::shared_ptr<Stream> stream;
-  {
-    absl::MutexLock lock(&mu_);
-    KVMEM_RETURN_IF_ERROR(ValidateStreamId(id));
-    auto it = streams_.find(id);
-    if (it == streams_.end()) {
-      return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
-    }
-    stream = it->second;
-    // Holding mu_ keeps a concurrent OpenStream of the same id from creating
-    // records that the range delete below would remove.
-    stream->MarkDeleted();
-    KVMEM_RETURN_IF_ERROR(store_->DeleteStream(id));
-    streams_.erase(it);
+  absl::MutexLock control(&control_mu_);
+  KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream, Find(id));
+  // Marked first, so calls already holding the stream answer NOT_FOUND
+  // instead of reading records while they are removed.
+  stream->MarkDeleted(true);
+  absl::Status s = store_->DeleteStream(id);
+  if (!s.ok()) {
+    stream->MarkDeleted(false);  // Nothing was removed; keep serving it.
+    return s;
   }
+  absl::MutexLock lock(&mu_);
+  streams_.erase(id);
   return absl::OkStatus();
 }
 

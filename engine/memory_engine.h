@@ -58,6 +58,9 @@ class MemoryEngine {
   explicit MemoryEngine(std::unique_ptr<ColdStore> store);
 
   std::unique_ptr<ColdStore> store_;
+  // Serialises OpenStream and DeleteStream (which commit to the store).
+  absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Guards the map only; never held across storage I/O.
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
 };

@@ -251,6 +251,7 @@ absl::Status Stream::Reopen() {
   StreamState next;
   {
     absl::ReaderMutexLock lock(&mu_);
+    if (deleted_) return DeletedError();
     if (!state_.closed) return absl::OkStatus();
     next = state_;
   }
@@ -380,13 +381,17 @@ absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
 
 absl::StatusOr<std::string> Stream::ReadFrame(uint64_t frame_index) const {
   KVMEM_RETURN_IF_ERROR(NotFoundIfDeleted());
-  return store_->GetFrame(id_, frame_index);
+  absl::StatusOr<std::string> payload = store_->GetFrame(id_, frame_index);
+  // Checked again: had the stream been deleted (and its id reused) during the
+  // read, the bytes could belong to the new stream.
+  KVMEM_RETURN_IF_ERROR(NotFoundIfDeleted());
+  return payload;
 }
 
-void Stream::MarkDeleted() {
+void Stream::MarkDeleted(bool deleted) {
   absl::MutexLock append_lock(&append_mu_);
   absl::MutexLock lock(&mu_);
-  deleted_ = true;
+  deleted_ = deleted;
 }
 
 }  // namespace kvmem

@@ -60,9 +60,10 @@ class Stream {
   // Payload of a stored frame.
   absl::StatusOr<std::string> ReadFrame(uint64_t frame_index) const;
 
-  // Called by the engine when the stream is deleted: later calls answer
-  // NOT_FOUND. Waits for an in-flight append to finish.
-  void MarkDeleted();
+  // Called by the engine around deleting the stream: while marked, calls
+  // answer NOT_FOUND. Waits for an in-flight append to finish. Unmarking is
+  // for a delete whose storage write failed.
+  void MarkDeleted(bool deleted);
 
   const std::string& id() const { return id_; }
   const StreamConfig& config() const { return config_; }

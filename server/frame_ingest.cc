@@ -82,6 +82,19 @@ absl::StatusOr<std::optional<AppendResult>> FrameIngest::MaybeAppend() {
   return std::optional<AppendResult>(*r);
 }
 
+absl::StatusOr<std::optional<AppendResult>> FrameIngest::Feed(
+    v1::FrameHeader* header, v1::PayloadChunk* chunk) {
+  if (header != nullptr) return OnHeader(header);
+  return OnChunk(chunk);
+}
+
+absl::Status FrameIngest::WithResumePoint(const absl::Status& s) const {
+  return absl::Status(s.code(),
+                      absl::StrCat(s.message(), "; stream \"", stream_->id(),
+                                   "\" last durable frame is ",
+                                   stream_->Stats().last_durable_frame));
+}
+
 absl::Status FrameIngest::CheckNoPartialFrame() const {
   if (!frame_) return absl::OkStatus();
   return absl::InvalidArgumentError(

@@ -27,6 +27,14 @@ class FrameIngest {
   absl::StatusOr<std::optional<AppendResult>> OnHeader(v1::FrameHeader* header);
   absl::StatusOr<std::optional<AppendResult>> OnChunk(v1::PayloadChunk* chunk);
 
+  // Feeds whichever of header and chunk is not null (one must be).
+  absl::StatusOr<std::optional<AppendResult>> Feed(v1::FrameHeader* header,
+                                                   v1::PayloadChunk* chunk);
+
+  // Adds "last durable frame is N" to an error so the client knows where to
+  // resume without another call.
+  absl::Status WithResumePoint(const absl::Status& s) const;
+
   // OK when no frame is half received; otherwise INVALID_ARGUMENT saying how
   // many bytes of which frame arrived. Call when the client stops sending.
   absl::Status CheckNoPartialFrame() const;

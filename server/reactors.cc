@@ -13,22 +13,6 @@
 namespace kvmem {
 namespace {
 
-// Adds "last durable frame is N" to an append error so the client knows
-// where to resume without another call.
-absl::Status WithResumePoint(const absl::Status& s, Stream& stream) {
-  return absl::Status(s.code(),
-                      absl::StrCat(s.message(), "; stream \"", stream.id(),
-                                   "\" last durable frame is ",
-                                   stream.Stats().last_durable_frame));
-}
-
-// Feeds one frame or chunk message to ingest.
-absl::StatusOr<std::optional<AppendResult>> FeedIngest(
-    FrameIngest& ingest, v1::FrameHeader* frame, v1::PayloadChunk* chunk) {
-  if (frame != nullptr) return ingest.OnHeader(frame);
-  return ingest.OnChunk(chunk);
-}
-
 class AppendFramesReactor final
     : public grpc::ServerReadReactor<v1::AppendFramesRequest> {
  public:
@@ -59,7 +43,7 @@ class AppendFramesReactor final
       resp_->set_frames_written(ingest_->frames_written());
       resp_->set_bytes_written(ingest_->bytes_written());
       resp_->set_sealed_blocks(ingest_->sealed_blocks());
-      if (!s.ok()) s = WithResumePoint(s, ingest_->stream());
+      if (!s.ok()) s = ingest_->WithResumePoint(s);
     }
     Finish(ToGrpcStatus(s));
   }
@@ -84,9 +68,9 @@ class AppendFramesReactor final
       return absl::InvalidArgumentError(
           "AppendFramesRequest has neither frame nor chunk");
     }
-    return FeedIngest(*ingest_,
-                      req_.has_frame() ? req_.mutable_frame() : nullptr,
-                      req_.has_chunk() ? req_.mutable_chunk() : nullptr)
+    return ingest_
+        ->Feed(req_.has_frame() ? req_.mutable_frame() : nullptr,
+               req_.has_chunk() ? req_.mutable_chunk() : nullptr)
         .status();
   }
 
@@ -95,203 +79,6 @@ class AppendFramesReactor final
   v1::AppendFramesResponse* const resp_;
   v1::AppendFramesRequest req_;
   std::optional<FrameIngest> ingest_;
-};
-
-class SessionReactor final
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
- public:
-  SessionReactor(MemoryEngine* engine, Executor* executor, uint32_t queue_limit)
-      : engine_(engine), executor_(executor), queue_limit_(queue_limit) {
-    StartRead(&req_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      absl::Status s =
-          ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus();
-      EndCall(ToGrpcStatus(s));
-      return;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      task_in_flight_ = true;
-    }
-    executor_->Submit([this] {
-      Step();
-      bool destroy;
-      {
-        absl::MutexLock lock(&mu_);
-        task_in_flight_ = false;
-        destroy = done_;
-      }
-      if (destroy) delete this;
-    });
-  }
-
-  void OnWriteDone(bool ok) override {
-    bool resume_reads = false;
-    {
-      absl::MutexLock lock(&mu_);
-      write_in_flight_ = false;
-      if (!ok && !finish_) {
-        finish_ = grpc::Status(grpc::StatusCode::CANCELLED,
-                               "the client stopped reading responses");
-      }
-      if (read_paused_ && queue_.size() <= queue_limit_ / 2 && !finish_) {
-        read_paused_ = false;
-        resume_reads = true;
-      }
-    }
-    Pump();
-    if (resume_reads) StartRead(&req_);
-  }
-
-  // gRPC calls OnDone once no operation is pending, which can be while a Step
-  // task still runs (after a failed write ended the call); the last of the
-  // two deletes the reactor.
-  void OnDone() override {
-    bool destroy;
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-      destroy = !task_in_flight_;
-    }
-    if (destroy) delete this;
-  }
-
- private:
-  void Step() {
-    v1::SessionResponse resp;
-    resp.set_seq(req_.seq());
-    absl::Status s = Handle(&resp);
-    if (!s.ok()) {
-      if (ingest_) s = WithResumePoint(s, ingest_->stream());
-      EndCall(ToGrpcStatus(s));
-      return;
-    }
-    bool read_next = true;
-    {
-      absl::MutexLock lock(&mu_);
-      if (resp.item_case() != v1::SessionResponse::ITEM_NOT_SET) {
-        queue_.push_back(std::move(resp));
-      }
-      if (queue_.size() >= queue_limit_) {
-        read_paused_ = true;
-        read_next = false;
-      }
-      if (finish_) read_next = false;
-    }
-    Pump();
-    if (read_next) StartRead(&req_);
-  }
-
-  // Fills resp for one request. A non-OK status ends the call (protocol or
-  // append errors); a rejected query is answered with resp.error instead.
-  absl::Status Handle(v1::SessionResponse* resp) {
-    switch (req_.item_case()) {
-      case v1::SessionRequest::kOpen: {
-        if (ingest_) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "session is already bound to stream \"", ingest_->stream().id(),
-              "\"; open a new Session for another stream"));
-        }
-        const v1::OpenStreamRequest& open = req_.open();
-        if (open.has_config()) {
-          absl::Status s = RunOpen(engine_, open, resp->mutable_opened());
-          if (!s.ok()) return s;
-        }
-        absl::StatusOr<std::shared_ptr<Stream>> stream =
-            engine_->Find(open.stream_id());
-        if (!stream.ok()) return stream.status();
-        if (!open.has_config()) {
-          v1::OpenStreamResponse* opened = resp->mutable_opened();
-          opened->set_created(false);
-          ToProto((*stream)->Stats(), opened->mutable_stats());
-        }
-        ingest_.emplace(*std::move(stream));
-        return absl::OkStatus();
-      }
-      case v1::SessionRequest::kFrame:
-      case v1::SessionRequest::kChunk: {
-        if (!ingest_) {
-          return absl::FailedPreconditionError(
-              "session has no stream; send SessionRequest.open first");
-        }
-        auto r = FeedIngest(*ingest_,
-                            req_.has_frame() ? req_.mutable_frame() : nullptr,
-                            req_.has_chunk() ? req_.mutable_chunk() : nullptr);
-        if (!r.ok()) return r.status();
-        if (r->has_value()) {
-          v1::AppendAck* ack = resp->mutable_ack();
-          ack->set_frame_index(static_cast<uint64_t>((*r)->last_durable_frame));
-          ack->set_last_durable_frame((*r)->last_durable_frame);
-          ack->set_sealed_block((*r)->sealed_block);
-        }
-        return absl::OkStatus();
-      }
-      case v1::SessionRequest::kRecall: {
-        std::string id = req_.recall().stream_id();
-        if (id.empty() && ingest_) id = ingest_->stream().id();
-        absl::Status s =
-            RunRecall(engine_, id, req_.recall(), resp->mutable_recall());
-        if (!s.ok()) {
-          resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));
-          resp->mutable_error()->set_message(std::string(s.message()));
-        }
-        return absl::OkStatus();
-      }
-      default:
-        return absl::InvalidArgumentError(
-            "SessionRequest has no item (open, frame, chunk or recall)");
-    }
-  }
-
-  // Ends the call once every queued response is written.
-  void EndCall(const grpc::Status& status) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!finish_) finish_ = status;
-    }
-    Pump();
-  }
-
-  // Starts the next write, or Finish when the call is over and drained.
-  void Pump() {
-    enum { kNothing, kWrite, kFinish } action = kNothing;
-    grpc::Status status;
-    {
-      absl::MutexLock lock(&mu_);
-      if (write_in_flight_ || finished_) return;
-      if (!queue_.empty() && !(finish_ && !finish_->ok())) {
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        write_in_flight_ = true;
-        action = kWrite;
-      } else if (finish_) {
-        finished_ = true;
-        status = *finish_;
-        action = kFinish;
-      }
-    }
-    if (action == kWrite) StartWrite(&current_);
-    if (action == kFinish) Finish(status);
-  }
-
-  MemoryEngine* const engine_;
-  Executor* const executor_;
-  const uint32_t queue_limit_;
-  v1::SessionRequest req_;
-  std::optional<FrameIngest> ingest_;
-
-  absl::Mutex mu_;
-  std::deque<v1::SessionResponse> queue_ ABSL_GUARDED_BY(mu_);
-  v1::SessionResponse current_;
-  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool task_in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
 };
 
 class FetchBlocksReactor final
@@ -408,12 +195,6 @@ class FetchBlocksReactor final
 grpc::ServerReadReactor<v1::AppendFramesRequest>* NewAppendFramesReactor(
     MemoryEngine* engine, Executor* executor, v1::AppendFramesResponse* resp) {
   return new AppendFramesReactor(engine, executor, resp);
-}
-
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
-NewSessionReactor(MemoryEngine* engine, Executor* executor,
-                  uint32_t queue_limit) {
-  return new SessionReactor(engine, executor, queue_limit);
 }
 
 grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(

@@ -1,6 +1,6 @@
 // The real kvmem-server binary on a unix socket and a loopback TCP port,
 // driven through the C++ client library.
-#include <grpcpp/generic/generic_stub.h>
+#include <thread>
 
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
@@ -330,6 +330,104 @@ TEST_F(ServerTest, InvalidRequestsGetPreciseStatus) {
   s = unix_->FetchBlocks("s", {99}, &fetched);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(s.error_message(), HasSubstr("block_ids has 99"));
+}
+
+}  // namespace
+}  // namespace kvmem
+
+namespace kvmem {
+namespace {
+
+// A Session driven with many requests in flight: responses come back in
+// request order; an error mid-stream still delivers the acks of the frames
+// stored before it; clients that vanish mid-call leave the server healthy.
+TEST_F(ServerTest, SessionPipelinedErrorsAndCancellation) {
+  TestGeometry g;
+  StreamModel m(g, kFpb, kWindow, {1, 2});
+  std::mt19937_64 rng(21);
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(unix_->OpenStream("p", Config(g), &opened).ok());
+  for (int i = 0; i < 120; ++i) m.AddFrame(rng, 1 + rng() % 16);
+
+  grpc::ClientContext ctx;
+  auto stream = unix_->stub()->Session(&ctx);
+  uint64_t seq = 0;
+  v1::SessionRequest open;
+  open.set_seq(++seq);
+  open.mutable_open()->set_stream_id("p");
+  ASSERT_TRUE(stream->Write(open));
+  // 100 frames (some chunked), each followed by a recall, all written before
+  // reading anything; then frame 50 again (a duplicate), then more frames.
+  auto write_frame = [&](uint64_t i) {
+    return ForEachFrameMessage(ToOutgoing(m.frames()[i], i), 700,
+                               [&](v1::FrameHeader* h, v1::PayloadChunk* c) {
+                                 v1::SessionRequest r;
+                                 r.set_seq(++seq);
+                                 if (h) *r.mutable_frame() = *h;
+                                 if (c) *r.mutable_chunk() = *c;
+                                 return stream->Write(r);
+                               });
+  };
+  std::thread writer([&] {
+    for (uint64_t i = 0; i < 100; ++i) {
+      if (!write_frame(i)) return;
+      v1::SessionRequest r;
+      r.set_seq(++seq);
+      for (size_t d = 0; d < m.summary_dim(); ++d) r.mutable_recall()->add_query(1.0f);
+      if (!stream->Write(r)) return;
+    }
+    if (!write_frame(50)) return;
+    for (uint64_t i = 100; i < 110; ++i) {
+      if (!write_frame(i)) return;
+    }
+    stream->WritesDone();
+  });
+  v1::SessionResponse resp;
+  int acks = 0, recalls = 0;
+  uint64_t last_seq = 0;
+  while (stream->Read(&resp)) {
+    EXPECT_GT(resp.seq(), last_seq);
+    last_seq = resp.seq();
+    if (resp.has_ack()) {
+      EXPECT_EQ(resp.ack().frame_index(), static_cast<uint64_t>(acks));
+      ++acks;
+    }
+    if (resp.has_recall()) {
+      ++recalls;
+      EXPECT_LE(resp.recall().total_tokens(), resp.recall().budget_tokens());
+    }
+  }
+  writer.join();
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(s.error_message(), HasSubstr("last durable frame is 99"));
+  EXPECT_EQ(acks, 100);  // Every stored frame was acknowledged.
+  EXPECT_EQ(recalls, 100);
+  v1::StreamStats stats;
+  ASSERT_TRUE(unix_->GetStreamStats("p", &stats).ok());
+  EXPECT_EQ(stats.last_durable_frame(), 99);
+
+  // Clients that cancel mid-call, with requests and responses in flight.
+  for (int round = 0; round < 20; ++round) {
+    grpc::ClientContext c2;
+    auto s2 = tcp_->stub()->Session(&c2);
+    v1::SessionRequest o;
+    o.mutable_open()->set_stream_id("p");
+    s2->Write(o);
+    for (int i = 0; i < 30; ++i) {
+      v1::SessionRequest r;
+      for (size_t d = 0; d < m.summary_dim(); ++d) r.mutable_recall()->add_query(0.5f);
+      if (!s2->Write(r)) break;
+    }
+    if (round % 2 == 1) s2->Read(&resp);
+    c2.TryCancel();
+    s2->Finish().IgnoreError();
+  }
+  grpc::health::v1::HealthCheckResponse h;
+  ASSERT_TRUE(unix_->CheckHealth("", &h).ok());
+  EXPECT_EQ(h.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  ASSERT_TRUE(unix_->GetStreamStats("p", &stats).ok());
+  EXPECT_EQ(stats.last_durable_frame(), 99);
 }
 
 }  // namespace

@@ -1,0 +1,275 @@
+// The Session reactor: appends and queries in, acks and recall sets out, in
+// request order.
+//
+// Concurrency. Requests are handled one at a time on the Executor (a "task");
+// responses go through a queue with one write in flight. gRPC may call OnDone
+// as soon as Finish completes and no operation is pending, which can be while
+// a task still runs, so:
+//   - tasks_ counts running tasks, and Finish is only called when it is 0;
+//   - StartRead is only called by a task (tasks_ > 0), so never after Finish;
+//   - whoever sees done_ with tasks_ == 0 deletes the reactor, and every
+//     decision that may end the call is taken in the same critical section as
+//     the bookkeeping, with no member touched after Finish or delete.
+#include <deque>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "server/frame_ingest.h"
+#include "server/kvmem_service.h"
+#include "server/proto_convert.h"
+#include "server/reactors.h"
+#include "server/status_util.h"
+
+namespace kvmem {
+namespace {
+
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+ public:
+  SessionReactor(MemoryEngine* engine, Executor* executor, uint32_t queue_limit)
+      : engine_(engine), executor_(executor), queue_limit_(queue_limit) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The client half-closed (or the call broke).
+      {
+        absl::MutexLock lock(&mu_);
+        if (!finish_) {
+          absl::Status s =
+              ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus();
+          finish_ = ToGrpcStatus(s);
+        }
+      }
+      Pump();
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++tasks_;
+    }
+    executor_->Submit([this] { RunTask(); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool resume_reads = false;
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = false;
+      if (!ok) {
+        write_failed_ = true;
+        if (!finish_) {
+          finish_ = grpc::Status(grpc::StatusCode::CANCELLED,
+                                 "the client stopped reading responses");
+        }
+      }
+      if (read_paused_ && !finish_ && queue_.size() <= queue_limit_ / 2) {
+        read_paused_ = false;
+        resume_reads = true;
+        ++tasks_;  // The resumed read is issued under a task, like any other.
+      }
+    }
+    if (resume_reads) {
+      StartRead(&req_);
+      EndTask();
+    } else {
+      Pump();
+    }
+  }
+
+  void OnDone() override {
+    bool destroy;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      destroy = tasks_ == 0;
+    }
+    if (destroy) delete this;
+  }
+
+ private:
+  enum class Action { kNothing, kWrite, kFinish, kDestroy };
+
+  // Handles the request just read, queues its response, then reads the next
+  // request unless the call is ending or the queue is full.
+  void RunTask() {
+    bool ending;
+    {
+      absl::MutexLock lock(&mu_);
+      ending = finish_.has_value();
+    }
+    bool read_next = false;
+    if (!ending) {
+      v1::SessionResponse resp;
+      resp.set_seq(req_.seq());
+      absl::Status s = Handle(&resp);
+      absl::MutexLock lock(&mu_);
+      if (!s.ok()) {
+        if (ingest_) s = ingest_->WithResumePoint(s);
+        if (!finish_) finish_ = ToGrpcStatus(s);
+      } else {
+        if (resp.item_case() != v1::SessionResponse::ITEM_NOT_SET) {
+          queue_.push_back(std::move(resp));
+        }
+        if (queue_.size() >= queue_limit_) read_paused_ = true;
+        read_next = !read_paused_ && !finish_;
+      }
+    }
+    if (read_next) StartRead(&req_);  // Safe: tasks_ > 0 keeps Finish away.
+    EndTask();
+  }
+
+  // Fills resp for one request. A non-OK status ends the call (protocol or
+  // append errors); a rejected query is answered with resp.error instead.
+  absl::Status Handle(v1::SessionResponse* resp);
+
+  // Decides, under mu_, what the call should do next. REQUIRES: mu_ held.
+  Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (done_) return tasks_ == 0 ? Action::kDestroy : Action::kNothing;
+    if (finished_ || write_in_flight_) return Action::kNothing;
+    // Queued responses (acks of stored frames among them) are sent even when
+    // the call ends with an error, unless the client stopped reading.
+    if (!queue_.empty() && !write_failed_) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      write_in_flight_ = true;
+      return Action::kWrite;
+    }
+    if (finish_ && tasks_ == 0) {
+      finished_ = true;
+      return Action::kFinish;
+    }
+    return Action::kNothing;
+  }
+
+  // Performs an action decided by NextActionLocked, with mu_ released.
+  void Perform(Action action, const grpc::Status& status) {
+    switch (action) {
+      case Action::kWrite:
+        StartWrite(&current_);
+        return;
+      case Action::kFinish:
+        Finish(status);  // May lead to OnDone: touch nothing after it.
+        return;
+      case Action::kDestroy:
+        delete this;
+        return;
+      case Action::kNothing:
+        return;
+    }
+  }
+
+  // Called from reactions (no task running on this thread).
+  void Pump() {
+    Action action;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      action = NextActionLocked();
+      if (action == Action::kFinish) status = *finish_;
+    }
+    Perform(action, status);
+  }
+
+  // Ends a task: the bookkeeping and the next decision in one critical
+  // section, so no other thread can finish or delete the call in between.
+  void EndTask() {
+    Action action;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      --tasks_;
+      action = NextActionLocked();
+      if (action == Action::kFinish) status = *finish_;
+    }
+    Perform(action, status);
+  }
+
+  MemoryEngine* const engine_;
+  Executor* const executor_;
+  const uint32_t queue_limit_;
+  // Touched only by the running task (one at a time) and by OnReadDone(false),
+  // which gRPC never delivers while a read is being handled.
+  v1::SessionRequest req_;
+  std::optional<FrameIngest> ingest_;
+
+  absl::Mutex mu_;
+  std::deque<v1::SessionResponse> queue_ ABSL_GUARDED_BY(mu_);
+  v1::SessionResponse current_;  // The write in flight.
+  int tasks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called.
+  bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone was called.
+  std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
+  switch (req_.item_case()) {
+    case v1::SessionRequest::kOpen: {
+      if (ingest_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "session is already bound to stream \"", ingest_->stream().id(),
+            "\"; open a new Session for another stream"));
+      }
+      const v1::OpenStreamRequest& open = req_.open();
+      if (open.has_config()) {
+        absl::Status s = RunOpen(engine_, open, resp->mutable_opened());
+        if (!s.ok()) return s;
+      }
+      absl::StatusOr<std::shared_ptr<Stream>> stream =
+          engine_->Find(open.stream_id());
+      if (!stream.ok()) return stream.status();
+      if (!open.has_config()) {
+        v1::OpenStreamResponse* opened = resp->mutable_opened();
+        opened->set_created(false);
+        ToProto((*stream)->Stats(), opened->mutable_stats());
+      }
+      ingest_.emplace(*std::move(stream));
+      return absl::OkStatus();
+    }
+    case v1::SessionRequest::kFrame:
+    case v1::SessionRequest::kChunk: {
+      if (!ingest_) {
+        return absl::FailedPreconditionError(
+            "session has no stream; send SessionRequest.open first");
+      }
+      auto r = ingest_->Feed(req_.has_frame() ? req_.mutable_frame() : nullptr,
+                             req_.has_chunk() ? req_.mutable_chunk() : nullptr);
+      if (!r.ok()) return r.status();
+      if (r->has_value()) {
+        v1::AppendAck* ack = resp->mutable_ack();
+        ack->set_frame_index(static_cast<uint64_t>((*r)->last_durable_frame));
+        ack->set_last_durable_frame((*r)->last_durable_frame);
+        ack->set_sealed_block((*r)->sealed_block);
+      }
+      return absl::OkStatus();
+    }
+    case v1::SessionRequest::kRecall: {
+      std::string id = req_.recall().stream_id();
+      if (id.empty() && ingest_) id = ingest_->stream().id();
+      absl::Status s =
+          RunRecall(engine_, id, req_.recall(), resp->mutable_recall());
+      if (!s.ok()) {
+        resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));
+        resp->mutable_error()->set_message(std::string(s.message()));
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          "SessionRequest has no item (open, frame, chunk or recall)");
+  }
+}
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
+NewSessionReactor(MemoryEngine* engine, Executor* executor,
+                  uint32_t queue_limit) {
+  return new SessionReactor(engine, executor, queue_limit);
+}
+
+}  // namespace kvmem
