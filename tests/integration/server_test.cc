@@ -1,5 +1,7 @@
 // The real kvmem-server binary on a unix socket and a loopback TCP port,
 // driven through the C++ client library.
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "client/kvmem_client.h"
@@ -22,6 +24,18 @@ constexpr uint32_t kWindow = 96;
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override { StartServer(); }
+
+  // SIGTERM must drain and exit 0; in sanitizer builds the server's log must
+  // hold no report (leaks are checked at that exit).
+  void TearDown() override {
+    if (server_ == nullptr) return;
+    EXPECT_EQ(server_->Stop(), 0);
+    std::ifstream in(dir_.path() + "/server.log");
+    const std::string log((std::istreambuf_iterator<char>(in)),
+                          std::istreambuf_iterator<char>());
+    EXPECT_EQ(log.find("Sanitizer"), std::string::npos) << log;
+    EXPECT_EQ(log.find("runtime error"), std::string::npos) << log;
+  }
 
   void StartServer() {
     ServerProcessOptions o;
@@ -373,7 +387,8 @@ TEST_F(ServerTest, SessionPipelinedErrorsAndCancellation) {
       if (!write_frame(i)) return;
       v1::SessionRequest r;
       r.set_seq(++seq);
-      for (size_t d = 0; d < m.summary_dim(); ++d) r.mutable_recall()->add_query(1.0f);
+      for (size_t d = 0; d < m.summary_dim(); ++d)
+        r.mutable_recall()->add_query(1.0f);
       if (!stream->Write(r)) return;
     }
     if (!write_frame(50)) return;
@@ -416,7 +431,8 @@ TEST_F(ServerTest, SessionPipelinedErrorsAndCancellation) {
     s2->Write(o);
     for (int i = 0; i < 30; ++i) {
       v1::SessionRequest r;
-      for (size_t d = 0; d < m.summary_dim(); ++d) r.mutable_recall()->add_query(0.5f);
+      for (size_t d = 0; d < m.summary_dim(); ++d)
+        r.mutable_recall()->add_query(0.5f);
       if (!s2->Write(r)) break;
     }
     if (round % 2 == 1) s2->Read(&resp);
