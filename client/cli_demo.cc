@@ -318,6 +318,7 @@ int RunDemo(const std::vector<std::string>&) {
         fetched.size(), static_cast<unsigned long long>(fetched_bytes),
         static_cast<unsigned long long>(expected_bytes));
   }
+  client.reset();  // An idle channel would slow the graceful shutdown.
   if (server) server->Stop();
   return fetched_bytes == expected_bytes ? 0 : 1;
 }
