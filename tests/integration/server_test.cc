@@ -351,11 +351,6 @@ TEST_F(ServerTest, InvalidRequestsGetPreciseStatus) {
   EXPECT_THAT(s.error_message(), HasSubstr("block_ids has 99"));
 }
 
-}  // namespace
-}  // namespace kvmem
-
-namespace kvmem {
-namespace {
 
 // A Session driven with many requests in flight: responses come back in
 // request order; an error mid-stream still delivers the acks of the frames
