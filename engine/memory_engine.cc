@@ -43,9 +43,10 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   }
   if (existing) {
     if (!(existing->config() == config)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "stream \"", id, "\" exists with a different config; delete it or "
-          "open it with the same config"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("stream \"", id,
+                       "\" exists with a different config; delete it or "
+                       "open it with the same config"));
     }
     KVMEM_RETURN_IF_ERROR(existing->Reopen());
     return OpenStreamResult{false, existing->Stats()};

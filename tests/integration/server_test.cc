@@ -351,7 +351,6 @@ TEST_F(ServerTest, InvalidRequestsGetPreciseStatus) {
   EXPECT_THAT(s.error_message(), HasSubstr("block_ids has 99"));
 }
 
-
 // A Session driven with many requests in flight: responses come back in
 // request order; an error mid-stream still delivers the acks of the frames
 // stored before it; clients that vanish mid-call leave the server healthy.
