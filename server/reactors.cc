@@ -1,10 +1,8 @@
 #include "server/reactors.h"
 
-#include <deque>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "server/frame_ingest.h"
 #include "server/kvmem_service.h"
 #include "server/proto_convert.h"
