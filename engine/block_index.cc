@@ -2,6 +2,7 @@
 
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexIDMap.h>
+#include <faiss/impl/IDSelector.h>
 #include <omp.h>
 
 namespace kvmem {
@@ -18,6 +19,12 @@ BlockIndex::~BlockIndex() = default;
 void BlockIndex::Add(uint64_t id, const float* summary) {
   const faiss::Index::idx_t fid = static_cast<faiss::Index::idx_t>(id);
   index_->add_with_ids(1, summary, &fid);
+}
+
+bool BlockIndex::Remove(uint64_t id) {
+  const faiss::Index::idx_t fid = static_cast<faiss::Index::idx_t>(id);
+  faiss::IDSelectorArray sel(1, &fid);
+  return index_->remove_ids(sel) == 1;
 }
 
 std::vector<ScoredId> BlockIndex::Search(const float* query, uint32_t k) const {

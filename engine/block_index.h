@@ -39,6 +39,8 @@ class BlockIndex {
 
   // Adds one summary of dim() floats under id.
   void Add(uint64_t id, const float* summary);
+  // Removes id; false when it was not there.
+  bool Remove(uint64_t id);
 
   // Returns up to k ids with the highest inner product with query (dim()
   // floats), best first.

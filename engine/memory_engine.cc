@@ -1,18 +1,44 @@
 #include "engine/memory_engine.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "engine/record_codec.h"
 #include "engine/status_macros.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
 
-MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store)
-    : store_(std::move(store)) {}
+MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store,
+                           const EngineOptions& options)
+    : store_(std::move(store)),
+      options_(options),
+      background_(std::make_unique<Executor>(options.background_threads)) {}
+
+MemoryEngine::~MemoryEngine() {
+  background_.reset();  // Finish queued tier moves before streams go.
+  absl::MutexLock lock(&mu_);
+  streams_.clear();
+}
+
+StreamEnv MemoryEngine::Env() {
+  StreamEnv env;
+  env.store = store_.get();
+  env.background = background_.get();
+  env.global_warm_bytes = &global_warm_bytes_;
+  env.global_warm_budget = options_.global_warm_budget_bytes;
+  return env;
+}
+
+void MemoryEngine::WaitForBackground() {
+  absl::Notification done;
+  background_->Submit([&done] { done.Notify(); });
+  done.WaitForNotification();
+}
 
 absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
-    std::unique_ptr<ColdStore> store) {
-  std::unique_ptr<MemoryEngine> engine(new MemoryEngine(std::move(store)));
+    std::unique_ptr<ColdStore> store, const EngineOptions& options) {
+  std::unique_ptr<MemoryEngine> engine(
+      new MemoryEngine(std::move(store), options));
   KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
   absl::MutexLock lock(&engine->mu_);
   for (const StreamRecord& r : records) {
@@ -21,7 +47,7 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
     KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
     KVMEM_ASSIGN_OR_RETURN(
         std::unique_ptr<Stream> stream,
-        Stream::Recover(r.stream_id, config, state, engine->store_.get()));
+        Stream::Recover(r.stream_id, config, state, engine->Env()));
     engine->streams_[r.stream_id] = std::move(stream);
   }
   return engine;
@@ -52,7 +78,7 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
     return OpenStreamResult{false, existing->Stats()};
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream,
-                         Stream::Create(id, config, store_.get()));
+                         Stream::Create(id, config, Env()));
   std::shared_ptr<Stream> shared = std::move(stream);
   {
     absl::MutexLock lock(&mu_);
@@ -113,9 +139,9 @@ absl::StatusOr<StreamStats> MemoryEngine::GetStats(
 }
 
 absl::StatusOr<AppendResult> MemoryEngine::Append(const std::string& id,
-                                                  const Frame& frame) {
+                                                  Frame frame) {
   KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
-  return stream->Append(frame);
+  return stream->Append(std::move(frame));
 }
 
 absl::StatusOr<RecallResult> MemoryEngine::Recall(const std::string& id,

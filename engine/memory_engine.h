@@ -7,6 +7,7 @@
 #ifndef KVMEM_ENGINE_MEMORY_ENGINE_H_
 #define KVMEM_ENGINE_MEMORY_ENGINE_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +22,14 @@
 
 namespace kvmem {
 
+struct EngineOptions {
+  // RAM all streams' warm blocks may hold together; 0 means no global cap.
+  // A stream over it demotes its own coldest warm blocks.
+  uint64_t global_warm_budget_bytes = 0;
+  // Threads for tier moves, promotions and index rebuilds.
+  int background_threads = 1;
+};
+
 struct OpenStreamResult {
   bool created = false;
   StreamStats stats;
@@ -31,7 +40,8 @@ class MemoryEngine {
   // Takes ownership of store and recovers every stream it holds. Fails with
   // DATA_LOSS when a stored record cannot be decoded.
   static absl::StatusOr<std::unique_ptr<MemoryEngine>> Open(
-      std::unique_ptr<ColdStore> store);
+      std::unique_ptr<ColdStore> store, const EngineOptions& options = {});
+  ~MemoryEngine();
 
   // Creates a stream, or reopens an existing one whose config (after
   // defaults) is equal; a different config is ALREADY_EXISTS.
@@ -42,8 +52,7 @@ class MemoryEngine {
   std::vector<StreamStats> ListStreams() const;
   absl::StatusOr<StreamStats> GetStats(const std::string& id) const;
 
-  absl::StatusOr<AppendResult> Append(const std::string& id,
-                                      const Frame& frame);
+  absl::StatusOr<AppendResult> Append(const std::string& id, Frame frame);
   absl::StatusOr<RecallResult> Recall(const std::string& id,
                                       const RecallQuery& query);
 
@@ -53,11 +62,22 @@ class MemoryEngine {
 
   size_t stream_count() const;
   ColdStore* store() { return store_.get(); }
+  uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
+
+  // Waits until background work queued so far (tier moves after recalls,
+  // rebuilds) has run. For tests and orderly shutdown.
+  void WaitForBackground();
 
  private:
-  explicit MemoryEngine(std::unique_ptr<ColdStore> store);
+  MemoryEngine(std::unique_ptr<ColdStore> store, const EngineOptions& options);
+  StreamEnv Env();
 
   std::unique_ptr<ColdStore> store_;
+  const EngineOptions options_;
+  std::atomic<uint64_t> global_warm_bytes_{0};
+  // Declared after the store and before the streams' map, so it is
+  // destroyed first: its tasks finish while streams and store still exist.
+  std::unique_ptr<Executor> background_;
   // Serialises OpenStream and DeleteStream (which commit to the store).
   absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Guards the map only; never held across storage I/O.

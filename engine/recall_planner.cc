@@ -24,10 +24,10 @@ void AssignGateWeights(std::vector<RecalledBlock>* blocks, float gate_scale) {
   if (blocks->empty()) return;
   double top = -INFINITY;
   for (const auto& b : *blocks)
-    top = std::max<double>(top, b.score / gate_scale);
+    top = std::max<double>(top, b.priority / gate_scale);
   double sum = 0;
   for (auto& b : *blocks) {
-    const double e = std::exp(b.score / gate_scale - top);
+    const double e = std::exp(b.priority / gate_scale - top);
     b.gate_weight = static_cast<float>(e);
     sum += e;
   }

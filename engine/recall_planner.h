@@ -13,14 +13,14 @@ namespace kvmem {
 
 // Walks `ranked` in order and keeps every block whose tokens still fit in
 // max_tokens (a block too large for what is left is skipped and smaller,
-// lower-scored ones may still fill the rest). Never exceeds max_tokens.
-// Gate weights are softmax(score / gate_scale) over the chosen blocks.
-// REQUIRES: ranked is sorted by descending score; gate_scale > 0.
+// lower-ranked ones may still fill the rest). Never exceeds max_tokens.
+// Gate weights are softmax(priority / gate_scale) over the chosen blocks.
+// REQUIRES: ranked is sorted by descending priority; gate_scale > 0.
 std::vector<RecalledBlock> PlanBudgetedRecall(
     const std::vector<RecalledBlock>& ranked, uint32_t max_tokens,
     float gate_scale);
 
-// Fills gate_weight of each block with softmax(score / gate_scale).
+// Fills gate_weight of each block with softmax(priority / gate_scale).
 void AssignGateWeights(std::vector<RecalledBlock>* blocks, float gate_scale);
 
 }  // namespace kvmem

@@ -8,9 +8,9 @@
 namespace kvmem {
 namespace {
 
-constexpr uint8_t kConfigVersion = 1;
+constexpr uint8_t kConfigVersion = 2;  // 1: without tier/recall/shot fields.
 constexpr uint8_t kStateVersion = 1;
-constexpr uint8_t kBlockVersion = 1;
+constexpr uint8_t kBlockVersion = 2;  // 1: info and summary only.
 
 class Writer {
  public:
@@ -18,6 +18,7 @@ class Writer {
   void U32(uint32_t v) { Raw(&v, sizeof(v)); }
   void U64(uint64_t v) { Raw(&v, sizeof(v)); }
   void F32(float v) { Raw(&v, sizeof(v)); }
+
   void Str(absl::string_view s) {
     U32(static_cast<uint32_t>(s.size()));
     out_.append(s.data(), s.size());
@@ -43,6 +44,7 @@ class Reader {
   bool U32(uint32_t* v) { return Raw(v, sizeof(*v)); }
   bool U64(uint64_t* v) { return Raw(v, sizeof(*v)); }
   bool F32(float* v) { return Raw(v, sizeof(*v)); }
+
   bool Str(std::string* s) {
     uint32_t n;
     if (!U32(&n) || n > in_.size()) return false;
@@ -98,6 +100,23 @@ std::string EncodeConfig(const StreamConfig& c) {
     w.Str(k);
     w.Str(v);
   }
+  w.U32(static_cast<uint32_t>(c.segment_mode));
+  w.F32(c.shot_similarity_threshold);
+  w.U32(c.max_tokens_per_block);
+  const TierConfig& t = c.tiers;
+  for (uint64_t v : {t.warm_budget_bytes, t.cold_budget_bytes,
+                     t.storage_cap_bytes, t.stage_budget_bytes}) {
+    w.U64(v);
+  }
+  for (uint32_t v :
+       {static_cast<uint32_t>(t.replacement), t.heat_half_life_frames,
+        t.prefetch_blocks, t.rebuild_every_blocks, t.rebuild_every_seconds}) {
+    w.U32(v);
+  }
+  for (float v :
+       {c.weights.model, c.weights.track, c.weights.iou, c.weights.scene}) {
+    w.F32(v);
+  }
   return w.Take();
 }
 
@@ -106,7 +125,7 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
   StreamConfig c;
   uint8_t version = 0;
   uint32_t dtype = 0, n_layers = 0, n_labels = 0;
-  bool ok = r.U8(&version) && version == kConfigVersion &&
+  bool ok = r.U8(&version) && (version == 1 || version == kConfigVersion) &&
             r.U32(&c.geometry.layers) && r.U32(&c.geometry.kv_heads) &&
             r.U32(&c.geometry.head_dim) && r.U32(&dtype) &&
             r.U32(&c.geometry.max_tokens_per_frame) &&
@@ -125,7 +144,22 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
     ok = r.Str(&k) && r.Str(&v);
     c.labels[k] = v;
   }
+  uint32_t mode = 0;
+  if (ok && version >= 2) {
+    TierConfig& t = c.tiers;
+    uint32_t replacement = 0;
+    ok = r.U32(&mode) && r.F32(&c.shot_similarity_threshold) &&
+         r.U32(&c.max_tokens_per_block) && r.U64(&t.warm_budget_bytes) &&
+         r.U64(&t.cold_budget_bytes) && r.U64(&t.storage_cap_bytes) &&
+         r.U64(&t.stage_budget_bytes) && r.U32(&replacement) &&
+         r.U32(&t.heat_half_life_frames) && r.U32(&t.prefetch_blocks) &&
+         r.U32(&t.rebuild_every_blocks) && r.U32(&t.rebuild_every_seconds) &&
+         r.F32(&c.weights.model) && r.F32(&c.weights.track) &&
+         r.F32(&c.weights.iou) && r.F32(&c.weights.scene);
+    t.replacement = static_cast<Replacement>(replacement);
+  }
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());
+  c.segment_mode = static_cast<SegmentMode>(mode);
   c.geometry.dtype = static_cast<DType>(dtype);
   return c;
 }
@@ -166,6 +200,37 @@ absl::StatusOr<StreamState> DecodeState(absl::string_view bytes) {
   return s;
 }
 
+std::string EncodeSignals(const FrameSignals& signals) {
+  Writer w;
+  w.U8(1);
+  w.U32(static_cast<uint32_t>(signals.detections.size()));
+  for (const Detection& d : signals.detections) {
+    w.U64(d.track_id);
+    w.U32(d.class_id);
+    for (float v : {d.x_min, d.y_min, d.x_max, d.y_max, d.score}) w.F32(v);
+  }
+  w.Floats(signals.scene_embedding);
+  return w.Take();
+}
+
+absl::StatusOr<FrameSignals> DecodeSignals(absl::string_view bytes) {
+  Reader r(bytes);
+  FrameSignals s;
+  uint8_t version = 0;
+  uint32_t n = 0;
+  bool ok = r.U8(&version) && version == 1 && r.U32(&n) && n <= (1u << 20);
+  for (uint32_t i = 0; ok && i < n; ++i) {
+    Detection d;
+    ok = r.U64(&d.track_id) && r.U32(&d.class_id) && r.F32(&d.x_min) &&
+         r.F32(&d.y_min) && r.F32(&d.x_max) && r.F32(&d.y_max) &&
+         r.F32(&d.score);
+    s.detections.push_back(d);
+  }
+  ok = ok && r.Floats(&s.scene_embedding) && r.Done();
+  if (!ok) return Corrupt("signals", bytes.size());
+  return s;
+}
+
 std::string EncodeBlock(const BlockRecord& b) {
   Writer w;
   w.U8(kBlockVersion);
@@ -178,23 +243,59 @@ std::string EncodeBlock(const BlockRecord& b) {
   w.U64(b.info.payload_bytes);
   w.U32(static_cast<uint32_t>(b.info.tier));
   w.Floats(b.summary);
+  w.U8(b.info.degraded ? 1 : 0);
+  w.U8(static_cast<uint8_t>(b.disk));
+  w.U32(static_cast<uint32_t>(b.frame_tokens.size()));
+  for (uint32_t t : b.frame_tokens) w.U32(t);
+  w.U32(static_cast<uint32_t>(b.tracks.size()));
+  for (const TrackPresence& t : b.tracks) {
+    w.U64(t.track_id);
+    w.U32(t.frames);
+    w.U64(t.first_frame);
+    w.U64(t.last_frame);
+    for (float v : t.box) w.F32(v);
+  }
+  w.Floats(b.scene);
+  w.U64(b.last_access_frame);
+  w.F32(b.hits);
+  w.U64(b.last_hit_frame);
   return w.Take();
 }
 
 absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {
   Reader r(bytes);
   BlockRecord b;
-  uint8_t version = 0;
-  uint32_t tier = 0;
-  const bool ok = r.U8(&version) && version == kBlockVersion &&
-                  r.U64(&b.info.id) && r.U64(&b.info.first_frame) &&
-                  r.U64(&b.info.last_frame) &&
-                  r.U64(&b.info.first_token_position) &&
-                  r.U64(&b.info.end_token_position) &&
-                  r.U32(&b.info.token_count) && r.U64(&b.info.payload_bytes) &&
-                  r.U32(&tier) && r.Floats(&b.summary) && r.Done();
-  if (!ok) return Corrupt("block", bytes.size());
+  uint8_t version = 0, degraded = 0, disk = 0;
+  uint32_t tier = 0, n = 0;
+  bool ok = r.U8(&version) && (version == 1 || version == kBlockVersion) &&
+            r.U64(&b.info.id) && r.U64(&b.info.first_frame) &&
+            r.U64(&b.info.last_frame) && r.U64(&b.info.first_token_position) &&
+            r.U64(&b.info.end_token_position) && r.U32(&b.info.token_count) &&
+            r.U64(&b.info.payload_bytes) && r.U32(&tier) &&
+            r.Floats(&b.summary);
+  if (ok && version >= 2) {
+    ok = r.U8(&degraded) && r.U8(&disk) && disk <= 3 && r.U32(&n) &&
+         n <= (1u << 20);
+    for (uint32_t i = 0; ok && i < n; ++i) {
+      uint32_t t;
+      ok = r.U32(&t);
+      b.frame_tokens.push_back(t);
+    }
+    ok = ok && r.U32(&n) && n <= (1u << 20);
+    for (uint32_t i = 0; ok && i < n; ++i) {
+      TrackPresence t;
+      ok = r.U64(&t.track_id) && r.U32(&t.frames) && r.U64(&t.first_frame) &&
+           r.U64(&t.last_frame) && r.F32(&t.box[0]) && r.F32(&t.box[1]) &&
+           r.F32(&t.box[2]) && r.F32(&t.box[3]);
+      b.tracks.push_back(t);
+    }
+    ok = ok && r.Floats(&b.scene) && r.U64(&b.last_access_frame) &&
+         r.F32(&b.hits) && r.U64(&b.last_hit_frame);
+  }
+  if (!ok || !r.Done()) return Corrupt("block", bytes.size());
   b.info.tier = static_cast<Tier>(tier);
+  b.info.degraded = degraded != 0;
+  b.disk = static_cast<DiskForm>(disk);
   return b;
 }
 

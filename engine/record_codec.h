@@ -31,9 +31,33 @@ struct StreamState {
   uint64_t open_block_payload_bytes = 0;
 };
 
+// Where a block's KV lives on disk.
+enum class DiskForm : uint8_t {
+  kFrames = 0,  // As its frames' records (a block not yet demoted).
+  kFull = 1,    // Per-layer records, full precision.
+  kInt8 = 2,    // Per-layer records, int8 per-channel (degraded).
+  kNone = 3,    // Evicted.
+};
+
+// A track seen in a block: how many of its frames, when, and its last box.
+struct TrackPresence {
+  uint64_t track_id = 0;
+  uint32_t frames = 0;
+  uint64_t first_frame = 0;
+  uint64_t last_frame = 0;
+  float box[4] = {0, 0, 0, 0};  // x_min, y_min, x_max, y_max
+};
+
 struct BlockRecord {
   BlockInfo info;
+  DiskForm disk = DiskForm::kFrames;
+  std::vector<uint32_t> frame_tokens;  // Token count of each frame, in order.
   std::vector<float> summary;
+  std::vector<TrackPresence> tracks;  // Sorted by track_id.
+  std::vector<float> scene;           // Mean scene embedding (may be empty).
+  uint64_t last_access_frame = 0;     // Sealed or last recalled.
+  float hits = 0;                     // Recall hits, decayed to last_hit_frame.
+  uint64_t last_hit_frame = 0;
 };
 
 std::string EncodeConfig(const StreamConfig& config);
@@ -41,6 +65,10 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes);
 
 std::string EncodeState(const StreamState& state);
 absl::StatusOr<StreamState> DecodeState(absl::string_view bytes);
+
+// A frame's signals, stored beside its payload (replayed on recovery).
+std::string EncodeSignals(const FrameSignals& signals);
+absl::StatusOr<FrameSignals> DecodeSignals(absl::string_view bytes);
 
 std::string EncodeBlock(const BlockRecord& block);
 absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes);

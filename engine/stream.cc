@@ -1,11 +1,8 @@
 #include "engine/stream.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "engine/recall_planner.h"
 #include "engine/signals.h"
 #include "engine/status_macros.h"
 #include "engine/stream_config.h"
@@ -13,75 +10,144 @@
 namespace kvmem {
 namespace {
 
-uint32_t MicrosSince(std::chrono::steady_clock::time_point t0) {
-  return static_cast<uint32_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::steady_clock::now() - t0)
-          .count());
+std::vector<absl::string_view> Views(const std::vector<std::string>& v) {
+  return std::vector<absl::string_view>(v.begin(), v.end());
+}
+
+// Token count of a stored frame payload of `bytes` bytes.
+absl::StatusOr<uint32_t> StoredFrameTokens(const Geometry& g,
+                                           const std::string& stream,
+                                           uint64_t frame, size_t bytes) {
+  const uint64_t per_token = FramePayloadBytes(g, 1);
+  if (bytes == 0 || bytes % per_token != 0) {
+    return absl::DataLossError(absl::StrCat("stream ", stream, ": frame ",
+                                            frame, " has ", bytes, " bytes"));
+  }
+  return static_cast<uint32_t>(bytes / per_token);
 }
 
 }  // namespace
 
 Stream::Stream(const std::string& id, const StreamConfig& config,
-               ColdStore* store, const StreamState& state)
+               const StreamEnv& env, const StreamState& state)
     : id_(id),
       config_(config),
-      store_(store),
+      env_(env),
       summary_dim_(SummaryDim(config)),
+      layer_dim_(config.geometry.kv_heads * config.geometry.head_dim),
+      policy_(NewReplacementPolicy(config.tiers.replacement)),
       open_summary_(config),
-      state_(state),
-      index_(SummaryDim(config)) {}
+      segmenter_(config),
+      last_rebuild_(std::chrono::steady_clock::now()),
+      state_(state) {
+  absl::MutexLock lock(&mu_);
+  index_ = NewIndexes();
+}
+
+Stream::~Stream() {
+  absl::MutexLock lock(&mu_);
+  AddWarm(-static_cast<int64_t>(warm_bytes_), false);
+  AddWarm(-static_cast<int64_t>(stage_bytes_), true);
+}
+
+Stream::Indexes Stream::NewIndexes() const {
+  Indexes ix;
+  ix.all = std::make_unique<BlockIndex>(summary_dim_);
+  for (size_t i = 0; i < config_.indexed_layers.size(); ++i) {
+    ix.layers.push_back(std::make_unique<BlockIndex>(layer_dim_));
+  }
+  return ix;
+}
 
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(
-    const std::string& id, const StreamConfig& config, ColdStore* store) {
+    const std::string& id, const StreamConfig& config, const StreamEnv& env) {
   StreamState state;
   StreamWrite write;
   write.stream_id = id;
   write.config = EncodeConfig(config);
   write.state = EncodeState(state);
-  KVMEM_RETURN_IF_ERROR(store->Commit(write));
-  return std::unique_ptr<Stream>(new Stream(id, config, store, state));
+  KVMEM_RETURN_IF_ERROR(env.store->Commit(write));
+  return std::unique_ptr<Stream>(new Stream(id, config, env, state));
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
     const std::string& id, const StreamConfig& config, const StreamState& state,
-    ColdStore* store) {
-  std::unique_ptr<Stream> s(new Stream(id, config, store, state));
-  {
-    absl::MutexLock lock(&s->mu_);
-    KVMEM_RETURN_IF_ERROR(store->ScanBlocks(
-        id, [&](uint64_t block_id, absl::string_view bytes) -> absl::Status {
-          KVMEM_ASSIGN_OR_RETURN(BlockRecord rec, DecodeBlock(bytes));
-          if (rec.info.id != block_id || block_id != s->blocks_.size() ||
-              rec.summary.size() != s->summary_dim_) {
-            return absl::DataLossError(absl::StrCat(
-                "stream ", id, ": block record ", block_id,
-                " does not follow block ", s->blocks_.size(),
-                " or has a summary of ", rec.summary.size(), " values"));
+    const StreamEnv& env) {
+  std::unique_ptr<Stream> s(new Stream(id, config, env, state));
+  auto frame_tokens = [&](uint64_t f) -> absl::StatusOr<uint32_t> {
+    KVMEM_ASSIGN_OR_RETURN(std::string payload, env.store->GetFrame(id, f));
+    return StoredFrameTokens(config.geometry, id, f, payload.size());
+  };
+  std::vector<BlockRecord> records;
+  KVMEM_RETURN_IF_ERROR(env.store->ScanBlocks(
+      id, [&](uint64_t block_id, absl::string_view bytes) -> absl::Status {
+        KVMEM_ASSIGN_OR_RETURN(BlockRecord rec, DecodeBlock(bytes));
+        const size_t want_dim =
+            rec.disk == DiskForm::kNone ? 0 : s->summary_dim_;
+        if (rec.info.id != block_id || block_id != records.size() ||
+            rec.summary.size() != want_dim) {
+          return absl::DataLossError(
+              absl::StrCat("stream ", id, ": block record ", block_id,
+                           " does not follow "
+                           "block ",
+                           records.size(), " or has a summary of ",
+                           rec.summary.size(), " values"));
+        }
+        if (rec.frame_tokens.empty()) {  // Written before records kept them.
+          for (uint64_t f = rec.info.first_frame; f <= rec.info.last_frame;
+               ++f) {
+            KVMEM_ASSIGN_OR_RETURN(uint32_t t, frame_tokens(f));
+            rec.frame_tokens.push_back(t);
           }
-          s->InstallBlock(rec);
-          return absl::OkStatus();
-        }));
-    if (s->blocks_.size() != state.next_block_id) {
-      return absl::DataLossError(
-          absl::StrCat("stream ", id, ": state expects ", state.next_block_id,
-                       " blocks, store holds ", s->blocks_.size()));
-    }
+        }
+        records.push_back(std::move(rec));
+        return absl::OkStatus();
+      }));
+  if (records.size() != state.next_block_id) {
+    return absl::DataLossError(
+        absl::StrCat("stream ", id, ": state expects ", state.next_block_id,
+                     " blocks, store holds ", records.size()));
   }
-  // Replay the unsealed block's frames into its running summary.
+  for (BlockRecord& rec : records) {
+    BlockEntry entry;
+    if (rec.info.tier == Tier::kWarm) {
+      KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm,
+                             s->LoadBlock(rec));
+      entry.warm = std::move(warm);
+    }
+    entry.rec = std::move(rec);
+    absl::MutexLock lock(&s->mu_);
+    s->InstallBlock(std::move(entry));
+  }
   absl::MutexLock lock(&s->append_mu_);
-  const uint64_t per_token = FramePayloadBytes(config.geometry, 1);
+  KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
+  return s;
+}
+
+absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
+  ResetOpenBlock();
   for (uint64_t f = state.open_block_first_frame;
        f < state.open_block_first_frame + state.open_block_frames; ++f) {
-    KVMEM_ASSIGN_OR_RETURN(std::string payload, store->GetFrame(id, f));
-    if (payload.empty() || payload.size() % per_token != 0) {
-      return absl::DataLossError(absl::StrCat(
-          "stream ", id, ": frame ", f, " has ", payload.size(), " bytes"));
+    Frame frame;
+    frame.index = f;
+    KVMEM_ASSIGN_OR_RETURN(frame.payload, env_.store->GetFrame(id_, f));
+    KVMEM_ASSIGN_OR_RETURN(
+        frame.token_count,
+        StoredFrameTokens(config_.geometry, id_, f, frame.payload.size()));
+    absl::StatusOr<std::string> meta = env_.store->GetFrameMeta(id_, f);
+    if (meta.ok()) {
+      KVMEM_ASSIGN_OR_RETURN(frame.signals, DecodeSignals(*meta));
+    } else if (!absl::IsNotFound(meta.status())) {
+      return meta.status();
     }
-    s->open_summary_.AddFrame(
-        payload, static_cast<uint32_t>(payload.size() / per_token));
+    segmenter_.Add(FrameSignature(frame));
+    open_summary_.AddFrame(frame.payload, frame.token_count);
+    open_semantics_.AddFrame(f, frame.signals);
+    open_tokens_.push_back(frame.token_count);
+    open_payloads_.push_back(std::move(frame.payload));
+    latest_signals_ = std::move(frame.signals);
   }
-  return s;
+  return absl::OkStatus();
 }
 
 absl::Status Stream::DeletedError() const {
@@ -101,18 +167,14 @@ absl::Status Stream::ValidateFrame(const Frame& frame,
   }
   const uint64_t expected = static_cast<uint64_t>(state.last_frame + 1);
   if (frame.index < expected) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("frame.frame_index ", frame.index,
-                     " is already stored; last durable "
-                     "frame is ",
-                     state.last_frame));
+    return absl::AlreadyExistsError(absl::StrCat(
+        "frame.frame_index ", frame.index,
+        " is already stored; last durable frame is ", state.last_frame));
   }
   if (frame.index > expected) {
-    return absl::FailedPreconditionError(absl::StrCat("frame.frame_index ",
-                                                      frame.index,
-                                                      " skips frames; next "
-                                                      "expected is ",
-                                                      expected));
+    return absl::FailedPreconditionError(
+        absl::StrCat("frame.frame_index ", frame.index,
+                     " skips frames; next expected is ", expected));
   }
   const Geometry& g = config_.geometry;
   if (frame.token_count == 0 || frame.token_count > g.max_tokens_per_frame) {
@@ -142,10 +204,19 @@ absl::Status Stream::ValidateFrame(const Frame& frame,
   return ValidateSignals("frame.signals", frame.signals);
 }
 
-BlockRecord Stream::SealOpenBlock(const SummaryBuilder& summary,
-                                  StreamState* state,
-                                  StreamWrite* write) const {
-  BlockRecord rec;
+std::vector<float> Stream::FrameSignature(const Frame& frame) const {
+  if (!frame.signals.scene_embedding.empty()) {
+    return frame.signals.scene_embedding;
+  }
+  SummaryBuilder one(config_);
+  one.AddFrame(frame.payload, frame.token_count);
+  return one.Mean();
+}
+
+Stream::BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
+                                         uint64_t now_frame) {
+  BlockEntry e;
+  BlockRecord& rec = e.rec;
   rec.info.id = state->next_block_id;
   rec.info.first_frame = state->open_block_first_frame;
   rec.info.last_frame =
@@ -154,35 +225,84 @@ BlockRecord Stream::SealOpenBlock(const SummaryBuilder& summary,
   rec.info.end_token_position = state->next_token_position;
   rec.info.token_count = state->open_block_tokens;
   rec.info.payload_bytes = state->open_block_payload_bytes;
-  rec.info.tier = Tier::kCold;
-  rec.summary = summary.Mean();
+  rec.info.tier = Tier::kWarm;
+  rec.disk = DiskForm::kFrames;
+  rec.frame_tokens = open_tokens_;
+  rec.summary = open_summary_.Mean();
+  rec.tracks = open_semantics_.Tracks();
+  rec.scene = open_semantics_.SceneMean();
+  rec.last_access_frame = now_frame;
+  e.warm = WarmBlock::FromFrames(config_.geometry, Views(open_payloads_),
+                                 open_tokens_);
   write->blocks.emplace_back(rec.info.id, EncodeBlock(rec));
   state->next_block_id += 1;
   state->open_block_frames = 0;
   state->open_block_tokens = 0;
   state->open_block_payload_bytes = 0;
-  return rec;
+  return e;
 }
 
-void Stream::InstallBlock(const BlockRecord& record) {
-  blocks_.push_back(record.info);
-  index_.Add(record.info.id, record.summary.data());
+void Stream::ResetOpenBlock() {
+  open_summary_.Reset();
+  segmenter_.Reset();
+  open_semantics_.Reset();
+  open_payloads_.clear();
+  open_tokens_.clear();
 }
 
-absl::StatusOr<AppendResult> Stream::Append(const Frame& frame) {
+void Stream::InstallBlock(BlockEntry entry) {
+  const BlockRecord& rec = entry.rec;
+  if (rec.disk != DiskForm::kNone) {
+    index_.all->Add(rec.info.id, rec.summary.data());
+    for (size_t li = 0; li < index_.layers.size(); ++li) {
+      index_.layers[li]->Add(rec.info.id, rec.summary.data() + li * layer_dim_);
+    }
+  }
+  for (const TrackPresence& t : rec.tracks) {
+    auto [it, inserted] = tracks_.try_emplace(t.track_id);
+    TrackHistory& h = it->second;
+    if (inserted) h.first_frame = t.first_frame;
+    h.first_frame = std::min(h.first_frame, t.first_frame);
+    h.last_frame = std::max(h.last_frame, t.last_frame);
+    h.blocks += 1;
+    track_blocks_[t.track_id].push_back(rec.info.id);
+  }
+  if (entry.warm) AddWarm(entry.warm->allocated_bytes(), false);
+  blocks_.push_back(std::move(entry));
+}
+
+void Stream::AddWarm(int64_t bytes, bool staged) {
+  uint64_t& local = staged ? stage_bytes_ : warm_bytes_;
+  local += bytes;
+  if (env_.global_warm_bytes != nullptr) {
+    env_.global_warm_bytes->fetch_add(static_cast<uint64_t>(bytes),
+                                      std::memory_order_relaxed);
+  }
+}
+
+absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   absl::MutexLock append_lock(&append_mu_);
   StreamState next;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (deleted_) {
-      return DeletedError();
-    }
+    if (deleted_) return DeletedError();
     next = state_;
   }
   KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
+  const std::vector<float> signature =
+      segmenter_.shot_mode() ? FrameSignature(frame) : std::vector<float>();
+  const Segmenter::Cut cut =
+      segmenter_.CutBefore(signature, frame.token_count, next.open_block_frames,
+                           next.open_block_tokens);
 
-  SummaryBuilder summary = open_summary_;
-  summary.AddFrame(frame.payload, frame.token_count);
+  // Work on copies of the open block's state, applied only once committed.
+  StreamWrite write;
+  write.stream_id = id_;
+  std::vector<BlockEntry> sealed;
+  if (cut != Segmenter::Cut::kNone) {
+    sealed.push_back(SealOpenBlock(&next, &write, frame.index));
+    ResetOpenBlock();  // Replayed from the store if the commit fails.
+  }
   if (next.open_block_frames == 0) {
     next.open_block_first_frame = frame.index;
     next.open_block_first_position = frame.first_token_position;
@@ -196,27 +316,61 @@ absl::StatusOr<AppendResult> Stream::Append(const Frame& frame) {
   next.tokens += frame.token_count;
   next.payload_bytes += frame.payload.size();
 
-  StreamWrite write;
-  write.stream_id = id_;
-  write.frame.emplace(frame.index, frame.payload);
-  std::optional<BlockRecord> sealed;
-  if (next.open_block_frames >= config_.frames_per_block) {
-    sealed = SealOpenBlock(summary, &next, &write);
-  }
-  write.state = EncodeState(next);
-  KVMEM_RETURN_IF_ERROR(store_->Commit(write));
+  open_summary_.AddFrame(frame.payload, frame.token_count);
+  open_semantics_.AddFrame(frame.index, frame.signals);
+  segmenter_.Add(signature);
+  open_tokens_.push_back(frame.token_count);
+  open_payloads_.push_back(std::move(frame.payload));
+  const bool full = segmenter_.FullAfter(next.open_block_frames);
+  if (full) sealed.push_back(SealOpenBlock(&next, &write, frame.index));
 
+  write.frame.emplace(frame.index, open_payloads_.back());
+  write.frame_meta = EncodeSignals(frame.signals);
+  write.state = EncodeState(next);
+  absl::Status committed = env_.store->Commit(write);
+  if (!committed.ok()) {
+    // Nothing became durable: rebuild the open block as the store has it.
+    StreamState durable;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      durable = state_;
+    }
+    absl::Status replayed = ReplayOpenBlock(durable);
+    if (!replayed.ok()) {
+      return absl::Status(committed.code(),
+                          absl::StrCat(committed.message(),
+                                       "; and reloading "
+                                       "the open block failed: ",
+                                       replayed.message()));
+    }
+    return committed;
+  }
+  if (full) ResetOpenBlock();
   {
     absl::MutexLock lock(&mu_);
     state_ = next;
-    if (sealed) InstallBlock(*sealed);
+    if (cut == Segmenter::Cut::kShot) counters_.shot_cuts += 1;
+    for (BlockEntry& e : sealed) InstallBlock(std::move(e));
   }
-  if (sealed) {
-    open_summary_.Reset();
-  } else {
-    open_summary_ = std::move(summary);
+  latest_signals_ = std::move(frame.signals);
+  blocks_since_rebuild_ += sealed.size();
+  AppendResult result{next.last_frame, !sealed.empty()};
+
+  absl::Status moved = EnforceBudgets();
+  if (moved.ok() && config_.tiers.prefetch_blocks > 0) {
+    moved = StageLikelyBlocks(open_summary_.tokens() > 0 ? open_summary_.Mean()
+                                                         : std::vector<float>(),
+                              latest_signals_);
   }
-  return AppendResult{next.last_frame, sealed.has_value()};
+  if (!sealed.empty()) MaybeScheduleRebuild();
+  if (!moved.ok()) {
+    return absl::Status(moved.code(),
+                        absl::StrCat("frame ", frame.index,
+                                     " is stored, but moving blocks between "
+                                     "tiers failed: ",
+                                     moved.message()));
+  }
+  return result;
 }
 
 absl::Status Stream::Close() {
@@ -224,26 +378,27 @@ absl::Status Stream::Close() {
   StreamState next;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (deleted_) {
-      return DeletedError();
-    }
+    if (deleted_) return DeletedError();
     if (state_.closed) return absl::OkStatus();
     next = state_;
   }
   StreamWrite write;
   write.stream_id = id_;
-  std::optional<BlockRecord> sealed;
+  std::vector<BlockEntry> sealed;
   if (next.open_block_frames > 0) {
-    sealed = SealOpenBlock(open_summary_, &next, &write);
+    sealed.push_back(
+        SealOpenBlock(&next, &write, static_cast<uint64_t>(next.last_frame)));
   }
   next.closed = true;
   write.state = EncodeState(next);
-  KVMEM_RETURN_IF_ERROR(store_->Commit(write));
-  absl::MutexLock lock(&mu_);
-  state_ = next;
-  if (sealed) InstallBlock(*sealed);
-  open_summary_.Reset();
-  return absl::OkStatus();
+  KVMEM_RETURN_IF_ERROR(env_.store->Commit(write));
+  ResetOpenBlock();
+  {
+    absl::MutexLock lock(&mu_);
+    state_ = next;
+    for (BlockEntry& e : sealed) InstallBlock(std::move(e));
+  }
+  return EnforceBudgets();
 }
 
 absl::Status Stream::Reopen() {
@@ -259,133 +414,80 @@ absl::Status Stream::Reopen() {
   StreamWrite write;
   write.stream_id = id_;
   write.state = EncodeState(next);
-  KVMEM_RETURN_IF_ERROR(store_->Commit(write));
+  KVMEM_RETURN_IF_ERROR(env_.store->Commit(write));
   absl::MutexLock lock(&mu_);
   state_ = next;
   return absl::OkStatus();
 }
 
-absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (q.query.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "query is empty; stream \"", id_, "\" expects ", summary_dim_,
-        " floats ([indexed_layer][kv_head][head_dim])"));
-  }
-  if (q.query.size() != summary_dim_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "query has ", q.query.size(), " floats; stream \"", id_, "\" expects ",
-        summary_dim_, " ([indexed_layer][kv_head][head_dim])"));
-  }
-  KVMEM_RETURN_IF_ERROR(CheckFinite("query", q.query));
-  KVMEM_RETURN_IF_ERROR(ValidateSignals("signals", q.signals));
-  RecallResult result;
-  result.top_k = q.top_k == 0 ? config_.default_top_k : q.top_k;
-  result.budget_tokens =
-      q.max_tokens == 0 ? config_.default_max_tokens : q.max_tokens;
-  if (result.top_k > kMaxTopK) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "budget.top_k is ", q.top_k, "; must be in [1, ", kMaxTopK, "]"));
-  }
-  if (result.budget_tokens > (1u << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "budget.max_tokens is ", q.max_tokens, "; must be at most ", 1u << 24));
-  }
-
-  std::vector<RecalledBlock> ranked;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    if (deleted_) {
-      return DeletedError();
-    }
-    const uint64_t window_end = q.current_token_position == 0
-                                    ? state_.next_token_position
-                                    : q.current_token_position + 1;
-    const uint64_t window_start = window_end > config_.hot_window_tokens
-                                      ? window_end - config_.hot_window_tokens
-                                      : 0;
-    // Blocks are in position order, so the recallable ones are a prefix.
-    const size_t eligible =
-        std::partition_point(blocks_.begin(), blocks_.end(),
-                             [&](const BlockInfo& b) {
-                               return b.end_token_position <= window_start;
-                             }) -
-        blocks_.begin();
-    result.candidates = static_cast<uint32_t>(eligible);
-    const uint32_t k =
-        static_cast<uint32_t>(std::min<uint64_t>(result.top_k, eligible));
-    if (k > 0) {
-      // Blocks still in the window can outrank eligible ones: ask for enough
-      // extra results that k eligible ones survive the filter.
-      const auto hits =
-          index_.Search(q.query.data(),
-                        static_cast<uint32_t>(k + (blocks_.size() - eligible)));
-      result.search_us = MicrosSince(t0);
-      for (const ScoredId& h : hits) {
-        if (h.id >= eligible) continue;
-        ranked.push_back({blocks_[h.id], h.score, 0.0f});
-        if (ranked.size() == k) break;
-      }
-    }
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  const float gate_scale =
-      std::sqrt(static_cast<float>(config_.geometry.head_dim)) *
-      config_.gate_temperature;
-  result.blocks = PlanBudgetedRecall(ranked, result.budget_tokens, gate_scale);
-  for (const auto& b : result.blocks)
-    result.total_tokens += b.block.token_count;
-  result.plan_us = MicrosSince(t1);
-  recalls_.fetch_add(1, std::memory_order_relaxed);
-  recalled_blocks_.fetch_add(result.blocks.size(), std::memory_order_relaxed);
-  recalled_tokens_.fetch_add(result.total_tokens, std::memory_order_relaxed);
-  result.total_us = MicrosSince(t0);
-  return result;
-}
-
-StreamStats Stream::Stats() const {
-  StreamStats s;
-  s.stream_id = id_;
-  s.config = config_;
-  s.summary_dim = summary_dim_;
-  s.recalls = recalls_.load(std::memory_order_relaxed);
-  s.recalled_blocks = recalled_blocks_.load(std::memory_order_relaxed);
-  s.recalled_tokens = recalled_tokens_.load(std::memory_order_relaxed);
-  absl::ReaderMutexLock lock(&mu_);
-  s.closed = state_.closed;
-  s.last_durable_frame = state_.last_frame;
-  s.next_token_position = state_.next_token_position;
-  s.frames = state_.frames;
-  s.tokens = state_.tokens;
-  s.sealed_blocks = blocks_.size();
-  s.open_block_frames = state_.open_block_frames;
-  s.payload_bytes = state_.payload_bytes;
-  s.cold_bytes = state_.payload_bytes;
-  s.warm_bytes = 0;
-  s.summary_bytes = blocks_.size() * summary_dim_ * sizeof(float);
-  return s;
-}
-
 absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
   absl::ReaderMutexLock lock(&mu_);
-  if (deleted_) {
-    return DeletedError();
-  }
+  if (deleted_) return DeletedError();
   if (block_id >= blocks_.size()) {
     return absl::NotFoundError(absl::StrCat("block_ids has ", block_id,
                                             "; stream \"", id_, "\" has ",
                                             blocks_.size(), " sealed blocks"));
   }
-  return blocks_[block_id];
+  const BlockEntry& e = blocks_[block_id];
+  if (e.rec.disk == DiskForm::kNone && !e.warm) {
+    return absl::NotFoundError(absl::StrCat("block ", block_id, " of stream \"",
+                                            id_, "\" was evicted"));
+  }
+  BlockInfo info = e.rec.info;
+  if (e.warm) info.tier = Tier::kWarm;
+  return info;
 }
 
-absl::StatusOr<std::string> Stream::ReadFrame(uint64_t frame_index) const {
+absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
+    uint64_t block_id, PayloadLayout layout,
+    const std::vector<uint32_t>& layers) const {
+  const Geometry& g = config_.geometry;
+  for (uint32_t l : layers) {
+    if (l >= g.layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers has ", l, "; the stream has ", g.layers, " layers"));
+    }
+  }
+  BlockRecord rec;
+  std::shared_ptr<const WarmBlock> warm;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (deleted_) return DeletedError();
+    if (block_id >= blocks_.size()) {
+      return absl::NotFoundError(
+          absl::StrCat("block_ids has ", block_id, "; stream \"", id_,
+                       "\" has ", blocks_.size(), " sealed blocks"));
+    }
+    rec = blocks_[block_id].rec;
+    warm = blocks_[block_id].warm;
+  }
+  if (!warm) {
+    KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> loaded, LoadBlock(rec));
+    warm = std::move(loaded);
+  }
+  // Had the stream been deleted (and its id reused) during the read, the
+  // bytes could belong to the new stream.
   KVMEM_RETURN_IF_ERROR(NotFoundIfDeleted());
-  absl::StatusOr<std::string> payload = store_->GetFrame(id_, frame_index);
-  // Checked again: had the stream been deleted (and its id reused) during the
-  // read, the bytes could belong to the new stream.
-  KVMEM_RETURN_IF_ERROR(NotFoundIfDeleted());
-  return payload;
+  std::vector<PayloadPiece> pieces;
+  if (layout == PayloadLayout::kFrameMajor) {
+    const std::string all = warm->ToFrameMajor(rec.frame_tokens);
+    const uint64_t per_token = FramePayloadBytes(g, 1);
+    size_t offset = 0;
+    uint64_t f = rec.info.first_frame;
+    for (uint32_t t : rec.frame_tokens) {
+      pieces.push_back({f++, 0, all.substr(offset, t * per_token)});
+      offset += t * per_token;
+    }
+    return pieces;
+  }
+  std::vector<uint32_t> wanted = layers;
+  if (wanted.empty()) {
+    for (uint32_t l = 0; l < g.layers; ++l) wanted.push_back(l);
+  }
+  for (uint32_t l : wanted) {
+    pieces.push_back({rec.info.first_frame, l, warm->LayerRecord(l)});
+  }
+  return pieces;
 }
 
 void Stream::MarkDeleted(bool deleted) {

@@ -1,16 +1,32 @@
-// Stream: one camera session's memory. Frames are appended in order, grouped
-// into fixed-size blocks; a sealed block's summary (mean key per indexed
-// layer) enters the stream's BlockIndex and the block becomes recallable once
-// all its tokens have left the front end's hot window. Payloads live in the
-// ColdStore; summaries and block metadata live in RAM and in the ColdStore.
+// Stream: one camera session's memory.
 //
-// Thread safety: all public methods are safe to call concurrently. Appends and
-// Close are serialised by append_mu_ (which is held across the durable
-// commit); Recall and Stats take mu_ shared and never wait for a commit.
+// Frames are appended in order and grouped into blocks by the Segmenter
+// (fixed size, or following shots). A sealed block gets a summary (mean key
+// per indexed layer) in the stream's indexes (one over all indexed layers,
+// one per layer), its semantic signals (tracks, boxes, scene), and a warm
+// copy in RAM in layer-major, DMA-aligned form (WarmBlock). Blocks then move
+// down the tiers as budgets require, the replacement policy choosing which:
+// warm (RAM) -> cold (RocksDB, full precision) -> degraded (RocksDB, int8)
+// -> evicted (payload and summary dropped). A recalled block is promoted back
+// to warm; two-phase prefetch may stage likely blocks in RAM ahead of a query.
+// Every frame and every tier move is one atomic ColdStore commit, so a
+// restart recovers exactly what was acknowledged.
+//
+// Thread safety: all public methods are safe to call concurrently.
+//   append_mu_ serialises appends, Close, tier moves, staging and recovery
+//              of feedback; it is held across commits.
+//   mu_        guards what Recall and Stats read; taken shared by Recall and
+//              exclusively only for short in-memory updates.
+// Recall never waits for a commit; the tier moves it causes (promotion, stage
+// hits) run on the engine's background executor.
 #ifndef KVMEM_ENGINE_STREAM_H_
 #define KVMEM_ENGINE_STREAM_H_
 
 #include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,84 +35,202 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/block_index.h"
+#include "engine/block_layout.h"
+#include "engine/executor.h"
 #include "engine/record_codec.h"
+#include "engine/replacement.h"
+#include "engine/segmenter.h"
+#include "engine/semantics.h"
 #include "engine/summary_builder.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
 
 namespace kvmem {
 
-class Stream {
+// What a stream shares with the rest of the engine.
+struct StreamEnv {
+  ColdStore* store = nullptr;
+  Executor* background = nullptr;  // Tier moves and rebuilds; may be null.
+  // RAM held by warm blocks of all streams, and its cap (0: none).
+  std::atomic<uint64_t>* global_warm_bytes = nullptr;
+  uint64_t global_warm_budget = 0;
+};
+
+// One piece of a block's payload, as FetchBlocks sends it.
+struct PayloadPiece {
+  uint64_t frame_index = 0;  // FRAME_MAJOR: the frame; else the block's first.
+  uint32_t layer = 0;        // BLOCK_LAYER_MAJOR: the layer.
+  std::string bytes;
+};
+
+enum class PayloadLayout { kFrameMajor, kBlockLayerMajor };
+
+class Stream : public std::enable_shared_from_this<Stream> {
  public:
   // Creates a new stream and durably records its config and empty state.
   // REQUIRES: config has defaults filled and passed ValidateStreamConfig;
-  // store outlives the stream.
+  // env.store (and env.background) outlive the stream.
   static absl::StatusOr<std::unique_ptr<Stream>> Create(
-      const std::string& id, const StreamConfig& config, ColdStore* store);
+      const std::string& id, const StreamConfig& config, const StreamEnv& env);
 
-  // Rebuilds a stream from its stored records: block index from block
-  // records, the open block's running summary from its stored frames.
+  // Rebuilds a stream from its stored records.
   static absl::StatusOr<std::unique_ptr<Stream>> Recover(
       const std::string& id, const StreamConfig& config,
-      const StreamState& state, ColdStore* store);
+      const StreamState& state, const StreamEnv& env);
 
-  // Stores a frame durably. REQUIRES nothing of the caller: every field is
-  // validated (INVALID_ARGUMENT naming the field), order is enforced
+  ~Stream();
+
+  // Stores a frame durably, then applies the stream's tier budgets. Every
+  // field is validated (INVALID_ARGUMENT naming it), order is enforced
   // (ALREADY_EXISTS for a stored index, FAILED_PRECONDITION for a gap or a
   // closed stream), and a deleted stream answers NOT_FOUND.
-  absl::StatusOr<AppendResult> Append(const Frame& frame);
+  absl::StatusOr<AppendResult> Append(Frame frame);
 
-  // Top-k blocks outside the hot window by inner product with the query,
-  // then filled into the token budget in score order.
+  // The budgeted recall set: candidates from the index (model signal) and
+  // from the query's track ids (semantic signal), ranked by the combined
+  // score, filled into the token budget; per layer when query.per_layer.
+  // Never returns blocks inside the hot window or evicted blocks, and never
+  // returns a block only because it is staged.
   absl::StatusOr<RecallResult> Recall(const RecallQuery& query);
 
-  // Seals the open block (if any) and rejects further appends until Reopen.
   absl::Status Close();
-  // Accepts appends again after Close. OK when already open.
   absl::Status Reopen();
 
   StreamStats Stats() const;
   absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) const;
-  // Payload of a stored frame.
-  absl::StatusOr<std::string> ReadFrame(uint64_t frame_index) const;
 
-  // Called by the engine around deleting the stream: while marked, calls
-  // answer NOT_FOUND. Waits for an in-flight append to finish. Unmarking is
-  // for a delete whose storage write failed.
+  // The payload of a block in the given layout (for BLOCK_LAYER_MAJOR, the
+  // given layers; empty means all). Degraded blocks come back dequantised.
+  absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& layers) const;
+
+  // Applies recall feedback (hits, stage hits, promotions) and the budgets.
+  // Runs on the background executor after recalls; callable directly.
+  absl::Status RunMaintenance();
+
+  // Rebuilds the indexes from the live summaries without blocking Recall,
+  // then swaps them in. Returns the number of blocks indexed.
+  size_t RebuildIndex();
+
   void MarkDeleted(bool deleted);
 
   const std::string& id() const { return id_; }
   const StreamConfig& config() const { return config_; }
 
  private:
-  Stream(const std::string& id, const StreamConfig& config, ColdStore* store,
-         const StreamState& state);
+  struct BlockEntry {
+    BlockRecord rec;
+    std::shared_ptr<const WarmBlock> warm;  // Set while in RAM.
+    bool staged = false;                    // In RAM only because staged.
+  };
+  struct Indexes {
+    std::unique_ptr<BlockIndex> all;                  // Concatenated layers.
+    std::vector<std::unique_ptr<BlockIndex>> layers;  // One per indexed layer.
+  };
 
-  absl::Status ValidateFrame(const Frame& frame,
-                             const StreamState& state) const;
-  // Seals the open block described by *state: returns its record, adds it to
-  // *write and advances *state past it. Nothing is durable until Commit.
-  BlockRecord SealOpenBlock(const SummaryBuilder& summary, StreamState* state,
-                            StreamWrite* write) const;
-  // Installs a sealed block in RAM. REQUIRES: mu_ held exclusively.
-  void InstallBlock(const BlockRecord& record)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Stream(const std::string& id, const StreamConfig& config,
+         const StreamEnv& env, const StreamState& state);
+
   absl::Status DeletedError() const;
   absl::Status NotFoundIfDeleted() const;
+  absl::Status ValidateFrame(const Frame& frame,
+                             const StreamState& state) const;
+  std::vector<float> FrameSignature(const Frame& frame) const;
+
+  // Seals the open block: its record goes into *write, *state advances, and
+  // the returned entry (with its warm copy) is ready to install.
+  BlockEntry SealOpenBlock(StreamState* state, StreamWrite* write,
+                           uint64_t now_frame)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  void ResetOpenBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Loads the unsealed block of `state` from the store into the open-block
+  // builders (recovery, and after a failed commit).
+  absl::Status ReplayOpenBlock(const StreamState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  void InstallBlock(BlockEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Indexes NewIndexes() const;
+
+  // --- tiers (stream_tiers.cc); all REQUIRE append_mu_ ---
+  // Moves blocks down until every budget holds.
+  absl::Status EnforceBudgets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  absl::Status Demote(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  absl::Status Degrade(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  absl::Status Evict(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  absl::Status Promote(uint64_t id, bool staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  absl::Status StageLikelyBlocks(const std::vector<float>& pseudo_query,
+                                 const FrameSignals& signals)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  void Unstage(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Applies queued recall feedback: heat history, stage hits, promotions.
+  absl::Status DrainFeedback() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  ReplacementContext PolicyContext() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  static Tier TierOf(const BlockEntry& e);
+  uint64_t DiskBytes(const BlockRecord& rec) const;
+  // The lowest-keep-score block matching pred, or -1.
+  int64_t PickVictim(const std::function<bool(const BlockEntry&)>& pred,
+                     const ReplacementContext& ctx) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Reads a block's layers from wherever they are (RAM, frames, layers).
+  absl::StatusOr<std::unique_ptr<WarmBlock>> LoadBlock(
+      const BlockRecord& rec) const;
+  absl::Status CommitRecord(const BlockRecord& rec, StreamWrite write);
+  void ScheduleMaintenance();
+  void MaybeScheduleRebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Warm-tier RAM accounting (stream and engine-wide).
+  void AddWarm(int64_t bytes, bool staged) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- recall (stream_recall.cc) ---
+  // Scores candidates for one query vector against `index` (dims from
+  // `offset` of each summary), model + semantic, best first.
+  std::vector<RecalledBlock> RankCandidates(
+      const BlockIndex& index, const float* query, size_t offset, size_t dim,
+      const FrameSignals& signals, size_t eligible, uint32_t top_k,
+      uint32_t* search_us) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void RecordRecallLatency(uint32_t us);
 
   const std::string id_;
   const StreamConfig config_;
-  ColdStore* const store_;
+  const StreamEnv env_;
   const uint32_t summary_dim_;
+  const uint32_t layer_dim_;  // kv_heads * head_dim.
+  const std::unique_ptr<ReplacementPolicy> policy_;
 
   absl::Mutex append_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   SummaryBuilder open_summary_ ABSL_GUARDED_BY(append_mu_);
+  Segmenter segmenter_ ABSL_GUARDED_BY(append_mu_);
+  BlockSemanticsBuilder open_semantics_ ABSL_GUARDED_BY(append_mu_);
+  std::vector<std::string> open_payloads_ ABSL_GUARDED_BY(append_mu_);
+  std::vector<uint32_t> open_tokens_ ABSL_GUARDED_BY(append_mu_);
+  FrameSignals latest_signals_ ABSL_GUARDED_BY(append_mu_);
+  std::deque<uint64_t> staged_order_ ABSL_GUARDED_BY(append_mu_);  // FIFO.
+  uint64_t blocks_since_rebuild_ ABSL_GUARDED_BY(append_mu_) = 0;
+  std::chrono::steady_clock::time_point last_rebuild_
+      ABSL_GUARDED_BY(append_mu_);
 
   mutable absl::Mutex mu_;
   StreamState state_ ABSL_GUARDED_BY(mu_);
-  std::vector<BlockInfo> blocks_ ABSL_GUARDED_BY(mu_);  // blocks_[i].id == i
-  BlockIndex index_ ABSL_GUARDED_BY(mu_);
+  std::vector<BlockEntry> blocks_
+      ABSL_GUARDED_BY(mu_);  // blocks_[i].rec.info.id == i
+  Indexes index_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, TrackHistory> tracks_ ABSL_GUARDED_BY(mu_);
+  // Which blocks show each track (ascending ids), for semantic candidates.
+  std::map<uint64_t, std::vector<uint64_t>> track_blocks_ ABSL_GUARDED_BY(mu_);
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t warm_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t stage_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  PolicyCounters counters_ ABSL_GUARDED_BY(mu_);
+
+  // Recall feedback, drained by RunMaintenance.
+  mutable absl::Mutex feedback_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> recalled_
+      ABSL_GUARDED_BY(feedback_mu_);  // (block id, frame of the recall)
+  bool maintenance_scheduled_ ABSL_GUARDED_BY(feedback_mu_) = false;
+  bool rebuild_scheduled_ ABSL_GUARDED_BY(feedback_mu_) = false;
+  std::vector<uint32_t> recall_us_ ABSL_GUARDED_BY(feedback_mu_);  // Ring.
+  size_t recall_us_next_ ABSL_GUARDED_BY(feedback_mu_) = 0;
 
   std::atomic<uint64_t> recalls_{0};
   std::atomic<uint64_t> recalled_blocks_{0};

@@ -19,7 +19,21 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          indexed_layers == o.indexed_layers &&
          index_factory == o.index_factory && default_top_k == o.default_top_k &&
          default_max_tokens == o.default_max_tokens &&
-         gate_temperature == o.gate_temperature && labels == o.labels;
+         gate_temperature == o.gate_temperature && labels == o.labels &&
+         segment_mode == o.segment_mode &&
+         shot_similarity_threshold == o.shot_similarity_threshold &&
+         max_tokens_per_block == o.max_tokens_per_block &&
+         tiers.warm_budget_bytes == o.tiers.warm_budget_bytes &&
+         tiers.cold_budget_bytes == o.tiers.cold_budget_bytes &&
+         tiers.storage_cap_bytes == o.tiers.storage_cap_bytes &&
+         tiers.replacement == o.tiers.replacement &&
+         tiers.heat_half_life_frames == o.tiers.heat_half_life_frames &&
+         tiers.prefetch_blocks == o.tiers.prefetch_blocks &&
+         tiers.stage_budget_bytes == o.tiers.stage_budget_bytes &&
+         tiers.rebuild_every_blocks == o.tiers.rebuild_every_blocks &&
+         tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
+         weights.model == o.weights.model && weights.track == o.weights.track &&
+         weights.iou == o.weights.iou && weights.scene == o.weights.scene;
 }
 
 absl::Status ValidateStreamId(absl::string_view id, absl::string_view field) {
@@ -46,7 +60,20 @@ absl::Status ValidateStreamId(absl::string_view id, absl::string_view field) {
 
 StreamConfig WithDefaults(const StreamConfig& config) {
   StreamConfig c = config;
-  if (c.frames_per_block == 0) c.frames_per_block = kDefaultFramesPerBlock;
+  if (c.segment_mode == SegmentMode::kUnspecified) {
+    c.segment_mode = SegmentMode::kFixed;
+  }
+  if (c.frames_per_block == 0) {
+    c.frames_per_block = c.segment_mode == SegmentMode::kShot
+                             ? kDefaultShotMaxFrames
+                             : kDefaultFramesPerBlock;
+  }
+  if (c.shot_similarity_threshold == 0.0f) c.shot_similarity_threshold = 0.8f;
+  if (c.tiers.replacement == Replacement::kUnspecified) {
+    c.tiers.replacement = Replacement::kHeat;
+  }
+  if (c.tiers.heat_half_life_frames == 0) c.tiers.heat_half_life_frames = 300;
+  if (c.weights.model == 0.0f) c.weights.model = 1.0f;
   if (c.indexed_layers.empty()) {
     for (uint32_t l = 0; l < c.geometry.layers && l < 1024; ++l) {
       c.indexed_layers.push_back(l);
@@ -132,6 +159,50 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.recall_defaults.gate_temperature is ",
                      config.gate_temperature, "; must be finite and > 0"));
+  }
+  if (config.segment_mode != SegmentMode::kFixed &&
+      config.segment_mode != SegmentMode::kShot) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.block_policy.mode is ",
+        static_cast<uint32_t>(config.segment_mode), "; use FIXED or SHOT"));
+  }
+  if (!(config.shot_similarity_threshold >= -1.0f &&
+        config.shot_similarity_threshold <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.block_policy.shot_similarity_threshold is ",
+                     config.shot_similarity_threshold, "; must be in [-1, 1]"));
+  }
+  if (config.tiers.replacement != Replacement::kLru &&
+      config.tiers.replacement != Replacement::kHeat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.tier_policy.replacement is ",
+        static_cast<uint32_t>(config.tiers.replacement), "; use LRU or HEAT"));
+  }
+  if (config.tiers.prefetch_blocks > 0 &&
+      config.tiers.stage_budget_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "config.tier_policy.stage_budget_bytes is 0 while prefetch_blocks is " +
+        std::to_string(config.tiers.prefetch_blocks) +
+        "; staging needs a budget");
+  }
+  for (auto st :
+       {CheckRange("config.tier_policy.prefetch_blocks",
+                   config.tiers.prefetch_blocks, 0, 64),
+        CheckRange("config.tier_policy.heat_half_life_frames",
+                   config.tiers.heat_half_life_frames, 1, 1u << 24)}) {
+    if (!st.ok()) return st;
+  }
+  const std::pair<const char*, float> weights[] = {
+      {"model_weight", config.weights.model},
+      {"track_weight", config.weights.track},
+      {"iou_weight", config.weights.iou},
+      {"scene_weight", config.weights.scene}};
+  for (const auto& [name, w] : weights) {
+    if (!std::isfinite(w) || w < 0.0f || w > 1e6f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.recall_policy.", name, " is ", w,
+                       "; must be finite and in [0, 1e6]"));
+    }
   }
   if (config.labels.size() > 16) {
     return absl::InvalidArgumentError(absl::StrCat(

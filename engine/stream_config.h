@@ -12,6 +12,7 @@
 namespace kvmem {
 
 inline constexpr uint32_t kDefaultFramesPerBlock = 4;
+inline constexpr uint32_t kDefaultShotMaxFrames = 32;
 inline constexpr uint32_t kDefaultTopK = 8;
 inline constexpr uint32_t kMaxTopK = 4096;
 inline constexpr size_t kMaxStreamIdBytes = 128;

@@ -22,16 +22,45 @@ struct Geometry {
   uint32_t max_tokens_per_frame = 0;
 };
 
+enum class SegmentMode : uint32_t { kUnspecified = 0, kFixed = 1, kShot = 2 };
+enum class Replacement : uint32_t { kUnspecified = 0, kLru = 1, kHeat = 2 };
+
+// Tier budgets and background work; see kvmem.v1.TierPolicy.
+struct TierConfig {
+  uint64_t warm_budget_bytes = 0;
+  uint64_t cold_budget_bytes = 0;
+  uint64_t storage_cap_bytes = 0;
+  Replacement replacement = Replacement::kUnspecified;
+  uint32_t heat_half_life_frames = 0;
+  uint32_t prefetch_blocks = 0;
+  uint64_t stage_budget_bytes = 0;
+  uint32_t rebuild_every_blocks = 0;
+  uint32_t rebuild_every_seconds = 0;
+};
+
+// Weights of the recall signals; see kvmem.v1.RecallPolicy.
+struct RecallWeights {
+  float model = 0;  // 0: 1.
+  float track = 0;
+  float iou = 0;
+  float scene = 0;
+};
+
 struct StreamConfig {
   Geometry geometry;
   uint32_t hot_window_tokens = 0;
-  uint32_t frames_per_block = 0;         // 0: default.
+  uint32_t frames_per_block = 0;  // 0: default.
+  SegmentMode segment_mode = SegmentMode::kUnspecified;
+  float shot_similarity_threshold = 0;   // 0: 0.8.
+  uint32_t max_tokens_per_block = 0;     // 0: no limit.
   std::vector<uint32_t> indexed_layers;  // Empty: all layers.
   std::string index_factory;             // Empty: "Flat".
   uint32_t default_top_k = 0;            // 0: default.
   uint32_t default_max_tokens = 0;       // 0: 20 % of the hot window.
   float gate_temperature = 0.0f;         // 0: 1.0.
   std::map<std::string, std::string> labels;
+  TierConfig tiers;
+  RecallWeights weights;
 
   bool operator==(const StreamConfig& o) const;
 };
@@ -74,8 +103,9 @@ struct BlockInfo {
   uint64_t first_token_position = 0;
   uint64_t end_token_position = 0;  // One past the last token's position.
   uint32_t token_count = 0;
-  uint64_t payload_bytes = 0;
+  uint64_t payload_bytes = 0;  // Full-precision KV bytes of the block.
   Tier tier = Tier::kCold;
+  bool degraded = false;  // Its KV is an int8 approximation.
 };
 
 struct AppendResult {
@@ -88,13 +118,24 @@ struct RecallQuery {
   uint32_t top_k = 0;                   // 0: stream default.
   uint32_t max_tokens = 0;              // 0: stream default.
   uint64_t current_token_position = 0;  // 0: newest appended token.
+  float window_fraction = 0;            // Budget as a fraction of the window.
+  bool per_layer = false;
   FrameSignals signals;
 };
 
 struct RecalledBlock {
   BlockInfo block;
-  float score = 0;
+  float score = 0;           // Inner product of query and summary.
+  float priority = 0;        // Combined score the plan ranks by.
+  float semantic_score = 0;  // Weighted semantic part of priority.
   float gate_weight = 0;
+  bool was_staged = false;
+};
+
+struct LayerRecallSet {
+  uint32_t layer = 0;
+  std::vector<RecalledBlock> blocks;
+  uint32_t total_tokens = 0;
 };
 
 struct RecallResult {
@@ -106,6 +147,28 @@ struct RecallResult {
   uint32_t search_us = 0;
   uint32_t plan_us = 0;
   uint32_t total_us = 0;
+  std::vector<LayerRecallSet> layer_sets;
+};
+
+struct TierCount {
+  uint64_t blocks = 0;
+  uint64_t bytes = 0;
+};
+
+struct PolicyCounters {
+  uint64_t demotions = 0;
+  uint64_t degradations = 0;
+  uint64_t evictions = 0;
+  uint64_t promotions = 0;
+  uint64_t staged = 0;
+  uint64_t stage_hits = 0;
+  uint64_t stage_misses = 0;
+  uint64_t stage_bytes = 0;
+  uint64_t rebuilds = 0;
+  uint64_t shot_cuts = 0;
+  uint32_t recall_us_p50 = 0;
+  uint32_t recall_us_p99 = 0;
+  uint32_t recall_us_max = 0;
 };
 
 struct StreamStats {
@@ -126,6 +189,8 @@ struct StreamStats {
   uint64_t recalled_tokens = 0;
   uint64_t warm_bytes = 0;
   uint64_t cold_bytes = 0;
+  TierCount warm, cold, degraded, evicted;
+  PolicyCounters policy;
 };
 
 }  // namespace kvmem

@@ -74,10 +74,11 @@ absl::StatusOr<std::optional<AppendResult>> FrameIngest::MaybeAppend() {
   if (frame_->payload.size() < expected_bytes_) return std::nullopt;
   Frame frame = std::move(*frame_);
   frame_.reset();
-  absl::StatusOr<AppendResult> r = stream_->Append(frame);
+  const size_t bytes = frame.payload.size();
+  absl::StatusOr<AppendResult> r = stream_->Append(std::move(frame));
   if (!r.ok()) return r.status();
   frames_written_ += 1;
-  bytes_written_ += frame.payload.size();
+  bytes_written_ += bytes;
   if (r->sealed_block) sealed_blocks_ += 1;
   return std::optional<AppendResult>(*r);
 }

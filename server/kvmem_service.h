@@ -12,7 +12,7 @@
 
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.grpc.pb.h"
-#include "server/executor.h"
+#include "engine/executor.h"
 
 namespace kvmem {
 

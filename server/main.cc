@@ -19,8 +19,8 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "engine/executor.h"
 #include "engine/memory_engine.h"
-#include "server/executor.h"
 #include "server/kvmem_service.h"
 #include "spdlog/spdlog.h"
 #include "storage/rocks_cold_store.h"
@@ -41,6 +41,9 @@ ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
 ABSL_FLAG(int32_t, max_chunk_bytes, 4 << 20,
           "Largest FetchBlocks chunk, in bytes (must be below "
           "--max_message_bytes).");
+ABSL_FLAG(uint64_t, global_warm_budget_bytes, 1ull << 30,
+          "RAM all streams' warm blocks may hold together (0: no cap; "
+          "each stream's tier_policy.warm_budget_bytes still applies).");
 ABSL_FLAG(int32_t, worker_threads, 0,
           "Threads for storage-bound work; 0 means 2 per core, at least 4.");
 ABSL_FLAG(std::string, port_file, "",
@@ -86,7 +89,10 @@ int Run() {
     return 1;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto engine = kvmem::MemoryEngine::Open(*std::move(store));
+  kvmem::EngineOptions engine_options;
+  engine_options.global_warm_budget_bytes =
+      absl::GetFlag(FLAGS_global_warm_budget_bytes);
+  auto engine = kvmem::MemoryEngine::Open(*std::move(store), engine_options);
   if (!engine.ok()) {
     spdlog::error("recovery failed: {}", engine.status().ToString());
     return 1;

@@ -18,6 +18,23 @@ StreamConfig FromProto(const v1::StreamConfig& p) {
   c.default_max_tokens = p.recall_defaults().max_tokens();
   c.gate_temperature = p.recall_defaults().gate_temperature();
   c.labels.insert(p.labels().begin(), p.labels().end());
+  c.segment_mode = static_cast<SegmentMode>(p.block_policy().mode());
+  c.shot_similarity_threshold = p.block_policy().shot_similarity_threshold();
+  c.max_tokens_per_block = p.block_policy().max_tokens_per_block();
+  const v1::TierPolicy& t = p.tier_policy();
+  c.tiers.warm_budget_bytes = t.warm_budget_bytes();
+  c.tiers.cold_budget_bytes = t.cold_budget_bytes();
+  c.tiers.storage_cap_bytes = t.storage_cap_bytes();
+  c.tiers.replacement = static_cast<Replacement>(t.replacement());
+  c.tiers.heat_half_life_frames = t.heat_half_life_frames();
+  c.tiers.prefetch_blocks = t.prefetch_blocks();
+  c.tiers.stage_budget_bytes = t.stage_budget_bytes();
+  c.tiers.rebuild_every_blocks = t.rebuild_every_blocks();
+  c.tiers.rebuild_every_seconds = t.rebuild_every_seconds();
+  c.weights.model = p.recall_policy().model_weight();
+  c.weights.track = p.recall_policy().track_weight();
+  c.weights.iou = p.recall_policy().iou_weight();
+  c.weights.scene = p.recall_policy().scene_weight();
   return c;
 }
 
@@ -39,6 +56,8 @@ RecallQuery FromProto(const v1::RecallRequest& p) {
   q.top_k = p.budget().top_k();
   q.max_tokens = p.budget().max_tokens();
   q.current_token_position = p.current_token_position();
+  q.window_fraction = p.budget().window_fraction();
+  q.per_layer = p.per_layer();
   q.signals = FromProto(p.signals());
   return q;
 }
@@ -70,7 +89,34 @@ void ToProto(const StreamConfig& c, v1::StreamConfig* p) {
   p->mutable_recall_defaults()->set_max_tokens(c.default_max_tokens);
   p->mutable_recall_defaults()->set_gate_temperature(c.gate_temperature);
   p->mutable_labels()->insert(c.labels.begin(), c.labels.end());
+  p->mutable_block_policy()->set_mode(
+      static_cast<v1::SegmentMode>(c.segment_mode));
+  p->mutable_block_policy()->set_shot_similarity_threshold(
+      c.shot_similarity_threshold);
+  p->mutable_block_policy()->set_max_tokens_per_block(c.max_tokens_per_block);
+  v1::TierPolicy* t = p->mutable_tier_policy();
+  t->set_warm_budget_bytes(c.tiers.warm_budget_bytes);
+  t->set_cold_budget_bytes(c.tiers.cold_budget_bytes);
+  t->set_storage_cap_bytes(c.tiers.storage_cap_bytes);
+  t->set_replacement(static_cast<v1::ReplacementPolicy>(c.tiers.replacement));
+  t->set_heat_half_life_frames(c.tiers.heat_half_life_frames);
+  t->set_prefetch_blocks(c.tiers.prefetch_blocks);
+  t->set_stage_budget_bytes(c.tiers.stage_budget_bytes);
+  t->set_rebuild_every_blocks(c.tiers.rebuild_every_blocks);
+  t->set_rebuild_every_seconds(c.tiers.rebuild_every_seconds);
+  v1::RecallPolicy* r = p->mutable_recall_policy();
+  r->set_model_weight(c.weights.model);
+  r->set_track_weight(c.weights.track);
+  r->set_iou_weight(c.weights.iou);
+  r->set_scene_weight(c.weights.scene);
 }
+
+namespace {
+void ToProto(const TierCount& t, v1::TierStats* p) {
+  p->set_blocks(t.blocks);
+  p->set_bytes(t.bytes);
+}
+}  // namespace
 
 void ToProto(const StreamStats& s, v1::StreamStats* p) {
   p->set_stream_id(s.stream_id);
@@ -90,6 +136,25 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   p->set_recalled_tokens(s.recalled_tokens);
   p->set_warm_bytes(s.warm_bytes);
   p->set_cold_bytes(s.cold_bytes);
+  ToProto(s.warm, p->mutable_warm());
+  ToProto(s.cold, p->mutable_cold());
+  ToProto(s.degraded, p->mutable_degraded());
+  ToProto(s.evicted, p->mutable_evicted());
+  const PolicyCounters& c = s.policy;
+  v1::PolicyStats* ps = p->mutable_policy();
+  ps->set_demotions(c.demotions);
+  ps->set_degradations(c.degradations);
+  ps->set_evictions(c.evictions);
+  ps->set_promotions(c.promotions);
+  ps->set_staged(c.staged);
+  ps->set_stage_hits(c.stage_hits);
+  ps->set_stage_misses(c.stage_misses);
+  ps->set_stage_bytes(c.stage_bytes);
+  ps->set_rebuilds(c.rebuilds);
+  ps->set_shot_cuts(c.shot_cuts);
+  ps->set_recall_us_p50(c.recall_us_p50);
+  ps->set_recall_us_p99(c.recall_us_p99);
+  ps->set_recall_us_max(c.recall_us_max);
 }
 
 void ToProto(const BlockInfo& b, v1::RecalledBlock* p) {
@@ -101,14 +166,27 @@ void ToProto(const BlockInfo& b, v1::RecalledBlock* p) {
   p->set_token_count(b.token_count);
   p->set_tier(static_cast<v1::Tier>(b.tier));
   p->set_payload_bytes(b.payload_bytes);
+  p->set_degraded(b.degraded);
 }
 
+namespace {
+void ToProto(const RecalledBlock& b, v1::RecalledBlock* out) {
+  ToProto(b.block, out);
+  out->set_score(b.score);
+  out->set_priority(b.priority);
+  out->set_semantic_score(b.semantic_score);
+  out->set_gate_weight(b.gate_weight);
+  out->set_was_staged(b.was_staged);
+}
+}  // namespace
+
 void ToProto(const RecallResult& r, v1::RecallResponse* p) {
-  for (const RecalledBlock& b : r.blocks) {
-    v1::RecalledBlock* out = p->add_blocks();
-    ToProto(b.block, out);
-    out->set_score(b.score);
-    out->set_gate_weight(b.gate_weight);
+  for (const RecalledBlock& b : r.blocks) ToProto(b, p->add_blocks());
+  for (const LayerRecallSet& set : r.layer_sets) {
+    v1::LayerRecallSet* out = p->add_layer_sets();
+    out->set_layer(set.layer);
+    out->set_total_tokens(set.total_tokens);
+    for (const RecalledBlock& b : set.blocks) ToProto(b, out->add_blocks());
   }
   p->set_total_tokens(r.total_tokens);
   p->set_candidates(r.candidates);

@@ -119,12 +119,25 @@ class FetchBlocksReactor final
           absl::StrCat("max_chunk_bytes is ", req.max_chunk_bytes(),
                        "; the server allows at most ", max_chunk));
     }
-    if (req.layout() != v1::PAYLOAD_LAYOUT_UNSPECIFIED &&
-        req.layout() != v1::PAYLOAD_LAYOUT_FRAME_MAJOR) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layout is ", static_cast<int>(req.layout()),
-                       "; this server supports PAYLOAD_LAYOUT_FRAME_MAJOR"));
+    switch (req.layout()) {
+      case v1::PAYLOAD_LAYOUT_UNSPECIFIED:
+      case v1::PAYLOAD_LAYOUT_FRAME_MAJOR:
+        layout_ = PayloadLayout::kFrameMajor;
+        if (req.layers_size() > 0) {
+          return absl::InvalidArgumentError(
+              "layers is set; it needs layout "
+              "PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR");
+        }
+        break;
+      case v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR:
+        layout_ = PayloadLayout::kBlockLayerMajor;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("layout is ", static_cast<int>(req.layout()),
+                         "; use FRAME_MAJOR or BLOCK_LAYER_MAJOR"));
     }
+    layers_.assign(req.layers().begin(), req.layers().end());
     chunk_ = req.max_chunk_bytes() == 0 ? std::min(1u << 20, max_chunk)
                                         : req.max_chunk_bytes();
     for (uint64_t id : req.block_ids()) {
@@ -135,55 +148,56 @@ class FetchBlocksReactor final
     return absl::OkStatus();
   }
 
-  // Sends the next chunk, reading the next frame when the current one is
+  // Sends the next chunk, reading the next block when the current one is
   // used up; finishes after the last block.
   void Next() {
-    while (frame_pos_ >= frame_.size()) {
-      if (block_ < blocks_.size() && frame_loaded_ &&
-          frame_index_ == blocks_[block_].last_frame) {
-        ++block_;
-        frame_loaded_ = false;
-        block_offset_ = 0;
-      }
+    while (piece_ >= pieces_.size()) {
       if (block_ >= blocks_.size()) {
         Finish(grpc::Status::OK);
         return;
       }
-      frame_index_ =
-          frame_loaded_ ? frame_index_ + 1 : blocks_[block_].first_frame;
-      absl::StatusOr<std::string> payload = stream_->ReadFrame(frame_index_);
-      if (!payload.ok()) {
-        Finish(ToGrpcStatus(payload.status()));
+      absl::StatusOr<std::vector<PayloadPiece>> pieces =
+          stream_->ReadBlockPayload(blocks_[block_].id, layout_, layers_);
+      if (!pieces.ok()) {
+        Finish(ToGrpcStatus(pieces.status()));
         return;
       }
-      frame_ = *std::move(payload);
-      frame_pos_ = 0;
-      frame_loaded_ = true;
+      pieces_ = *std::move(pieces);
+      current_ = blocks_[block_++];
+      piece_ = 0;
+      piece_pos_ = 0;
+      block_offset_ = 0;
     }
-    const BlockInfo& b = blocks_[block_];
+    const PayloadPiece& p = pieces_[piece_];
     resp_.Clear();
-    resp_.set_block_id(b.id);
-    resp_.set_frame_index(frame_index_);
+    resp_.set_block_id(current_.id);
+    resp_.set_frame_index(p.frame_index);
+    resp_.set_layer(p.layer);
     resp_.set_offset(block_offset_);
-    if (block_offset_ == 0) ToProto(b, resp_.mutable_block());
-    const size_t n = std::min<size_t>(chunk_, frame_.size() - frame_pos_);
-    resp_.set_data(frame_.data() + frame_pos_, n);
-    frame_pos_ += n;
+    if (block_offset_ == 0) ToProto(current_, resp_.mutable_block());
+    const size_t n = std::min<size_t>(chunk_, p.bytes.size() - piece_pos_);
+    resp_.set_data(p.bytes.data() + piece_pos_, n);
+    piece_pos_ += n;
     block_offset_ += n;
-    resp_.set_last_chunk_of_block(frame_index_ == b.last_frame &&
-                                  frame_pos_ == frame_.size());
+    if (piece_pos_ == p.bytes.size()) {
+      ++piece_;
+      piece_pos_ = 0;
+    }
+    resp_.set_last_chunk_of_block(piece_ == pieces_.size());
     StartWrite(&resp_);
   }
 
   Executor* const executor_;
   std::shared_ptr<Stream> stream_;
+  PayloadLayout layout_ = PayloadLayout::kFrameMajor;
+  std::vector<uint32_t> layers_;
   std::vector<BlockInfo> blocks_;
   uint32_t chunk_ = 0;
   size_t block_ = 0;
-  bool frame_loaded_ = false;
-  uint64_t frame_index_ = 0;
-  std::string frame_;
-  size_t frame_pos_ = 0;
+  BlockInfo current_;
+  std::vector<PayloadPiece> pieces_;
+  size_t piece_ = 0;
+  size_t piece_pos_ = 0;
   uint64_t block_offset_ = 0;
   v1::FetchBlocksResponse resp_;
 };

@@ -10,7 +10,7 @@
 
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.pb.h"
-#include "server/executor.h"
+#include "engine/executor.h"
 
 namespace kvmem {
 

@@ -22,15 +22,29 @@
 
 namespace kvmem {
 
+// One layer of a block's KV in its block (layer-major) form.
+struct BlockLayerWrite {
+  uint64_t block_id = 0;
+  uint32_t layer = 0;
+  std::string bytes;
+};
+
 // One atomic change to one stream: either all of it is durable or none is.
+// Deletions apply before puts.
 struct StreamWrite {
   std::string stream_id;
   std::optional<std::string> config;  // Replaces the config record.
   std::optional<std::string> state;   // Replaces the state record.
   // A frame payload to store. The view must stay valid during Commit.
   std::optional<std::pair<uint64_t, absl::string_view>> frame;
-  std::vector<std::pair<uint64_t, std::string>>
-      blocks;  // Block records to put.
+  // Small per-frame record stored beside that frame (its signals).
+  std::optional<std::string> frame_meta;
+  std::vector<std::pair<uint64_t, std::string>> blocks;  // Block records.
+  std::vector<BlockLayerWrite> block_layers;
+  // Removes every layer record of these blocks.
+  std::vector<uint64_t> delete_block_layers;
+  // Removes frame payloads and metas of [first, last] (inclusive).
+  std::vector<std::pair<uint64_t, uint64_t>> delete_frames;
 };
 
 struct StreamRecord {
@@ -50,6 +64,15 @@ class ColdStore {
   // Returns the payload of a frame, or NOT_FOUND.
   virtual absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                                uint64_t frame_index) = 0;
+
+  // The meta record stored with a frame, or NOT_FOUND.
+  virtual absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
+                                                   uint64_t frame_index) = 0;
+
+  // One layer record of a block, or NOT_FOUND.
+  virtual absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
+                                                    uint64_t block_id,
+                                                    uint32_t layer) = 0;
 
   // Calls fn for every block record of the stream in increasing block id
   // order. Stops at and returns the first non-OK status fn returns.

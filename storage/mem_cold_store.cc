@@ -11,32 +11,77 @@ struct MemStream {
   std::string config;
   std::string state;
   std::map<uint64_t, std::string> frames;
+  std::map<uint64_t, std::string> frame_meta;
   std::map<uint64_t, std::string> blocks;
+  std::map<std::pair<uint64_t, uint32_t>, std::string> layers;
 };
+
+absl::StatusOr<std::string> Lookup(
+    const std::map<std::string, MemStream>& m, absl::string_view stream_id,
+    const std::function<const std::string*(const MemStream&)>& pick) {
+  auto it = m.find(std::string(stream_id));
+  const std::string* v = it == m.end() ? nullptr : pick(it->second);
+  if (v == nullptr) return absl::NotFoundError("record not stored");
+  return *v;
+}
+
+template <typename Map, typename Key>
+const std::string* Find(const Map& m, const Key& k) {
+  auto it = m.find(k);
+  return it == m.end() ? nullptr : &it->second;
+}
 
 class MemColdStore final : public ColdStore {
  public:
   absl::Status Commit(const StreamWrite& write) override {
     absl::MutexLock lock(&mu_);
     MemStream& s = streams_[write.stream_id];
+    for (uint64_t b : write.delete_block_layers) {
+      s.layers.erase(s.layers.lower_bound({b, 0}),
+                     s.layers.lower_bound({b + 1, 0}));
+    }
+    for (const auto& [first, last] : write.delete_frames) {
+      s.frames.erase(s.frames.lower_bound(first), s.frames.upper_bound(last));
+      s.frame_meta.erase(s.frame_meta.lower_bound(first),
+                         s.frame_meta.upper_bound(last));
+    }
     if (write.config) s.config = *write.config;
     if (write.state) s.state = *write.state;
     if (write.frame) {
       s.frames[write.frame->first] = std::string(write.frame->second);
+      if (write.frame_meta)
+        s.frame_meta[write.frame->first] = *write.frame_meta;
     }
     for (const auto& [id, record] : write.blocks) s.blocks[id] = record;
+    for (const auto& l : write.block_layers) {
+      s.layers[{l.block_id, l.layer}] = l.bytes;
+    }
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
+                                           uint64_t frame_index) override {
+    absl::MutexLock lock(&mu_);
+    return Lookup(streams_, stream_id, [&](const MemStream& s) {
+      return Find(s.frame_meta, frame_index);
+    });
+  }
+
+  absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
+                                            uint64_t block_id,
+                                            uint32_t layer) override {
+    absl::MutexLock lock(&mu_);
+    return Lookup(streams_, stream_id, [&](const MemStream& s) {
+      return Find(s.layers, std::make_pair(block_id, layer));
+    });
   }
 
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                        uint64_t frame_index) override {
     absl::MutexLock lock(&mu_);
-    auto it = streams_.find(std::string(stream_id));
-    if (it != streams_.end()) {
-      auto f = it->second.frames.find(frame_index);
-      if (f != it->second.frames.end()) return f->second;
-    }
-    return absl::NotFoundError("frame not stored");
+    return Lookup(streams_, stream_id, [&](const MemStream& s) {
+      return Find(s.frames, frame_index);
+    });
   }
 
   absl::Status ScanBlocks(
@@ -77,6 +122,7 @@ class MemColdStore final : public ColdStore {
     uint64_t n = 0;
     for (const auto& [id, s] : streams_) {
       for (const auto& [i, f] : s.frames) n += f.size();
+      for (const auto& [k, l] : s.layers) n += l.size();
     }
     return n;
   }

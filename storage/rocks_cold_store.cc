@@ -1,5 +1,6 @@
 #include "storage/rocks_cold_store.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 #include <vector>
@@ -17,6 +18,8 @@ namespace {
 constexpr char kStreamsCf[] = "streams";
 constexpr char kBlocksCf[] = "blocks";
 constexpr char kPayloadsCf[] = "payloads";
+constexpr char kFrameMetaCf[] = "frame_meta";
+constexpr char kBlockLayersCf[] = "block_layers";
 
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
@@ -49,6 +52,15 @@ uint64_t DecodeNumber(absl::string_view key_suffix) {
   return n;
 }
 
+std::string LayerKey(absl::string_view stream_id, uint64_t block,
+                     uint32_t layer) {
+  std::string k = NumberedKey(stream_id, block);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    k.push_back(static_cast<char>((layer >> shift) & 0xff));
+  }
+  return k;
+}
+
 std::string MetaKey(absl::string_view stream_id, char kind) {
   std::string k = StreamPrefix(stream_id);
   k.push_back(kind);
@@ -66,6 +78,8 @@ class RocksColdStore final : public ColdStore {
     streams_ = handles_[1];
     blocks_ = handles_[2];
     payloads_ = handles_[3];
+    frame_meta_ = handles_[4];
+    block_layers_ = handles_[5];
   }
 
   ~RocksColdStore() override {
@@ -77,6 +91,16 @@ class RocksColdStore final : public ColdStore {
 
   absl::Status Commit(const StreamWrite& write) override {
     rocksdb::WriteBatch batch;
+    for (uint64_t b : write.delete_block_layers) {
+      batch.DeleteRange(block_layers_, NumberedKey(write.stream_id, b),
+                        NumberedKey(write.stream_id, b + 1));
+    }
+    for (const auto& [first, last] : write.delete_frames) {
+      for (auto* cf : {payloads_, frame_meta_}) {
+        batch.DeleteRange(cf, NumberedKey(write.stream_id, first),
+                          NumberedKey(write.stream_id, last + 1));
+      }
+    }
     if (write.config) {
       batch.Put(streams_, MetaKey(write.stream_id, 'c'), *write.config);
     }
@@ -87,6 +111,14 @@ class RocksColdStore final : public ColdStore {
       const absl::string_view p = write.frame->second;
       batch.Put(payloads_, NumberedKey(write.stream_id, write.frame->first),
                 rocksdb::Slice(p.data(), p.size()));
+      if (write.frame_meta) {
+        batch.Put(frame_meta_, NumberedKey(write.stream_id, write.frame->first),
+                  *write.frame_meta);
+      }
+    }
+    for (const auto& l : write.block_layers) {
+      batch.Put(block_layers_, LayerKey(write.stream_id, l.block_id, l.layer),
+                l.bytes);
     }
     for (const auto& [id, record] : write.blocks) {
       batch.Put(blocks_, NumberedKey(write.stream_id, id), record);
@@ -96,15 +128,23 @@ class RocksColdStore final : public ColdStore {
 
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                        uint64_t frame_index) override {
-    std::string value;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), payloads_,
-                                 NumberedKey(stream_id, frame_index), &value);
-    if (s.IsNotFound()) {
-      return absl::NotFoundError(absl::StrCat(
-          "frame ", frame_index, " of stream ", stream_id, " is not stored"));
-    }
-    if (!s.ok()) return FromRocks(s, "get frame");
-    return value;
+    return Get(payloads_, NumberedKey(stream_id, frame_index),
+               absl::StrCat("frame ", frame_index, " of stream ", stream_id));
+  }
+
+  absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
+                                           uint64_t frame_index) override {
+    return Get(
+        frame_meta_, NumberedKey(stream_id, frame_index),
+        absl::StrCat("meta of frame ", frame_index, " of stream ", stream_id));
+  }
+
+  absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
+                                            uint64_t block_id,
+                                            uint32_t layer) override {
+    return Get(block_layers_, LayerKey(stream_id, block_id, layer),
+               absl::StrCat("layer ", layer, " of block ", block_id,
+                            " of stream ", stream_id));
   }
 
   absl::Status ScanBlocks(
@@ -160,7 +200,8 @@ class RocksColdStore final : public ColdStore {
     std::string end(stream_id);
     end.push_back('\x01');
     rocksdb::WriteBatch batch;
-    for (auto* cf : {streams_, blocks_, payloads_}) {
+    for (auto* cf :
+         {streams_, blocks_, payloads_, frame_meta_, block_layers_}) {
       batch.DeleteRange(cf, begin, end);
     }
     return FromRocks(db_->Write(write_options_, &batch), "delete stream");
@@ -171,18 +212,34 @@ class RocksColdStore final : public ColdStore {
     for (const char* prop :
          {"rocksdb.total-blob-file-size", "rocksdb.live-sst-files-size",
           "rocksdb.cur-size-all-mem-tables"}) {
-      uint64_t v = 0;
-      if (db_->GetIntProperty(payloads_, prop, &v)) total += v;
+      for (auto* cf : {payloads_, block_layers_}) {
+        uint64_t v = 0;
+        if (db_->GetIntProperty(cf, prop, &v)) total += v;
+      }
     }
     return total;
   }
 
  private:
+  absl::StatusOr<std::string> Get(rocksdb::ColumnFamilyHandle* cf,
+                                  const std::string& key,
+                                  const std::string& what) {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf, key, &value);
+    if (s.IsNotFound()) {
+      return absl::NotFoundError(absl::StrCat(what, " is not stored"));
+    }
+    if (!s.ok()) return FromRocks(s, what);
+    return value;
+  }
+
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::ColumnFamilyHandle* streams_ = nullptr;
   rocksdb::ColumnFamilyHandle* blocks_ = nullptr;
   rocksdb::ColumnFamilyHandle* payloads_ = nullptr;
+  rocksdb::ColumnFamilyHandle* frame_meta_ = nullptr;
+  rocksdb::ColumnFamilyHandle* block_layers_ = nullptr;
   rocksdb::WriteOptions write_options_;
 };
 
@@ -211,18 +268,22 @@ absl::StatusOr<std::unique_ptr<ColdStore>> OpenRocksColdStore(
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   rocksdb::ColumnFamilyOptions meta_cf;
   meta_cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  meta_cf.write_buffer_size =
+      std::min<uint64_t>(options.write_buffer_bytes, 16ull << 20);
   rocksdb::ColumnFamilyOptions payload_cf = meta_cf;
   payload_cf.enable_blob_files = true;
   payload_cf.min_blob_size = options.min_blob_size;
   payload_cf.blob_file_size = 256ull << 20;
   payload_cf.enable_blob_garbage_collection = true;
-  payload_cf.write_buffer_size = 64ull << 20;
+  payload_cf.write_buffer_size = options.write_buffer_bytes;
 
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
       {rocksdb::kDefaultColumnFamilyName, meta_cf},
       {kStreamsCf, meta_cf},
       {kBlocksCf, meta_cf},
-      {kPayloadsCf, payload_cf}};
+      {kPayloadsCf, payload_cf},
+      {kFrameMetaCf, meta_cf},
+      {kBlockLayersCf, payload_cf}};
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s =

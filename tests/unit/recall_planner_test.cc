@@ -12,6 +12,7 @@ RecalledBlock Block(uint64_t id, uint32_t tokens, float score) {
   b.block.id = id;
   b.block.token_count = tokens;
   b.score = score;
+  b.priority = score;
   return b;
 }
 

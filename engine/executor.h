@@ -1,10 +1,12 @@
 // Executor: a fixed pool of worker threads for work that may block (RocksDB
-// commits and reads, fsync), so gRPC's callback threads never wait on I/O.
+// commits and reads, fsync). The server runs storage-bound RPC work on one so
+// gRPC's callback threads never wait on I/O; the engine runs tier moves,
+// promotions and index rebuilds on another, off every caller's path.
 //
 // Thread safety: Submit may be called from any thread. The destructor runs
 // every task already submitted, then joins the workers.
-#ifndef KVMEM_SERVER_EXECUTOR_H_
-#define KVMEM_SERVER_EXECUTOR_H_
+#ifndef KVMEM_ENGINE_EXECUTOR_H_
+#define KVMEM_ENGINE_EXECUTOR_H_
 
 #include <deque>
 #include <functional>
@@ -36,4 +38,4 @@ class Executor {
 
 }  // namespace kvmem
 
-#endif  // KVMEM_SERVER_EXECUTOR_H_
+#endif  // KVMEM_ENGINE_EXECUTOR_H_

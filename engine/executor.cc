@@ -1,4 +1,4 @@
-#include "server/executor.h"
+#include "engine/executor.h"
 
 namespace kvmem {
 

@@ -1,0 +1,209 @@
+// Stream: the recall planner's stream side. Candidates come from the index
+// (the model signal: query vs block summaries) and from the query's track ids
+// (the semantic signal); each is scored
+//   priority = model_weight * score / sqrt(head_dim) + semantic
+// and the plan takes the top-k by priority, then fills the token budget.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "engine/recall_planner.h"
+#include "engine/signals.h"
+#include "engine/status_macros.h"
+#include "engine/stream.h"
+#include "engine/stream_config.h"
+
+namespace kvmem {
+namespace {
+
+uint32_t MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::steady_clock::now() - t0)
+          .count());
+}
+
+// How many recent blocks per query track become semantic candidates.
+constexpr size_t kBlocksPerTrack = 64;
+
+}  // namespace
+
+std::vector<RecalledBlock> Stream::RankCandidates(
+    const BlockIndex& index, const float* query, size_t offset, size_t dim,
+    const FrameSignals& signals, size_t eligible, uint32_t top_k,
+    uint32_t* search_us) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RecallWeights& w = config_.weights;
+  const bool semantic = w.track > 0 || w.iou > 0 || w.scene > 0;
+  std::unordered_map<uint64_t, float> scores;  // id -> inner product
+  if (eligible > 0 && top_k > 0) {
+    // Blocks in the window can outrank eligible ones: ask for enough extra
+    // results that top_k eligible ones survive the filter. With semantic
+    // weights, a wider model pool lets them reorder it.
+    const uint64_t pool = static_cast<uint64_t>(top_k) * (semantic ? 4 : 1);
+    const uint32_t k = static_cast<uint32_t>(
+        std::min<uint64_t>(pool, eligible) + (blocks_.size() - eligible));
+    for (const ScoredId& h : index.Search(query, k)) {
+      if (h.id < eligible) scores.emplace(h.id, h.score);
+    }
+  }
+  if (search_us != nullptr) *search_us = MicrosSince(t0);
+  if ((w.track > 0 || w.iou > 0) && eligible > 0) {
+    for (const Detection& d : signals.detections) {
+      auto it = track_blocks_.find(d.track_id);
+      if (it == track_blocks_.end()) continue;
+      size_t taken = 0;
+      for (auto b = it->second.rbegin();
+           b != it->second.rend() && taken < kBlocksPerTrack; ++b) {
+        if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
+        ++taken;
+        if (scores.count(*b)) continue;
+        const float* s = blocks_[*b].rec.summary.data() + offset;
+        double dot = 0;
+        for (size_t i = 0; i < dim; ++i)
+          dot += static_cast<double>(s[i]) * query[i];
+        scores.emplace(*b, static_cast<float>(dot));
+      }
+    }
+  }
+  const float scale =
+      w.model / std::sqrt(static_cast<float>(config_.geometry.head_dim));
+  std::vector<RecalledBlock> ranked;
+  ranked.reserve(scores.size());
+  for (const auto& [id, score] : scores) {
+    const BlockEntry& e = blocks_[id];
+    RecalledBlock r;
+    r.block = e.rec.info;
+    r.block.tier = TierOf(e);
+    r.score = score;
+    r.semantic_score =
+        semantic ? SemanticScore(MatchSignals(e.rec, signals), w) : 0.0f;
+    r.priority = scale * score + r.semantic_score;
+    r.was_staged = e.staged;
+    ranked.push_back(r);
+  }
+  std::sort(ranked.begin(), ranked.end(),
+            [](const RecalledBlock& a, const RecalledBlock& b) {
+              return a.priority != b.priority ? a.priority > b.priority
+                                              : a.block.id > b.block.id;
+            });
+  if (ranked.size() > top_k) ranked.resize(top_k);
+  return ranked;
+}
+
+absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (q.query.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query is empty; stream \"", id_, "\" expects ", summary_dim_,
+        " floats ([indexed_layer][kv_head][head_dim])"));
+  }
+  if (q.query.size() != summary_dim_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query has ", q.query.size(), " floats; stream \"", id_, "\" expects ",
+        summary_dim_, " ([indexed_layer][kv_head][head_dim])"));
+  }
+  KVMEM_RETURN_IF_ERROR(CheckFinite("query", q.query));
+  KVMEM_RETURN_IF_ERROR(ValidateSignals("signals", q.signals));
+  if (!(q.window_fraction >= 0.0f && q.window_fraction <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("budget.window_fraction is ",
+                                                   q.window_fraction,
+                                                   "; must be in [0, 1]"));
+  }
+  RecallResult result;
+  result.top_k = q.top_k == 0 ? config_.default_top_k : q.top_k;
+  if (q.max_tokens > 0) {
+    result.budget_tokens = q.max_tokens;
+  } else if (q.window_fraction > 0) {
+    result.budget_tokens = std::max<uint32_t>(
+        1,
+        static_cast<uint32_t>(q.window_fraction * config_.hot_window_tokens));
+  } else {
+    result.budget_tokens = config_.default_max_tokens;
+  }
+  if (result.top_k > kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget.top_k is ", q.top_k, "; must be in [1, ", kMaxTopK, "]"));
+  }
+  if (result.budget_tokens > (1u << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget.max_tokens is ", q.max_tokens, "; must be at most ", 1u << 24));
+  }
+
+  std::vector<std::vector<RecalledBlock>> ranked;  // One list per set.
+  std::vector<uint32_t> set_layers;
+  uint64_t now_frame;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (deleted_) return DeletedError();
+    now_frame = state_.last_frame < 0 ? 0 : state_.last_frame;
+    const uint64_t window_end = q.current_token_position == 0
+                                    ? state_.next_token_position
+                                    : q.current_token_position + 1;
+    const uint64_t window_start = window_end > config_.hot_window_tokens
+                                      ? window_end - config_.hot_window_tokens
+                                      : 0;
+    // Blocks are in position order, so the recallable ones are a prefix.
+    const size_t eligible =
+        std::partition_point(blocks_.begin(), blocks_.end(),
+                             [&](const BlockEntry& b) {
+                               return b.rec.info.end_token_position <=
+                                      window_start;
+                             }) -
+        blocks_.begin();
+    for (size_t i = 0; i < eligible; ++i) {
+      result.candidates += blocks_[i].rec.disk != DiskForm::kNone;
+    }
+    if (!q.per_layer) {
+      ranked.push_back(RankCandidates(*index_.all, q.query.data(), 0,
+                                      summary_dim_, q.signals, eligible,
+                                      result.top_k, &result.search_us));
+    } else {
+      for (size_t li = 0; li < index_.layers.size(); ++li) {
+        uint32_t us = 0;
+        ranked.push_back(RankCandidates(*index_.layers[li],
+                                        q.query.data() + li * layer_dim_,
+                                        li * layer_dim_, layer_dim_, q.signals,
+                                        eligible, result.top_k, &us));
+        result.search_us += us;
+        set_layers.push_back(config_.indexed_layers[li]);
+      }
+    }
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<std::pair<uint64_t, uint64_t>> feedback;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    LayerRecallSet set;
+    set.blocks = PlanBudgetedRecall(ranked[i], result.budget_tokens,
+                                    config_.gate_temperature);
+    for (const auto& b : set.blocks) {
+      set.total_tokens += b.block.token_count;
+      feedback.emplace_back(b.block.id, now_frame);
+    }
+    recalled_blocks_.fetch_add(set.blocks.size(), std::memory_order_relaxed);
+    recalled_tokens_.fetch_add(set.total_tokens, std::memory_order_relaxed);
+    if (q.per_layer) {
+      set.layer = set_layers[i];
+      result.layer_sets.push_back(std::move(set));
+    } else {
+      result.blocks = std::move(set.blocks);
+      result.total_tokens = set.total_tokens;
+    }
+  }
+  result.plan_us = MicrosSince(t1);
+  recalls_.fetch_add(1, std::memory_order_relaxed);
+  if (!feedback.empty()) {
+    {
+      absl::MutexLock lock(&feedback_mu_);
+      recalled_.insert(recalled_.end(), feedback.begin(), feedback.end());
+    }
+    ScheduleMaintenance();
+  }
+  result.total_us = MicrosSince(t0);
+  RecordRecallLatency(result.total_us);
+  return result;
+}
+
+}  // namespace kvmem
