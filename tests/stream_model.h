@@ -89,9 +89,12 @@ class StreamModel {
     return out;
   }
 
-  std::vector<OracleHit> Recall(const std::vector<float>& q, uint32_t top_k,
-                                uint32_t max_tokens,
-                                uint64_t current_pos = 0) const {
+  // With `layers`, scores use only those layers' mean keys (a per-layer
+  // recall set); q then holds one [kv_head][head_dim] vector per listed layer.
+  std::vector<OracleHit> Recall(
+      const std::vector<float>& q, uint32_t top_k, uint32_t max_tokens,
+      uint64_t current_pos = 0,
+      const std::vector<uint32_t>* layers = nullptr) const {
     const uint64_t window_end = current_pos == 0 ? next_pos_ : current_pos + 1;
     const uint64_t window_start =
         window_end > window_ ? window_end - window_ : 0;
@@ -107,7 +110,8 @@ class StreamModel {
         kv.push_back(&frames_[f].kv);
         tokens += frames_[f].kv.tokens;
       }
-      const std::vector<double> mean = MeanKey(g_, kv, layers_);
+      const std::vector<double> mean =
+          MeanKey(g_, kv, layers != nullptr ? *layers : layers_);
       double s = 0;
       for (size_t i = 0; i < mean.size(); ++i) s += q[i] * mean[i];
       scored.push_back({b, s, tokens});

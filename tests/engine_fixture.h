@@ -1,0 +1,51 @@
+// Helpers for engine tests over a real RocksDB cold store in a temp dir.
+#ifndef KVMEM_TESTS_ENGINE_FIXTURE_H_
+#define KVMEM_TESTS_ENGINE_FIXTURE_H_
+
+#include <memory>
+#include <string>
+
+#include "engine/memory_engine.h"
+#include "gtest/gtest.h"
+#include "storage/rocks_cold_store.h"
+#include "tests/stream_model.h"
+
+namespace kvmem::testing {
+
+inline std::unique_ptr<MemoryEngine> OpenTestEngine(
+    const std::string& dir, const EngineOptions& options = {}) {
+  RocksColdStoreOptions o;
+  o.path = dir + "/db";
+  o.write_buffer_bytes = 4 << 20;
+  o.block_cache_bytes = 8 << 20;
+  auto store = OpenRocksColdStore(o);
+  EXPECT_TRUE(store.ok()) << store.status();
+  auto engine = MemoryEngine::Open(*std::move(store), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return *std::move(engine);
+}
+
+inline Frame ToFrame(const ModelFrame& m, uint64_t index,
+                     FrameSignals signals = {}) {
+  Frame f;
+  f.index = index;
+  f.first_token_position = m.first_pos;
+  f.token_count = m.kv.tokens;
+  f.payload = m.bytes;
+  f.signals = std::move(signals);
+  return f;
+}
+
+inline StreamConfig TestConfig(const TestGeometry& g, uint32_t window,
+                               uint32_t frames_per_block) {
+  StreamConfig c;
+  c.geometry = {g.layers, g.kv_heads, g.head_dim, g.dtype, 16};
+  c.hot_window_tokens = window;
+  c.frames_per_block = frames_per_block;
+  c.indexed_layers = {2, 0};
+  return c;
+}
+
+}  // namespace kvmem::testing
+
+#endif  // KVMEM_TESTS_ENGINE_FIXTURE_H_
