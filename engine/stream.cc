@@ -434,7 +434,7 @@ absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
                                             id_, "\" was evicted"));
   }
   BlockInfo info = e.rec.info;
-  if (e.warm) info.tier = Tier::kWarm;
+  info.tier = TierOf(e);
   return info;
 }
 

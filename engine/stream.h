@@ -152,8 +152,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   Indexes NewIndexes() const;
 
   // --- tiers (stream_tiers.cc); all REQUIRE append_mu_ ---
-  // Moves blocks down until every budget holds.
-  absl::Status EnforceBudgets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Moves blocks down until every budget holds, with room for
+  // incoming_warm more bytes in the warm tier.
+  absl::Status EnforceBudgets(uint64_t incoming_warm = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   absl::Status Demote(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   absl::Status Degrade(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   absl::Status Evict(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);

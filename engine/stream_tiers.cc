@@ -11,7 +11,9 @@
 namespace kvmem {
 
 Tier Stream::TierOf(const BlockEntry& e) {
-  if (e.warm) return Tier::kWarm;
+  // A staged copy sits in the stage buffer; the block's tier is still where
+  // its durable copy is until a query confirms it.
+  if (e.warm && !e.staged) return Tier::kWarm;
   switch (e.rec.disk) {
     case DiskForm::kFrames:
     case DiskForm::kFull:
@@ -108,50 +110,57 @@ absl::Status Stream::CommitRecord(const BlockRecord& rec, StreamWrite write) {
   return env_.store->Commit(write);
 }
 
-absl::Status Stream::EnforceBudgets() {
+absl::Status Stream::EnforceBudgets(uint64_t incoming_warm) {
   const TierConfig& t = config_.tiers;
-  enum class Op { kNone, kDemote, kDegrade, kEvict };
+  enum class Op { kDemote, kDegrade, kEvict };
+  // One move per round, re-measured each time. Room is made below before a
+  // block moves down into a tier, so no tier overshoots its budget between
+  // two moves (what a concurrent Stats would otherwise see).
   for (;;) {
     int64_t victim = -1;
-    Op op = Op::kNone;
+    Op op = Op::kDemote;
     {
       absl::ReaderMutexLock lock(&mu_);
       if (deleted_) return absl::OkStatus();
       const ReplacementContext ctx = PolicyContext();
+      uint64_t cold = 0, disk = 0;
+      for (const BlockEntry& e : blocks_) {
+        disk += DiskBytes(e.rec);
+        if (TierOf(e) == Tier::kCold) cold += e.rec.info.payload_bytes;
+      }
+      auto coldest = [&](Tier tier) {
+        return PickVictim(
+            [tier](const BlockEntry& e) { return TierOf(e) == tier; }, ctx);
+      };
       const bool global_over =
           env_.global_warm_budget > 0 && env_.global_warm_bytes != nullptr &&
-          env_.global_warm_bytes->load(std::memory_order_relaxed) >
+          env_.global_warm_bytes->load(std::memory_order_relaxed) +
+                  incoming_warm >
               env_.global_warm_budget;
-      if ((t.warm_budget_bytes > 0 && warm_bytes_ > t.warm_budget_bytes) ||
-          (global_over && warm_bytes_ > 0)) {
+      if (t.storage_cap_bytes > 0 && disk > t.storage_cap_bytes) {
+        // Degraded blocks go first; cold ones only when none is left.
+        victim = coldest(Tier::kDegraded);
+        if (victim < 0) victim = coldest(Tier::kCold);
+        op = Op::kEvict;
+      }
+      if (victim < 0 && t.cold_budget_bytes > 0 && cold > t.cold_budget_bytes) {
+        victim = coldest(Tier::kCold);
+        op = Op::kDegrade;
+      }
+      if (victim < 0 && ((t.warm_budget_bytes > 0 &&
+                          warm_bytes_ + incoming_warm > t.warm_budget_bytes) ||
+                         (global_over && warm_bytes_ > 0))) {
         victim = PickVictim(
             [](const BlockEntry& e) { return e.warm && !e.staged; }, ctx);
         op = Op::kDemote;
-      }
-      if (victim < 0 && (t.cold_budget_bytes > 0 || t.storage_cap_bytes > 0)) {
-        uint64_t cold = 0, disk = 0;
-        for (const BlockEntry& e : blocks_) {
-          disk += DiskBytes(e.rec);
-          if (TierOf(e) == Tier::kCold) cold += e.rec.info.payload_bytes;
-        }
-        if (t.cold_budget_bytes > 0 && cold > t.cold_budget_bytes) {
-          victim = PickVictim(
-              [](const BlockEntry& e) { return TierOf(e) == Tier::kCold; },
-              ctx);
-          op = Op::kDegrade;
-        }
-        if (victim < 0 && t.storage_cap_bytes > 0 &&
-            disk > t.storage_cap_bytes) {
-          // Degraded blocks go first; cold ones only when none is left.
-          victim = PickVictim(
-              [](const BlockEntry& e) { return TierOf(e) == Tier::kDegraded; },
-              ctx);
-          if (victim < 0) {
-            victim = PickVictim(
-                [](const BlockEntry& e) { return TierOf(e) == Tier::kCold; },
-                ctx);
+        if (victim >= 0 && t.cold_budget_bytes > 0 &&
+            cold + blocks_[victim].rec.info.payload_bytes >
+                t.cold_budget_bytes) {
+          const int64_t room = coldest(Tier::kCold);
+          if (room >= 0) {
+            victim = room;
+            op = Op::kDegrade;
           }
-          op = Op::kEvict;
         }
       }
     }
@@ -167,8 +176,6 @@ absl::Status Stream::EnforceBudgets() {
       case Op::kEvict:
         KVMEM_RETURN_IF_ERROR(Evict(id));
         break;
-      case Op::kNone:
-        return absl::OkStatus();
     }
   }
 }
@@ -258,6 +265,11 @@ absl::Status Stream::Promote(uint64_t id, bool staged) {
     absl::ReaderMutexLock lock(&mu_);
     rec = blocks_[id].rec;
     if (blocks_[id].warm) return absl::OkStatus();
+  }
+  if (!staged) {
+    // Room first, so the warm tier never holds more than its budget.
+    KVMEM_RETURN_IF_ERROR(EnforceBudgets(
+        WarmBlock::AllocatedBytes(config_.geometry, rec.info.token_count)));
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm, LoadBlock(rec));
   if (!staged) {
@@ -352,6 +364,7 @@ absl::Status Stream::DrainFeedback() {
   }
   for (const auto& [id, frame] : feedback) {
     bool promote = false;
+    uint64_t staged_bytes = 0;
     {
       absl::MutexLock lock(&mu_);
       if (deleted_ || id >= blocks_.size()) continue;
@@ -361,20 +374,26 @@ absl::Status Stream::DrainFeedback() {
       e.rec.last_hit_frame = frame;
       e.rec.last_access_frame = std::max(e.rec.last_access_frame, frame);
       if (e.staged) {
-        // Confirmed by a query: the staged block becomes an ordinary warm one.
-        const int64_t bytes = e.warm->allocated_bytes();
-        AddWarm(-bytes, true);
-        AddWarm(bytes, false);
-        e.staged = false;
-        counters_.stage_hits += 1;
-        staged_order_.erase(
-            std::remove(staged_order_.begin(), staged_order_.end(), id),
-            staged_order_.end());
+        staged_bytes = e.warm->allocated_bytes();
       } else if (!e.warm && e.rec.disk != DiskForm::kNone) {
         promote = true;
       }
     }
     if (promote) KVMEM_RETURN_IF_ERROR(Promote(id, /*staged=*/false));
+    if (staged_bytes == 0) continue;
+    // Confirmed by a query: the staged block becomes an ordinary warm one,
+    // once the warm tier has room for it.
+    KVMEM_RETURN_IF_ERROR(EnforceBudgets(staged_bytes));
+    absl::MutexLock lock(&mu_);
+    BlockEntry& e = blocks_[id];
+    if (!e.staged) continue;
+    AddWarm(-static_cast<int64_t>(staged_bytes), true);
+    AddWarm(staged_bytes, false);
+    e.staged = false;
+    counters_.stage_hits += 1;
+    staged_order_.erase(
+        std::remove(staged_order_.begin(), staged_order_.end(), id),
+        staged_order_.end());
   }
   return absl::OkStatus();
 }
@@ -503,10 +522,8 @@ StreamStats Stream::Stats() const {
       }
       switch (TierOf(e)) {
         case Tier::kWarm:
-          if (!e.staged) {
-            s.warm.blocks += 1;
-            s.warm.bytes += e.warm->allocated_bytes();
-          }
+          s.warm.blocks += 1;
+          s.warm.bytes += e.warm->allocated_bytes();
           break;
         case Tier::kCold:
           s.cold.blocks += 1;
