@@ -445,5 +445,126 @@ TEST_F(ServerTest, SessionPipelinedErrorsAndCancellation) {
   EXPECT_EQ(stats.last_durable_frame(), 99);
 }
 
+// A heat-aware stream with tight budgets, through the real server: its
+// blocks spread over warm, cold and degraded; Recall returns degraded blocks
+// flagged as such; FetchBlocks sends them flagged, dequantised, and one layer
+// at a time when asked.
+TEST_F(ServerTest, TiersThroughTheServer) {
+  TestGeometry g;
+  StreamModel m(g, 2, kWindow, {1, 2});
+  std::mt19937_64 rng(31);
+  v1::StreamConfig c = Config(g);
+  c.mutable_block_policy()->set_frames_per_block(2);
+  const uint64_t block_bytes = 3 * 2 * 2 * 8 * 16 * 2;  // 8 tokens a block.
+  v1::TierPolicy* t = c.mutable_tier_policy();
+  t->set_replacement(v1::REPLACEMENT_POLICY_HEAT);
+  t->set_warm_budget_bytes(3 * 4096 * 3);  // Three blocks (4 KiB per layer).
+  t->set_cold_budget_bytes(5 * block_bytes);
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(unix_->OpenStream("tiered", c, &opened).ok());
+  std::vector<OutgoingFrame> frames;
+  for (uint64_t i = 0; i < 80; ++i) {
+    frames.push_back(ToOutgoing(m.AddFrame(rng, 4), i));
+  }
+  v1::AppendFramesResponse ar;
+  ASSERT_TRUE(unix_->AppendFrames("tiered", frames, &ar).ok());
+  v1::StreamStats stats;
+  ASSERT_TRUE(unix_->GetStreamStats("tiered", &stats).ok());
+  EXPECT_EQ(stats.sealed_blocks(), 40u);
+  EXPECT_EQ(stats.warm().blocks(), 3u);
+  EXPECT_EQ(stats.cold().blocks(), 5u);
+  EXPECT_EQ(stats.degraded().blocks(), 32u);
+  EXPECT_LE(stats.warm().bytes(), t->warm_budget_bytes());
+  EXPECT_GT(stats.policy().demotions(), 0u);
+  EXPECT_GT(stats.policy().degradations(), 0u);
+  EXPECT_EQ(stats.config().tier_policy().replacement(),
+            v1::REPLACEMENT_POLICY_HEAT);
+
+  uint64_t degraded_id = 0;
+  bool found = false;
+  for (int i = 0; i < 20 && !found; ++i) {
+    v1::RecallRequest req;
+    req.set_stream_id("tiered");
+    for (float x : testing::RandomQuery(rng, m.summary_dim())) req.add_query(x);
+    req.mutable_budget()->set_top_k(8);
+    req.mutable_budget()->set_max_tokens(64);
+    v1::RecallResponse resp;
+    ASSERT_TRUE(unix_->Recall(req, &resp).ok());
+    for (const auto& b : resp.blocks()) {
+      if (b.tier() == v1::TIER_DEGRADED) {
+        EXPECT_TRUE(b.degraded());
+        degraded_id = b.block_id();
+        found = true;
+      }
+    }
+  }
+  ASSERT_TRUE(found) << "no recall returned a degraded block";
+
+  // Fetch it: flagged, same size as the original, values within the bound.
+  std::vector<FetchedBlock> fetched;
+  ASSERT_TRUE(unix_->FetchBlocks("tiered", {degraded_id}, &fetched).ok());
+  ASSERT_EQ(fetched.size(), 1u);
+  EXPECT_TRUE(fetched[0].info.degraded());
+  const std::string want = m.BlockBytes(degraded_id);
+  ASSERT_EQ(fetched[0].payload.size(), want.size());
+  EXPECT_NE(fetched[0].payload, want);
+  std::vector<float> x(want.size() / 2), y(want.size() / 2);
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(want.data()), x.size(),
+                DType::kFp16, x.data());
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(fetched[0].payload.data()),
+                y.size(), DType::kFp16, y.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_LE(std::fabs(x[i] - y[i]), 2.0f / 254 + 2.0f / 1024) << i;
+  }
+
+  // One layer of a cold block, in block layout, equals the original's.
+  uint64_t cold_id = 0;
+  for (uint64_t b = 0; b < 40; ++b) {
+    std::vector<FetchedBlock> one;
+    ASSERT_TRUE(unix_->FetchBlocks("tiered", {b}, &one).ok());
+    if (one[0].info.tier() == v1::TIER_COLD) {
+      cold_id = b;
+      EXPECT_EQ(one[0].payload, m.BlockBytes(b));
+      break;
+    }
+  }
+  grpc::ClientContext ctx;
+  v1::FetchBlocksRequest fr;
+  fr.set_stream_id("tiered");
+  fr.add_block_ids(cold_id);
+  fr.set_layout(v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+  fr.add_layers(2);
+  auto reader = unix_->stub()->FetchBlocks(&ctx, fr);
+  v1::FetchBlocksResponse chunk;
+  std::string layer;
+  while (reader->Read(&chunk)) {
+    EXPECT_EQ(chunk.layer(), 2u);
+    layer += chunk.data();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  // Expected: K then V of layer 2, [head][block token][dim], from the frames.
+  const auto& f0 = m.frames()[2 * cold_id];
+  const auto& f1 = m.frames()[2 * cold_id + 1];
+  std::vector<float> expect;
+  for (int kv = 0; kv < 2; ++kv) {
+    for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      for (const auto* f : {&f0, &f1}) {
+        const size_t slice = g.kv_heads * f->kv.tokens * g.head_dim;
+        for (uint32_t tok = 0; tok < f->kv.tokens; ++tok) {
+          for (uint32_t d = 0; d < g.head_dim; ++d) {
+            expect.push_back(
+                f->kv.values[2 * slice * 2 + kv * slice +
+                             (h * f->kv.tokens + tok) * g.head_dim + d]);
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> got(layer.size() / 2);
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(layer.data()), got.size(),
+                DType::kFp16, got.data());
+  EXPECT_EQ(got, expect);
+}
+
 }  // namespace
 }  // namespace kvmem
