@@ -32,7 +32,13 @@ ABSL_FLAG(uint32_t, head_dim, 64, "demo: elements per head.");
 ABSL_FLAG(uint32_t, tokens_per_frame, 32, "demo: tokens per frame.");
 ABSL_FLAG(uint32_t, hot_window_tokens, 512,
           "demo: the front end's hot window, in tokens.");
-ABSL_FLAG(uint32_t, frames_per_block, 2, "demo: frames per block.");
+ABSL_FLAG(uint32_t, frames_per_block, 4,
+          "demo: most frames a (shot) block may hold.");
+ABSL_FLAG(uint64_t, warm_budget_bytes, 1 << 20,
+          "demo: RAM for warm blocks, per camera.");
+ABSL_FLAG(uint64_t, cold_budget_bytes, 4 << 20,
+          "demo: full-precision bytes on disk per camera; beyond, blocks "
+          "degrade to int8.");
 ABSL_FLAG(uint32_t, recall_tokens, 160,
           "demo: recall token budget (V-Rex suggests 10-30 % of the window).");
 
@@ -52,10 +58,10 @@ struct CameraResult {
 };
 
 // Majority place of a block's frames.
-int BlockPlace(const CameraWorkload& w, uint64_t block, uint32_t fpb) {
+int BlockPlace(const CameraWorkload& w, const v1::RecalledBlock& b) {
   std::vector<int> count(64, 0);
-  int best = 0;
-  for (uint64_t f = block * fpb; f < (block + 1) * fpb; ++f) {
+  int best = w.PlaceOf(static_cast<int>(b.first_frame()));
+  for (uint64_t f = b.first_frame(); f <= b.last_frame(); ++f) {
     const int p = w.PlaceOf(static_cast<int>(f));
     if (++count[p] > count[best]) best = p;
   }
@@ -85,6 +91,7 @@ void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
 
     v1::RecallRequest req;
     for (float x : w.MakeQuery(i)) req.add_query(x);
+    *req.mutable_signals() = f.header.signals();  // What the camera sees now.
     v1::RecallResponse resp;
     const auto r0 = std::chrono::steady_clock::now();
     out->status = session->Recall(req, &resp);
@@ -94,29 +101,27 @@ void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
                               .count());
     out->engine_us.push_back(resp.timing().total_us());
 
-    // Ground truth: blocks entirely outside the hot window, and which of them
-    // show the place the camera sees now.
-    const int64_t window_start =
-        static_cast<int64_t>(i + 1) * g.tokens_per_frame - g.hot_window_tokens;
-    const int64_t block_tokens =
-        static_cast<int64_t>(g.frames_per_block) * g.tokens_per_frame;
-    const int64_t eligible =
-        window_start <= 0 ? 0 : window_start / block_tokens;
+    // Ground truth, per frame: frames whose blocks are surely sealed and out
+    // of the hot window (a block holds at most frames_per_block frames), and
+    // which of them show the place the camera sees now.
+    const int64_t out_of_window =
+        static_cast<int64_t>(i + 1) -
+        static_cast<int64_t>(g.hot_window_tokens / g.tokens_per_frame) -
+        static_cast<int64_t>(g.frames_per_block);
     int relevant = 0;
-    for (int64_t b = 0; b < eligible; ++b) {
-      relevant += BlockPlace(w, b, g.frames_per_block) == w.PlaceOf(i);
+    for (int64_t j = 0; j < out_of_window; ++j) {
+      relevant += w.PlaceOf(static_cast<int>(j)) == w.PlaceOf(i);
     }
     for (const auto& b : resp.blocks()) {
       ++out->recalled;
-      out->recalled_relevant +=
-          BlockPlace(w, b.block_id(), g.frames_per_block) == w.PlaceOf(i);
+      out->recalled_relevant += BlockPlace(w, b) == w.PlaceOf(i);
     }
     if (relevant > 0) {
       ++out->reid_queries;
-      out->random_precision_sum += static_cast<double>(relevant) / eligible;
+      out->random_precision_sum +=
+          static_cast<double>(relevant) / out_of_window;
       if (resp.blocks_size() > 0 &&
-          BlockPlace(w, resp.blocks(0).block_id(), g.frames_per_block) ==
-              w.PlaceOf(i)) {
+          BlockPlace(w, resp.blocks(0)) == w.PlaceOf(i)) {
         ++out->reid_hits;
       }
     }
@@ -125,6 +130,35 @@ void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
       out->last_blocks.push_back(b.block_id());
   }
   out->status = session->Finish();
+}
+
+std::string TierJson(const v1::TierStats& t) {
+  return absl::StrFormat("{\"blocks\": %llu, \"bytes\": %llu}",
+                         static_cast<unsigned long long>(t.blocks()),
+                         static_cast<unsigned long long>(t.bytes()));
+}
+
+// One stream's tiers and policy counters, as `kvmem demo --json` prints them.
+std::string StreamJson(const v1::StreamStats& s) {
+  const v1::PolicyStats& p = s.policy();
+  return absl::StrFormat(
+      "{\"stream_id\": \"%s\", \"sealed_blocks\": %llu, \"tiers\": "
+      "{\"warm\": %s, \"cold\": %s, \"degraded\": %s}, \"evicted\": %s, "
+      "\"policy\": {\"demotions\": %llu, \"degradations\": %llu, "
+      "\"promotions\": %llu, \"staged\": %llu, \"stage_hits\": %llu, "
+      "\"stage_misses\": %llu, \"rebuilds\": %llu, \"shot_cuts\": %llu, "
+      "\"recall_us_p50\": %u, \"recall_us_p99\": %u}}",
+      s.stream_id(), static_cast<unsigned long long>(s.sealed_blocks()),
+      TierJson(s.warm()), TierJson(s.cold()), TierJson(s.degraded()),
+      TierJson(s.evicted()), static_cast<unsigned long long>(p.demotions()),
+      static_cast<unsigned long long>(p.degradations()),
+      static_cast<unsigned long long>(p.promotions()),
+      static_cast<unsigned long long>(p.staged()),
+      static_cast<unsigned long long>(p.stage_hits()),
+      static_cast<unsigned long long>(p.stage_misses()),
+      static_cast<unsigned long long>(p.rebuilds()),
+      static_cast<unsigned long long>(p.shot_cuts()), p.recall_us_p50(),
+      p.recall_us_p99());
 }
 
 uint64_t RssBytes(pid_t pid) {
@@ -185,6 +219,8 @@ int RunDemo(const std::vector<std::string>&) {
   g.hot_window_tokens = absl::GetFlag(FLAGS_hot_window_tokens);
   g.frames_per_block = absl::GetFlag(FLAGS_frames_per_block);
   g.recall_max_tokens = absl::GetFlag(FLAGS_recall_tokens);
+  g.warm_budget_bytes = absl::GetFlag(FLAGS_warm_budget_bytes);
+  g.cold_budget_bytes = absl::GetFlag(FLAGS_cold_budget_bytes);
   std::vector<CameraResult> results(cameras);
   std::vector<std::thread> threads;
   const auto t0 = std::chrono::steady_clock::now();
@@ -224,9 +260,32 @@ int RunDemo(const std::vector<std::string>&) {
       expected_bytes += b.info.payload_bytes();
     }
   }
-  v1::StreamStats s0;
-  grpc::Status st = client->GetStreamStats("demo-cam-0", &s0);
-  if (!st.ok()) return ReportError("demo: stats", st);
+  std::vector<v1::StreamStats> stats(cameras);
+  v1::StreamStats sum;  // Tiers and counters over all cameras.
+  std::string streams_json;
+  for (int c = 0; c < cameras; ++c) {
+    grpc::Status st =
+        client->GetStreamStats(absl::StrCat("demo-cam-", c), &stats[c]);
+    if (!st.ok()) return ReportError("demo: stats", st);
+    for (auto [from, to] :
+         {std::make_pair(&stats[c].warm(), sum.mutable_warm()),
+          std::make_pair(&stats[c].cold(), sum.mutable_cold()),
+          std::make_pair(&stats[c].degraded(), sum.mutable_degraded())}) {
+      to->set_blocks(to->blocks() + from->blocks());
+      to->set_bytes(to->bytes() + from->bytes());
+    }
+    v1::PolicyStats* p = sum.mutable_policy();
+    const v1::PolicyStats& q = stats[c].policy();
+    p->set_demotions(p->demotions() + q.demotions());
+    p->set_degradations(p->degradations() + q.degradations());
+    p->set_promotions(p->promotions() + q.promotions());
+    p->set_staged(p->staged() + q.staged());
+    p->set_stage_hits(p->stage_hits() + q.stage_hits());
+    p->set_shot_cuts(p->shot_cuts() + q.shot_cuts());
+    sum.set_sealed_blocks(sum.sealed_blocks() + stats[c].sealed_blocks());
+    absl::StrAppend(&streams_json, c == 0 ? "" : ", ", StreamJson(stats[c]));
+  }
+  const v1::StreamStats& s0 = stats[0];
   const uint64_t rss = server ? RssBytes(server->pid()) : 0;
   const uint64_t bytes_per_token =
       static_cast<uint64_t>(g.layers) * 2 * g.kv_heads * g.head_dim * 2;
@@ -265,13 +324,13 @@ int RunDemo(const std::vector<std::string>&) {
         "\"kv_stored_mib\": %.3f, \"hot_window_mib\": %.3f, "
         "\"recall_budget_mib\": %.3f, \"summary_kib_per_stream\": %.2f, "
         "\"server_rss_mib\": %.1f, \"fetched_bytes\": %llu, "
-        "\"fetched_expected_bytes\": %llu}\n",
+        "\"fetched_expected_bytes\": %llu, \"streams\": [%s]}\n",
         cameras, frames, wall, mbps, cameras * frames / wall, service_mbps, a50,
         a99, total.reid_queries, total.reid_hits, hit, rnd, total.recalled,
         prec, p50, p99, e50, e99, total.bytes / 1048576.0, window_mib,
         budget_mib, s0.summary_bytes() / 1024.0, rss / 1048576.0,
         static_cast<unsigned long long>(fetched_bytes),
-        static_cast<unsigned long long>(expected_bytes));
+        static_cast<unsigned long long>(expected_bytes), streams_json.c_str());
   } else {
     std::printf(
         "\nkvmem demo: %d cameras x %d frames (%u tokens/frame, %u layers x %u "
@@ -306,11 +365,40 @@ int RunDemo(const std::vector<std::string>&) {
         "p50 %.0f us, p99 %.0f us\n",
         p50, p99, e50, e99);
     std::printf(
-        "  memory         per camera: %.2f MiB of KV kept in RocksDB vs "
-        "a %.2f MiB hot window + %.2f MiB recall budget on the "
-        "accelerator; %.1f KiB of summaries in RAM\n",
+        "  memory         per camera: %.2f MiB of KV appended, kept in the "
+        "tiers below, vs a %.2f MiB hot window + %.2f MiB recall budget on "
+        "the accelerator; %.1f KiB of summaries in RAM\n",
         s0.payload_bytes() / 1048576.0, window_mib, budget_mib,
         s0.summary_bytes() / 1024.0);
+    std::printf(
+        "  tiers          %llu blocks (shots of up to %u frames; %llu cut at "
+        "a scene change), over all cameras:\n",
+        static_cast<unsigned long long>(sum.sealed_blocks()),
+        g.frames_per_block,
+        static_cast<unsigned long long>(sum.policy().shot_cuts()));
+    std::printf(
+        "                 warm     %4llu blocks, %7.2f MiB of RAM: full "
+        "precision, layer-major, 4 KiB-aligned, ready to inject\n",
+        static_cast<unsigned long long>(sum.warm().blocks()),
+        sum.warm().bytes() / 1048576.0);
+    std::printf(
+        "                 cold     %4llu blocks, %7.2f MiB in RocksDB: full "
+        "precision, fetched on demand\n",
+        static_cast<unsigned long long>(sum.cold().blocks()),
+        sum.cold().bytes() / 1048576.0);
+    std::printf(
+        "                 degraded %4llu blocks, %7.2f MiB in RocksDB: int8 "
+        "per channel, flagged when recalled\n",
+        static_cast<unsigned long long>(sum.degraded().blocks()),
+        sum.degraded().bytes() / 1048576.0);
+    std::printf(
+        "                 heat-aware moves: %llu demoted, %llu degraded, %llu "
+        "promoted on recall; prefetch staged %llu, %llu confirmed by a query\n",
+        static_cast<unsigned long long>(sum.policy().demotions()),
+        static_cast<unsigned long long>(sum.policy().degradations()),
+        static_cast<unsigned long long>(sum.policy().promotions()),
+        static_cast<unsigned long long>(sum.policy().staged()),
+        static_cast<unsigned long long>(sum.policy().stage_hits()));
     if (rss) std::printf("  server RSS     %.1f MiB\n", rss / 1048576.0);
     std::printf(
         "  fetch          camera 0's last recall set: %zu blocks, %llu "

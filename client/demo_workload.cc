@@ -30,8 +30,18 @@ v1::StreamConfig DemoStreamConfig(const DemoGeometry& g) {
   c.mutable_geometry()->set_dtype(v1::DTYPE_FP16);
   c.mutable_geometry()->set_max_tokens_per_frame(g.tokens_per_frame);
   c.set_hot_window_tokens(g.hot_window_tokens);
+  c.mutable_block_policy()->set_mode(v1::SEGMENT_MODE_SHOT);
   c.mutable_block_policy()->set_frames_per_block(g.frames_per_block);
   c.mutable_recall_defaults()->set_max_tokens(g.recall_max_tokens);
+  v1::TierPolicy* t = c.mutable_tier_policy();
+  t->set_replacement(v1::REPLACEMENT_POLICY_HEAT);
+  t->set_warm_budget_bytes(g.warm_budget_bytes);
+  t->set_cold_budget_bytes(g.cold_budget_bytes);
+  t->set_prefetch_blocks(g.prefetch_blocks);
+  t->set_stage_budget_bytes(g.stage_budget_bytes);
+  t->set_rebuild_every_blocks(64);
+  c.mutable_recall_policy()->set_scene_weight(0.5f);
+  c.mutable_recall_policy()->set_track_weight(0.5f);
   return c;
 }
 
@@ -39,8 +49,15 @@ CameraWorkload::CameraWorkload(uint64_t seed, const DemoGeometry& g, int places,
                                int frames)
     : g_(g), rng_(seed) {
   const size_t dim = static_cast<size_t>(g.layers) * g.kv_heads * g.head_dim;
-  for (int p = 0; p < places; ++p)
-    places_.push_back(UnitVector(rng_, dim, 1.0f));
+  // Places share a common component (one building, one camera), so telling
+  // them apart takes the smaller place-specific part.
+  const std::vector<float> common = UnitVector(rng_, dim, 1.0f);
+  for (int p = 0; p < places; ++p) {
+    std::vector<float> v = UnitVector(rng_, dim, 0.35f);
+    for (size_t i = 0; i < dim; ++i) v[i] += common[i];
+    places_.push_back(std::move(v));
+    scenes_.push_back(UnitVector(rng_, kDemoSceneDim, 1.0f));
+  }
   // Shots of 6..20 frames; the next place is random, so places recur.
   std::uniform_int_distribution<int> len(6, 20), pick(0, places - 1);
   int shot = 0;
@@ -70,6 +87,18 @@ OutgoingFrame CameraWorkload::MakeFrame(int index) {
   f.header.set_timestamp_us(static_cast<int64_t>(index) * 333333);
   f.header.set_first_token_position(static_cast<uint64_t>(index) * t);
   f.header.set_token_count(t);
+  const int place_id = place_of_frame_[index];
+  v1::FrameSignals* sig = f.header.mutable_signals();
+  std::normal_distribution<float> scene_noise(0.0f, 0.05f);
+  for (float x : scenes_[place_id])
+    sig->add_scene_embedding(x + scene_noise(rng_));
+  v1::Detection* d = sig->add_detections();
+  d->set_track_id(static_cast<uint64_t>(place_id));
+  d->set_x_min(0.2f);
+  d->set_y_min(0.2f);
+  d->set_x_max(0.6f);
+  d->set_y_max(0.7f);
+  d->set_score(0.9f);
   f.payload.resize(static_cast<size_t>(g_.layers) * 2 * slice.size() * 2);
   auto* out = reinterpret_cast<uint8_t*>(f.payload.data());
   for (uint32_t l = 0; l < g_.layers; ++l) {

@@ -42,7 +42,10 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
   KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
   absl::MutexLock lock(&engine->mu_);
   for (const StreamRecord& r : records) {
-    KVMEM_ASSIGN_OR_RETURN(StreamConfig config, DecodeConfig(r.config));
+    KVMEM_ASSIGN_OR_RETURN(StreamConfig stored, DecodeConfig(r.config));
+    // Records written by older versions lack newer fields: their defaults
+    // apply, exactly as for a new stream that leaves them unset.
+    const StreamConfig config = WithDefaults(stored);
     KVMEM_ASSIGN_OR_RETURN(StreamState state, DecodeState(r.state));
     KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
     KVMEM_ASSIGN_OR_RETURN(

@@ -1,5 +1,6 @@
 #include "engine/record_codec.h"
 
+#include "engine/stream_config.h"
 #include "gtest/gtest.h"
 
 namespace kvmem {
@@ -39,6 +40,27 @@ TEST(RecordCodecTest, RoundTrips) {
   ASSERT_TRUE(b2.ok());
   EXPECT_EQ(b2->info.last_frame, 23u);
   EXPECT_EQ(b2->summary, b.summary);
+}
+
+// A config record of version 1 (before tiers, recall policy and shots)
+// still decodes, and with defaults applied it is a valid config.
+TEST(RecordCodecTest, ReadsVersionOneConfigs) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  std::string v1 = EncodeConfig(c);
+  // Version 2 appended 3 x 4 bytes (shots), 4 x 8 + 5 x 4 (tiers) and
+  // 4 x 4 (weights) after the version 1 fields.
+  v1.resize(v1.size() - (12 + 32 + 20 + 16));
+  v1[0] = 1;
+  auto decoded = DecodeConfig(v1);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->segment_mode, SegmentMode::kUnspecified);
+  const StreamConfig filled = WithDefaults(*decoded);
+  EXPECT_TRUE(ValidateStreamConfig(filled).ok())
+      << ValidateStreamConfig(filled);
+  EXPECT_EQ(filled.segment_mode, SegmentMode::kFixed);
+  EXPECT_EQ(filled.tiers.warm_budget_bytes, 0u);
 }
 
 TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {

@@ -442,5 +442,33 @@ TEST(RebuildTest, SwapsWithoutLosingOrDuplicatingBlocks) {
   }
 }
 
+// The engine-wide warm cap holds across streams that have no budget of
+// their own.
+TEST(TiersTest, GlobalWarmBudgetHoldsAcrossStreams) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = TestConfig(g, 8, 2);
+  const uint64_t block = WarmBlock::AllocatedBytes(WithDefaults(c).geometry, 8);
+  EngineOptions options;
+  options.global_warm_budget_bytes = 5 * block;
+  auto e = OpenTestEngine(dir.path(), options);
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(e->OpenStream(id, c).ok());
+  StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(12);
+  for (uint64_t f = 0; f < 40; ++f) {
+    const auto& frame = m.AddFrame(rng, 4);
+    for (const char* id : {"a", "b", "c"}) {
+      ASSERT_TRUE(e->Append(id, ToFrame(frame, f)).ok());
+      uint64_t warm = 0;
+      for (const auto& s : e->ListStreams()) warm += s.warm.bytes;
+      ASSERT_LE(warm, options.global_warm_budget_bytes) << "frame " << f;
+      ASSERT_EQ(warm, e->global_warm_bytes());
+    }
+  }
+  uint64_t cold = 0;
+  for (const auto& s : e->ListStreams()) cold += s.cold.blocks;
+  EXPECT_EQ(cold, 3u * 20 - 5);
+}
+
 }  // namespace
 }  // namespace kvmem
