@@ -32,7 +32,7 @@ class Writer {
  private:
   // Records are read back on the same (little-endian x86/ARM) hosts.
   void Raw(const void* p, size_t n) {
-    out_.append(static_cast<const char*>(p), n);
+    if (n > 0) out_.append(static_cast<const char*>(p), n);
   }
   std::string out_;
 };
@@ -65,6 +65,7 @@ class Reader {
  private:
   bool Raw(void* p, size_t n) {
     if (in_.size() < n) return false;
+    if (n == 0) return true;  // An empty vector's data() may be null.
     std::memcpy(p, in_.data(), n);
     in_.remove_prefix(n);
     return true;

@@ -450,20 +450,33 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
   }
   BlockRecord rec;
   std::shared_ptr<const WarmBlock> warm;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    if (deleted_) return DeletedError();
-    if (block_id >= blocks_.size()) {
-      return absl::NotFoundError(
-          absl::StrCat("block_ids has ", block_id, "; stream \"", id_,
-                       "\" has ", blocks_.size(), " sealed blocks"));
+  // A tier move may replace the block's durable form while we read it (the
+  // layer records of a block being degraded change size, an evicted block's
+  // vanish): read again from its new form then.
+  for (int attempt = 0;; ++attempt) {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (deleted_) return DeletedError();
+      if (block_id >= blocks_.size()) {
+        return absl::NotFoundError(
+            absl::StrCat("block_ids has ", block_id, "; stream \"", id_,
+                         "\" has ", blocks_.size(), " sealed blocks"));
+      }
+      rec = blocks_[block_id].rec;
+      warm = blocks_[block_id].warm;
     }
-    rec = blocks_[block_id].rec;
-    warm = blocks_[block_id].warm;
-  }
-  if (!warm) {
-    KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> loaded, LoadBlock(rec));
-    warm = std::move(loaded);
+    if (warm) break;
+    absl::StatusOr<std::unique_ptr<WarmBlock>> loaded = LoadBlock(rec);
+    if (loaded.ok()) {
+      warm = *std::move(loaded);
+      break;
+    }
+    bool moved;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      moved = blocks_[block_id].rec.disk != rec.disk;
+    }
+    if (!moved || attempt == 2) return loaded.status();
   }
   // Had the stream been deleted (and its id reused) during the read, the
   // bytes could belong to the new stream.
