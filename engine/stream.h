@@ -192,6 +192,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
       const FrameSignals& signals, size_t eligible, uint32_t top_k,
       uint32_t* search_us) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void RecordRecallLatency(uint32_t us);
+  // How many blocks (a prefix, by id) lie entirely before the hot window
+  // that ends at position window_end (exclusive).
+  size_t EligibleBlocks(uint64_t window_end) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string id_;
   const StreamConfig config_;

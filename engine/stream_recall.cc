@@ -93,6 +93,19 @@ std::vector<RecalledBlock> Stream::RankCandidates(
   return ranked;
 }
 
+size_t Stream::EligibleBlocks(uint64_t window_end) const {
+  const uint64_t window_start = window_end > config_.hot_window_tokens
+                                    ? window_end - config_.hot_window_tokens
+                                    : 0;
+  // Blocks are in position order, so the recallable ones are a prefix.
+  return std::partition_point(blocks_.begin(), blocks_.end(),
+                              [&](const BlockEntry& b) {
+                                return b.rec.info.end_token_position <=
+                                       window_start;
+                              }) -
+         blocks_.begin();
+}
+
 absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   const auto t0 = std::chrono::steady_clock::now();
   if (q.query.empty()) {
@@ -139,20 +152,9 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     absl::ReaderMutexLock lock(&mu_);
     if (deleted_) return DeletedError();
     now_frame = state_.last_frame < 0 ? 0 : state_.last_frame;
-    const uint64_t window_end = q.current_token_position == 0
-                                    ? state_.next_token_position
-                                    : q.current_token_position + 1;
-    const uint64_t window_start = window_end > config_.hot_window_tokens
-                                      ? window_end - config_.hot_window_tokens
-                                      : 0;
-    // Blocks are in position order, so the recallable ones are a prefix.
-    const size_t eligible =
-        std::partition_point(blocks_.begin(), blocks_.end(),
-                             [&](const BlockEntry& b) {
-                               return b.rec.info.end_token_position <=
-                                      window_start;
-                             }) -
-        blocks_.begin();
+    const size_t eligible = EligibleBlocks(q.current_token_position == 0
+                                               ? state_.next_token_position
+                                               : q.current_token_position + 1);
     for (size_t i = 0; i < eligible; ++i) {
       result.candidates += blocks_[i].rec.disk != DiskForm::kNone;
     }

@@ -309,17 +309,7 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
   std::vector<uint64_t> picks;
   {
     absl::ReaderMutexLock lock(&mu_);
-    const uint64_t window_end = state_.next_token_position;
-    const uint64_t window_start = window_end > config_.hot_window_tokens
-                                      ? window_end - config_.hot_window_tokens
-                                      : 0;
-    const size_t eligible =
-        std::partition_point(blocks_.begin(), blocks_.end(),
-                             [&](const BlockEntry& b) {
-                               return b.rec.info.end_token_position <=
-                                      window_start;
-                             }) -
-        blocks_.begin();
+    const size_t eligible = EligibleBlocks(state_.next_token_position);
     for (const RecalledBlock& r :
          RankCandidates(*index_.all, pseudo_query.data(), 0, summary_dim_,
                         signals, eligible, 2 * t.prefetch_blocks, nullptr)) {

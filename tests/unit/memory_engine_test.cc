@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/rocks_cold_store.h"
-#include "tests/stream_model.h"
+#include "tests/engine_fixture.h"
 
 namespace kvmem {
 namespace {
@@ -19,32 +19,14 @@ constexpr uint32_t kFpb = 3;
 constexpr uint32_t kWindow = 40;
 
 StreamConfig Config(const testing::TestGeometry& g) {
-  StreamConfig c;
-  c.geometry = {g.layers, g.kv_heads, g.head_dim, g.dtype, 16};
-  c.hot_window_tokens = kWindow;
-  c.frames_per_block = kFpb;
-  c.indexed_layers = {2, 0};
-  return c;
+  return testing::TestConfig(g, kWindow, kFpb);
 }
 
 std::unique_ptr<MemoryEngine> OpenEngine(const std::string& dir) {
-  RocksColdStoreOptions o;
-  o.path = dir + "/db";
-  auto store = OpenRocksColdStore(o);
-  EXPECT_TRUE(store.ok()) << store.status();
-  auto engine = MemoryEngine::Open(*std::move(store));
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return *std::move(engine);
+  return testing::OpenTestEngine(dir);
 }
 
-Frame ToFrame(const testing::ModelFrame& m, uint64_t index) {
-  Frame f;
-  f.index = index;
-  f.first_token_position = m.first_pos;
-  f.token_count = m.kv.tokens;
-  f.payload = m.bytes;
-  return f;
-}
+using testing::ToFrame;
 
 void ExpectMatchesOracle(MemoryEngine& e, const std::string& id,
                          const StreamModel& model, std::mt19937_64& rng,
