@@ -1,6 +1,8 @@
 #include "engine/stream.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "engine/signals.h"
@@ -121,6 +123,8 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
   }
   absl::MutexLock lock(&s->append_mu_);
   KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
+  // Budgets may have shrunk since the blocks were recorded warm.
+  KVMEM_RETURN_IF_ERROR(s->EnforceBudgets());
   return s;
 }
 
@@ -274,7 +278,7 @@ void Stream::InstallBlock(BlockEntry entry) {
 void Stream::AddWarm(int64_t bytes, bool staged) {
   uint64_t& local = staged ? stage_bytes_ : warm_bytes_;
   local += bytes;
-  if (env_.global_warm_bytes != nullptr) {
+  if (env_.global_warm_bytes != nullptr && !staged) {
     env_.global_warm_bytes->fetch_add(static_cast<uint64_t>(bytes),
                                       std::memory_order_relaxed);
   }
@@ -440,7 +444,7 @@ absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
 
 absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
     uint64_t block_id, PayloadLayout layout,
-    const std::vector<uint32_t>& layers) const {
+    const std::vector<uint32_t>& layers, BlockInfo* info) const {
   const Geometry& g = config_.geometry;
   for (uint32_t l : layers) {
     if (l >= g.layers) {
@@ -450,10 +454,12 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
   }
   BlockRecord rec;
   std::shared_ptr<const WarmBlock> warm;
-  // A tier move may replace the block's durable form while we read it (the
-  // layer records of a block being degraded change size, an evicted block's
-  // vanish): read again from its new form then.
+  // A tier move may replace the block's durable form while we read it: the
+  // block's generation is odd during a move and changes with it, so a read
+  // that overlapped one is done again.
+  BlockInfo read_info;
   for (int attempt = 0;; ++attempt) {
+    uint64_t generation;
     {
       absl::ReaderMutexLock lock(&mu_);
       if (deleted_) return DeletedError();
@@ -462,22 +468,34 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
             absl::StrCat("block_ids has ", block_id, "; stream \"", id_,
                          "\" has ", blocks_.size(), " sealed blocks"));
       }
-      rec = blocks_[block_id].rec;
-      warm = blocks_[block_id].warm;
+      const BlockEntry& e = blocks_[block_id];
+      generation = e.generation;
+      rec = e.rec;
+      warm = e.warm;
+      read_info = e.rec.info;
+      read_info.tier = TierOf(e);
     }
-    if (warm) break;
-    absl::StatusOr<std::unique_ptr<WarmBlock>> loaded = LoadBlock(rec);
-    if (loaded.ok()) {
+    absl::StatusOr<std::unique_ptr<WarmBlock>> loaded =
+        absl::UnavailableError("a move of the block is being committed");
+    if (generation % 2 == 0) {
+      if (warm) break;
+      loaded = LoadBlock(rec);
+    }
+    bool unchanged;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      unchanged = blocks_[block_id].generation == generation;
+    }
+    if (loaded.ok() && unchanged) {
       warm = *std::move(loaded);
       break;
     }
-    bool moved;
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      moved = blocks_[block_id].rec.disk != rec.disk;
+    if ((unchanged && generation % 2 == 0) || attempt == 10000) {
+      return loaded.status();
     }
-    if (!moved || attempt == 2) return loaded.status();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+  if (info != nullptr) *info = read_info;
   // Had the stream been deleted (and its id reused) during the read, the
   // bytes could belong to the new stream.
   KVMEM_RETURN_IF_ERROR(NotFoundIfDeleted());

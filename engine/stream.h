@@ -101,9 +101,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   // The payload of a block in the given layout (for BLOCK_LAYER_MAJOR, the
   // given layers; empty means all). Degraded blocks come back dequantised.
+  // *info (optional) receives the block's metadata as of the read.
   absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
       uint64_t block_id, PayloadLayout layout,
-      const std::vector<uint32_t>& layers) const;
+      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
 
   // Applies recall feedback (hits, stage hits, promotions) and the budgets.
   // Runs on the background executor after recalls; callable directly.
@@ -123,6 +124,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
     BlockRecord rec;
     std::shared_ptr<const WarmBlock> warm;  // Set while in RAM.
     bool staged = false;                    // In RAM only because staged.
+    // Odd while a move of its durable form is being committed; bumped before
+    // and after, so readers outside append_mu_ can tell a torn read.
+    uint64_t generation = 0;
   };
   struct Indexes {
     std::unique_ptr<BlockIndex> all;                  // Concatenated layers.
@@ -154,7 +158,11 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // --- tiers (stream_tiers.cc); all REQUIRE append_mu_ ---
   // Moves blocks down until every budget holds, with room for
   // incoming_warm more bytes in the warm tier.
-  absl::Status EnforceBudgets(uint64_t incoming_warm = 0)
+  // `exclude` (a block id, or -1) is never moved.
+  absl::Status EnforceBudgets(uint64_t incoming_warm = 0, int64_t exclude = -1)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // A recall picked staged block `id` (of `bytes` in RAM): make it warm.
+  absl::Status ConfirmStaged(uint64_t id, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   absl::Status Demote(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   absl::Status Degrade(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
@@ -179,6 +187,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   absl::StatusOr<std::unique_ptr<WarmBlock>> LoadBlock(
       const BlockRecord& rec) const;
   absl::Status CommitRecord(const BlockRecord& rec, StreamWrite write);
+  // Marks block id as changing its durable form (generation becomes odd).
+  void BeginMove(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   void ScheduleMaintenance();
   void MaybeScheduleRebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // Warm-tier RAM accounting (stream and engine-wide).

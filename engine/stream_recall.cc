@@ -197,6 +197,10 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   result.plan_us = MicrosSince(t1);
   recalls_.fetch_add(1, std::memory_order_relaxed);
   if (!feedback.empty()) {
+    // Per-layer sets may share blocks: one hit per block and query.
+    std::sort(feedback.begin(), feedback.end());
+    feedback.erase(std::unique(feedback.begin(), feedback.end()),
+                   feedback.end());
     {
       absl::MutexLock lock(&feedback_mu_);
       recalled_.insert(recalled_.end(), feedback.begin(), feedback.end());

@@ -104,13 +104,18 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
       "block ", rec.info.id, " of stream \"", id_, "\" was evicted"));
 }
 
+void Stream::BeginMove(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  blocks_[id].generation += 1;  // Odd: readers retry until the move is over.
+}
+
 absl::Status Stream::CommitRecord(const BlockRecord& rec, StreamWrite write) {
   write.stream_id = id_;
   write.blocks.emplace_back(rec.info.id, EncodeBlock(rec));
   return env_.store->Commit(write);
 }
 
-absl::Status Stream::EnforceBudgets(uint64_t incoming_warm) {
+absl::Status Stream::EnforceBudgets(uint64_t incoming_warm, int64_t exclude) {
   const TierConfig& t = config_.tiers;
   enum class Op { kDemote, kDegrade, kEvict };
   // One move per round, re-measured each time. Room is made below before a
@@ -128,10 +133,16 @@ absl::Status Stream::EnforceBudgets(uint64_t incoming_warm) {
         disk += DiskBytes(e.rec);
         if (TierOf(e) == Tier::kCold) cold += e.rec.info.payload_bytes;
       }
+      // A staged copy or the block being promoted must keep its durable form.
       auto coldest = [&](Tier tier) {
         return PickVictim(
-            [tier](const BlockEntry& e) { return TierOf(e) == tier; }, ctx);
+            [tier, exclude](const BlockEntry& e) {
+              return TierOf(e) == tier && !e.staged &&
+                     static_cast<int64_t>(e.rec.info.id) != exclude;
+            },
+            ctx);
       };
+      // Staged copies have their own per-stream budget and are not counted.
       const bool global_over =
           env_.global_warm_budget > 0 && env_.global_warm_bytes != nullptr &&
           env_.global_warm_bytes->load(std::memory_order_relaxed) +
@@ -153,7 +164,9 @@ absl::Status Stream::EnforceBudgets(uint64_t incoming_warm) {
         victim = PickVictim(
             [](const BlockEntry& e) { return e.warm && !e.staged; }, ctx);
         op = Op::kDemote;
+        // Room in cold first, unless the victim lands in degraded anyway.
         if (victim >= 0 && t.cold_budget_bytes > 0 &&
+            blocks_[victim].rec.disk != DiskForm::kInt8 &&
             cold + blocks_[victim].rec.info.payload_bytes >
                 t.cold_budget_bytes) {
           const int64_t room = coldest(Tier::kCold);
@@ -199,8 +212,11 @@ absl::Status Stream::Demote(uint64_t id) {
     rec.disk = DiskForm::kFull;
   }
   rec.info.tier = rec.disk == DiskForm::kInt8 ? Tier::kDegraded : Tier::kCold;
-  KVMEM_RETURN_IF_ERROR(CommitRecord(rec, std::move(write)));
+  BeginMove(id);
+  const absl::Status committed = CommitRecord(rec, std::move(write));
   absl::MutexLock lock(&mu_);
+  blocks_[id].generation += 1;  // Even again: the move is over.
+  if (!committed.ok()) return committed;
   BlockEntry& e = blocks_[id];
   AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), false);
   e.warm.reset();
@@ -229,8 +245,11 @@ absl::Status Stream::Degrade(uint64_t id) {
   rec.disk = DiskForm::kInt8;
   rec.info.degraded = true;
   rec.info.tier = Tier::kDegraded;
-  KVMEM_RETURN_IF_ERROR(CommitRecord(rec, std::move(write)));
+  BeginMove(id);
+  const absl::Status committed = CommitRecord(rec, std::move(write));
   absl::MutexLock lock(&mu_);
+  blocks_[id].generation += 1;  // Even again: the move is over.
+  if (!committed.ok()) return committed;
   blocks_[id].rec = std::move(rec);
   counters_.degradations += 1;
   return absl::OkStatus();
@@ -250,8 +269,11 @@ absl::Status Stream::Evict(uint64_t id) {
   rec.disk = DiskForm::kNone;
   rec.info.tier = Tier::kEvicted;
   rec.summary.clear();  // The catalogue card goes too.
-  KVMEM_RETURN_IF_ERROR(CommitRecord(rec, std::move(write)));
+  BeginMove(id);
+  const absl::Status committed = CommitRecord(rec, std::move(write));
   absl::MutexLock lock(&mu_);
+  blocks_[id].generation += 1;  // Even again: the move is over.
+  if (!committed.ok()) return committed;
   blocks_[id].rec = std::move(rec);
   index_.all->Remove(id);
   for (auto& layer : index_.layers) layer->Remove(id);
@@ -260,16 +282,29 @@ absl::Status Stream::Evict(uint64_t id) {
 }
 
 absl::Status Stream::Promote(uint64_t id, bool staged) {
+  const TierConfig& t = config_.tiers;
+  uint64_t bytes;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (blocks_[id].warm || blocks_[id].rec.disk == DiskForm::kNone) {
+      return absl::OkStatus();
+    }
+    bytes = WarmBlock::AllocatedBytes(config_.geometry,
+                                      blocks_[id].rec.info.token_count);
+  }
+  if (!staged) {
+    // Room first, so the warm tier never holds more than its budget; the
+    // block itself is not a candidate for the moves that make it.
+    KVMEM_RETURN_IF_ERROR(EnforceBudgets(bytes, static_cast<int64_t>(id)));
+    absl::ReaderMutexLock lock(&mu_);
+    if (t.warm_budget_bytes > 0 && warm_bytes_ + bytes > t.warm_budget_bytes) {
+      return absl::OkStatus();  // Larger than the whole budget: stays put.
+    }
+  }
   BlockRecord rec;
   {
     absl::ReaderMutexLock lock(&mu_);
-    rec = blocks_[id].rec;
-    if (blocks_[id].warm) return absl::OkStatus();
-  }
-  if (!staged) {
-    // Room first, so the warm tier never holds more than its budget.
-    KVMEM_RETURN_IF_ERROR(EnforceBudgets(
-        WarmBlock::AllocatedBytes(config_.geometry, rec.info.token_count)));
+    rec = blocks_[id].rec;  // Read after the moves above.
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm, LoadBlock(rec));
   if (!staged) {
@@ -352,6 +387,7 @@ absl::Status Stream::DrainFeedback() {
     feedback.swap(recalled_);
     maintenance_scheduled_ = false;
   }
+  absl::Status first_error;
   for (const auto& [id, frame] : feedback) {
     bool promote = false;
     uint64_t staged_bytes = 0;
@@ -369,22 +405,40 @@ absl::Status Stream::DrainFeedback() {
         promote = true;
       }
     }
-    if (promote) KVMEM_RETURN_IF_ERROR(Promote(id, /*staged=*/false));
-    if (staged_bytes == 0) continue;
-    // Confirmed by a query: the staged block becomes an ordinary warm one,
-    // once the warm tier has room for it.
-    KVMEM_RETURN_IF_ERROR(EnforceBudgets(staged_bytes));
-    absl::MutexLock lock(&mu_);
-    BlockEntry& e = blocks_[id];
-    if (!e.staged) continue;
-    AddWarm(-static_cast<int64_t>(staged_bytes), true);
-    AddWarm(staged_bytes, false);
-    e.staged = false;
-    counters_.stage_hits += 1;
-    staged_order_.erase(
-        std::remove(staged_order_.begin(), staged_order_.end(), id),
-        staged_order_.end());
+    absl::Status s = promote ? Promote(id, /*staged=*/false)
+                             : ConfirmStaged(id, staged_bytes);
+    if (!s.ok() && first_error.ok()) first_error = s;  // Go on with the rest.
   }
+  return first_error;
+}
+
+absl::Status Stream::ConfirmStaged(uint64_t id, uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  // Confirmed by a query: the staged block becomes an ordinary warm one once
+  // the warm tier has room for it (else it stays staged).
+  KVMEM_RETURN_IF_ERROR(EnforceBudgets(bytes, static_cast<int64_t>(id)));
+  BlockRecord rec;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    const TierConfig& t = config_.tiers;
+    if (!blocks_[id].staged || (t.warm_budget_bytes > 0 &&
+                                warm_bytes_ + bytes > t.warm_budget_bytes)) {
+      return absl::OkStatus();
+    }
+    rec = blocks_[id].rec;
+  }
+  rec.info.tier = Tier::kWarm;
+  KVMEM_RETURN_IF_ERROR(CommitRecord(rec, StreamWrite()));
+  absl::MutexLock lock(&mu_);
+  BlockEntry& e = blocks_[id];
+  AddWarm(-static_cast<int64_t>(bytes), true);
+  AddWarm(bytes, false);
+  e.staged = false;
+  e.rec = std::move(rec);
+  counters_.stage_hits += 1;
+  staged_order_.erase(
+      std::remove(staged_order_.begin(), staged_order_.end(), id),
+      staged_order_.end());
   return absl::OkStatus();
 }
 

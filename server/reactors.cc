@@ -156,14 +156,17 @@ class FetchBlocksReactor final
         Finish(grpc::Status::OK);
         return;
       }
+      // The header carries the block as read (a tier move may have changed
+      // it since the request was checked).
       absl::StatusOr<std::vector<PayloadPiece>> pieces =
-          stream_->ReadBlockPayload(blocks_[block_].id, layout_, layers_);
+          stream_->ReadBlockPayload(blocks_[block_].id, layout_, layers_,
+                                    &current_);
       if (!pieces.ok()) {
         Finish(ToGrpcStatus(pieces.status()));
         return;
       }
       pieces_ = *std::move(pieces);
-      current_ = blocks_[block_++];
+      ++block_;
       piece_ = 0;
       piece_pos_ = 0;
       block_offset_ = 0;

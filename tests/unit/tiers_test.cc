@@ -470,5 +470,62 @@ TEST(TiersTest, GlobalWarmBudgetHoldsAcrossStreams) {
   EXPECT_EQ(cold, 3u * 20 - 5);
 }
 
+// Fetches racing tier moves: every read is exact for full-precision blocks,
+// within the bound for degraded ones, and never fails but for eviction.
+TEST(TiersTest, ReadsRacingTierMovesStayConsistent) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = TestConfig(g, 8, 2);
+  const Geometry geo = WithDefaults(c).geometry;
+  const uint64_t block_bytes = FramePayloadBytes(geo, 8);
+  c.tiers.warm_budget_bytes = 2 * WarmBlock::AllocatedBytes(geo, 8);
+  c.tiers.cold_budget_bytes = 3 * block_bytes;
+  c.tiers.storage_cap_bytes = 20 * block_bytes;
+  auto e = OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  auto stream = *e->Find("s");
+  StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(13);
+  for (uint64_t f = 0; f < 400; ++f) m.AddFrame(rng, 4);
+  std::atomic<uint64_t> sealed{0};
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0}, failures{0};
+  std::thread reader([&] {
+    std::mt19937_64 r2(14);
+    while (!done) {
+      const uint64_t n = sealed.load();
+      if (n == 0) continue;
+      const uint64_t b = r2() % n;
+      BlockInfo info;
+      auto pieces =
+          stream->ReadBlockPayload(b, PayloadLayout::kFrameMajor, {}, &info);
+      if (!pieces.ok()) {
+        if (!absl::IsNotFound(pieces.status())) ++failures;
+        continue;
+      }
+      std::string got;
+      for (const auto& p : *pieces) got += p.bytes;
+      const std::string want = m.BlockBytes(b);
+      if (got.size() != want.size()) {
+        ++failures;
+      } else if (!info.degraded && got != want) {
+        ++failures;
+      }
+      ++reads;
+    }
+  });
+  for (uint64_t f = 0; f < 400; ++f) {
+    ASSERT_TRUE(e->Append("s", ToFrame(m.frames()[f], f)).ok());
+    sealed = (f + 1) / 2;
+  }
+  done = true;
+  reader.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(reads.load(), 100);
+  const StreamStats st = stream->Stats();
+  EXPECT_GT(st.policy.degradations, 0u);
+  EXPECT_GT(st.policy.evictions, 0u);
+}
+
 }  // namespace
 }  // namespace kvmem
