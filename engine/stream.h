@@ -187,8 +187,12 @@ class Stream : public std::enable_shared_from_this<Stream> {
   absl::StatusOr<std::unique_ptr<WarmBlock>> LoadBlock(
       const BlockRecord& rec) const;
   absl::Status CommitRecord(const BlockRecord& rec, StreamWrite write);
-  // Marks block id as changing its durable form (generation becomes odd).
-  void BeginMove(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Commits a change of block id's durable form (its new record and the
+  // storage changes in `write`) with the block's generation odd meanwhile;
+  // on success installs rec and runs apply on the entry under mu_.
+  absl::Status CommitMove(uint64_t id, BlockRecord rec, StreamWrite write,
+                          const std::function<void(BlockEntry&)>& apply)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   void ScheduleMaintenance();
   void MaybeScheduleRebuild() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // Warm-tier RAM accounting (stream and engine-wide).

@@ -104,9 +104,20 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
       "block ", rec.info.id, " of stream \"", id_, "\" was evicted"));
 }
 
-void Stream::BeginMove(uint64_t id) {
+absl::Status Stream::CommitMove(uint64_t id, BlockRecord rec, StreamWrite write,
+                                const std::function<void(BlockEntry&)>& apply) {
+  {
+    absl::MutexLock lock(&mu_);
+    blocks_[id].generation += 1;  // Odd: readers retry until the move is over.
+  }
+  const absl::Status committed = CommitRecord(rec, std::move(write));
   absl::MutexLock lock(&mu_);
-  blocks_[id].generation += 1;  // Odd: readers retry until the move is over.
+  BlockEntry& e = blocks_[id];
+  e.generation += 1;  // Even again.
+  if (!committed.ok()) return committed;
+  e.rec = std::move(rec);
+  apply(e);
+  return absl::OkStatus();
 }
 
 absl::Status Stream::CommitRecord(const BlockRecord& rec, StreamWrite write) {
@@ -212,17 +223,12 @@ absl::Status Stream::Demote(uint64_t id) {
     rec.disk = DiskForm::kFull;
   }
   rec.info.tier = rec.disk == DiskForm::kInt8 ? Tier::kDegraded : Tier::kCold;
-  BeginMove(id);
-  const absl::Status committed = CommitRecord(rec, std::move(write));
-  absl::MutexLock lock(&mu_);
-  blocks_[id].generation += 1;  // Even again: the move is over.
-  if (!committed.ok()) return committed;
-  BlockEntry& e = blocks_[id];
-  AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), false);
-  e.warm.reset();
-  e.rec = std::move(rec);
-  counters_.demotions += 1;
-  return absl::OkStatus();
+  return CommitMove(
+      id, std::move(rec), std::move(write), [this](BlockEntry& e) {
+        AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), false);
+        e.warm.reset();
+        counters_.demotions += 1;
+      });
 }
 
 absl::Status Stream::Degrade(uint64_t id) {
@@ -245,14 +251,8 @@ absl::Status Stream::Degrade(uint64_t id) {
   rec.disk = DiskForm::kInt8;
   rec.info.degraded = true;
   rec.info.tier = Tier::kDegraded;
-  BeginMove(id);
-  const absl::Status committed = CommitRecord(rec, std::move(write));
-  absl::MutexLock lock(&mu_);
-  blocks_[id].generation += 1;  // Even again: the move is over.
-  if (!committed.ok()) return committed;
-  blocks_[id].rec = std::move(rec);
-  counters_.degradations += 1;
-  return absl::OkStatus();
+  return CommitMove(id, std::move(rec), std::move(write),
+                    [this](BlockEntry&) { counters_.degradations += 1; });
 }
 
 absl::Status Stream::Evict(uint64_t id) {
@@ -269,16 +269,12 @@ absl::Status Stream::Evict(uint64_t id) {
   rec.disk = DiskForm::kNone;
   rec.info.tier = Tier::kEvicted;
   rec.summary.clear();  // The catalogue card goes too.
-  BeginMove(id);
-  const absl::Status committed = CommitRecord(rec, std::move(write));
-  absl::MutexLock lock(&mu_);
-  blocks_[id].generation += 1;  // Even again: the move is over.
-  if (!committed.ok()) return committed;
-  blocks_[id].rec = std::move(rec);
-  index_.all->Remove(id);
-  for (auto& layer : index_.layers) layer->Remove(id);
-  counters_.evictions += 1;
-  return absl::OkStatus();
+  return CommitMove(id, std::move(rec), std::move(write),
+                    [this, id](BlockEntry&) {
+                      index_.all->Remove(id);
+                      for (auto& layer : index_.layers) layer->Remove(id);
+                      counters_.evictions += 1;
+                    });
 }
 
 absl::Status Stream::Promote(uint64_t id, bool staged) {

@@ -10,9 +10,9 @@
 
 #include <cstdint>
 
+#include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.grpc.pb.h"
-#include "engine/executor.h"
 
 namespace kvmem {
 

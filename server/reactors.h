@@ -8,9 +8,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.pb.h"
-#include "engine/executor.h"
 
 namespace kvmem {
 
