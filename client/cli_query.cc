@@ -6,6 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
 #include "client/kvmem_client.h"
@@ -18,6 +19,7 @@ ABSL_FLAG(int64_t, query_seed, -1,
           "from this seed instead of --query.");
 ABSL_FLAG(uint32_t, top_k, 0, "recall: candidate blocks (0: stream default).");
 ABSL_FLAG(uint32_t, max_tokens, 0, "recall: token budget (0: stream default).");
+ABSL_FLAG(bool, per_layer, false, "recall: one recall set per indexed layer.");
 
 namespace kvmem {
 namespace {
@@ -42,8 +44,7 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       "  frames          %llu (last durable %lld), %llu tokens, next position "
       "%llu\n"
       "  blocks          %llu sealed, %u frames in the open block\n"
-      "  memory          %.2f MiB KV stored (cold %.2f MiB, warm %.2f MiB), "
-      "%.1f KiB summaries in RAM\n"
+      "  memory          %.2f MiB KV appended, %.1f KiB summaries in RAM\n"
       "  recalls         %llu, %llu blocks, %llu tokens recalled\n",
       s.stream_id().c_str(), s.closed() ? " (closed)" : "", g.layers(),
       g.kv_heads(), g.head_dim(), v1::DType_Name(g.dtype()).c_str(),
@@ -54,11 +55,48 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       static_cast<unsigned long long>(s.tokens()),
       static_cast<unsigned long long>(s.next_token_position()),
       static_cast<unsigned long long>(s.sealed_blocks()), s.open_block_frames(),
-      s.payload_bytes() / 1048576.0, s.cold_bytes() / 1048576.0,
-      s.warm_bytes() / 1048576.0, s.summary_bytes() / 1024.0,
+      s.payload_bytes() / 1048576.0, s.summary_bytes() / 1024.0,
       static_cast<unsigned long long>(s.recalls()),
       static_cast<unsigned long long>(s.recalled_blocks()),
       static_cast<unsigned long long>(s.recalled_tokens()));
+  const std::pair<const char*, const v1::TierStats*> tiers[] = {
+      {"warm (RAM)", &s.warm()},
+      {"cold (disk, full precision)", &s.cold()},
+      {"degraded (disk, int8)", &s.degraded()},
+      {"evicted", &s.evicted()}};
+  for (const auto& [name, t] : tiers) {
+    std::printf("  %-28s %6llu blocks, %9.2f MiB\n", name,
+                static_cast<unsigned long long>(t->blocks()),
+                t->bytes() / 1048576.0);
+  }
+  const v1::PolicyStats& p = s.policy();
+  std::printf(
+      "  policy          %s: %llu demoted, %llu degraded, %llu evicted, %llu "
+      "promoted; %llu staged, %llu stage hits; %llu rebuilds; recall p50 %u "
+      "us, p99 %u us\n",
+      v1::ReplacementPolicy_Name(s.config().tier_policy().replacement())
+          .c_str(),
+      static_cast<unsigned long long>(p.demotions()),
+      static_cast<unsigned long long>(p.degradations()),
+      static_cast<unsigned long long>(p.evictions()),
+      static_cast<unsigned long long>(p.promotions()),
+      static_cast<unsigned long long>(p.staged()),
+      static_cast<unsigned long long>(p.stage_hits()),
+      static_cast<unsigned long long>(p.rebuilds()), p.recall_us_p50(),
+      p.recall_us_p99());
+}
+
+void PrintBlock(const v1::RecalledBlock& b) {
+  std::printf(
+      "  block %6llu  frames %llu-%llu  positions [%llu, %llu)  %u tokens  "
+      "score %.4f  priority %.4f  gate %.3f  %s%s%s\n",
+      static_cast<unsigned long long>(b.block_id()),
+      static_cast<unsigned long long>(b.first_frame()),
+      static_cast<unsigned long long>(b.last_frame()),
+      static_cast<unsigned long long>(b.first_token_position()),
+      static_cast<unsigned long long>(b.end_token_position()), b.token_count(),
+      b.score(), b.priority(), b.gate_weight(), v1::Tier_Name(b.tier()).c_str(),
+      b.degraded() ? " degraded" : "", b.was_staged() ? " staged" : "");
 }
 
 }  // namespace
@@ -94,6 +132,7 @@ int RunRecall(const std::vector<std::string>&) {
   req.set_stream_id(id);
   req.mutable_budget()->set_top_k(absl::GetFlag(FLAGS_top_k));
   req.mutable_budget()->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
+  req.set_per_layer(absl::GetFlag(FLAGS_per_layer));
   const int64_t seed = absl::GetFlag(FLAGS_query_seed);
   if (seed >= 0) {
     v1::StreamStats stats;
@@ -124,20 +163,21 @@ int RunRecall(const std::vector<std::string>&) {
     return 0;
   }
   std::printf(
-      "recall on %s: %d blocks, %u of %u budget tokens, top_k %u, %u "
-      "candidates outside the hot window, %u us in the engine\n",
-      id.c_str(), resp.blocks_size(), resp.total_tokens(), resp.budget_tokens(),
-      resp.top_k(), resp.candidates(), resp.timing().total_us());
-  for (const auto& b : resp.blocks()) {
-    std::printf(
-        "  block %6llu  frames %llu-%llu  positions [%llu, %llu)  "
-        "%u tokens  score %.4f  gate %.3f\n",
-        static_cast<unsigned long long>(b.block_id()),
-        static_cast<unsigned long long>(b.first_frame()),
-        static_cast<unsigned long long>(b.last_frame()),
-        static_cast<unsigned long long>(b.first_token_position()),
-        static_cast<unsigned long long>(b.end_token_position()),
-        b.token_count(), b.score(), b.gate_weight());
+      "recall on %s: %s, budget %u tokens, top_k %u, %u candidates outside "
+      "the hot window, %u us in the engine\n",
+      id.c_str(),
+      resp.layer_sets_size() > 0
+          ? absl::StrCat(resp.layer_sets_size(), " layer sets").c_str()
+          : absl::StrCat(resp.blocks_size(), " blocks, ", resp.total_tokens(),
+                         " tokens")
+                .c_str(),
+      resp.budget_tokens(), resp.top_k(), resp.candidates(),
+      resp.timing().total_us());
+  for (const auto& b : resp.blocks()) PrintBlock(b);
+  for (const auto& set : resp.layer_sets()) {
+    std::printf(" layer %u: %d blocks, %u tokens\n", set.layer(),
+                set.blocks_size(), set.total_tokens());
+    for (const auto& b : set.blocks()) PrintBlock(b);
   }
   return 0;
 }
