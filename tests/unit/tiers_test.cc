@@ -175,8 +175,12 @@ TEST(TiersTest, DemoteDegradeEvictFetchAndRecover) {
       for (const auto& b : r->blocks) {
         EXPECT_NE(b.block.tier, Tier::kEvicted);
         // A promoted degraded block is warm but still an approximation.
-        if (b.block.tier == Tier::kDegraded) EXPECT_TRUE(b.block.degraded);
-        if (b.block.tier == Tier::kCold) EXPECT_FALSE(b.block.degraded);
+        if (b.block.tier == Tier::kDegraded) {
+          EXPECT_TRUE(b.block.degraded);
+        }
+        if (b.block.tier == Tier::kCold) {
+          EXPECT_FALSE(b.block.degraded);
+        }
         degraded_seen += b.block.degraded;
       }
       queries.push_back(q.query);
