@@ -91,14 +91,17 @@ std::string WarmBlock::LayerRecord(uint32_t layer) const {
   return out;
 }
 
-std::string WarmBlock::ToFrameMajor(
+std::vector<std::string> WarmBlock::ToFrames(
     const std::vector<uint32_t>& frame_tokens) const {
   const Geometry& g = geometry_;
   const size_t row = static_cast<size_t>(g.head_dim) * DTypeBytes(g.dtype);
-  std::string out(2 * g.layers * slice_bytes_, '\0');
-  char* dst = out.data();
+  std::vector<std::string> frames;
+  frames.reserve(frame_tokens.size());
   size_t token_offset = 0;
   for (uint32_t t : frame_tokens) {
+    std::string& out = frames.emplace_back(
+        static_cast<size_t>(2) * g.layers * g.kv_heads * t * row, '\0');
+    char* dst = out.data();
     for (uint32_t l = 0; l < g.layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         const uint8_t* src = data_ + LayerOffset(l) + kv * padded_slice_;
@@ -113,7 +116,7 @@ std::string WarmBlock::ToFrameMajor(
     }
     token_offset += t;
   }
-  return out;
+  return frames;
 }
 
 }  // namespace kvmem

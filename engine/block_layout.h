@@ -51,8 +51,9 @@ class WarmBlock {
 
   // K then V of a layer, unpadded: the on-disk and wire form of one layer.
   std::string LayerRecord(uint32_t layer) const;
-  // The block as its frames, concatenated as appended.
-  std::string ToFrameMajor(const std::vector<uint32_t>& frame_tokens) const;
+  // The block as its frames, each exactly as appended.
+  std::vector<std::string> ToFrames(
+      const std::vector<uint32_t>& frame_tokens) const;
 
   size_t allocated_bytes() const { return layer_stride_ * geometry_.layers; }
   uint32_t tokens() const { return tokens_; }

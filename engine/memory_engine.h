@@ -61,7 +61,6 @@ class MemoryEngine {
   absl::StatusOr<std::shared_ptr<Stream>> Find(const std::string& id) const;
 
   size_t stream_count() const;
-  ColdStore* store() { return store_.get(); }
   uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
 
   // Waits until background work queued so far (tier moves after recalls,

@@ -158,6 +158,12 @@ absl::Status Stream::DeletedError() const {
   return absl::NotFoundError(absl::StrCat("stream \"", id_, "\" not found"));
 }
 
+absl::Status Stream::UnknownBlockError(uint64_t block_id) const {
+  return absl::NotFoundError(absl::StrCat("block_ids has ", block_id,
+                                          "; stream \"", id_, "\" has ",
+                                          blocks_.size(), " sealed blocks"));
+}
+
 absl::Status Stream::NotFoundIfDeleted() const {
   absl::ReaderMutexLock lock(&mu_);
   return deleted_ ? DeletedError() : absl::OkStatus();
@@ -427,11 +433,7 @@ absl::Status Stream::Reopen() {
 absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
   absl::ReaderMutexLock lock(&mu_);
   if (deleted_) return DeletedError();
-  if (block_id >= blocks_.size()) {
-    return absl::NotFoundError(absl::StrCat("block_ids has ", block_id,
-                                            "; stream \"", id_, "\" has ",
-                                            blocks_.size(), " sealed blocks"));
-  }
+  if (block_id >= blocks_.size()) return UnknownBlockError(block_id);
   const BlockEntry& e = blocks_[block_id];
   if (e.rec.disk == DiskForm::kNone && !e.warm) {
     return absl::NotFoundError(absl::StrCat("block ", block_id, " of stream \"",
@@ -463,11 +465,7 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
     {
       absl::ReaderMutexLock lock(&mu_);
       if (deleted_) return DeletedError();
-      if (block_id >= blocks_.size()) {
-        return absl::NotFoundError(
-            absl::StrCat("block_ids has ", block_id, "; stream \"", id_,
-                         "\" has ", blocks_.size(), " sealed blocks"));
-      }
+      if (block_id >= blocks_.size()) return UnknownBlockError(block_id);
       const BlockEntry& e = blocks_[block_id];
       generation = e.generation;
       rec = e.rec;
@@ -501,13 +499,9 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
   KVMEM_RETURN_IF_ERROR(NotFoundIfDeleted());
   std::vector<PayloadPiece> pieces;
   if (layout == PayloadLayout::kFrameMajor) {
-    const std::string all = warm->ToFrameMajor(rec.frame_tokens);
-    const uint64_t per_token = FramePayloadBytes(g, 1);
-    size_t offset = 0;
     uint64_t f = rec.info.first_frame;
-    for (uint32_t t : rec.frame_tokens) {
-      pieces.push_back({f++, 0, all.substr(offset, t * per_token)});
-      offset += t * per_token;
+    for (std::string& bytes : warm->ToFrames(rec.frame_tokens)) {
+      pieces.push_back({f++, 0, std::move(bytes)});
     }
     return pieces;
   }

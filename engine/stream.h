@@ -137,6 +137,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
          const StreamEnv& env, const StreamState& state);
 
   absl::Status DeletedError() const;
+  absl::Status UnknownBlockError(uint64_t block_id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status NotFoundIfDeleted() const;
   absl::Status ValidateFrame(const Frame& frame,
                              const StreamState& state) const;

@@ -52,13 +52,11 @@ TEST(BlockLayoutTest, LayerMajorAlignedAndRoundTrips) {
   }
   EXPECT_EQ(block->allocated_bytes(), WarmBlock::AllocatedBytes(g, 11));
   // Back to frames, and through per-layer records, byte for byte.
-  std::string all;
-  for (const auto& b : bytes) all += b;
-  EXPECT_EQ(block->ToFrameMajor(tokens), all);
+  EXPECT_EQ(block->ToFrames(tokens), bytes);
   std::vector<std::string> layers;
   for (uint32_t l = 0; l < g.layers; ++l)
     layers.push_back(block->LayerRecord(l));
-  EXPECT_EQ(WarmBlock::FromLayers(g, 11, layers)->ToFrameMajor(tokens), all);
+  EXPECT_EQ(WarmBlock::FromLayers(g, 11, layers)->ToFrames(tokens), bytes);
 }
 
 TEST(QuantizeTest, Int8PerChannelWithinBound) {
