@@ -18,6 +18,7 @@ namespace kvmem {
 int RunDemo(const std::vector<std::string>& args);
 int RunRecall(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
+int RunEval(const std::vector<std::string>& args);
 
 // Prints "kvmem: <what>: <CODE>: <message>" to stderr; returns 1.
 int ReportError(const std::string& what, const grpc::Status& status);

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "command-line client of kvmem-server.\nUsage: kvmem <demo|recall|stats> "
+      "command-line client of kvmem-server.\nUsage: kvmem <demo|recall|stats|eval> "
       "[flags]\n"
       "  demo    stream a synthetic multi-camera workload through "
       "kvmem-server\n"
@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
       "  recall  --stream=ID [--query=f,f,...|--query_seed=N] [--top_k=K]\n"
       "          [--max_tokens=T]: one recall against a stream\n"
       "  stats   [--stream=ID]: statistics of one or every stream\n"
+      "  eval    [--out=DIR] [--via=inproc|grpc]: every policy against an\n"
+      "          exact-attention oracle on a synthetic video workload\n"
       "Common flags: --addr, --json. Run `kvmem --helpfull` for all flags.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() < 2) {
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
   if (cmd == "demo") return kvmem::RunDemo(args);
   if (cmd == "recall") return kvmem::RunRecall(args);
   if (cmd == "stats") return kvmem::RunStats(args);
+  if (cmd == "eval") return kvmem::RunEval(args);
   std::fprintf(stderr, "kvmem: unknown subcommand \"%s\"\n%s\n", cmd.c_str(),
                absl::ProgramUsageMessage().data());
   return 2;

@@ -13,6 +13,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
+  gnuplot-nox
 )
 
 missing=()

@@ -1,0 +1,207 @@
+// kvmem eval: the evaluation harness (see client/eval.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/cli.h"
+#include "client/eval.h"
+#include "client/server_process.h"
+
+// Knobs only eval has. Flags shared with demo (--cameras, --frames, --seed,
+// --layers, --kv_heads, --head_dim, --tokens_per_frame, --hot_window_tokens,
+// --frames_per_block, --warm_budget_bytes, --data_dir, --top_k, --places) keep eval's
+// own defaults unless given on the command line.
+ABSL_FLAG(std::string, out, "", "eval: output directory (CSV, PNG, report.md).");
+ABSL_FLAG(std::string, via, "inproc",
+          "eval: where kvmem runs: inproc (engine linked in, RocksDB in a "
+          "temp dir or --data_dir) or grpc (a kvmem-server: --addr, or one "
+          "started on a unix socket).");
+ABSL_FLAG(std::string, recall_fractions, "0.1,0.2,0.3,0.5",
+          "eval: recall budgets R swept, as fractions of the window W.");
+ABSL_FLAG(double, recall_fraction, 0.3,
+          "eval: R/W of the configuration the summary reports (the "
+          "article's 10-30 %).");
+ABSL_FLAG(std::string, sweep_windows, "",
+          "eval: extra windows W (tokens, comma-separated) swept at "
+          "--recall_fraction.");
+ABSL_FLAG(double, fps, 3, "eval: frames per second of the video.");
+ABSL_FLAG(uint32_t, sink_tokens, 4, "eval: attention-sink tokens at start.");
+ABSL_FLAG(uint32_t, places_per_camera, 5, "eval: places each camera sees.");
+ABSL_FLAG(uint32_t, objects, 24, "eval: objects with identities.");
+ABSL_FLAG(uint32_t, object_tokens, 4, "eval: tokens an object covers.");
+ABSL_FLAG(double, gap_max_s, 240, "eval: longest absence of an object (s).");
+ABSL_FLAG(double, visit_max_s, 25, "eval: longest visit of an object (s).");
+ABSL_FLAG(double, shot_max_s, 25, "eval: longest shot (s).");
+ABSL_FLAG(double, rope_base, 1e6, "eval: RoPE base (Qwen2-VL: 1e6).");
+ABSL_FLAG(double, low_freq_bias, 2.0,
+          "eval: how much more key energy low RoPE frequencies carry.");
+ABSL_FLAG(double, query_scale, 24,
+          "eval: logit of a query against its own token's key.");
+ABSL_FLAG(uint32_t, query_every, 1, "eval: frames between frame queries.");
+ABSL_FLAG(double, track_weight, 0, "eval: kvmem recall_policy.track_weight.");
+ABSL_FLAG(double, scene_weight, 0, "eval: kvmem recall_policy.scene_weight.");
+ABSL_FLAG(double, iou_weight, 0, "eval: kvmem recall_policy.iou_weight.");
+ABSL_FLAG(uint32_t, rebuild_every_blocks, 32,
+          "eval: kvmem tier_policy.rebuild_every_blocks.");
+ABSL_FLAG(bool, fixed_blocks, false,
+          "eval: kvmem segments fixed blocks instead of following shots.");
+
+ABSL_DECLARE_FLAG(int, cameras);
+ABSL_DECLARE_FLAG(int, frames);
+ABSL_DECLARE_FLAG(int, places);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(uint32_t, layers);
+ABSL_DECLARE_FLAG(uint32_t, kv_heads);
+ABSL_DECLARE_FLAG(uint32_t, head_dim);
+ABSL_DECLARE_FLAG(uint32_t, tokens_per_frame);
+ABSL_DECLARE_FLAG(uint32_t, hot_window_tokens);
+ABSL_DECLARE_FLAG(uint32_t, frames_per_block);
+ABSL_DECLARE_FLAG(uint64_t, warm_budget_bytes);
+ABSL_DECLARE_FLAG(std::string, data_dir);
+ABSL_DECLARE_FLAG(uint32_t, top_k);
+
+namespace kvmem {
+namespace {
+
+// The flag's value when set to something other than its (demo) default,
+// else eval's `fallback`.
+template <typename T>
+T Given(const absl::Flag<T>& flag, const char* name, T fallback) {
+  const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+  return f != nullptr && f->CurrentValue() != f->DefaultValue()
+             ? absl::GetFlag(flag)
+             : fallback;
+}
+
+bool ParseList(const std::string& text, std::vector<double>* out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    double v;
+    if (!absl::SimpleAtod(part, &v)) return false;
+    out->push_back(v);
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunEval(const std::vector<std::string>&) {
+  EvalOptions o;
+  VideoWorkloadOptions& w = o.workload;
+  w.cameras = static_cast<uint32_t>(
+      std::max(0, Given(FLAGS_cameras, "cameras", static_cast<int>(w.cameras))));
+  w.frames = static_cast<uint32_t>(
+      std::max(0, Given(FLAGS_frames, "frames", static_cast<int>(w.frames))));
+  w.seed = Given(FLAGS_seed, "seed", w.seed);
+  w.layers = Given(FLAGS_layers, "layers", w.layers);
+  w.kv_heads = Given(FLAGS_kv_heads, "kv_heads", w.kv_heads);
+  w.head_dim = Given(FLAGS_head_dim, "head_dim", w.head_dim);
+  w.latent_dim = w.head_dim;
+  w.tokens_per_frame =
+      Given(FLAGS_tokens_per_frame, "tokens_per_frame", w.tokens_per_frame);
+  w.fps = absl::GetFlag(FLAGS_fps);
+  w.sink_tokens = absl::GetFlag(FLAGS_sink_tokens);
+  w.places = static_cast<uint32_t>(
+      std::max(0, Given(FLAGS_places, "places", static_cast<int>(w.places))));
+  w.places_per_camera = absl::GetFlag(FLAGS_places_per_camera);
+  w.objects = absl::GetFlag(FLAGS_objects);
+  w.object_tokens = absl::GetFlag(FLAGS_object_tokens);
+  w.gap_max_s = absl::GetFlag(FLAGS_gap_max_s);
+  w.visit_max_s = absl::GetFlag(FLAGS_visit_max_s);
+  w.shot_max_s = absl::GetFlag(FLAGS_shot_max_s);
+  w.rope_base = absl::GetFlag(FLAGS_rope_base);
+  w.low_freq_bias = static_cast<float>(absl::GetFlag(FLAGS_low_freq_bias));
+  w.query_scale = static_cast<float>(absl::GetFlag(FLAGS_query_scale));
+  w.query_every = absl::GetFlag(FLAGS_query_every);
+  o.window = Given(FLAGS_hot_window_tokens, "hot_window_tokens", o.window);
+  o.frames_per_block =
+      Given(FLAGS_frames_per_block, "frames_per_block", o.frames_per_block);
+  o.warm_budget_bytes =
+      Given(FLAGS_warm_budget_bytes, "warm_budget_bytes", o.warm_budget_bytes);
+  o.top_k = Given(FLAGS_top_k, "top_k", o.top_k);
+  o.data_dir = Given(FLAGS_data_dir, "data_dir", std::string());
+  o.primary_fraction = absl::GetFlag(FLAGS_recall_fraction);
+  o.recall_fractions.clear();
+  std::vector<double> windows;
+  if (!ParseList(absl::GetFlag(FLAGS_recall_fractions), &o.recall_fractions) ||
+      !ParseList(absl::GetFlag(FLAGS_sweep_windows), &windows)) {
+    std::fprintf(stderr,
+                 "kvmem eval: --recall_fractions and --sweep_windows take "
+                 "comma-separated numbers\n");
+    return 2;
+  }
+  for (double x : windows) o.extra_windows.push_back(static_cast<uint32_t>(x));
+  o.track_weight = static_cast<float>(absl::GetFlag(FLAGS_track_weight));
+  o.scene_weight = static_cast<float>(absl::GetFlag(FLAGS_scene_weight));
+  o.iou_weight = static_cast<float>(absl::GetFlag(FLAGS_iou_weight));
+  o.rebuild_every_blocks = absl::GetFlag(FLAGS_rebuild_every_blocks);
+  o.shot_segments = !absl::GetFlag(FLAGS_fixed_blocks);
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  o.progress = &std::cerr;
+
+  const std::string via = absl::GetFlag(FLAGS_via);
+  std::unique_ptr<ServerProcess> server;
+  if (via == "grpc") {
+    o.server = absl::GetFlag(FLAGS_addr);
+    if (o.server.empty()) {
+      ServerProcessOptions so;
+      so.binary = FindServerBinary();
+      so.data_dir = absl::StrCat("/tmp/kvmem-eval-server-", ::getpid());
+      so.unix_socket = so.data_dir + ".sock";
+      so.log_file = so.data_dir + ".log";
+      server = std::make_unique<ServerProcess>(so);
+      std::string error;
+      if (!server->Start(std::chrono::seconds(60), &error)) {
+        std::fprintf(stderr, "kvmem eval: %s (log %s)\n", error.c_str(),
+                     so.log_file.c_str());
+        return 1;
+      }
+      o.server = server->target();
+    }
+  } else if (via != "inproc") {
+    std::fprintf(stderr, "kvmem eval: --via must be inproc or grpc, not %s\n",
+                 via.c_str());
+    return 2;
+  }
+
+  absl::StatusOr<EvalResult> r = RunEval(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvmem eval: %s\n", r.status().ToString().c_str());
+    return r.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (!o.out_dir.empty()) {
+    absl::Status s = WriteEvalReport(o, &*r);
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvmem eval: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  if (server != nullptr) {
+    server->Stop();
+    std::error_code ec;
+    std::filesystem::remove_all(absl::StrCat("/tmp/kvmem-eval-server-", ::getpid()), ec);
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << EvalJson(o, *r);
+  } else {
+    std::cout << EvalTable(*r);
+    std::printf("\n%d frames x %d cameras, %d frame queries, %d probes, "
+                "%.1f index rebuild periods per camera, %.1f s\n",
+                static_cast<int>(r->frames), o.workload.cameras,
+                static_cast<int>(r->frame_queries),
+                static_cast<int>(r->probe_queries), r->rebuild_periods,
+                r->seconds);
+    for (const auto& f : r->files) std::printf("wrote %s\n", f.c_str());
+    for (const auto& n : r->notes) std::printf("note: %s\n", n.c_str());
+  }
+  return 0;
+}
+
+}  // namespace kvmem

@@ -1,0 +1,529 @@
+#include "client/video_workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "client/dot.h"
+#include "engine/dtype.h"
+
+namespace kvmem {
+namespace {
+
+// SplitMix64: a seed for each (purpose, a, b, c) so any frame can be built in
+// any order with the same result.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t Seed(uint64_t seed, uint64_t what, uint64_t a, uint64_t b = 0,
+              uint64_t c = 0) {
+  return Mix(Mix(Mix(Mix(seed ^ what) ^ a) ^ b) ^ c);
+}
+
+enum Purpose : uint64_t {
+  kBasis = 1,
+  kProject,
+  kShots,
+  kVisits,
+  kVisitVec,
+  kShotVec,
+  kNoise,
+  kOcclude,
+  kQuery,
+  kScene,
+  kBox,
+  kPatch,
+};
+
+std::vector<float> Gaussian(uint64_t seed, size_t n, float sigma) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+void Normalize(std::vector<float>* v) {
+  double n = 0;
+  for (float x : *v) n += static_cast<double>(x) * x;
+  if (n <= 0) return;
+  const float k = static_cast<float>(1.0 / std::sqrt(n));
+  for (auto& x : *v) x *= k;
+}
+
+void AddScaled(std::vector<float>* acc, const std::vector<float>& v, float k) {
+  for (size_t i = 0; i < acc->size(); ++i) (*acc)[i] += k * v[i];
+}
+
+double LogUniform(std::mt19937_64& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> u(std::log(lo), std::log(hi));
+  return std::exp(u(rng));
+}
+
+struct Visit {
+  uint32_t camera = 0;
+  uint64_t begin = 0, end = 0;  // Frames [begin, end).
+  uint32_t serial = 0;          // The object's visit number.
+};
+
+struct Shot {
+  uint64_t begin = 0;
+  uint32_t place = 0;
+};
+
+}  // namespace
+
+struct VideoWorkload::Impl {
+  // Latent basis: the sink, the places and the objects are orthonormal
+  // directions (distinct entities do not match by accident); patches, parts,
+  // shots, visits and noise are small random perturbations on top.
+  std::vector<std::vector<float>> place, object, patch, part;
+  std::vector<float> sink;
+  // Projections per (layer, head): A (keys and queries) and B (values),
+  // head_dim x latent_dim, row-major.
+  std::vector<std::vector<float>> a, b;
+  std::vector<float> scene_proj;  // scene_dim x latent_dim
+  std::vector<double> theta;      // RoPE frequency per dimension pair.
+  std::vector<std::vector<Shot>> shots;       // Per camera.
+  std::vector<std::vector<Visit>> visits;     // Per object, in time order.
+  std::vector<std::vector<uint32_t>> places;  // Per camera: its places.
+  uint64_t walks = 0;
+
+  const Shot& ShotAt(uint32_t camera, uint64_t f, uint64_t* serial) const {
+    const auto& s = shots[camera];
+    auto it = std::upper_bound(
+        s.begin(), s.end(), f,
+        [](uint64_t frame, const Shot& sh) { return frame < sh.begin; });
+    *serial = static_cast<uint64_t>(it - s.begin()) - 1;
+    return *(it - 1);
+  }
+};
+
+std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
+  if (o.cameras < 1 || o.cameras > 64) return "--cameras must be in [1, 64]";
+  if (o.frames < 2) return "--frames must be at least 2";
+  if (!(o.fps > 0)) return "--fps must be > 0";
+  if (o.head_dim < 2 || o.head_dim % 2 != 0)
+    return "--head_dim must be even and >= 2";
+  if (o.layers < 1 || o.kv_heads < 1) return "--layers and --kv_heads >= 1";
+  if (o.tokens_per_frame < 1 || o.tokens_per_frame > 4096)
+    return "--tokens_per_frame must be in [1, 4096]";
+  if (o.sink_tokens > o.tokens_per_frame)
+    return "--sink_tokens must be at most --tokens_per_frame";
+  if (o.object_tokens < 1 ||
+      static_cast<uint64_t>(o.object_tokens) * o.max_objects_per_frame >
+          o.tokens_per_frame - o.sink_tokens) {
+    return "--object_tokens * --max_objects_per_frame must fit in a frame "
+           "beside the sinks";
+  }
+  if (o.places < 1 || o.places_per_camera < 1 ||
+      o.places_per_camera > o.places) {
+    return "--places_per_camera must be in [1, --places]";
+  }
+  if (1 + o.places + o.objects > o.latent_dim) {
+    return absl::StrCat("1 + --places + --objects (", 1 + o.places + o.objects,
+                        ") must be at most --latent_dim (", o.latent_dim, ")");
+  }
+  if (!(o.shot_min_s > 0 && o.shot_max_s >= o.shot_min_s && o.visit_min_s > 0 &&
+        o.visit_max_s >= o.visit_min_s && o.gap_min_s > 0 &&
+        o.gap_max_s >= o.gap_min_s)) {
+    return "shot/visit/gap durations need 0 < min <= max";
+  }
+  if (!(o.rope_base > 1)) return "--rope_base must be > 1";
+  if (!(o.query_scale > 0)) return "--query_scale must be > 0";
+  if (!(o.sink_pull >= 0 && o.sink_pull < 1)) return "--sink_pull in [0, 1)";
+  if (o.query_every < 1) return "--query_every must be >= 1";
+  if (o.scene_dim < 1) return "--scene_dim must be >= 1";
+  return "";
+}
+
+VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
+    : o_(options), impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  const size_t L = o_.latent_dim, d = o_.head_dim;
+  // Orthonormal entity directions: the first columns of a random orthogonal
+  // matrix (Gram-Schmidt on Gaussian vectors).
+  std::vector<std::vector<float>> basis;
+  for (uint32_t i = 0; i < 1 + o_.places + o_.objects; ++i) {
+    std::vector<float> v = Gaussian(Seed(o_.seed, kBasis, i), L, 1.0f);
+    for (const auto& u : basis) {
+      double dot = 0;
+      for (size_t j = 0; j < L; ++j) dot += static_cast<double>(u[j]) * v[j];
+      AddScaled(&v, u, static_cast<float>(-dot));
+    }
+    Normalize(&v);
+    basis.push_back(std::move(v));
+  }
+  m.sink = basis[0];
+  m.place.assign(basis.begin() + 1, basis.begin() + 1 + o_.places);
+  m.object.assign(basis.begin() + 1 + o_.places, basis.end());
+  for (uint32_t s = 0; s < o_.tokens_per_frame; ++s) {
+    m.patch.push_back(Gaussian(Seed(o_.seed, kPatch, 0, s), L, 1.0f));
+    Normalize(&m.patch.back());
+  }
+  for (uint32_t j = 0; j < o_.object_tokens; ++j) {
+    m.part.push_back(Gaussian(Seed(o_.seed, kPatch, 1, j), L, 1.0f));
+    Normalize(&m.part.back());
+  }
+  // Low-frequency pairs (large i) get more of each row's energy; the gains
+  // are normalised to mean square 1.
+  const size_t pairs = d / 2;
+  std::vector<float> gain(pairs);
+  double sq = 0;
+  for (size_t i = 0; i < pairs; ++i) {
+    const double x = pairs > 1 ? static_cast<double>(i) / (pairs - 1) : 0.5;
+    gain[i] = static_cast<float>(std::exp(o_.low_freq_bias * (x - 0.5)));
+    sq += gain[i] * gain[i];
+  }
+  for (auto& g : gain) g /= static_cast<float>(std::sqrt(sq / pairs));
+  for (size_t i = 0; i < pairs; ++i) {
+    m.theta.push_back(std::pow(o_.rope_base, -2.0 * i / d));
+  }
+  const size_t heads = static_cast<size_t>(o_.layers) * o_.kv_heads;
+  for (size_t lh = 0; lh < heads; ++lh) {
+    std::vector<float> a = Gaussian(Seed(o_.seed, kProject, 0, lh), d * L,
+                                    static_cast<float>(1 / std::sqrt(L)));
+    for (size_t r = 0; r < d; ++r)
+      for (size_t c = 0; c < L; ++c) a[r * L + c] *= gain[r / 2];
+    m.a.push_back(std::move(a));
+    m.b.push_back(Gaussian(Seed(o_.seed, kProject, 1, lh), d * L,
+                           static_cast<float>(1 / std::sqrt(L))));
+  }
+  m.scene_proj = Gaussian(Seed(o_.seed, kScene, 0), o_.scene_dim * L, 1.0f);
+
+  // Shots per camera: each camera cuts among its own places, revisiting them.
+  m.shots.resize(o_.cameras);
+  m.places.resize(o_.cameras);
+  for (uint32_t c = 0; c < o_.cameras; ++c) {
+    std::mt19937_64 rng(Seed(o_.seed, kShots, c));
+    std::vector<uint32_t> all(o_.places);
+    for (uint32_t p = 0; p < o_.places; ++p) all[p] = p;
+    std::shuffle(all.begin(), all.end(), rng);
+    m.places[c].assign(all.begin(), all.begin() + o_.places_per_camera);
+    std::uniform_int_distribution<uint32_t> pick(0, o_.places_per_camera - 1);
+    uint64_t f = 0;
+    int64_t last = -1;
+    while (f < o_.frames) {
+      uint32_t p = m.places[c][pick(rng)];
+      if (o_.places_per_camera > 1) {
+        while (static_cast<int64_t>(p) == last) p = m.places[c][pick(rng)];
+      }
+      m.shots[c].push_back({f, p});
+      last = p;
+      f += std::max<uint64_t>(
+          1, static_cast<uint64_t>(
+                 LogUniform(rng, o_.shot_min_s, o_.shot_max_s) * o_.fps));
+    }
+  }
+  // One global schedule of object visits: gap, visit, gap, visit...; the
+  // next visit stays on the camera or walks to another one.
+  m.visits.resize(o_.objects);
+  for (uint32_t ob = 0; ob < o_.objects; ++ob) {
+    std::mt19937_64 rng(Seed(o_.seed, kVisits, ob));
+    std::uniform_real_distribution<double> u(0, 1);
+    std::uniform_int_distribution<uint32_t> cam(0, o_.cameras - 1);
+    uint32_t c = cam(rng);
+    double t = u(rng) * o_.gap_max_s * 0.5;
+    for (uint32_t serial = 0;; ++serial) {
+      const uint64_t begin = static_cast<uint64_t>(t * o_.fps);
+      if (begin >= o_.frames) break;
+      const double len = LogUniform(rng, o_.visit_min_s, o_.visit_max_s);
+      const uint64_t end =
+          std::min<uint64_t>(o_.frames, begin + std::max<uint64_t>(
+                                                    1, len * o_.fps));
+      m.visits[ob].push_back({c, begin, end, serial});
+      const bool walk = o_.cameras > 1 && u(rng) < o_.walk_probability;
+      if (walk) {
+        uint32_t next = cam(rng);
+        while (next == c) next = cam(rng);
+        c = next;
+        ++m.walks;
+        t = static_cast<double>(end) / o_.fps + o_.gap_min_s;  // Walking over.
+      } else {
+        t = static_cast<double>(end) / o_.fps +
+            LogUniform(rng, o_.gap_min_s, o_.gap_max_s);
+      }
+    }
+  }
+}
+
+VideoWorkload::~VideoWorkload() = default;
+
+uint64_t VideoWorkload::bytes_per_token() const {
+  return static_cast<uint64_t>(o_.layers) * 2 * o_.kv_heads * o_.head_dim * 2;
+}
+
+uint64_t VideoWorkload::shots(uint32_t camera) const {
+  return impl_->shots[camera].size();
+}
+uint64_t VideoWorkload::walks() const { return impl_->walks; }
+
+namespace {
+
+// The objects in view on a camera at a frame (occlusions removed), at most
+// max_objects_per_frame, earliest arrival first; with each one's visit.
+std::vector<std::pair<int, const Visit*>> InView(
+    const VideoWorkloadOptions& o,
+    const std::vector<std::vector<Visit>>& visits, uint32_t camera,
+    uint64_t f) {
+  std::vector<std::pair<int, const Visit*>> in;
+  for (uint32_t ob = 0; ob < visits.size(); ++ob) {
+    for (const Visit& v : visits[ob]) {
+      if (v.camera != camera || f < v.begin || f >= v.end) continue;
+      std::mt19937_64 rng(Seed(o.seed, kOcclude, ob, f, camera));
+      const bool edge = f == v.begin;  // Never occluded as it enters.
+      if (edge || std::uniform_real_distribution<double>(0, 1)(rng) >=
+                      o.occlusion_probability) {
+        in.emplace_back(ob, &v);
+      }
+    }
+  }
+  std::sort(in.begin(), in.end(), [](const auto& x, const auto& y) {
+    return x.second->begin != y.second->begin
+               ? x.second->begin < y.second->begin
+               : x.first < y.first;
+  });
+  if (in.size() > o.max_objects_per_frame) in.resize(o.max_objects_per_frame);
+  return in;
+}
+
+}  // namespace
+
+WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
+  const Impl& m = *impl_;
+  const size_t L = o_.latent_dim, d = o_.head_dim, T = o_.tokens_per_frame;
+  WorkloadFrame out;
+  uint64_t shot_serial = 0;
+  const Shot& shot = m.ShotAt(camera, f, &shot_serial);
+  out.place = shot.place;
+  out.shot = shot_serial;
+  out.token_object.assign(T, -1);
+  const auto in_view = InView(o_, m.visits, camera, f);
+
+  // Token latents.
+  std::vector<std::vector<float>> x(T);
+  const std::vector<float> shot_vec =
+      Gaussian(Seed(o_.seed, kShotVec, camera, shot_serial), L, 1.0f);
+  std::mt19937_64 noise_rng(Seed(o_.seed, kNoise, camera, f));
+  std::normal_distribution<float> noise(0.0f, o_.frame_noise /
+                                                  std::sqrt(float(L)));
+  for (size_t s = 0; s < T; ++s) {
+    x[s] = m.place[shot.place];
+    for (auto& v : x[s]) v *= 0.85f;
+    AddScaled(&x[s], m.patch[s], 0.35f);
+    AddScaled(&x[s], shot_vec, 0.2f / std::sqrt(float(L)));
+  }
+  v1::FrameSignals* sig = out.frame.header.mutable_signals();
+  for (size_t k = 0; k < in_view.size(); ++k) {
+    const int ob = in_view[k].first;
+    const Visit& v = *in_view[k].second;
+    const std::vector<float> visit_vec =
+        Gaussian(Seed(o_.seed, kVisitVec, ob, v.serial), L, 1.0f);
+    for (uint32_t j = 0; j < o_.object_tokens; ++j) {
+      const size_t s = T - 1 - (k * o_.object_tokens + j);
+      x[s] = m.object[ob];
+      for (auto& e : x[s]) e *= 0.85f;
+      AddScaled(&x[s], m.part[j], 0.3f);
+      AddScaled(&x[s], visit_vec, 0.3f / std::sqrt(float(L)));
+      out.token_object[s] = ob;
+    }
+    // The detection: a box drifting across the view during the visit.
+    std::mt19937_64 box_rng(Seed(o_.seed, kBox, ob, v.serial));
+    std::uniform_real_distribution<float> u(0.05f, 0.6f);
+    const float x0 = u(box_rng), y0 = u(box_rng);
+    const float w = 0.1f + 0.25f * (u(box_rng) - 0.05f);
+    const float drift =
+        0.3f * static_cast<float>(f - v.begin) /
+        static_cast<float>(std::max<uint64_t>(1, v.end - v.begin));
+    v1::Detection* det = sig->add_detections();
+    det->set_track_id(static_cast<uint64_t>(ob) + 1);
+    det->set_class_id(static_cast<uint32_t>(ob % 3));
+    det->set_x_min(std::min(x0 + drift, 1.0f - w));
+    det->set_y_min(y0);
+    det->set_x_max(std::min(x0 + drift, 1.0f - w) + w);
+    det->set_y_max(std::min(1.0f, y0 + w * 1.5f));
+    det->set_score(0.9f);
+  }
+  if (f == 0) {
+    for (size_t s = 0; s < o_.sink_tokens; ++s) {
+      x[s] = m.sink;
+      out.token_object[s] = -2;
+    }
+  }
+  for (auto& t : x) {
+    for (auto& e : t) e += noise(noise_rng);
+    Normalize(&t);
+  }
+  // Scene embedding: the place seen through a fixed projection, plus a
+  // little per-shot lighting.
+  std::vector<float> scene(o_.scene_dim, 0.0f);
+  for (size_t r = 0; r < o_.scene_dim; ++r) {
+    for (size_t c = 0; c < L; ++c)
+      scene[r] += m.scene_proj[r * L + c] * (m.place[shot.place][c] +
+                                             0.1f * shot_vec[c] / std::sqrt(
+                                                                 float(L)));
+  }
+  Normalize(&scene);
+  for (float e : scene) sig->add_scene_embedding(e);
+
+  // KV: layer-major, K then V, [kv_heads][tokens][head_dim], fp16.
+  const uint64_t pos0 = f * T;
+  OutgoingFrame& fr = out.frame;
+  fr.header.set_frame_index(f);
+  fr.header.set_timestamp_us(static_cast<int64_t>(f * 1e6 / o_.fps));
+  fr.header.set_first_token_position(pos0);
+  fr.header.set_token_count(static_cast<uint32_t>(T));
+  const size_t slice = static_cast<size_t>(o_.kv_heads) * T * d;
+  fr.payload.resize(static_cast<size_t>(o_.layers) * 2 * slice * 2);
+  fr.header.set_payload_bytes(fr.payload.size());
+  std::vector<float> buf(slice);
+  auto* dst = reinterpret_cast<uint8_t*>(fr.payload.data());
+  for (uint32_t l = 0; l < o_.layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t h = 0; h < o_.kv_heads; ++h) {
+        const std::vector<float>& p =
+            kv == 0 ? m.a[l * o_.kv_heads + h] : m.b[l * o_.kv_heads + h];
+        for (size_t t = 0; t < T; ++t) {
+          float* y = buf.data() + (h * T + t) * d;
+          for (size_t r = 0; r < d; ++r) y[r] = Dot(&p[r * L], x[t].data(), L);
+          if (kv == 0) {  // RoPE at the token's absolute position.
+            const double pos = static_cast<double>(pos0 + t);
+            for (size_t i = 0; i < d / 2; ++i) {
+              const double ang = pos * m.theta[i];
+              const float cs = static_cast<float>(std::cos(ang));
+              const float sn = static_cast<float>(std::sin(ang));
+              const float a0 = y[2 * i], a1 = y[2 * i + 1];
+              y[2 * i] = a0 * cs - a1 * sn;
+              y[2 * i + 1] = a0 * sn + a1 * cs;
+            }
+          }
+        }
+      }
+      EncodeFromFloat(buf.data(), buf.size(), DType::kFp16, dst);
+      dst += buf.size() * 2;
+    }
+  }
+  return out;
+}
+
+void VideoWorkload::FrameKV(const WorkloadFrame& frame, std::vector<float>* keys,
+                            std::vector<float>* values) const {
+  const size_t T = frame.frame.header.token_count(), d = o_.head_dim,
+               H = o_.kv_heads;
+  const size_t per = static_cast<size_t>(o_.layers) * H * d;
+  keys->assign(T * per, 0.0f);
+  values->assign(T * per, 0.0f);
+  const auto* src = reinterpret_cast<const uint8_t*>(frame.frame.payload.data());
+  std::vector<float> buf(H * T * d);
+  for (uint32_t l = 0; l < o_.layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      DecodeToFloat(src, buf.size(), DType::kFp16, buf.data());
+      src += buf.size() * 2;
+      std::vector<float>* out = kv == 0 ? keys : values;
+      for (size_t h = 0; h < H; ++h)
+        for (size_t t = 0; t < T; ++t)
+          std::copy_n(buf.data() + (h * T + t) * d, d,
+                      out->data() + t * per + (l * H + h) * d);
+    }
+  }
+}
+
+std::vector<WorkloadQuery> VideoWorkload::Queries(
+    uint32_t camera, uint64_t f, const WorkloadFrame& frame) const {
+  const Impl& m = *impl_;
+  const size_t L = o_.latent_dim, d = o_.head_dim, T = o_.tokens_per_frame;
+  const uint64_t position = (f + 1) * T;
+  std::mt19937_64 rng(Seed(o_.seed, kQuery, camera, f));
+  auto make_q = [&](std::vector<float> x) {
+    for (auto& e : x) e *= 1.0f - o_.sink_pull;
+    AddScaled(&x, m.sink, o_.sink_pull);
+    Normalize(&x);
+    std::vector<float> q;
+    q.reserve(summary_dim());
+    const float scale = o_.query_scale * std::sqrt(static_cast<float>(d));
+    for (const auto& a : m.a) {
+      std::vector<float> y(d, 0.0f);
+      for (size_t r = 0; r < d; ++r) {
+        for (size_t c = 0; c < L; ++c) y[r] += a[r * L + c] * x[c];
+        y[r] *= scale;
+      }
+      for (size_t i = 0; i < d / 2; ++i) {
+        const double ang = static_cast<double>(position) * m.theta[i];
+        const float cs = static_cast<float>(std::cos(ang));
+        const float sn = static_cast<float>(std::sin(ang));
+        const float a0 = y[2 * i], a1 = y[2 * i + 1];
+        y[2 * i] = a0 * cs - a1 * sn;
+        y[2 * i + 1] = a0 * sn + a1 * cs;
+      }
+      q.insert(q.end(), y.begin(), y.end());
+    }
+    return q;
+  };
+  std::vector<WorkloadQuery> out;
+  if (f % o_.query_every == 0) {
+    // A frame query: a random token of the frame, re-derived from its key's
+    // latent (its key without RoPE is not kept, so rebuild from the frame's
+    // content: the place or object the token shows).
+    std::uniform_int_distribution<size_t> slot(0, T - 1);
+    const size_t s = slot(rng);
+    std::vector<float> x;
+    const int ob = frame.token_object[s];
+    if (ob >= 0) {
+      x = m.object[ob];
+      for (auto& e : x) e *= 0.85f;
+      AddScaled(&x, m.part[(T - 1 - s) % o_.object_tokens], 0.3f);
+    } else if (ob == -2) {
+      x = m.sink;
+    } else {
+      x = m.place[frame.place];
+      for (auto& e : x) e *= 0.85f;
+      AddScaled(&x, m.patch[s], 0.35f);
+    }
+    Normalize(&x);
+    WorkloadQuery q;
+    q.kind = QueryKind::kFrame;
+    q.frame = f;
+    q.position = position;
+    q.q = make_q(std::move(x));
+    q.signals = frame.frame.header.signals();
+    out.push_back(std::move(q));
+  }
+  // Probes: an object enters this camera again after an earlier visit here.
+  for (uint32_t ob = 0; ob < o_.objects; ++ob) {
+    const auto& vs = m.visits[ob];
+    for (size_t i = 0; i < vs.size(); ++i) {
+      if (vs[i].camera != camera || vs[i].begin != f) continue;
+      WorkloadQuery q;
+      for (size_t j = 0; j < i; ++j) {
+        if (vs[j].camera != camera) continue;
+        // Its token positions: the object's slots in each frame of the visit
+        // where it was in view.
+        for (uint64_t g = vs[j].begin; g < vs[j].end; ++g) {
+          const auto in = InView(o_, m.visits, camera, g);
+          for (size_t k = 0; k < in.size(); ++k) {
+            if (in[k].first != static_cast<int>(ob)) continue;
+            const uint64_t hi = g * T + T - k * o_.object_tokens;
+            q.earlier.emplace_back(hi - o_.object_tokens, hi);
+          }
+        }
+      }
+      if (q.earlier.empty()) continue;
+      q.kind = QueryKind::kProbe;
+      q.frame = f;
+      q.position = position;
+      q.object = static_cast<int>(ob);
+      q.q = make_q(m.object[ob]);
+      for (const auto& det : frame.frame.header.signals().detections()) {
+        if (det.track_id() == ob + 1u) *q.signals.add_detections() = det;
+      }
+      out.push_back(std::move(q));
+    }
+  }
+  return out;
+}
+
+}  // namespace kvmem
