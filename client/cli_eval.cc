@@ -17,9 +17,10 @@
 
 // Knobs only eval has. Flags shared with demo (--cameras, --frames, --seed,
 // --layers, --kv_heads, --head_dim, --tokens_per_frame, --hot_window_tokens,
-// --frames_per_block, --warm_budget_bytes, --data_dir, --top_k, --places) keep eval's
-// own defaults unless given on the command line.
-ABSL_FLAG(std::string, out, "", "eval: output directory (CSV, PNG, report.md).");
+// --frames_per_block, --warm_budget_bytes, --data_dir, --top_k, --places) keep
+// eval's own defaults unless given on the command line.
+ABSL_FLAG(std::string, out, "",
+          "eval: output directory (CSV, PNG, report.md).");
 ABSL_FLAG(std::string, via, "inproc",
           "eval: where kvmem runs: inproc (engine linked in, RocksDB in a "
           "temp dir or --data_dir) or grpc (a kvmem-server: --addr, or one "
@@ -51,6 +52,9 @@ ABSL_FLAG(double, scene_weight, 0, "eval: kvmem recall_policy.scene_weight.");
 ABSL_FLAG(double, iou_weight, 0, "eval: kvmem recall_policy.iou_weight.");
 ABSL_FLAG(uint32_t, rebuild_every_blocks, 32,
           "eval: kvmem tier_policy.rebuild_every_blocks.");
+ABSL_FLAG(uint32_t, groups_per_block, 8,
+          "eval: kvmem index_policy.groups_per_block (token groups recalled "
+          "on their own; 1: whole blocks).");
 ABSL_FLAG(bool, fixed_blocks, false,
           "eval: kvmem segments fixed blocks instead of following shots.");
 
@@ -95,8 +99,8 @@ bool ParseList(const std::string& text, std::vector<double>* out) {
 int RunEval(const std::vector<std::string>&) {
   EvalOptions o;
   VideoWorkloadOptions& w = o.workload;
-  w.cameras = static_cast<uint32_t>(
-      std::max(0, Given(FLAGS_cameras, "cameras", static_cast<int>(w.cameras))));
+  w.cameras = static_cast<uint32_t>(std::max(
+      0, Given(FLAGS_cameras, "cameras", static_cast<int>(w.cameras))));
   w.frames = static_cast<uint32_t>(
       std::max(0, Given(FLAGS_frames, "frames", static_cast<int>(w.frames))));
   w.seed = Given(FLAGS_seed, "seed", w.seed);
@@ -110,7 +114,8 @@ int RunEval(const std::vector<std::string>&) {
   w.sink_tokens = absl::GetFlag(FLAGS_sink_tokens);
   w.places = static_cast<uint32_t>(
       std::max(0, Given(FLAGS_places, "places", static_cast<int>(w.places))));
-  w.places_per_camera = absl::GetFlag(FLAGS_places_per_camera);
+  w.places_per_camera = Given(FLAGS_places_per_camera, "places_per_camera",
+                              std::min(w.places_per_camera, w.places));
   w.objects = absl::GetFlag(FLAGS_objects);
   w.object_tokens = absl::GetFlag(FLAGS_object_tokens);
   w.gap_max_s = absl::GetFlag(FLAGS_gap_max_s);
@@ -143,6 +148,7 @@ int RunEval(const std::vector<std::string>&) {
   o.iou_weight = static_cast<float>(absl::GetFlag(FLAGS_iou_weight));
   o.rebuild_every_blocks = absl::GetFlag(FLAGS_rebuild_every_blocks);
   o.shot_segments = !absl::GetFlag(FLAGS_fixed_blocks);
+  o.groups_per_block = absl::GetFlag(FLAGS_groups_per_block);
   o.out_dir = absl::GetFlag(FLAGS_out);
   o.progress = &std::cerr;
 
@@ -186,18 +192,19 @@ int RunEval(const std::vector<std::string>&) {
   if (server != nullptr) {
     server->Stop();
     std::error_code ec;
-    std::filesystem::remove_all(absl::StrCat("/tmp/kvmem-eval-server-", ::getpid()), ec);
+    std::filesystem::remove_all(
+        absl::StrCat("/tmp/kvmem-eval-server-", ::getpid()), ec);
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::cout << EvalJson(o, *r);
   } else {
     std::cout << EvalTable(*r);
-    std::printf("\n%d frames x %d cameras, %d frame queries, %d probes, "
-                "%.1f index rebuild periods per camera, %.1f s\n",
-                static_cast<int>(r->frames), o.workload.cameras,
-                static_cast<int>(r->frame_queries),
-                static_cast<int>(r->probe_queries), r->rebuild_periods,
-                r->seconds);
+    std::printf(
+        "\n%d frames x %d cameras, %d frame queries, %d probes, "
+        "%.1f index rebuild periods per camera, %.1f s\n",
+        static_cast<int>(r->frames), o.workload.cameras,
+        static_cast<int>(r->frame_queries), static_cast<int>(r->probe_queries),
+        r->rebuild_periods, r->seconds);
     for (const auto& f : r->files) std::printf("wrote %s\n", f.c_str());
     for (const auto& n : r->notes) std::printf("note: %s\n", n.c_str());
   }

@@ -32,6 +32,7 @@ v1::StreamConfig KvmemConfig(const EvalOptions& o, uint32_t window,
   c.mutable_block_policy()->set_mode(o.shot_segments ? v1::SEGMENT_MODE_SHOT
                                                      : v1::SEGMENT_MODE_FIXED);
   c.mutable_block_policy()->set_frames_per_block(o.frames_per_block);
+  c.mutable_index_policy()->set_groups_per_block(o.groups_per_block);
   c.mutable_recall_defaults()->set_top_k(o.top_k);
   c.mutable_recall_defaults()->set_max_tokens(std::max<uint32_t>(1, recall));
   auto* t = c.mutable_tier_policy();
@@ -40,8 +41,8 @@ v1::StreamConfig KvmemConfig(const EvalOptions& o, uint32_t window,
   t->set_prefetch_blocks(o.prefetch_blocks);
   // Room to stage the prefetched blocks: prefetch_blocks of the largest.
   t->set_stage_budget_bytes(static_cast<uint64_t>(o.prefetch_blocks) *
-                            o.frames_per_block * w.tokens_per_frame *
-                            w.layers * 2 * w.kv_heads * w.head_dim * 2);
+                            o.frames_per_block * w.tokens_per_frame * w.layers *
+                            2 * w.kv_heads * w.head_dim * 2);
   t->set_rebuild_every_blocks(o.rebuild_every_blocks);
   auto* r = c.mutable_recall_policy();
   r->set_track_weight(o.track_weight);
@@ -298,14 +299,13 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
             Selection sel;
             const auto s0 = std::chrono::steady_clock::now();
             absl::Status s = pol.Select(q, ct, &sel);
-            const float us =
-                std::chrono::duration<float, std::micro>(
-                    std::chrono::steady_clock::now() - s0)
-                    .count();
+            const float us = std::chrono::duration<float, std::micro>(
+                                 std::chrono::steady_clock::now() - s0)
+                                 .count();
             if (!s.ok()) {
-              return absl::Status(s.code(),
-                                  absl::StrCat(pol.name(), " recall at frame ",
-                                               f, ": ", s.message()));
+              return absl::Status(
+                  s.code(), absl::StrCat(pol.name(), " recall at frame ", f,
+                                         ": ", s.message()));
             }
             QueryRow row;
             row.camera = c;
@@ -375,11 +375,12 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
                              std::min(u.end, n)) < 0.01;
             }
             row.units = static_cast<uint32_t>(units.size());
+            row.degraded = sel.degraded_blocks;
             row.useless = useless;
             result.rows.push_back(row);
             pol.Observe(sel, pbar, row.mass, ct);
             if (pi == kKvmem && ci == result.primary && o.record_kvmem_sets) {
-              result.kvmem_sets.push_back(sel.units);
+              result.kvmem_sets.push_back(sel.recalled);
             }
           }
         }
@@ -405,10 +406,11 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
       }
     }
     result.memory.push_back(std::move(ms));
-    if (o.progress != nullptr && ((f + 1) % report_every == 0)) {
-      const double el = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - t0)
-                            .count();
+    if (o.progress != nullptr &&
+        ((f + 1) % report_every == 0 || f + 1 == w.frames)) {
+      const double el =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
       *o.progress << absl::StrFormat(
           "eval: frame %d/%d (%d%%), %d queries, %.0f s\n", f + 1, w.frames,
           static_cast<int>(100 * (f + 1) / w.frames),
@@ -451,6 +453,7 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
         }
         units += r.units;
         useless += r.useless;
+        ps.degraded_blocks += r.degraded;
         injected += r.injected;
         lat.push_back(r.latency_us);
       }
@@ -482,9 +485,9 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
   result.walks = wl.walks();
   result.rebuild_periods =
       static_cast<double>(result.configs[result.primary].kvmem_rebuilds) / cams;
-  result.seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - t0)
-                       .count();
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   return result;
 }
 

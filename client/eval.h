@@ -44,6 +44,7 @@ struct EvalOptions {
   uint32_t top_k = 16;
   // kvmem's configured policy.
   bool shot_segments = true;
+  uint32_t groups_per_block = 8;  // Token groups per block (1: none).
   float track_weight = 0;
   float scene_weight = 0;
   float iou_weight = 0;
@@ -54,7 +55,7 @@ struct EvalOptions {
   // when empty); otherwise a kvmem-server target.
   std::string server;
   std::string data_dir;
-  std::string out_dir;         // Empty: no files.
+  std::string out_dir;             // Empty: no files.
   bool record_kvmem_sets = false;  // Keep kvmem's recall sets (tests).
   std::ostream* progress = nullptr;
 };
@@ -100,6 +101,7 @@ struct QueryRow {
   float latency_us = 0;
   int8_t reid = -1;  // -1: not a counted probe; 0 missed; 1 found.
   uint32_t units = 0, useless = 0;  // Recalled blocks; those under 1 %.
+  uint32_t degraded = 0;            // Recalled blocks held as int8.
 };
 
 // Memory of the primary configuration after a frame, summed over cameras,
@@ -123,8 +125,8 @@ struct EvalResult {
   std::string kvmem_path;  // "in-process" or the server target.
   std::vector<std::string> files;
   std::vector<std::string> notes;  // Targets missed, skipped plots.
-  // With record_kvmem_sets: per query of the primary config, camera-major,
-  // the blocks kvmem recalled.
+  // With record_kvmem_sets: per query of the primary config, in run order,
+  // the token spans kvmem recalled.
   std::vector<std::vector<Span>> kvmem_sets;
 };
 

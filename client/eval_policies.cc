@@ -52,9 +52,9 @@ uint64_t Total(const std::vector<Span>& spans) {
 // Sinks + window, bounded by what exists.
 uint64_t BaseResident(const PolicyBudget& b, const CameraTokens& cam) {
   return std::min<uint64_t>(cam.sink_tokens, cam.tokens) +
-         std::min<uint64_t>(b.window, cam.tokens - std::min<uint64_t>(
-                                                       cam.sink_tokens,
-                                                       cam.tokens));
+         std::min<uint64_t>(
+             b.window,
+             cam.tokens - std::min<uint64_t>(cam.sink_tokens, cam.tokens));
 }
 
 class FullPolicy : public EvalPolicy {
@@ -67,8 +67,8 @@ class FullPolicy : public EvalPolicy {
   absl::Status Select(const WorkloadQuery&, const CameraTokens& cam,
                       Selection* out) override {
     out->everything = true;
-    out->recalled =
-        ClipMerge({{0, cam.tokens}}, cam.sink_tokens, b_.WindowStart(cam.tokens));
+    out->recalled = ClipMerge({{0, cam.tokens}}, cam.sink_tokens,
+                              b_.WindowStart(cam.tokens));
     return absl::OkStatus();
   }
   uint64_t ResidentTokens(const CameraTokens& cam) const override {
@@ -145,8 +145,8 @@ class WindowLruPolicy : public EvalPolicy {
     for (uint64_t blk : lru_) {
       out->units.push_back(GridBlock(b_, blk, cam.sink_tokens));
     }
-    out->recalled = ClipMerge(out->units, cam.sink_tokens,
-                              b_.WindowStart(cam.tokens));
+    out->recalled =
+        ClipMerge(out->units, cam.sink_tokens, b_.WindowStart(cam.tokens));
     return absl::OkStatus();
   }
   void Observe(const Selection& sel, const std::vector<double>& pbar,
@@ -206,8 +206,8 @@ class H2oPolicy : public EvalPolicy {
     // Units: the grid blocks the kept tokens fall in.
     for (const Span& s : out->recalled) {
       for (uint64_t p = s.begin; p < s.end;) {
-        const uint64_t end =
-            std::min<uint64_t>(s.end, (p / b_.block_tokens + 1) * b_.block_tokens);
+        const uint64_t end = std::min<uint64_t>(
+            s.end, (p / b_.block_tokens + 1) * b_.block_tokens);
         if (!out->units.empty() &&
             out->units.back().begin / b_.block_tokens == p / b_.block_tokens) {
           out->units.back().end = end;  // Same block: extend the unit.
@@ -333,13 +333,26 @@ class KvmemPolicy : public EvalPolicy {
     v1::RecallResponse resp;
     absl::Status s = backend_->Recall(id_, req, &resp);
     if (!s.ok()) return s;
+    std::vector<Span> spans;
     for (const v1::RecalledBlock& blk : resp.blocks()) {
-      out->units.push_back(
-          {blk.first_token_position(), blk.end_token_position()});
+      const Span whole{blk.first_token_position(), blk.end_token_position()};
+      out->units.push_back(whole);
       out->degraded_blocks += blk.degraded();
+      if (blk.token_offsets().empty()) {
+        spans.push_back(whole);
+        continue;
+      }
+      // Offsets are in append order; the workload's positions have no gaps.
+      if (whole.size() != blk.token_count()) {
+        return absl::InternalError(absl::StrCat(
+            "block ", blk.block_id(), " has position gaps; eval needs none"));
+      }
+      for (uint32_t off : blk.token_offsets()) {
+        spans.push_back({whole.begin + off, whole.begin + off + 1});
+      }
     }
-    out->recalled =
-        ClipMerge(out->units, cam.sink_tokens, b_.WindowStart(cam.tokens));
+    out->recalled = ClipMerge(std::move(spans), cam.sink_tokens,
+                              b_.WindowStart(cam.tokens));
     recalled_now_ = Total(out->recalled);
     return absl::OkStatus();
   }

@@ -51,8 +51,8 @@ struct CameraTokens {
 };
 
 struct PolicyBudget {
-  uint32_t window = 0;  // W: hot window tokens.
-  uint32_t recall = 0;  // R: tokens beyond the window and the sinks.
+  uint32_t window = 0;        // W: hot window tokens.
+  uint32_t recall = 0;        // R: tokens beyond the window and the sinks.
   uint32_t block_tokens = 0;  // Grid block size of the baselines.
   uint32_t top_k = 0;
   uint64_t bytes_per_token = 0;
@@ -63,10 +63,10 @@ struct PolicyBudget {
 };
 
 struct Selection {
-  bool everything = false;      // full: every token.
-  std::vector<Span> recalled;   // Sorted, disjoint, outside sinks and window.
-  std::vector<Span> units;      // Recalled blocks (for useless-hit counts).
-  uint32_t degraded_blocks = 0; // kvmem: recalled blocks held as int8.
+  bool everything = false;       // full: every token.
+  std::vector<Span> recalled;    // Sorted, disjoint, outside sinks and window.
+  std::vector<Span> units;       // Recalled blocks (for useless-hit counts).
+  uint32_t degraded_blocks = 0;  // kvmem: recalled blocks held as int8.
 };
 
 class EvalPolicy {

@@ -44,23 +44,23 @@ std::vector<Target> Targets(const EvalResult& r) {
                                k->reid_probes)});
   t.push_back({"kvmem cold_mass_recalled >= 0.5", k->cold_mass_recalled >= 0.5,
                absl::StrFormat("%.3f", k->cold_mass_recalled)});
-  t.push_back({"kvmem cold_mass_recalled >= 2x mean_key_topk",
-               k->cold_mass_recalled >= 2 * m->cold_mass_recalled,
-               absl::StrFormat("%.3f vs %.3f (%.2fx)", k->cold_mass_recalled,
-                               m->cold_mass_recalled,
-                               m->cold_mass_recalled > 0
-                                   ? k->cold_mass_recalled /
-                                         m->cold_mass_recalled
-                                   : 0.0)});
+  t.push_back(
+      {"kvmem cold_mass_recalled >= 2x mean_key_topk",
+       k->cold_mass_recalled >= 2 * m->cold_mass_recalled,
+       absl::StrFormat("%.3f vs %.3f (%.2fx)", k->cold_mass_recalled,
+                       m->cold_mass_recalled,
+                       m->cold_mass_recalled > 0
+                           ? k->cold_mass_recalled / m->cold_mass_recalled
+                           : 0.0)});
   for (const PolicySummary* b : {s, l}) {
-    t.push_back({absl::StrCat("kvmem beats ", b->name,
-                              " on reid_success and cold_mass_recalled"),
-                 k->reid_success > b->reid_success &&
-                     k->cold_mass_recalled > b->cold_mass_recalled,
-                 absl::StrFormat("reid %.3f vs %.3f, cold %.3f vs %.3f",
-                                 k->reid_success, b->reid_success,
-                                 k->cold_mass_recalled,
-                                 b->cold_mass_recalled)});
+    t.push_back(
+        {absl::StrCat("kvmem beats ", b->name,
+                      " on reid_success and cold_mass_recalled"),
+         k->reid_success > b->reid_success &&
+             k->cold_mass_recalled > b->cold_mass_recalled,
+         absl::StrFormat("reid %.3f vs %.3f, cold %.3f vs %.3f",
+                         k->reid_success, b->reid_success,
+                         k->cold_mass_recalled, b->cold_mass_recalled)});
   }
   return t;
 }
@@ -84,14 +84,13 @@ double Percentile(std::vector<float> v, double q) {
 
 std::string EvalTable(const EvalResult& r) {
   const ConfigSummary& c = Primary(r);
-  std::string s = absl::StrFormat(
-      "W = %d tokens, R = %d tokens (%.0f %% of W)\n\n", c.window, c.recall,
-      100 * c.fraction);
-  s +=
-      "| policy | mass recalled | cold mass recalled (frame / probe) | "
-      "output cosine | output rel. error | reid success | useless hits | "
-      "injected tokens | resident peak MiB | stored peak MiB | recall p50 / "
-      "p99 / p999 us |\n";
+  std::string s =
+      absl::StrFormat("W = %d tokens, R = %d tokens (%.0f %% of W)\n\n",
+                      c.window, c.recall, 100 * c.fraction);
+  s += "| policy | mass recalled | cold mass recalled (frame / probe) | "
+       "output cosine | output rel. error | reid success | useless hits | "
+       "injected tokens | resident peak MiB | stored peak MiB | recall p50 / "
+       "p99 / p999 us |\n";
   s += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : c.policies) {
     absl::StrAppendFormat(
@@ -99,9 +98,9 @@ std::string EvalTable(const EvalResult& r) {
         "| %s | %.3f | **%.3f** (%.3f / %.3f) | %.4f | %.3f | **%.3f** "
         "(%d probes) | %.3f | %.0f | %s | %s | %.0f / %.0f / %.0f |\n",
         p.name, p.mass_recalled, p.cold_mass_recalled,
-        p.cold_mass_recalled_frame, p.cold_mass_recalled_probe,
-        p.output_cosine, p.output_rel_error, p.reid_success, p.reid_probes,
-        p.useless_hit_rate, p.injected_tokens_mean, MiB(p.resident_bytes_peak),
+        p.cold_mass_recalled_frame, p.cold_mass_recalled_probe, p.output_cosine,
+        p.output_rel_error, p.reid_success, p.reid_probes, p.useless_hit_rate,
+        p.injected_tokens_mean, MiB(p.resident_bytes_peak),
         MiB(p.stored_bytes_peak), p.recall_p50_us, p.recall_p99_us,
         p.recall_p999_us);
   }
@@ -138,12 +137,14 @@ std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
         "\"reid_success\": %.4f, \"reid_probes\": %d, \"useless_hit_rate\": "
         "%.4f, \"injected_tokens_mean\": %.1f, \"resident_bytes_peak\": %d, "
         "\"stored_bytes_peak\": %d, \"recall_p50_us\": %.1f, "
-        "\"recall_p99_us\": %.1f, \"recall_p999_us\": %.1f, \"queries\": %d}",
+        "\"recall_p99_us\": %.1f, \"recall_p999_us\": %.1f, \"queries\": %d, "
+        "\"degraded_blocks_recalled\": %d}",
         p.mass_recalled, p.cold_mass_recalled, p.cold_mass_recalled_frame,
         p.cold_mass_recalled_probe, p.output_cosine, p.output_rel_error,
         p.reid_success, p.reid_probes, p.useless_hit_rate,
         p.injected_tokens_mean, p.resident_bytes_peak, p.stored_bytes_peak,
-        p.recall_p50_us, p.recall_p99_us, p.recall_p999_us, p.queries);
+        p.recall_p50_us, p.recall_p99_us, p.recall_p999_us, p.queries,
+        p.degraded_blocks);
   };
   s += "  \"policies\": {\n";
   for (size_t i = 0; i < c.policies.size(); ++i) {
@@ -176,8 +177,7 @@ std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
                           "    {\"target\": \"%s\", \"met\": %s, \"value\": "
                           "\"%s\"}%s\n",
                           targets[i].name, targets[i].met ? "true" : "false",
-                          targets[i].detail,
-                          i + 1 < targets.size() ? "," : "");
+                          targets[i].detail, i + 1 < targets.size() ? "," : "");
   }
   s += "  ],\n  \"files\": [";
   for (size_t i = 0; i < r.files.size(); ++i) {
@@ -201,7 +201,9 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
   }
   const double fps = o.workload.fps;
   const auto& names = r->policy_names;
-  auto path = [&](const std::string& f) { return (fs::path(o.out_dir) / f).string(); };
+  auto path = [&](const std::string& f) {
+    return (fs::path(o.out_dir) / f).string();
+  };
   auto emit = [&](const std::string& f, const std::string& text) {
     if (!WriteFile(path(f), text)) {
       return absl::InternalError(absl::StrCat("cannot write ", path(f)));
@@ -220,7 +222,9 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
   for (const auto& c : r->configs) {
     for (const auto& p : c.policies) {
       absl::StrAppendFormat(
-          &csv, "%d,%d,%g,%s,%.5f,%.5f,%.5f,%.5f,%.6f,%.5f,%.5f,%d,%.5f,%.1f,%d,%d,%.1f,%.1f,%.1f\n",
+          &csv,
+          "%d,%d,%g,%s,%.5f,%.5f,%.5f,%.5f,%.6f,%.5f,%.5f,%d,%.5f,%.1f,%d,%d,%."
+          "1f,%.1f,%.1f\n",
           c.window, c.recall, c.fraction, p.name, p.mass_recalled,
           p.cold_mass_recalled, p.cold_mass_recalled_frame,
           p.cold_mass_recalled_probe, p.output_cosine, p.output_rel_error,
@@ -239,12 +243,12 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
       "latency_us,reid\n";
   for (const QueryRow& q : r->rows) {
     const ConfigSummary& c = r->configs[q.config];
-    absl::StrAppendFormat(&csv, "%d,%d,%s,%d,%d,%s,%.5f,%.5f,%.5f,%.5f,%.5f,%d,%d,%d,%.1f,%d\n",
-                          q.camera, q.frame,
-                          q.kind == QueryKind::kProbe ? "probe" : "frame",
-                          c.window, c.recall, names[q.policy], q.mass,
-                          q.cold_total, q.cold_hit, q.cosine, q.rel_error,
-                          q.injected, q.units, q.useless, q.latency_us, q.reid);
+    absl::StrAppendFormat(
+        &csv, "%d,%d,%s,%d,%d,%s,%.5f,%.5f,%.5f,%.5f,%.5f,%d,%d,%d,%.1f,%d\n",
+        q.camera, q.frame, q.kind == QueryKind::kProbe ? "probe" : "frame",
+        c.window, c.recall, names[q.policy], q.mass, q.cold_total, q.cold_hit,
+        q.cosine, q.rel_error, q.injected, q.units, q.useless, q.latency_us,
+        q.reid);
   }
   if (!(s = emit("queries.csv", csv)).ok()) return s;
 
@@ -262,7 +266,8 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
   if (!(s = emit("memory.csv", csv)).ok()) return s;
 
   // latency.csv and cold_mass.csv: per 10 s of video, primary configuration.
-  const uint64_t bucket = std::max<uint64_t>(1, static_cast<uint64_t>(10 * fps));
+  const uint64_t bucket =
+      std::max<uint64_t>(1, static_cast<uint64_t>(10 * fps));
   std::map<uint64_t, std::vector<std::vector<float>>> lat;
   std::map<uint64_t, std::vector<std::pair<double, double>>> cold;
   for (const QueryRow& q : r->rows) {
@@ -312,10 +317,9 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
   const double bpt = static_cast<double>(o.workload.layers) * 2 *
                      o.workload.kv_heads * o.workload.head_dim * 2;
   for (const ConfigSummary* c : sweep) {
-    absl::StrAppendFormat(&csv, "%d,%d,%g,%.3f", c->window, c->recall,
-                          c->fraction,
-                          (c->window + c->recall) * bpt * o.workload.cameras /
-                              1048576.0);
+    absl::StrAppendFormat(
+        &csv, "%d,%d,%g,%.3f", c->window, c->recall, c->fraction,
+        (c->window + c->recall) * bpt * o.workload.cameras / 1048576.0);
     for (const auto& p : c->policies)
       absl::StrAppendFormat(&csv, ",%.4f", p.cold_mass_recalled);
     csv += "\n";
@@ -324,67 +328,79 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
 
   // Plots through gnuplot (deploy/bootstrap.sh installs gnuplot-nox).
   std::string gp =
-      "set terminal pngcairo size 1000,600 font 'sans,11'\n"
+      "set terminal pngcairo size 1000,600 font 'sans,11' noenhanced\n"
       "set datafile separator ','\nset key outside right\nset grid\n";
   const size_t np = names.size();
   auto series = [&](const std::string& file, size_t first_col, size_t stride,
                     const std::string& scale) {
     std::string cmd;
     for (size_t i = 0; i < np; ++i) {
-      absl::StrAppendFormat(&cmd, "%s'%s' using 2:($%d%s) with lines lw 2 title '%s'",
-                            i ? ", " : "plot ", file, first_col + i * stride,
-                            scale, names[i]);
+      absl::StrAppendFormat(
+          &cmd, "%s'%s' using 2:($%d%s) with lines lw 2 lt %d title '%s'",
+          i ? ", " : "plot ", file, first_col + i * stride, scale, i + 1,
+          names[i]);
     }
     return cmd + "\n";
   };
-  gp += "set output 'memory_vs_time.png'\nset title 'Accelerator-resident KV "
-        "(all cameras) vs time'\nset xlabel 'video time (s)'\nset ylabel "
-        "'MiB'\nset logscale y\n";
+  gp +=
+      "set output 'memory_vs_time.png'\nset title 'Accelerator-resident KV "
+      "(all cameras) vs time'\nset xlabel 'video time (s)'\nset ylabel "
+      "'MiB'\nset logscale y\n";
   gp += series("memory.csv", 3, 1, "/1048576.0");
-  gp += "set output 'stored_vs_time.png'\nset title 'KV kept anywhere (RAM + "
-        "disk) vs time'\n";
+  gp +=
+      "set output 'stored_vs_time.png'\nset title 'KV kept anywhere (RAM + "
+      "disk) vs time'\n";
   gp += series("memory.csv", 3 + np, 1, "/1048576.0");
-  gp += "set output 'latency_vs_time.png'\nset title 'Recall (selection) "
-        "latency p99 per 10 s of video, primary configuration'\nset ylabel "
-        "'us'\n";
+  gp +=
+      "set output 'latency_vs_time.png'\nset title 'Recall (selection) "
+      "latency p99 per 10 s of video, primary configuration'\nset ylabel "
+      "'us'\n";
   {
     std::string cmd;
     for (size_t i = 1; i < np; ++i) {  // full selects nothing.
-      absl::StrAppendFormat(&cmd, "%s'latency.csv' using 1:%d with linespoints title '%s p99'",
-                            i > 1 ? ", " : "plot ", 2 + 3 * i + 1, names[i]);
+      absl::StrAppendFormat(
+          &cmd,
+          "%s'latency.csv' using 1:%d with linespoints lt %d title '%s p99'",
+          i > 1 ? ", " : "plot ", 2 + 3 * i + 1, i + 1, names[i]);
     }
     gp += cmd + "\n";
   }
-  gp += "unset logscale y\nset output 'mass_vs_budget.png'\nset title 'Cold "
-        "attention mass recalled vs resident budget (W + R)'\nset xlabel "
-        "'resident KV budget, all cameras (MiB)'\nset ylabel 'cold mass "
-        "recalled'\nset yrange [0:1.05]\n";
+  gp +=
+      "unset logscale y\nset output 'mass_vs_budget.png'\nset title 'Cold "
+      "attention mass recalled vs resident budget (W + R)'\nset xlabel "
+      "'resident KV budget, all cameras (MiB)'\nset ylabel 'cold mass "
+      "recalled'\nset yrange [0:1.05]\n";
   {
     std::string cmd;
     for (size_t i = 0; i < np; ++i) {
-      absl::StrAppendFormat(&cmd, "%s'sweep.csv' using 4:%d with linespoints lw 2 title '%s'",
-                            i ? ", " : "plot ", 5 + i, names[i]);
+      absl::StrAppendFormat(
+          &cmd,
+          "%s'sweep.csv' using 4:%d with linespoints lw 2 lt %d title '%s'",
+          i ? ", " : "plot ", 5 + i, i + 1, names[i]);
     }
     gp += cmd + "\n";
   }
-  gp += "set output 'cold_mass_vs_time.png'\nset title 'Cold mass recalled per "
-        "10 s of video'\nset xlabel 'video time (s)'\n";
+  gp +=
+      "set output 'cold_mass_vs_time.png'\nset title 'Cold mass recalled per "
+      "10 s of video'\nset xlabel 'video time (s)'\n";
   {
     std::string cmd;
     for (size_t i = 0; i < np; ++i) {
-      absl::StrAppendFormat(&cmd, "%s'cold_mass.csv' using 1:%d with lines lw 2 title '%s'",
-                            i ? ", " : "plot ", 2 + i, names[i]);
+      absl::StrAppendFormat(
+          &cmd, "%s'cold_mass.csv' using 1:%d with lines lw 2 lt %d title '%s'",
+          i ? ", " : "plot ", 2 + i, i + 1, names[i]);
     }
     gp += cmd + "\n";
   }
   if (!(s = emit("plots.gp", gp)).ok()) return s;
-  const std::string cmd = absl::StrCat("cd '", o.out_dir,
-                                       "' && gnuplot plots.gp 2>gnuplot.log");
-  const bool have_gnuplot = std::system("command -v gnuplot >/dev/null 2>&1") == 0;
+  const std::string cmd =
+      absl::StrCat("cd '", o.out_dir, "' && gnuplot plots.gp 2>gnuplot.log");
+  const bool have_gnuplot =
+      std::system("command -v gnuplot >/dev/null 2>&1") == 0;
   if (have_gnuplot && std::system(cmd.c_str()) == 0) {
-    for (const char* png : {"memory_vs_time.png", "stored_vs_time.png",
-                            "latency_vs_time.png", "mass_vs_budget.png",
-                            "cold_mass_vs_time.png"}) {
+    for (const char* png :
+         {"memory_vs_time.png", "stored_vs_time.png", "latency_vs_time.png",
+          "mass_vs_budget.png", "cold_mass_vs_time.png"}) {
       r->files.push_back(path(png));
     }
   } else {
@@ -426,11 +442,12 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
       absl::StrAppendFormat(&md, " %.3f |", p.cold_mass_recalled);
     md += "\n";
   }
-  md += "\n## Plots\n\n![memory](memory_vs_time.png)\n\n"
-        "![mass vs budget](mass_vs_budget.png)\n\n"
-        "![latency](latency_vs_time.png)\n\n"
-        "![cold mass over time](cold_mass_vs_time.png)\n\n"
-        "![stored](stored_vs_time.png)\n";
+  md +=
+      "\n## Plots\n\n![memory](memory_vs_time.png)\n\n"
+      "![mass vs budget](mass_vs_budget.png)\n\n"
+      "![latency](latency_vs_time.png)\n\n"
+      "![cold mass over time](cold_mass_vs_time.png)\n\n"
+      "![stored](stored_vs_time.png)\n";
   if (!r->notes.empty()) {
     md += "\n## Notes\n\n";
     for (const auto& n : r->notes) md += "- " + n + "\n";

@@ -86,10 +86,10 @@ struct VideoWorkload::Impl {
   // Projections per (layer, head): A (keys and queries) and B (values),
   // head_dim x latent_dim, row-major.
   std::vector<std::vector<float>> a, b;
-  std::vector<float> scene_proj;  // scene_dim x latent_dim
-  std::vector<double> theta;      // RoPE frequency per dimension pair.
-  std::vector<std::vector<Shot>> shots;       // Per camera.
-  std::vector<std::vector<Visit>> visits;     // Per object, in time order.
+  std::vector<float> scene_proj;           // scene_dim x latent_dim
+  std::vector<double> theta;               // RoPE frequency per dimension pair.
+  std::vector<std::vector<Shot>> shots;    // Per camera.
+  std::vector<std::vector<Visit>> visits;  // Per object, in time order.
   std::vector<std::vector<uint32_t>> places;  // Per camera: its places.
   uint64_t walks = 0;
 
@@ -232,9 +232,8 @@ VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
       const uint64_t begin = static_cast<uint64_t>(t * o_.fps);
       if (begin >= o_.frames) break;
       const double len = LogUniform(rng, o_.visit_min_s, o_.visit_max_s);
-      const uint64_t end =
-          std::min<uint64_t>(o_.frames, begin + std::max<uint64_t>(
-                                                    1, len * o_.fps));
+      const uint64_t end = std::min<uint64_t>(
+          o_.frames, begin + std::max<uint64_t>(1, len * o_.fps));
       m.visits[ob].push_back({c, begin, end, serial});
       const bool walk = o_.cameras > 1 && u(rng) < o_.walk_probability;
       if (walk) {
@@ -309,8 +308,8 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   const std::vector<float> shot_vec =
       Gaussian(Seed(o_.seed, kShotVec, camera, shot_serial), L, 1.0f);
   std::mt19937_64 noise_rng(Seed(o_.seed, kNoise, camera, f));
-  std::normal_distribution<float> noise(0.0f, o_.frame_noise /
-                                                  std::sqrt(float(L)));
+  std::normal_distribution<float> noise(0.0f,
+                                        o_.frame_noise / std::sqrt(float(L)));
   for (size_t s = 0; s < T; ++s) {
     x[s] = m.place[shot.place];
     for (auto& v : x[s]) v *= 0.85f;
@@ -363,9 +362,9 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   std::vector<float> scene(o_.scene_dim, 0.0f);
   for (size_t r = 0; r < o_.scene_dim; ++r) {
     for (size_t c = 0; c < L; ++c)
-      scene[r] += m.scene_proj[r * L + c] * (m.place[shot.place][c] +
-                                             0.1f * shot_vec[c] / std::sqrt(
-                                                                 float(L)));
+      scene[r] +=
+          m.scene_proj[r * L + c] *
+          (m.place[shot.place][c] + 0.1f * shot_vec[c] / std::sqrt(float(L)));
   }
   Normalize(&scene);
   for (float e : scene) sig->add_scene_embedding(e);
@@ -410,14 +409,16 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   return out;
 }
 
-void VideoWorkload::FrameKV(const WorkloadFrame& frame, std::vector<float>* keys,
+void VideoWorkload::FrameKV(const WorkloadFrame& frame,
+                            std::vector<float>* keys,
                             std::vector<float>* values) const {
   const size_t T = frame.frame.header.token_count(), d = o_.head_dim,
                H = o_.kv_heads;
   const size_t per = static_cast<size_t>(o_.layers) * H * d;
   keys->assign(T * per, 0.0f);
   values->assign(T * per, 0.0f);
-  const auto* src = reinterpret_cast<const uint8_t*>(frame.frame.payload.data());
+  const auto* src =
+      reinterpret_cast<const uint8_t*>(frame.frame.payload.data());
   std::vector<float> buf(H * T * d);
   for (uint32_t l = 0; l < o_.layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {

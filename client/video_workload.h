@@ -11,7 +11,8 @@
 //
 // Each token's latent vector x (unit length, latent_dim) gives its key and
 // value for every layer l and KV head h by fixed random projections:
-//   k = RoPE(position) * (A_lh x),  v = B_lh x,  q = RoPE(position) * s A_lh x_q
+//   k = RoPE(position) * (A_lh x),  v = B_lh x,  q = RoPE(position) * s A_lh
+//   x_q
 // RoPE at absolute positions (base rope_base) rotates each dimension pair i
 // by position * base^(-2i/head_dim). The rows of A_lh carry more energy in
 // the low-frequency pairs (low_freq_bias), as trained RoPE models put their
@@ -44,7 +45,7 @@ namespace kvmem {
 struct VideoWorkloadOptions {
   uint64_t seed = 7;
   uint32_t cameras = 2;
-  uint32_t frames = 1200;  // Per camera.
+  uint32_t frames = 900;  // Per camera (5 minutes at 3 fps).
   double fps = 3;
   uint32_t tokens_per_frame = 32;
   uint32_t sink_tokens = 4;  // Replace the first tokens of frame 0.
@@ -60,7 +61,7 @@ struct VideoWorkloadOptions {
   double shot_min_s = 3, shot_max_s = 25;
   double visit_min_s = 3, visit_max_s = 25;
   double gap_min_s = 5, gap_max_s = 240;
-  double walk_probability = 0.5;  // Next visit on another camera.
+  double walk_probability = 0.5;        // Next visit on another camera.
   double occlusion_probability = 0.03;  // Per visible object and frame.
   double rope_base = 1e6;               // Qwen2/Qwen2-VL's rope_theta.
   float low_freq_bias = 2.0f;
@@ -87,8 +88,9 @@ struct WorkloadQuery {
 };
 
 struct WorkloadFrame {
-  OutgoingFrame frame;            // fp16 payload, layer-major.
-  std::vector<int> token_object;  // Per token: object id, -1 background, -2 sink.
+  OutgoingFrame frame;  // fp16 payload, layer-major.
+  std::vector<int>
+      token_object;  // Per token: object id, -1 background, -2 sink.
   uint32_t place = 0;
   uint64_t shot = 0;
 };

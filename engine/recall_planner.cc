@@ -11,8 +11,9 @@ std::vector<RecalledBlock> PlanBudgetedRecall(
   std::vector<RecalledBlock> chosen;
   uint64_t used = 0;
   for (const RecalledBlock& b : ranked) {
-    if (used + b.block.token_count > max_tokens) continue;
-    used += b.block.token_count;
+    const uint32_t tokens = RecalledTokens(b);
+    if (used + tokens > max_tokens) continue;
+    used += tokens;
     chosen.push_back(b);
     if (used == max_tokens) break;
   }

@@ -8,9 +8,10 @@
 namespace kvmem {
 namespace {
 
-constexpr uint8_t kConfigVersion = 2;  // 1: without tier/recall/shot fields.
+constexpr uint8_t kConfigVersion = 3;  // 1: without tier/recall/shot fields;
+                                       // 2: without groups_per_block.
 constexpr uint8_t kStateVersion = 1;
-constexpr uint8_t kBlockVersion = 2;  // 1: info and summary only.
+constexpr uint8_t kBlockVersion = 3;  // 1: info and summary only; 2: no groups.
 
 class Writer {
  public:
@@ -118,6 +119,7 @@ std::string EncodeConfig(const StreamConfig& c) {
        {c.weights.model, c.weights.track, c.weights.iou, c.weights.scene}) {
     w.F32(v);
   }
+  w.U32(c.groups_per_block);
   return w.Take();
 }
 
@@ -126,7 +128,7 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
   StreamConfig c;
   uint8_t version = 0;
   uint32_t dtype = 0, n_layers = 0, n_labels = 0;
-  bool ok = r.U8(&version) && (version == 1 || version == kConfigVersion) &&
+  bool ok = r.U8(&version) && version >= 1 && version <= kConfigVersion &&
             r.U32(&c.geometry.layers) && r.U32(&c.geometry.kv_heads) &&
             r.U32(&c.geometry.head_dim) && r.U32(&dtype) &&
             r.U32(&c.geometry.max_tokens_per_frame) &&
@@ -159,6 +161,7 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
          r.F32(&c.weights.iou) && r.F32(&c.weights.scene);
     t.replacement = static_cast<Replacement>(replacement);
   }
+  if (ok && version >= 3) ok = r.U32(&c.groups_per_block);
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());
   c.segment_mode = static_cast<SegmentMode>(mode);
   c.geometry.dtype = static_cast<DType>(dtype);
@@ -260,6 +263,9 @@ std::string EncodeBlock(const BlockRecord& b) {
   w.U64(b.last_access_frame);
   w.F32(b.hits);
   w.U64(b.last_hit_frame);
+  w.Floats(b.group_summaries);
+  w.Str(absl::string_view(reinterpret_cast<const char*>(b.token_group.data()),
+                          b.token_group.size()));
   return w.Take();
 }
 
@@ -268,7 +274,7 @@ absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {
   BlockRecord b;
   uint8_t version = 0, degraded = 0, disk = 0;
   uint32_t tier = 0, n = 0;
-  bool ok = r.U8(&version) && (version == 1 || version == kBlockVersion) &&
+  bool ok = r.U8(&version) && version >= 1 && version <= kBlockVersion &&
             r.U64(&b.info.id) && r.U64(&b.info.first_frame) &&
             r.U64(&b.info.last_frame) && r.U64(&b.info.first_token_position) &&
             r.U64(&b.info.end_token_position) && r.U32(&b.info.token_count) &&
@@ -292,6 +298,11 @@ absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {
     }
     ok = ok && r.Floats(&b.scene) && r.U64(&b.last_access_frame) &&
          r.F32(&b.hits) && r.U64(&b.last_hit_frame);
+  }
+  if (ok && version >= 3) {
+    std::string groups;
+    ok = r.Floats(&b.group_summaries) && r.Str(&groups);
+    b.token_group.assign(groups.begin(), groups.end());
   }
   if (!ok || !r.Done()) return Corrupt("block", bytes.size());
   b.info.tier = static_cast<Tier>(tier);

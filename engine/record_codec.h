@@ -53,6 +53,10 @@ struct BlockRecord {
   DiskForm disk = DiskForm::kFrames;
   std::vector<uint32_t> frame_tokens;  // Token count of each frame, in order.
   std::vector<float> summary;
+  // Token groups (groups_per_block > 1): [group][summary_dim] mean keys and
+  // each token's group; empty otherwise.
+  std::vector<float> group_summaries;
+  std::vector<uint8_t> token_group;
   std::vector<TrackPresence> tracks;  // Sorted by track_id.
   std::vector<float> scene;           // Mean scene embedding (may be empty).
   uint64_t last_access_frame = 0;     // Sealed or last recalled.

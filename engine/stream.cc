@@ -8,6 +8,7 @@
 #include "engine/signals.h"
 #include "engine/status_macros.h"
 #include "engine/stream_config.h"
+#include "engine/token_groups.h"
 
 namespace kvmem {
 namespace {
@@ -58,7 +59,34 @@ Stream::Indexes Stream::NewIndexes() const {
   for (size_t i = 0; i < config_.indexed_layers.size(); ++i) {
     ix.layers.push_back(std::make_unique<BlockIndex>(layer_dim_));
   }
+  if (config_.groups_per_block > 1) {
+    ix.groups = std::make_unique<BlockIndex>(summary_dim_);
+  }
   return ix;
+}
+
+void Stream::AddToIndexes(Indexes* ix, uint64_t id,
+                          const BlockRecord& rec) const {
+  ix->all->Add(id, rec.summary.data());
+  for (size_t li = 0; li < ix->layers.size(); ++li) {
+    ix->layers[li]->Add(id, rec.summary.data() + li * layer_dim_);
+  }
+  if (ix->groups != nullptr) {
+    const size_t n = rec.group_summaries.size() / summary_dim_;
+    for (size_t g = 0; g < n; ++g) {
+      ix->groups->Add(id * kGroupStride + g,
+                      rec.group_summaries.data() + g * summary_dim_);
+    }
+  }
+}
+
+void Stream::RemoveFromIndexes(Indexes* ix, uint64_t id, size_t groups) {
+  ix->all->Remove(id);
+  for (auto& layer : ix->layers) layer->Remove(id);
+  if (ix->groups != nullptr) {
+    for (size_t g = 0; g < groups; ++g)
+      ix->groups->Remove(id * kGroupStride + g);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(
@@ -239,6 +267,12 @@ Stream::BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
   rec.disk = DiskForm::kFrames;
   rec.frame_tokens = open_tokens_;
   rec.summary = open_summary_.Mean();
+  if (config_.groups_per_block > 1) {
+    TokenGroups groups = BuildTokenGroups(
+        config_, Views(open_payloads_), open_tokens_, config_.groups_per_block);
+    rec.group_summaries = std::move(groups.summaries);
+    rec.token_group = std::move(groups.token_group);
+  }
   rec.tracks = open_semantics_.Tracks();
   rec.scene = open_semantics_.SceneMean();
   rec.last_access_frame = now_frame;
@@ -262,12 +296,7 @@ void Stream::ResetOpenBlock() {
 
 void Stream::InstallBlock(BlockEntry entry) {
   const BlockRecord& rec = entry.rec;
-  if (rec.disk != DiskForm::kNone) {
-    index_.all->Add(rec.info.id, rec.summary.data());
-    for (size_t li = 0; li < index_.layers.size(); ++li) {
-      index_.layers[li]->Add(rec.info.id, rec.summary.data() + li * layer_dim_);
-    }
-  }
+  if (rec.disk != DiskForm::kNone) AddToIndexes(&index_, rec.info.id, rec);
   for (const TrackPresence& t : rec.tracks) {
     auto [it, inserted] = tracks_.try_emplace(t.track_id);
     TrackHistory& h = it->second;

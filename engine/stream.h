@@ -131,7 +131,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   struct Indexes {
     std::unique_ptr<BlockIndex> all;                  // Concatenated layers.
     std::vector<std::unique_ptr<BlockIndex>> layers;  // One per indexed layer.
+    // Token groups (groups_per_block > 1): id = block * kGroupStride + group.
+    std::unique_ptr<BlockIndex> groups;
   };
+  static constexpr uint64_t kGroupStride = 256;
 
   Stream(const std::string& id, const StreamConfig& config,
          const StreamEnv& env, const StreamState& state);
@@ -207,6 +210,18 @@ class Stream : public std::enable_shared_from_this<Stream> {
       const BlockIndex& index, const float* query, size_t offset, size_t dim,
       const FrameSignals& signals, size_t eligible, uint32_t top_k,
       uint32_t* search_us) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Token-group recall (groups_per_block > 1): ranks groups of eligible
+  // blocks, fills max_tokens with them (at most top_k distinct blocks) and
+  // returns one RecalledBlock per block with its chosen token_offsets.
+  std::vector<RecalledBlock> RecallGroups(const float* query,
+                                          const FrameSignals& signals,
+                                          size_t eligible, uint32_t top_k,
+                                          uint32_t max_tokens,
+                                          uint32_t* search_us) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Adds a block's summaries (and groups) to `ix` / removes them.
+  void AddToIndexes(Indexes* ix, uint64_t id, const BlockRecord& rec) const;
+  static void RemoveFromIndexes(Indexes* ix, uint64_t id, size_t groups);
   void RecordRecallLatency(uint32_t us);
   // How many blocks (a prefix, by id) lie entirely before the hot window
   // that ends at position window_end (exclusive).

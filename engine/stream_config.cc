@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "engine/token_groups.h"
 
 namespace kvmem {
 
@@ -17,7 +18,9 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          hot_window_tokens == o.hot_window_tokens &&
          frames_per_block == o.frames_per_block &&
          indexed_layers == o.indexed_layers &&
-         index_factory == o.index_factory && default_top_k == o.default_top_k &&
+         index_factory == o.index_factory &&
+         groups_per_block == o.groups_per_block &&
+         default_top_k == o.default_top_k &&
          default_max_tokens == o.default_max_tokens &&
          gate_temperature == o.gate_temperature && labels == o.labels &&
          segment_mode == o.segment_mode &&
@@ -80,6 +83,7 @@ StreamConfig WithDefaults(const StreamConfig& config) {
     }
   }
   if (c.index_factory.empty()) c.index_factory = "Flat";
+  if (c.groups_per_block == 0) c.groups_per_block = 1;
   if (c.default_top_k == 0) c.default_top_k = kDefaultTopK;
   if (c.default_max_tokens == 0) {
     c.default_max_tokens = c.hot_window_tokens / 5;
@@ -147,6 +151,11 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
                      static_cast<uint64_t>(config.indexed_layers.size()) *
                          g.kv_heads * g.head_dim,
                      " (indexed_layers x kv_heads x head_dim) exceeds 65536"));
+  }
+  if (config.groups_per_block > kMaxGroupsPerBlock) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.index_policy.groups_per_block is ", config.groups_per_block,
+        "; must be in [0, ", kMaxGroupsPerBlock, "]"));
   }
   if (config.index_factory != "Flat") {
     return absl::InvalidArgumentError(

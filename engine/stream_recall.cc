@@ -93,6 +93,123 @@ std::vector<RecalledBlock> Stream::RankCandidates(
   return ranked;
 }
 
+std::vector<RecalledBlock> Stream::RecallGroups(const float* query,
+                                                const FrameSignals& signals,
+                                                size_t eligible, uint32_t top_k,
+                                                uint32_t max_tokens,
+                                                uint32_t* search_us) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RecallWeights& w = config_.weights;
+  const bool semantic = w.track > 0 || w.iou > 0 || w.scene > 0;
+  auto groups_of = [&](size_t b) {
+    return blocks_[b].rec.group_summaries.size() / summary_dim_;
+  };
+  std::unordered_map<uint64_t, float> scores;  // Group id -> inner product.
+  if (eligible > 0 && top_k > 0) {
+    // Groups of blocks in the window can outrank eligible ones: ask for
+    // enough extra results that the pool of eligible groups survives.
+    uint64_t window_groups = 0;
+    for (size_t b = eligible; b < blocks_.size(); ++b) {
+      if (blocks_[b].rec.disk != DiskForm::kNone) window_groups += groups_of(b);
+    }
+    const uint64_t eligible_groups = index_.groups->size() - window_groups;
+    const uint64_t pool = static_cast<uint64_t>(top_k) *
+                          config_.groups_per_block * (semantic ? 2 : 1);
+    const uint32_t k = static_cast<uint32_t>(
+        std::min<uint64_t>(pool, eligible_groups) + window_groups);
+    for (const ScoredId& h : index_.groups->Search(query, k)) {
+      if (h.id / kGroupStride < eligible) scores.emplace(h.id, h.score);
+    }
+  }
+  if (search_us != nullptr) *search_us = MicrosSince(t0);
+  if ((w.track > 0 || w.iou > 0) && eligible > 0) {
+    for (const Detection& d : signals.detections) {
+      auto it = track_blocks_.find(d.track_id);
+      if (it == track_blocks_.end()) continue;
+      size_t taken = 0;
+      for (auto b = it->second.rbegin();
+           b != it->second.rend() && taken < kBlocksPerTrack; ++b) {
+        if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
+        ++taken;
+        for (size_t g = 0; g < groups_of(*b); ++g) {
+          const uint64_t gid = *b * kGroupStride + g;
+          if (scores.count(gid)) continue;
+          const float* s =
+              blocks_[*b].rec.group_summaries.data() + g * summary_dim_;
+          double dot = 0;
+          for (size_t i = 0; i < summary_dim_; ++i)
+            dot += static_cast<double>(s[i]) * query[i];
+          scores.emplace(gid, static_cast<float>(dot));
+        }
+      }
+    }
+  }
+  // Rank groups: model score plus their block's semantic match.
+  const float scale =
+      w.model / std::sqrt(static_cast<float>(config_.geometry.head_dim));
+  struct Candidate {
+    uint64_t gid;
+    float score, semantic, priority;
+  };
+  std::unordered_map<uint64_t, float> block_semantic;
+  std::vector<Candidate> ranked;
+  ranked.reserve(scores.size());
+  for (const auto& [gid, score] : scores) {
+    const uint64_t b = gid / kGroupStride;
+    float sem = 0;
+    if (semantic) {
+      auto [it, fresh] = block_semantic.try_emplace(b, 0.0f);
+      if (fresh) {
+        it->second = SemanticScore(MatchSignals(blocks_[b].rec, signals), w);
+      }
+      sem = it->second;
+    }
+    ranked.push_back({gid, score, sem, scale * score + sem});
+  }
+  std::sort(ranked.begin(), ranked.end(),
+            [](const Candidate& a, const Candidate& b) {
+              return a.priority != b.priority ? a.priority > b.priority
+                                              : a.gid > b.gid;
+            });
+  // Fill the budget with groups, at most top_k distinct blocks.
+  std::vector<RecalledBlock> chosen;
+  std::unordered_map<uint64_t, size_t> slot;  // Block -> index in chosen.
+  uint64_t used = 0;
+  for (const Candidate& c : ranked) {
+    if (used >= max_tokens) break;
+    const uint64_t b = c.gid / kGroupStride;
+    const uint8_t g = static_cast<uint8_t>(c.gid % kGroupStride);
+    const BlockRecord& rec = blocks_[b].rec;
+    uint32_t size = 0;
+    for (uint8_t tg : rec.token_group) size += tg == g;
+    if (size == 0 || used + size > max_tokens) continue;
+    auto it = slot.find(b);
+    if (it == slot.end()) {
+      if (chosen.size() >= top_k) continue;
+      RecalledBlock r;
+      r.block = rec.info;
+      r.block.tier = TierOf(blocks_[b]);
+      r.score = c.score;
+      r.semantic_score = c.semantic;
+      r.priority = c.priority;
+      r.was_staged = blocks_[b].staged;
+      it = slot.emplace(b, chosen.size()).first;
+      chosen.push_back(std::move(r));
+    }
+    RecalledBlock& r = chosen[it->second];
+    for (uint32_t t = 0; t < rec.token_group.size(); ++t) {
+      if (rec.token_group[t] == g) r.token_offsets.push_back(t);
+    }
+    used += size;
+  }
+  for (RecalledBlock& r : chosen) {
+    std::sort(r.token_offsets.begin(), r.token_offsets.end());
+    if (r.token_offsets.size() == r.block.token_count) r.token_offsets.clear();
+  }
+  AssignGateWeights(&chosen, config_.gate_temperature);
+  return chosen;
+}
+
 size_t Stream::EligibleBlocks(uint64_t window_end) const {
   const uint64_t window_start = window_end > config_.hot_window_tokens
                                     ? window_end - config_.hot_window_tokens
@@ -147,6 +264,7 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
 
   std::vector<std::vector<RecalledBlock>> ranked;  // One list per set.
   std::vector<uint32_t> set_layers;
+  bool grouped = false;  // ranked[0] is already the plan (token groups).
   uint64_t now_frame;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -158,7 +276,12 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     for (size_t i = 0; i < eligible; ++i) {
       result.candidates += blocks_[i].rec.disk != DiskForm::kNone;
     }
-    if (!q.per_layer) {
+    if (!q.per_layer && index_.groups != nullptr) {
+      grouped = true;
+      ranked.push_back(RecallGroups(q.query.data(), q.signals, eligible,
+                                    result.top_k, result.budget_tokens,
+                                    &result.search_us));
+    } else if (!q.per_layer) {
       ranked.push_back(RankCandidates(*index_.all, q.query.data(), 0,
                                       summary_dim_, q.signals, eligible,
                                       result.top_k, &result.search_us));
@@ -178,10 +301,11 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   std::vector<std::pair<uint64_t, uint64_t>> feedback;
   for (size_t i = 0; i < ranked.size(); ++i) {
     LayerRecallSet set;
-    set.blocks = PlanBudgetedRecall(ranked[i], result.budget_tokens,
-                                    config_.gate_temperature);
+    set.blocks = grouped ? std::move(ranked[i])
+                         : PlanBudgetedRecall(ranked[i], result.budget_tokens,
+                                              config_.gate_temperature);
     for (const auto& b : set.blocks) {
-      set.total_tokens += b.block.token_count;
+      set.total_tokens += RecalledTokens(b);
       feedback.emplace_back(b.block.id, now_frame);
     }
     recalled_blocks_.fetch_add(set.blocks.size(), std::memory_order_relaxed);

@@ -269,10 +269,12 @@ absl::Status Stream::Evict(uint64_t id) {
   rec.disk = DiskForm::kNone;
   rec.info.tier = Tier::kEvicted;
   rec.summary.clear();  // The catalogue card goes too.
+  const size_t groups = rec.group_summaries.size() / summary_dim_;
+  rec.group_summaries.clear();
+  rec.token_group.clear();
   return CommitMove(id, std::move(rec), std::move(write),
-                    [this, id](BlockEntry&) {
-                      index_.all->Remove(id);
-                      for (auto& layer : index_.layers) layer->Remove(id);
+                    [this, id, groups](BlockEntry&) {
+                      RemoveFromIndexes(&index_, id, groups);
                       counters_.evictions += 1;
                     });
 }
@@ -483,39 +485,37 @@ void Stream::MaybeScheduleRebuild() {
 }
 
 size_t Stream::RebuildIndex() {
-  std::vector<std::pair<uint64_t, std::vector<float>>> snapshot;
+  std::vector<BlockRecord> snapshot;  // Summaries only.
   size_t n;
   {
     absl::ReaderMutexLock lock(&mu_);
     n = blocks_.size();
     for (const BlockEntry& e : blocks_) {
       if (e.rec.disk != DiskForm::kNone) {
-        snapshot.emplace_back(e.rec.info.id, e.rec.summary);
+        BlockRecord r;
+        r.info.id = e.rec.info.id;
+        r.summary = e.rec.summary;
+        r.group_summaries = e.rec.group_summaries;
+        snapshot.push_back(std::move(r));
       }
     }
   }
   // The expensive part runs without any lock: Recall keeps using the old
   // indexes meanwhile.
   Indexes fresh = NewIndexes();
-  auto add = [&](uint64_t id, const std::vector<float>& summary) {
-    fresh.all->Add(id, summary.data());
-    for (size_t li = 0; li < fresh.layers.size(); ++li) {
-      fresh.layers[li]->Add(id, summary.data() + li * layer_dim_);
-    }
-  };
-  for (const auto& [id, summary] : snapshot) add(id, summary);
+  for (const BlockRecord& r : snapshot) AddToIndexes(&fresh, r.info.id, r);
   size_t indexed;
   {
     absl::MutexLock lock(&mu_);
     // Reconcile with what happened during the build, then swap.
     for (size_t id = n; id < blocks_.size(); ++id) {
       if (blocks_[id].rec.disk != DiskForm::kNone)
-        add(id, blocks_[id].rec.summary);
+        AddToIndexes(&fresh, id, blocks_[id].rec);
     }
-    for (const auto& [id, summary] : snapshot) {
-      if (blocks_[id].rec.disk == DiskForm::kNone) {
-        fresh.all->Remove(id);
-        for (auto& layer : fresh.layers) layer->Remove(id);
+    for (const BlockRecord& r : snapshot) {
+      if (blocks_[r.info.id].rec.disk == DiskForm::kNone) {
+        RemoveFromIndexes(&fresh, r.info.id,
+                          r.group_summaries.size() / summary_dim_);
       }
     }
     index_ = std::move(fresh);
@@ -558,7 +558,10 @@ StreamStats Stream::Stats() const {
     s.payload_bytes = state_.payload_bytes;
     for (const BlockEntry& e : blocks_) {
       if (e.rec.disk != DiskForm::kNone) {
-        s.summary_bytes += e.rec.summary.size() * sizeof(float);
+        s.summary_bytes +=
+            (e.rec.summary.size() + e.rec.group_summaries.size()) *
+                sizeof(float) +
+            e.rec.token_group.size();
       }
       switch (TierOf(e)) {
         case Tier::kWarm:

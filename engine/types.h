@@ -55,6 +55,7 @@ struct StreamConfig {
   uint32_t max_tokens_per_block = 0;     // 0: no limit.
   std::vector<uint32_t> indexed_layers;  // Empty: all layers.
   std::string index_factory;             // Empty: "Flat".
+  uint32_t groups_per_block = 0;         // 0: 1 (the block's mean only).
   uint32_t default_top_k = 0;            // 0: default.
   uint32_t default_max_tokens = 0;       // 0: 20 % of the hot window.
   float gate_temperature = 0.0f;         // 0: 1.0.
@@ -130,7 +131,17 @@ struct RecalledBlock {
   float semantic_score = 0;  // Weighted semantic part of priority.
   float gate_weight = 0;
   bool was_staged = false;
+  // Offsets (append order within the block) of the tokens chosen, sorted;
+  // empty means every token of the block.
+  std::vector<uint32_t> token_offsets;
 };
+
+// Tokens a recalled block contributes to the budget.
+inline uint32_t RecalledTokens(const RecalledBlock& b) {
+  return b.token_offsets.empty()
+             ? b.block.token_count
+             : static_cast<uint32_t>(b.token_offsets.size());
+}
 
 struct LayerRecallSet {
   uint32_t layer = 0;

@@ -14,6 +14,7 @@ StreamConfig FromProto(const v1::StreamConfig& p) {
   c.indexed_layers.assign(p.index_policy().indexed_layers().begin(),
                           p.index_policy().indexed_layers().end());
   c.index_factory = p.index_policy().index_factory();
+  c.groups_per_block = p.index_policy().groups_per_block();
   c.default_top_k = p.recall_defaults().top_k();
   c.default_max_tokens = p.recall_defaults().max_tokens();
   c.gate_temperature = p.recall_defaults().gate_temperature();
@@ -85,6 +86,7 @@ void ToProto(const StreamConfig& c, v1::StreamConfig* p) {
     p->mutable_index_policy()->add_indexed_layers(l);
   }
   p->mutable_index_policy()->set_index_factory(c.index_factory);
+  p->mutable_index_policy()->set_groups_per_block(c.groups_per_block);
   p->mutable_recall_defaults()->set_top_k(c.default_top_k);
   p->mutable_recall_defaults()->set_max_tokens(c.default_max_tokens);
   p->mutable_recall_defaults()->set_gate_temperature(c.gate_temperature);
@@ -177,6 +179,8 @@ void ToProto(const RecalledBlock& b, v1::RecalledBlock* out) {
   out->set_semantic_score(b.semantic_score);
   out->set_gate_weight(b.gate_weight);
   out->set_was_staged(b.was_staged);
+  out->mutable_token_offsets()->Assign(b.token_offsets.begin(),
+                                       b.token_offsets.end());
 }
 }  // namespace
 

@@ -54,7 +54,48 @@ assert sum(b["token_count"] for b in rec["blocks"]) == rec["total_tokens"] <= re
 print("cli json checks passed")
 PY
 
-# 3. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
+# 3. eval on a small workload: in process (with report files) and through the
+# running server (same kvmem figures), JSON checked with python3.
+small=(--cameras=1 --frames=150 --tokens_per_frame=16 --layers=1 --kv_heads=2
+       --head_dim=32 --places=4 --objects=6 --object_tokens=2
+       --hot_window_tokens=256 --recall_fractions=0.2,0.3)
+"$bin/kvmem" eval "${small[@]}" --out="$tmp/eval" --json > "$tmp/eval.json" 2> "$tmp/eval.err"
+grep -q "eval: frame 150/150 (100%)" "$tmp/eval.err" || fail "eval showed no progress"
+"$bin/kvmem" eval "${small[@]}" --via=grpc --addr="unix:$sock" --json > "$tmp/eval-grpc.json" 2>/dev/null
+"$bin/kvmem" eval "${small[@]}" --out="$tmp/eval-human" > "$tmp/eval.txt" 2>/dev/null
+grep -q "| kvmem |" "$tmp/eval.txt" || fail "eval table lacks kvmem"
+python3 - "$tmp" "$(command -v gnuplot || true)" <<'PY'
+import json, os, sys
+d, gnuplot = sys.argv[1], sys.argv[2]
+ev = json.load(open(f"{d}/eval.json"))
+names = ["full", "streaming_llm", "window_lru", "h2o", "mean_key_topk", "kvmem"]
+keys = ["mass_recalled", "cold_mass_recalled", "output_cosine", "reid_success",
+        "useless_hit_rate", "resident_bytes_peak", "stored_bytes_peak", "recall_p99_us"]
+assert sorted(ev["policies"]) == sorted(names), ev["policies"].keys()
+for n in names:
+    for k in keys:
+        assert k in ev["policies"][n], (n, k)
+full = ev["policies"]["full"]
+assert abs(full["mass_recalled"] - 1) < 1e-4 and abs(full["output_cosine"] - 1) < 1e-4, full
+assert ev["recall_fraction"] == 0.3 and len(ev["sweep"]) == 2, ev["sweep"]
+assert ev["kvmem_path"] == "in-process", ev["kvmem_path"]
+want = ["summary.csv", "queries.csv", "memory.csv", "latency.csv", "sweep.csv", "report.md"]
+if gnuplot:
+    want += ["memory_vs_time.png", "mass_vs_budget.png", "latency_vs_time.png"]
+for f in want:
+    p = os.path.join(d, "eval", f)
+    assert os.path.getsize(p) > 0, p
+    assert p in ev["files"], (p, ev["files"])
+report = open(f"{d}/eval/report.md").read()
+assert "| kvmem |" in report and "## Targets" in report, report[:400]
+g = json.load(open(f"{d}/eval-grpc.json"))
+assert g["kvmem_path"].startswith("unix:"), g["kvmem_path"]
+for k in ("cold_mass_recalled", "reid_success", "mass_recalled"):
+    assert g["policies"]["kvmem"][k] == ev["policies"]["kvmem"][k], (k, g["policies"]["kvmem"], ev["policies"]["kvmem"])
+print("cli eval checks passed")
+PY
+
+# 4. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
 set +e
 "$bin/kvmem" recall --addr="unix:$sock" --stream=ghost --query=1 2> "$tmp/err.txt"; rc=$?
 set -e
@@ -64,4 +105,9 @@ set +e
 "$bin/kvmem" frobnicate > /dev/null 2>&1; rc=$?
 set -e
 [ "$rc" = 2 ] || fail "unknown subcommand exited $rc, want 2"
+set +e
+"$bin/kvmem" eval --frames=1 > /dev/null 2> "$tmp/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "eval --frames=1 exited $rc, want 2"
+grep -q "frames must be at least 2" "$tmp/err.txt" || fail "eval usage error unclear: $(cat "$tmp/err.txt")"
 echo "cli test passed"

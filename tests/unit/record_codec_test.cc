@@ -50,8 +50,8 @@ TEST(RecordCodecTest, ReadsVersionOneConfigs) {
   c.hot_window_tokens = 64;
   std::string v1 = EncodeConfig(c);
   // Version 2 appended 3 x 4 bytes (shots), 4 x 8 + 5 x 4 (tiers) and
-  // 4 x 4 (weights) after the version 1 fields.
-  v1.resize(v1.size() - (12 + 32 + 20 + 16));
+  // 4 x 4 (weights) after the version 1 fields; version 3, 4 (groups).
+  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4));
   v1[0] = 1;
   auto decoded = DecodeConfig(v1);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -61,6 +61,34 @@ TEST(RecordCodecTest, ReadsVersionOneConfigs) {
       << ValidateStreamConfig(filled);
   EXPECT_EQ(filled.segment_mode, SegmentMode::kFixed);
   EXPECT_EQ(filled.tiers.warm_budget_bytes, 0u);
+}
+
+TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.groups_per_block = 9;
+  std::string v2 = EncodeConfig(c);
+  v2.resize(v2.size() - 4);  // Version 3 appended groups_per_block.
+  v2[0] = 2;
+  auto config = DecodeConfig(v2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->groups_per_block, 0u);
+  EXPECT_EQ(config->hot_window_tokens, 64u);
+
+  BlockRecord b;
+  b.info.id = 4;
+  b.summary = {1, 2, 3};
+  b.last_hit_frame = 11;
+  std::string block = EncodeBlock(b);
+  block.resize(block.size() - 8);  // Two empty length-prefixed fields.
+  block[0] = 2;
+  auto back = DecodeBlock(block);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->info.id, 4u);
+  EXPECT_EQ(back->last_hit_frame, 11u);
+  EXPECT_TRUE(back->group_summaries.empty());
+  EXPECT_TRUE(back->token_group.empty());
 }
 
 TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {

@@ -1,0 +1,108 @@
+// The evaluation harness: its oracle against a direct computation, and what
+// the policies must score on small workloads (full KV is exact; a sliding
+// window cannot re-identify an object whose earlier visit left it).
+#include "client/eval.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/eval_fixture.h"
+
+namespace kvmem {
+namespace {
+
+TEST(EvalOracleTest, MatchesDirectSoftmaxAttention) {
+  const uint32_t heads = 2, d = 4, n = 5;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  CameraTokens cam;
+  cam.tokens = n;
+  cam.per_token = heads * d;
+  for (uint32_t i = 0; i < n * heads * d; ++i) {
+    cam.keys.push_back(g(rng));
+    cam.values.push_back(g(rng));
+  }
+  std::vector<float> q(heads * d);
+  for (auto& x : q) x = 2 * g(rng);
+  std::vector<std::vector<float>> probs;
+  std::vector<std::vector<double>> outs;
+  OracleAttention(cam, n, q, heads, d, &probs, &outs);
+  for (uint32_t h = 0; h < heads; ++h) {
+    // Direct: logits q.k / sqrt(d), softmax, weighted sum of values.
+    std::vector<double> logit(n);
+    double mx = -1e300, sum = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (uint32_t j = 0; j < d; ++j)
+        s += double(q[h * d + j]) * cam.keys[i * heads * d + h * d + j];
+      logit[i] = s / std::sqrt(double(d));
+      mx = std::max(mx, logit[i]);
+    }
+    for (auto& l : logit) sum += std::exp(l - mx);
+    std::vector<double> out(d, 0.0);
+    for (uint32_t i = 0; i < n; ++i) {
+      const double p = std::exp(logit[i] - mx) / sum;
+      EXPECT_NEAR(probs[h][i], p, 1e-6) << "head " << h << " token " << i;
+      for (uint32_t j = 0; j < d; ++j)
+        out[j] += p * cam.values[i * heads * d + h * d + j];
+    }
+    for (uint32_t j = 0; j < d; ++j) EXPECT_NEAR(outs[h][j], out[j], 1e-5);
+  }
+}
+
+using testing::SmallEval;
+
+const PolicySummary& Policy(const EvalResult& r, const std::string& name) {
+  return testing::PolicyOf(r, name);
+}
+
+TEST(EvalTest, FullKvIsExactAndEveryPolicyReportsMetrics) {
+  auto r = RunEval(SmallEval());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->configs.size(), 1u);
+  EXPECT_EQ(r->policy_names,
+            (std::vector<std::string>{"full", "streaming_llm", "window_lru",
+                                      "h2o", "mean_key_topk", "kvmem"}));
+  const PolicySummary& full = Policy(*r, "full");
+  EXPECT_GT(full.queries, 200u);
+  EXPECT_NEAR(full.mass_recalled, 1.0, 1e-5);
+  EXPECT_NEAR(full.output_cosine, 1.0, 1e-6);
+  EXPECT_NEAR(full.output_rel_error, 0.0, 1e-6);
+  EXPECT_NEAR(full.cold_mass_recalled, 1.0, 1e-5);
+  // Bounded policies never hold more than sinks + W + R tokens.
+  const uint64_t bpt = 1 * 2 * 2 * 32 * 2;
+  for (const char* name :
+       {"streaming_llm", "window_lru", "h2o", "mean_key_topk", "kvmem"}) {
+    const PolicySummary& p = Policy(*r, name);
+    EXPECT_EQ(p.queries, full.queries) << name;
+    EXPECT_LE(p.resident_bytes_peak, (4 + 256 + 77) * bpt) << name;
+    EXPECT_LT(p.mass_recalled, 1.0) << name;
+    EXPECT_GT(p.output_cosine, 0.5) << name;
+    EXPECT_LE(p.injected_tokens_mean, 77.0) << name;
+  }
+  EXPECT_GT(full.stored_bytes_peak,
+            Policy(*r, "streaming_llm").stored_bytes_peak);
+  EXPECT_GT(r->rebuild_periods, 0.0);
+}
+
+TEST(EvalTest, StreamingLlmCannotReidentifyAfterAGapBeyondItsWindow) {
+  EvalOptions o = SmallEval();
+  // Every absence lasts 100-110 s (300+ frames, 4800+ tokens): far beyond
+  // W + R = 333 tokens. Visits are short.
+  o.workload.frames = 420;
+  o.workload.gap_min_s = 100;
+  o.workload.gap_max_s = 110;
+  o.workload.visit_min_s = 2;
+  o.workload.visit_max_s = 4;
+  auto r = RunEval(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const PolicySummary& s = Policy(*r, "streaming_llm");
+  ASSERT_GT(s.reid_probes, 0u);
+  EXPECT_EQ(s.reid_success, 0.0);
+  EXPECT_EQ(Policy(*r, "full").reid_success, 1.0);
+  EXPECT_GT(Policy(*r, "kvmem").reid_success, 0.5);
+}
+
+}  // namespace
+}  // namespace kvmem
