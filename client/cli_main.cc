@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "command-line client of kvmem-server.\nUsage: kvmem <demo|recall|stats|eval> "
+      "command-line client of kvmem-server.\nUsage: kvmem "
+      "<demo|recall|stats|eval> "
       "[flags]\n"
       "  demo    stream a synthetic multi-camera workload through "
       "kvmem-server\n"

@@ -87,14 +87,19 @@ void PrintStatsHuman(const v1::StreamStats& s) {
 }
 
 void PrintBlock(const v1::RecalledBlock& b) {
+  // With token groups, only some of the block's tokens were chosen.
+  const std::string tokens = b.token_offsets().empty()
+                                 ? absl::StrCat(b.token_count(), " tokens")
+                                 : absl::StrCat(b.token_offsets_size(), " of ",
+                                                b.token_count(), " tokens");
   std::printf(
-      "  block %6llu  frames %llu-%llu  positions [%llu, %llu)  %u tokens  "
+      "  block %6llu  frames %llu-%llu  positions [%llu, %llu)  %s  "
       "score %.4f  priority %.4f  gate %.3f  %s%s%s\n",
       static_cast<unsigned long long>(b.block_id()),
       static_cast<unsigned long long>(b.first_frame()),
       static_cast<unsigned long long>(b.last_frame()),
       static_cast<unsigned long long>(b.first_token_position()),
-      static_cast<unsigned long long>(b.end_token_position()), b.token_count(),
+      static_cast<unsigned long long>(b.end_token_position()), tokens.c_str(),
       b.score(), b.priority(), b.gate_weight(), v1::Tier_Name(b.tier()).c_str(),
       b.degraded() ? " degraded" : "", b.was_staged() ? " staged" : "");
 }

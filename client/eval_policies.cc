@@ -316,7 +316,8 @@ class KvmemPolicy : public EvalPolicy {
       v1::StreamStats st;
       s = backend_->Stats(id_, &st);
       if (!s.ok()) return s;
-      stored_ = st.warm_bytes() + st.cold_bytes() + st.summary_bytes();
+      stored_ = st.warm().bytes() + st.cold().bytes() + st.degraded().bytes() +
+                st.summary_bytes();
       stats_ = st;
     }
     (void)cam;
