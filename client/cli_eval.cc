@@ -38,9 +38,25 @@ ABSL_FLAG(uint32_t, sink_tokens, 4, "eval: attention-sink tokens at start.");
 ABSL_FLAG(uint32_t, places_per_camera, 5, "eval: places each camera sees.");
 ABSL_FLAG(uint32_t, objects, 24, "eval: objects with identities.");
 ABSL_FLAG(uint32_t, object_tokens, 4, "eval: tokens an object covers.");
+ABSL_FLAG(uint32_t, max_objects_per_frame, 4, "eval: objects in view at once.");
+ABSL_FLAG(double, gap_min_s, 5, "eval: shortest absence of an object (s).");
 ABSL_FLAG(double, gap_max_s, 240, "eval: longest absence of an object (s).");
+ABSL_FLAG(double, visit_min_s, 3, "eval: shortest visit of an object (s).");
 ABSL_FLAG(double, visit_max_s, 25, "eval: longest visit of an object (s).");
+ABSL_FLAG(double, shot_min_s, 3, "eval: shortest shot (s).");
 ABSL_FLAG(double, shot_max_s, 25, "eval: longest shot (s).");
+ABSL_FLAG(double, walk_probability, 0.5,
+          "eval: chance an object's next visit is on another camera.");
+ABSL_FLAG(double, occlusion_probability, 0.03,
+          "eval: chance a visible object is hidden in a frame.");
+ABSL_FLAG(double, frame_noise, 0.08,
+          "eval: frame-to-frame change of a token's latent.");
+ABSL_FLAG(double, sink_pull, 0.35,
+          "eval: share of each query's latent toward the attention sinks.");
+ABSL_FLAG(uint32_t, scene_dim, 32, "eval: scene embedding dimension.");
+ABSL_FLAG(uint32_t, latent_dim, 0,
+          "eval: latent dimension (0: head_dim); at least 1 + places + "
+          "objects.");
 ABSL_FLAG(double, rope_base, 1e6, "eval: RoPE base (Qwen2-VL: 1e6).");
 ABSL_FLAG(double, low_freq_bias, 2.0,
           "eval: how much more key energy low RoPE frequencies carry.");
@@ -118,9 +134,21 @@ int RunEval(const std::vector<std::string>&) {
                               std::min(w.places_per_camera, w.places));
   w.objects = absl::GetFlag(FLAGS_objects);
   w.object_tokens = absl::GetFlag(FLAGS_object_tokens);
+  w.max_objects_per_frame = absl::GetFlag(FLAGS_max_objects_per_frame);
+  w.gap_min_s = absl::GetFlag(FLAGS_gap_min_s);
   w.gap_max_s = absl::GetFlag(FLAGS_gap_max_s);
+  w.visit_min_s = absl::GetFlag(FLAGS_visit_min_s);
   w.visit_max_s = absl::GetFlag(FLAGS_visit_max_s);
+  w.shot_min_s = absl::GetFlag(FLAGS_shot_min_s);
   w.shot_max_s = absl::GetFlag(FLAGS_shot_max_s);
+  w.walk_probability = absl::GetFlag(FLAGS_walk_probability);
+  w.occlusion_probability = absl::GetFlag(FLAGS_occlusion_probability);
+  w.frame_noise = static_cast<float>(absl::GetFlag(FLAGS_frame_noise));
+  w.sink_pull = static_cast<float>(absl::GetFlag(FLAGS_sink_pull));
+  w.scene_dim = absl::GetFlag(FLAGS_scene_dim);
+  if (absl::GetFlag(FLAGS_latent_dim) > 0) {
+    w.latent_dim = absl::GetFlag(FLAGS_latent_dim);
+  }
   w.rope_base = absl::GetFlag(FLAGS_rope_base);
   w.low_freq_bias = static_cast<float>(absl::GetFlag(FLAGS_low_freq_bias));
   w.query_scale = static_cast<float>(absl::GetFlag(FLAGS_query_scale));

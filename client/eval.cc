@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <ostream>
 
 #include "absl/strings/str_cat.h"
@@ -438,6 +439,9 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
       double cold_hit[2] = {0, 0}, cold_total[2] = {0, 0};
       uint64_t reid_ok = 0, units = 0, useless = 0, injected = 0;
       std::vector<float> lat;
+      std::map<uint64_t, std::vector<float>> buckets;  // 10 s of video each.
+      const uint64_t bucket_frames =
+          std::max<uint64_t>(1, static_cast<uint64_t>(10 * w.fps));
       for (const QueryRow& r : result.rows) {
         if (r.config != ci || r.policy != pi) continue;
         ++ps.queries;
@@ -456,6 +460,14 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
         ps.degraded_blocks += r.degraded;
         injected += r.injected;
         lat.push_back(r.latency_us);
+        buckets[r.frame / bucket_frames].push_back(r.latency_us);
+      }
+      std::vector<float> bucket_p99;
+      for (auto& [b, v] : buckets) bucket_p99.push_back(Percentile(v, 0.99));
+      const double median_p99 = Percentile(bucket_p99, 0.5);
+      ps.latency_buckets = static_cast<uint32_t>(bucket_p99.size());
+      for (float p99 : bucket_p99) {
+        ps.latency_spike_buckets += median_p99 > 0 && p99 > 3 * median_p99;
       }
       const double nq = std::max<uint64_t>(1, ps.queries);
       ps.mass_recalled /= nq;

@@ -77,6 +77,9 @@ struct PolicySummary {
   uint64_t resident_bytes_peak = 0;
   uint64_t stored_bytes_peak = 0;
   double recall_p50_us = 0, recall_p99_us = 0, recall_p999_us = 0;
+  // Latency spikes: 10-second buckets of video whose p99 exceeds 3x the
+  // median bucket's p99, out of latency_buckets.
+  uint32_t latency_spike_buckets = 0, latency_buckets = 0;
   uint64_t degraded_blocks = 0;
 };
 

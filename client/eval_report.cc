@@ -138,13 +138,14 @@ std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
         "%.4f, \"injected_tokens_mean\": %.1f, \"resident_bytes_peak\": %d, "
         "\"stored_bytes_peak\": %d, \"recall_p50_us\": %.1f, "
         "\"recall_p99_us\": %.1f, \"recall_p999_us\": %.1f, \"queries\": %d, "
-        "\"degraded_blocks_recalled\": %d}",
+        "\"degraded_blocks_recalled\": %d, \"latency_spike_buckets\": %d, "
+        "\"latency_buckets\": %d}",
         p.mass_recalled, p.cold_mass_recalled, p.cold_mass_recalled_frame,
         p.cold_mass_recalled_probe, p.output_cosine, p.output_rel_error,
         p.reid_success, p.reid_probes, p.useless_hit_rate,
         p.injected_tokens_mean, p.resident_bytes_peak, p.stored_bytes_peak,
         p.recall_p50_us, p.recall_p99_us, p.recall_p999_us, p.queries,
-        p.degraded_blocks);
+        p.degraded_blocks, p.latency_spike_buckets, p.latency_buckets);
   };
   s += "  \"policies\": {\n";
   for (size_t i = 0; i < c.policies.size(); ++i) {
@@ -431,6 +432,14 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
   for (const Target& t : Targets(*r)) {
     absl::StrAppendFormat(&md, "- [%s] %s: %s\n", t.met ? "x" : " ", t.name,
                           t.detail);
+  }
+  md +=
+      "\n## Latency spikes\n\n10-second buckets of video whose selection "
+      "p99 is over 3x the median bucket's p99 (see latency_vs_time.png):\n\n";
+  for (const auto& p : c.policies) {
+    if (p.name == "full") continue;
+    absl::StrAppendFormat(&md, "- %s: %d of %d\n", p.name,
+                          p.latency_spike_buckets, p.latency_buckets);
   }
   md += "\n## Sweep (cold mass recalled)\n\n| W | R | ";
   md += absl::StrJoin(names, " | ") + " |\n|---|---|";

@@ -138,6 +138,14 @@ std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
   if (!(o.sink_pull >= 0 && o.sink_pull < 1)) return "--sink_pull in [0, 1)";
   if (o.query_every < 1) return "--query_every must be >= 1";
   if (o.scene_dim < 1) return "--scene_dim must be >= 1";
+  if (!(o.walk_probability >= 0 && o.walk_probability <= 1 &&
+        o.occlusion_probability >= 0 && o.occlusion_probability <= 1)) {
+    return "--walk_probability and --occlusion_probability must be in [0, 1]";
+  }
+  if (!(o.frame_noise >= 0 && std::isfinite(o.frame_noise))) {
+    return "--frame_noise must be >= 0";
+  }
+  if (!std::isfinite(o.low_freq_bias)) return "--low_freq_bias must be finite";
   return "";
 }
 
