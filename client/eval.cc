@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/dot.h"
+#include "engine/dot.h"
 
 namespace kvmem {
 namespace {
@@ -64,13 +64,6 @@ double Sum(const std::vector<double>& prefix, uint64_t b, uint64_t e) {
   return e > b ? prefix[e] - prefix[b] : 0.0;
 }
 
-double Percentile(std::vector<float> v, double q) {
-  if (v.empty()) return 0;
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
-  std::nth_element(v.begin(), v.begin() + i, v.end());
-  return v[i];
-}
-
 bool Intersects(const std::vector<Span>& a,
                 const std::vector<std::pair<uint64_t, uint64_t>>& b) {
   size_t i = 0, j = 0;
@@ -87,6 +80,13 @@ bool Intersects(const std::vector<Span>& a,
 }
 
 }  // namespace
+
+double Percentile(std::vector<float> v, double q) {
+  if (v.empty()) return 0;
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
+  std::nth_element(v.begin(), v.begin() + i, v.end());
+  return v[i];
+}
 
 void OracleAttention(const CameraTokens& cam, uint64_t tokens,
                      const std::vector<float>& q, uint32_t heads,

@@ -73,13 +73,6 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return static_cast<bool>(f);
 }
 
-double Percentile(std::vector<float> v, double q) {
-  if (v.empty()) return 0;
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
-  std::nth_element(v.begin(), v.begin() + i, v.end());
-  return v[i];
-}
-
 }  // namespace
 
 std::string EvalTable(const EvalResult& r) {

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "client/dot.h"
+#include "engine/dot.h"
 #include "engine/dtype.h"
 
 namespace kvmem {

@@ -219,6 +219,12 @@ class Stream : public std::enable_shared_from_this<Stream> {
                                           uint32_t max_tokens,
                                           uint32_t* search_us) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Recent eligible, non-evicted blocks that show the query's tracks (at
+  // most 64 per track), when the track or IoU weight is on: the semantic
+  // signal's candidates.
+  std::vector<size_t> TrackCandidates(const FrameSignals& signals,
+                                      size_t eligible) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Adds a block's summaries (and groups) to `ix` / removes them.
   void AddToIndexes(Indexes* ix, uint64_t id, const BlockRecord& rec) const;
   static void RemoveFromIndexes(Indexes* ix, uint64_t id, size_t groups);

@@ -28,7 +28,33 @@ uint32_t MicrosSince(std::chrono::steady_clock::time_point t0) {
 // How many recent blocks per query track become semantic candidates.
 constexpr size_t kBlocksPerTrack = 64;
 
+float SummaryDot(const float* summary, const float* query, size_t dim) {
+  double dot = 0;
+  for (size_t i = 0; i < dim; ++i)
+    dot += static_cast<double>(summary[i]) * query[i];
+  return static_cast<float>(dot);
+}
+
 }  // namespace
+
+std::vector<size_t> Stream::TrackCandidates(const FrameSignals& signals,
+                                            size_t eligible) const {
+  std::vector<size_t> out;
+  const RecallWeights& w = config_.weights;
+  if ((w.track <= 0 && w.iou <= 0) || eligible == 0) return out;
+  for (const Detection& d : signals.detections) {
+    auto it = track_blocks_.find(d.track_id);
+    if (it == track_blocks_.end()) continue;
+    size_t taken = 0;
+    for (auto b = it->second.rbegin();
+         b != it->second.rend() && taken < kBlocksPerTrack; ++b) {
+      if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
+      ++taken;
+      out.push_back(*b);
+    }
+  }
+  return out;
+}
 
 std::vector<RecalledBlock> Stream::RankCandidates(
     const BlockIndex& index, const float* query, size_t offset, size_t dim,
@@ -50,23 +76,10 @@ std::vector<RecalledBlock> Stream::RankCandidates(
     }
   }
   if (search_us != nullptr) *search_us = MicrosSince(t0);
-  if ((w.track > 0 || w.iou > 0) && eligible > 0) {
-    for (const Detection& d : signals.detections) {
-      auto it = track_blocks_.find(d.track_id);
-      if (it == track_blocks_.end()) continue;
-      size_t taken = 0;
-      for (auto b = it->second.rbegin();
-           b != it->second.rend() && taken < kBlocksPerTrack; ++b) {
-        if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
-        ++taken;
-        if (scores.count(*b)) continue;
-        const float* s = blocks_[*b].rec.summary.data() + offset;
-        double dot = 0;
-        for (size_t i = 0; i < dim; ++i)
-          dot += static_cast<double>(s[i]) * query[i];
-        scores.emplace(*b, static_cast<float>(dot));
-      }
-    }
+  for (size_t b : TrackCandidates(signals, eligible)) {
+    if (scores.count(b)) continue;
+    scores.emplace(
+        b, SummaryDot(blocks_[b].rec.summary.data() + offset, query, dim));
   }
   const float scale =
       w.model / std::sqrt(static_cast<float>(config_.geometry.head_dim));
@@ -122,26 +135,13 @@ std::vector<RecalledBlock> Stream::RecallGroups(const float* query,
     }
   }
   if (search_us != nullptr) *search_us = MicrosSince(t0);
-  if ((w.track > 0 || w.iou > 0) && eligible > 0) {
-    for (const Detection& d : signals.detections) {
-      auto it = track_blocks_.find(d.track_id);
-      if (it == track_blocks_.end()) continue;
-      size_t taken = 0;
-      for (auto b = it->second.rbegin();
-           b != it->second.rend() && taken < kBlocksPerTrack; ++b) {
-        if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
-        ++taken;
-        for (size_t g = 0; g < groups_of(*b); ++g) {
-          const uint64_t gid = *b * kGroupStride + g;
-          if (scores.count(gid)) continue;
-          const float* s =
-              blocks_[*b].rec.group_summaries.data() + g * summary_dim_;
-          double dot = 0;
-          for (size_t i = 0; i < summary_dim_; ++i)
-            dot += static_cast<double>(s[i]) * query[i];
-          scores.emplace(gid, static_cast<float>(dot));
-        }
-      }
+  for (size_t b : TrackCandidates(signals, eligible)) {
+    for (size_t g = 0; g < groups_of(b); ++g) {
+      const uint64_t gid = b * kGroupStride + g;
+      if (scores.count(gid)) continue;
+      scores.emplace(gid, SummaryDot(blocks_[b].rec.group_summaries.data() +
+                                         g * summary_dim_,
+                                     query, summary_dim_));
     }
   }
   // Rank groups: model score plus their block's semantic match.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/dot.h"
 #include "engine/dtype.h"
 #include "engine/stream_config.h"
 
@@ -11,19 +12,8 @@ namespace {
 
 constexpr int kIterations = 6;
 
-float DotF(const float* a, const float* b, size_t n) {
-  float part[4] = {0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (size_t u = 0; u < 4; ++u) part[u] += a[i + u] * b[i + u];
-  }
-  float s = (part[0] + part[1]) + (part[2] + part[3]);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 void NormalizeRow(float* v, size_t n) {
-  const float norm = std::sqrt(DotF(v, v, n));
+  const float norm = std::sqrt(Dot(v, v, n));
   if (norm > 0) {
     for (size_t i = 0; i < n; ++i) v[i] /= norm;
   }
@@ -78,7 +68,7 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
     float lowest = INFINITY;
     for (size_t i = 0; i < n; ++i) {
       best[i] = std::max(
-          best[i], DotF(unit.data() + i * dim, centres.data() + c * dim, dim));
+          best[i], Dot(unit.data() + i * dim, centres.data() + c * dim, dim));
       if (best[i] < lowest) {
         lowest = best[i];
         next = i;
@@ -93,7 +83,7 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
       float top = -INFINITY;
       for (size_t c = 0; c < k; ++c) {
         const float s =
-            DotF(unit.data() + i * dim, centres.data() + c * dim, dim);
+            Dot(unit.data() + i * dim, centres.data() + c * dim, dim);
         if (s > top) {
           top = s;
           arg = c;

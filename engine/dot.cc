@@ -1,4 +1,4 @@
-#include "client/dot.h"
+#include "engine/dot.h"
 
 namespace kvmem {
 
