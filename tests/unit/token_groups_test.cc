@@ -171,6 +171,57 @@ TEST(TokenGroupsTest, RecallReturnsTheMatchingTokensWithinBudgetAcrossRestart) {
   check(reopened.get());
 }
 
+TEST(TokenGroupsTest, TrackSignalBringsGroupsOfTheTracksBlocks) {
+  // Blocks of 2 frames of background, except frames 2 and 3 (block 1),
+  // which show entity 1 and send a detection of track 5. The query points
+  // away from entity 1 (the index ranks block 1 last) and asks for one
+  // block, but names track 5: block 1's groups come in as track candidates
+  // and win on the semantic signal.
+  const TestGeometry g;
+  TempDir dir;
+  std::mt19937_64 rng(4);
+  StreamConfig config = GroupConfig(g, 2);
+  config.weights.track = 100;
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("cam", config).ok());
+  for (uint64_t i = 0; i < 10; ++i) {
+    FrameSignals sig;
+    if (i == 2 || i == 3) {
+      Detection d;
+      d.track_id = 5;
+      d.x_max = d.y_max = 0.5f;
+      d.score = 0.9f;
+      sig.detections.push_back(d);
+    }
+    const FloatFrame f =
+        PlantedFrame(g, std::vector<int>(8, i == 2 || i == 3 ? 1 : 0), rng);
+    Frame fr;
+    fr.index = i;
+    fr.first_token_position = i * 8;
+    fr.token_count = 8;
+    fr.payload = Encode(f, g.dtype);
+    fr.signals = std::move(sig);
+    ASSERT_TRUE(e->Append("cam", std::move(fr)).ok());
+  }
+  RecallQuery q;
+  q.query.assign(2 * g.kv_heads * g.head_dim, 0.0f);
+  for (size_t i = 0; i < q.query.size(); ++i) {
+    if ((i % g.head_dim) / 4 == 1) q.query[i] = -1.0f;  // Away from entity 1.
+  }
+  q.max_tokens = 16;
+  q.top_k = 1;
+  Detection d;
+  d.track_id = 5;
+  d.x_max = d.y_max = 0.5f;
+  q.signals.detections.push_back(d);
+  auto r = e->Recall("cam", q);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->blocks.empty());
+  EXPECT_EQ(r->blocks[0].block.id, 1u);
+  EXPECT_GT(r->blocks[0].semantic_score, 0.0f);
+  EXPECT_LE(r->total_tokens, 16u);
+}
+
 TEST(TokenGroupsTest, TooManyGroupsIsInvalidArgumentNamingTheField) {
   TempDir dir;
   auto e = testing::OpenTestEngine(dir.path());
