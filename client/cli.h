@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 
 ABSL_DECLARE_FLAG(std::string, addr);
 ABSL_DECLARE_FLAG(bool, json);
@@ -19,6 +21,7 @@ int RunDemo(const std::vector<std::string>& args);
 int RunRecall(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
+int RunRoofline(const std::vector<std::string>& args);
 
 // Prints "kvmem: <what>: <CODE>: <message>" to stderr; returns 1.
 int ReportError(const std::string& what, const grpc::Status& status);
@@ -26,6 +29,17 @@ const char* StatusCodeName(grpc::StatusCode code);
 
 // Percentile (0..100) of values; 0 for an empty vector. Sorts values.
 double Percentile(std::vector<double>& values, double pct);
+
+// Subcommands share some flags (--layers, --frames, ...) but not their
+// defaults: the flag's value when set to something other than its declared
+// default, else the subcommand's `fallback`.
+template <typename T>
+T FlagOr(const absl::Flag<T>& flag, const char* name, T fallback) {
+  const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+  return f != nullptr && f->CurrentValue() != f->DefaultValue()
+             ? absl::GetFlag(flag)
+             : fallback;
+}
 
 // --addr, or the default server address when it is empty.
 std::string AddrOrDefault();

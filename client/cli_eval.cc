@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -91,16 +90,6 @@ ABSL_DECLARE_FLAG(uint32_t, top_k);
 namespace kvmem {
 namespace {
 
-// The flag's value when set to something other than its (demo) default,
-// else eval's `fallback`.
-template <typename T>
-T Given(const absl::Flag<T>& flag, const char* name, T fallback) {
-  const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
-  return f != nullptr && f->CurrentValue() != f->DefaultValue()
-             ? absl::GetFlag(flag)
-             : fallback;
-}
-
 bool ParseList(const std::string& text, std::vector<double>* out) {
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     double v;
@@ -116,22 +105,22 @@ int RunEval(const std::vector<std::string>&) {
   EvalOptions o;
   VideoWorkloadOptions& w = o.workload;
   w.cameras = static_cast<uint32_t>(std::max(
-      0, Given(FLAGS_cameras, "cameras", static_cast<int>(w.cameras))));
+      0, FlagOr(FLAGS_cameras, "cameras", static_cast<int>(w.cameras))));
   w.frames = static_cast<uint32_t>(
-      std::max(0, Given(FLAGS_frames, "frames", static_cast<int>(w.frames))));
-  w.seed = Given(FLAGS_seed, "seed", w.seed);
-  w.layers = Given(FLAGS_layers, "layers", w.layers);
-  w.kv_heads = Given(FLAGS_kv_heads, "kv_heads", w.kv_heads);
-  w.head_dim = Given(FLAGS_head_dim, "head_dim", w.head_dim);
+      std::max(0, FlagOr(FLAGS_frames, "frames", static_cast<int>(w.frames))));
+  w.seed = FlagOr(FLAGS_seed, "seed", w.seed);
+  w.layers = FlagOr(FLAGS_layers, "layers", w.layers);
+  w.kv_heads = FlagOr(FLAGS_kv_heads, "kv_heads", w.kv_heads);
+  w.head_dim = FlagOr(FLAGS_head_dim, "head_dim", w.head_dim);
   w.latent_dim = w.head_dim;
   w.tokens_per_frame =
-      Given(FLAGS_tokens_per_frame, "tokens_per_frame", w.tokens_per_frame);
+      FlagOr(FLAGS_tokens_per_frame, "tokens_per_frame", w.tokens_per_frame);
   w.fps = absl::GetFlag(FLAGS_fps);
   w.sink_tokens = absl::GetFlag(FLAGS_sink_tokens);
   w.places = static_cast<uint32_t>(
-      std::max(0, Given(FLAGS_places, "places", static_cast<int>(w.places))));
-  w.places_per_camera = Given(FLAGS_places_per_camera, "places_per_camera",
-                              std::min(w.places_per_camera, w.places));
+      std::max(0, FlagOr(FLAGS_places, "places", static_cast<int>(w.places))));
+  w.places_per_camera = FlagOr(FLAGS_places_per_camera, "places_per_camera",
+                               std::min(w.places_per_camera, w.places));
   w.objects = absl::GetFlag(FLAGS_objects);
   w.object_tokens = absl::GetFlag(FLAGS_object_tokens);
   w.max_objects_per_frame = absl::GetFlag(FLAGS_max_objects_per_frame);
@@ -153,13 +142,13 @@ int RunEval(const std::vector<std::string>&) {
   w.low_freq_bias = static_cast<float>(absl::GetFlag(FLAGS_low_freq_bias));
   w.query_scale = static_cast<float>(absl::GetFlag(FLAGS_query_scale));
   w.query_every = absl::GetFlag(FLAGS_query_every);
-  o.window = Given(FLAGS_hot_window_tokens, "hot_window_tokens", o.window);
+  o.window = FlagOr(FLAGS_hot_window_tokens, "hot_window_tokens", o.window);
   o.frames_per_block =
-      Given(FLAGS_frames_per_block, "frames_per_block", o.frames_per_block);
+      FlagOr(FLAGS_frames_per_block, "frames_per_block", o.frames_per_block);
   o.warm_budget_bytes =
-      Given(FLAGS_warm_budget_bytes, "warm_budget_bytes", o.warm_budget_bytes);
-  o.top_k = Given(FLAGS_top_k, "top_k", o.top_k);
-  o.data_dir = Given(FLAGS_data_dir, "data_dir", std::string());
+      FlagOr(FLAGS_warm_budget_bytes, "warm_budget_bytes", o.warm_budget_bytes);
+  o.top_k = FlagOr(FLAGS_top_k, "top_k", o.top_k);
+  o.data_dir = FlagOr(FLAGS_data_dir, "data_dir", std::string());
   o.primary_fraction = absl::GetFlag(FLAGS_recall_fraction);
   o.recall_fractions.clear();
   std::vector<double> windows;

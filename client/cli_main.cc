@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -82,7 +84,7 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "command-line client of kvmem-server.\nUsage: kvmem "
-      "<demo|recall|stats|eval> "
+      "<demo|recall|stats|eval|roofline> "
       "[flags]\n"
       "  demo    stream a synthetic multi-camera workload through "
       "kvmem-server\n"
@@ -92,8 +94,24 @@ int main(int argc, char** argv) {
       "  stats   [--stream=ID]: statistics of one or every stream\n"
       "  eval    [--out=DIR] [--via=inproc|grpc]: every policy against an\n"
       "          exact-attention oracle on a synthetic video workload\n"
+      "  roofline [--profile=FILE]: KV growth, bytes per decode step and\n"
+      "          the memory- or compute-bound verdict, full KV vs kvmem\n"
+      "Flag names take - or _ (--kv-heads = --kv_heads).\n"
       "Common flags: --addr, --json. Run `kvmem --helpfull` for all flags.");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  // Accept --kv-heads for --kv_heads: dashes in a flag's name (not its
+  // value) become underscores.
+  std::vector<std::string> normalized(argv, argv + argc);
+  std::vector<char*> args_in;
+  for (std::string& a : normalized) {
+    if (a.size() > 2 && a.compare(0, 2, "--") == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      for (size_t i = 2; i < end; ++i)
+        if (a[i] == '-') a[i] = '_';
+    }
+    args_in.push_back(a.data());
+  }
+  std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(args_in.size()), args_in.data());
   if (rest.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
     return 2;
@@ -104,6 +122,7 @@ int main(int argc, char** argv) {
   if (cmd == "recall") return kvmem::RunRecall(args);
   if (cmd == "stats") return kvmem::RunStats(args);
   if (cmd == "eval") return kvmem::RunEval(args);
+  if (cmd == "roofline") return kvmem::RunRoofline(args);
   std::fprintf(stderr, "kvmem: unknown subcommand \"%s\"\n%s\n", cmd.c_str(),
                absl::ProgramUsageMessage().data());
   return 2;

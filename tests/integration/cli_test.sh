@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The kvmem CLI against a real kvmem-server on a unix socket: demo (human and
-# JSON), stats and recall (JSON checked with python3), and error exit codes.
+# JSON), stats and recall (JSON checked with python3), eval (in process and
+# through the server), roofline (the source article's arithmetic), and error
+# exit codes.
 # Usage: cli_test.sh <bin-dir>
 set -euo pipefail
 bin=$1
@@ -95,7 +97,32 @@ for k in ("cold_mass_recalled", "reid_success", "mass_recalled"):
 print("cli eval checks passed")
 PY
 
-# 4. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
+# 4. roofline: the source article's 7B arithmetic, with the issue's dashed
+# flag spellings, and a device profile's verdict.
+"$bin/kvmem" roofline --layers 32 --kv-heads 8 --head-dim 128 --dtype fp16 \
+  --fps 3 --tokens-per-frame 128 --context 10000 --json > "$tmp/roof.json"
+"$bin/kvmem" roofline --profile="$(dirname "$0")/../../deploy/profiles/orin-agx-64gb.toml" \
+  --json > "$tmp/roof-orin.json"
+"$bin/kvmem" roofline --profile="$(dirname "$0")/../../deploy/profiles/orin-agx-64gb.toml" \
+  > "$tmp/roof.txt"
+grep -q "memory-bound" "$tmp/roof.txt" || fail "roofline summary lacks the verdict"
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+r = json.load(open(f"{d}/roof.json"))
+assert r["kv_bytes_per_token"] == 131072, r
+assert r["kv_growth_bytes_per_s"] == 50331648, r
+assert r["full"]["bytes_per_step"] == 1310720000, r
+assert r["full"]["verdict"] == "unknown", r  # No device given.
+o = json.load(open(f"{d}/roof-orin.json"))
+assert o["device"] == "Jetson AGX Orin 64GB", o
+assert o["full"]["verdict"] == "memory-bound" and o["kvmem"]["verdict"] == "memory-bound", o
+assert abs(o["ridge_flops_per_byte"] - 42.5e12 / 204.8e9) < 1e-3, o
+assert o["kvmem"]["bytes_per_step"] < o["full"]["bytes_per_step"], o
+print("cli roofline checks passed")
+PY
+
+# 5. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
 set +e
 "$bin/kvmem" recall --addr="unix:$sock" --stream=ghost --query=1 2> "$tmp/err.txt"; rc=$?
 set -e
@@ -110,4 +137,9 @@ set +e
 set -e
 [ "$rc" = 2 ] || fail "eval --frames=1 exited $rc, want 2"
 grep -q "frames must be at least 2" "$tmp/err.txt" || fail "eval usage error unclear: $(cat "$tmp/err.txt")"
+set +e
+"$bin/kvmem" roofline --dtype=int3 > /dev/null 2> "$tmp/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "roofline --dtype=int3 exited $rc, want 2"
+grep -q 'dtype is "int3"' "$tmp/err.txt" || fail "roofline usage error unclear: $(cat "$tmp/err.txt")"
 echo "cli test passed"
