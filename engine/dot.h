@@ -5,11 +5,14 @@
 #define KVMEM_ENGINE_DOT_H_
 
 #include <cstddef>
+#include <cstdint>
 
 namespace kvmem {
 
 // sum a[i] * b[i]
 float Dot(const float* a, const float* b, size_t n);
+// sum a[i] * b[i] over int8 pairs, exact in int32 (n < 2^17).
+int32_t DotInt8(const int8_t* a, const int8_t* b, size_t n);
 // y[i] += alpha * x[i]; x and y must not overlap.
 void Axpy(float alpha, const float* x, float* y, size_t n);
 

@@ -1,0 +1,61 @@
+// ProgressiveIndex: exact top-k inner-product search over summaries in two
+// precision stages, the CPU form of V-Rex's bit-level / early-exit scoring.
+//
+// Stage 1 scores every vector in int8 (vector i = s_i * c_i + e_i with a
+// per-vector scale s_i = max|x_i| / 127, the query likewise t * d + f) with
+// an integer dot product, and bounds the error of each score:
+//   |q.x_i - t s_i (d.c_i)| <= t s_i (|d|_1 / 2 + |c_i|_1 / 2 + dim / 4)
+// (from |e| <= s/2, |f| <= t/2 per element). Let theta be the k-th largest
+// lower bound: every vector whose upper bound is below theta cannot be in
+// the top-k, so stage 2 rescores only the others in fp32 and returns the
+// exact top-k (the same set as a flat exact search, ties aside). When more
+// than max_candidates survive, stage 2 keeps the max_candidates best upper
+// bounds and the answer is flagged as not guaranteed exact.
+//
+// Thread safety: Search may run concurrently with other Search calls; Add
+// and Remove need exclusive access.
+#ifndef KVMEM_ENGINE_PROGRESSIVE_SEARCH_H_
+#define KVMEM_ENGINE_PROGRESSIVE_SEARCH_H_
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/block_index.h"
+
+namespace kvmem {
+
+struct ProgressiveStats {
+  uint32_t scanned = 0;     // Vectors scored at int8.
+  uint32_t candidates = 0;  // Vectors rescored at fp32.
+  bool exact = true;        // The bound held within max_candidates.
+};
+
+class ProgressiveIndex {
+ public:
+  // max_candidates: at most this many vectors rescored at full precision
+  // (0: no cap, always exact).
+  explicit ProgressiveIndex(uint32_t dim, uint32_t max_candidates = 0);
+
+  void Add(uint64_t id, const float* vec);
+  bool Remove(uint64_t id);
+  std::vector<ScoredId> Search(const float* query, uint32_t k,
+                               ProgressiveStats* stats = nullptr) const;
+
+  uint32_t dim() const { return dim_; }
+  uint64_t size() const { return ids_.size(); }
+
+ private:
+  uint32_t dim_;
+  uint32_t max_candidates_;
+  std::vector<uint64_t> ids_;
+  std::vector<float> full_;                   // [n][dim]
+  std::vector<int8_t> codes_;                 // [n][dim]
+  std::vector<float> scale_;                  // s_i
+  std::vector<float> l1_;                     // |c_i|_1
+  std::unordered_map<uint64_t, size_t> row_;  // id -> row
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_PROGRESSIVE_SEARCH_H_
