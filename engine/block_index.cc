@@ -2,49 +2,268 @@
 
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexIDMap.h>
+#include <faiss/IndexIVF.h>
+#include <faiss/impl/FaissException.h>
 #include <faiss/impl/IDSelector.h>
+#include <faiss/index_factory.h>
 #include <omp.h>
 
-namespace kvmem {
+#include <algorithm>
+#include <atomic>
+#include <unordered_map>
+#include <unordered_set>
 
-BlockIndex::BlockIndex(uint32_t dim) : dim_(dim) {
-  auto* flat = new faiss::IndexFlatIP(static_cast<faiss::Index::idx_t>(dim));
-  auto* idmap = new faiss::IndexIDMap2(flat);
-  idmap->own_fields = true;
-  index_.reset(idmap);
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "engine/dot.h"
+#include "engine/progressive_search.h"
+
+namespace kvmem {
+namespace {
+
+constexpr uint64_t kSampleEvery = 16;
+
+bool ByScore(const ScoredId& a, const ScoredId& b) {
+  return a.score != b.score ? a.score > b.score : a.id < b.id;
+}
+
+std::vector<ScoredId> TopK(std::vector<ScoredId> v, uint32_t k) {
+  const size_t keep = std::min<size_t>(k, v.size());
+  std::partial_sort(v.begin(), v.begin() + keep, v.end(), ByScore);
+  v.resize(keep);
+  return v;
+}
+
+std::unique_ptr<faiss::Index> MakeFaiss(const std::string& factory,
+                                        uint32_t dim) {
+  return std::unique_ptr<faiss::Index>(faiss::index_factory(
+      static_cast<int>(dim), factory.c_str(), faiss::METRIC_INNER_PRODUCT));
+}
+
+}  // namespace
+
+class BlockIndex::Impl {
+ public:
+  virtual ~Impl() = default;
+  virtual void Add(uint64_t id, const float* v) = 0;
+  virtual bool Remove(uint64_t id) = 0;
+  virtual std::vector<ScoredId> Search(const float* q, uint32_t k) const = 0;
+  virtual uint64_t size() const = 0;
+  virtual IndexQuality quality() const { return {}; }
+};
+
+namespace {
+
+class FlatImpl : public BlockIndex::Impl {
+ public:
+  explicit FlatImpl(uint32_t dim) {
+    auto* flat = new faiss::IndexFlatIP(static_cast<faiss::Index::idx_t>(dim));
+    auto* idmap = new faiss::IndexIDMap2(flat);
+    idmap->own_fields = true;
+    index_.reset(idmap);
+  }
+  void Add(uint64_t id, const float* v) override {
+    const faiss::Index::idx_t fid = static_cast<faiss::Index::idx_t>(id);
+    index_->add_with_ids(1, v, &fid);
+  }
+  bool Remove(uint64_t id) override {
+    const faiss::Index::idx_t fid = static_cast<faiss::Index::idx_t>(id);
+    faiss::IDSelectorArray sel(1, &fid);
+    return index_->remove_ids(sel) == 1;
+  }
+  std::vector<ScoredId> Search(const float* q, uint32_t k) const override {
+    std::vector<ScoredId> out;
+    const auto n = index_->ntotal;
+    if (n == 0 || k == 0) return out;
+    const faiss::Index::idx_t kk =
+        std::min<faiss::Index::idx_t>(static_cast<faiss::Index::idx_t>(k), n);
+    omp_set_num_threads(1);
+    std::vector<float> scores(kk);
+    std::vector<faiss::Index::idx_t> ids(kk);
+    index_->search(1, q, kk, scores.data(), ids.data());
+    for (faiss::Index::idx_t i = 0; i < kk && ids[i] >= 0; ++i) {
+      out.push_back({static_cast<uint64_t>(ids[i]), scores[i]});
+    }
+    return out;
+  }
+  uint64_t size() const override { return index_->ntotal; }
+
+ private:
+  std::unique_ptr<faiss::Index> index_;
+};
+
+class ProgressiveImpl : public BlockIndex::Impl {
+ public:
+  explicit ProgressiveImpl(uint32_t dim) : index_(dim) {}
+  void Add(uint64_t id, const float* v) override { index_.Add(id, v); }
+  bool Remove(uint64_t id) override { return index_.Remove(id); }
+  std::vector<ScoredId> Search(const float* q, uint32_t k) const override {
+    return index_.Search(q, k);
+  }
+  uint64_t size() const override { return index_.size(); }
+
+ private:
+  ProgressiveIndex index_;
+};
+
+// Any FAISS description, over a copy of the vectors (see the header).
+class FaissImpl : public BlockIndex::Impl {
+ public:
+  FaissImpl(uint32_t dim, std::string factory)
+      : dim_(dim), factory_(std::move(factory)) {}
+
+  void Add(uint64_t id, const float* v) override {
+    row_[id] = ids_.size();
+    ids_.push_back(id);
+    vecs_.insert(vecs_.end(), v, v + dim_);
+    fresh_.insert(id);
+    MaybeRebuild();
+  }
+  bool Remove(uint64_t id) override {
+    auto it = row_.find(id);
+    if (it == row_.end()) return false;
+    const size_t r = it->second, last = ids_.size() - 1;
+    row_.erase(it);
+    if (r != last) {
+      ids_[r] = ids_[last];
+      std::copy_n(vecs_.begin() + last * dim_, dim_, vecs_.begin() + r * dim_);
+      row_[ids_[r]] = r;
+    }
+    ids_.pop_back();
+    vecs_.resize(last * dim_);
+    if (fresh_.erase(id) == 0 && built_ != nullptr) dead_.insert(id);
+    MaybeRebuild();
+    return true;
+  }
+
+  std::vector<ScoredId> Search(const float* q, uint32_t k) const override {
+    if (ids_.empty() || k == 0) return {};
+    if (built_ == nullptr) return Exact(q, k);
+    omp_set_num_threads(1);
+    const faiss::Index::idx_t kk = std::min<faiss::Index::idx_t>(
+        static_cast<faiss::Index::idx_t>(k + dead_.size()), built_->ntotal);
+    std::vector<float> scores(kk);
+    std::vector<faiss::Index::idx_t> labels(kk);
+    built_->search(1, q, kk, scores.data(), labels.data());
+    std::vector<ScoredId> out;
+    for (faiss::Index::idx_t i = 0; i < kk; ++i) {
+      if (labels[i] < 0) continue;
+      const uint64_t id = built_ids_[labels[i]];
+      if (!dead_.count(id)) out.push_back({id, scores[i]});
+    }
+    for (uint64_t id : fresh_) {
+      out.push_back({id, Dot(q, vecs_.data() + row_.at(id) * dim_, dim_)});
+    }
+    out = TopK(std::move(out), k);
+    if (searches_.fetch_add(1, std::memory_order_relaxed) % kSampleEvery == 0) {
+      const std::vector<ScoredId> exact = Exact(q, k);
+      std::unordered_set<uint64_t> got;
+      for (const ScoredId& h : out) got.insert(h.id);
+      uint64_t hits = 0;
+      for (const ScoredId& h : exact) hits += got.count(h.id);
+      samples_.fetch_add(1, std::memory_order_relaxed);
+      hits_.fetch_add(hits, std::memory_order_relaxed);
+      wanted_.fetch_add(exact.size(), std::memory_order_relaxed);
+    }
+    return out;
+  }
+  uint64_t size() const override { return ids_.size(); }
+  IndexQuality quality() const override {
+    IndexQuality q;
+    q.samples = samples_.load();
+    q.hits = hits_.load();
+    q.wanted = wanted_.load();
+    return q;
+  }
+
+ private:
+  std::vector<ScoredId> Exact(const float* q, uint32_t k) const {
+    std::vector<ScoredId> all;
+    all.reserve(ids_.size());
+    for (size_t r = 0; r < ids_.size(); ++r) {
+      all.push_back({ids_[r], Dot(q, vecs_.data() + r * dim_, dim_)});
+    }
+    return TopK(std::move(all), k);
+  }
+
+  void MaybeRebuild() {
+    const uint64_t changed = fresh_.size() + dead_.size();
+    const uint64_t base = built_ == nullptr ? 0 : built_->ntotal;
+    if (changed < std::max<uint64_t>(64, base / 8)) return;
+    std::unique_ptr<faiss::Index> index = MakeFaiss(factory_, dim_);
+    const auto n = static_cast<faiss::Index::idx_t>(ids_.size());
+    omp_set_num_threads(1);
+    try {
+      if (!index->is_trained) index->train(n, vecs_.data());
+      index->add(n, vecs_.data());
+    } catch (const faiss::FaissException&) {
+      return;  // Too few vectors to train yet: stay exact.
+    }
+    // FAISS's IVF default probes one list of nlist; a memory that must not
+    // forget probes a quarter of them (the sampled recall shows the effect).
+    if (auto* ivf = dynamic_cast<faiss::IndexIVF*>(index.get())) {
+      ivf->nprobe = std::max<size_t>(1, ivf->nlist / 4);
+    }
+    built_ = std::move(index);
+    built_ids_ = ids_;
+    fresh_.clear();
+    dead_.clear();
+  }
+
+  const uint32_t dim_;
+  const std::string factory_;
+  std::vector<uint64_t> ids_;
+  std::vector<float> vecs_;
+  std::unordered_map<uint64_t, size_t> row_;
+  std::unique_ptr<faiss::Index> built_;
+  std::vector<uint64_t> built_ids_;     // FAISS label -> id.
+  std::unordered_set<uint64_t> fresh_;  // Added since the build.
+  std::unordered_set<uint64_t> dead_;   // In the build, removed since.
+  mutable std::atomic<uint64_t> searches_{0}, samples_{0}, hits_{0}, wanted_{0};
+};
+
+}  // namespace
+
+bool BlockIndex::IsExact(const std::string& factory) {
+  return factory.empty() || factory == "Flat" || factory == "Progressive";
+}
+
+absl::Status BlockIndex::ValidateFactory(const std::string& factory,
+                                         uint32_t dim) {
+  if (IsExact(factory)) return absl::OkStatus();
+  try {
+    MakeFaiss(factory, dim);
+  } catch (const faiss::FaissException& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.index_policy.index_factory \"", absl::CHexEscape(factory),
+        "\" is not \"Flat\", \"Progressive\" or a FAISS index_factory "
+        "description FAISS accepts for dimension ",
+        dim));
+  }
+  return absl::OkStatus();
+}
+
+BlockIndex::BlockIndex(uint32_t dim, const std::string& factory)
+    : dim_(dim), factory_(factory.empty() ? "Flat" : factory) {
+  if (factory_ == "Flat") {
+    impl_ = std::make_unique<FlatImpl>(dim);
+  } else if (factory_ == "Progressive") {
+    impl_ = std::make_unique<ProgressiveImpl>(dim);
+  } else {
+    impl_ = std::make_unique<FaissImpl>(dim, factory_);
+  }
 }
 
 BlockIndex::~BlockIndex() = default;
 
 void BlockIndex::Add(uint64_t id, const float* summary) {
-  const faiss::Index::idx_t fid = static_cast<faiss::Index::idx_t>(id);
-  index_->add_with_ids(1, summary, &fid);
+  impl_->Add(id, summary);
 }
-
-bool BlockIndex::Remove(uint64_t id) {
-  const faiss::Index::idx_t fid = static_cast<faiss::Index::idx_t>(id);
-  faiss::IDSelectorArray sel(1, &fid);
-  return index_->remove_ids(sel) == 1;
-}
-
+bool BlockIndex::Remove(uint64_t id) { return impl_->Remove(id); }
 std::vector<ScoredId> BlockIndex::Search(const float* query, uint32_t k) const {
-  std::vector<ScoredId> out;
-  const auto n = index_->ntotal;
-  if (n == 0 || k == 0) return out;
-  const faiss::Index::idx_t kk =
-      std::min<faiss::Index::idx_t>(static_cast<faiss::Index::idx_t>(k), n);
-  omp_set_num_threads(1);
-  std::vector<float> scores(kk);
-  std::vector<faiss::Index::idx_t> ids(kk);
-  index_->search(1, query, kk, scores.data(), ids.data());
-  out.reserve(kk);
-  for (faiss::Index::idx_t i = 0; i < kk; ++i) {
-    if (ids[i] < 0) break;
-    out.push_back({static_cast<uint64_t>(ids[i]), scores[i]});
-  }
-  return out;
+  return impl_->Search(query, k);
 }
-
-uint64_t BlockIndex::size() const { return index_->ntotal; }
+uint64_t BlockIndex::size() const { return impl_->size(); }
+IndexQuality BlockIndex::quality() const { return impl_->quality(); }
 
 }  // namespace kvmem

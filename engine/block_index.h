@@ -1,10 +1,24 @@
-// BlockIndex: the per-stream vector index over block summaries. v1 wraps an
-// exact inner-product FAISS index (IndexFlatIP under an IndexIDMap2) so block
-// ids survive later removals.
+// BlockIndex: the per-stream vector index over block (or token-group)
+// summaries, the `cpu` retrieval backend. Its kind comes from the stream's
+// index_factory:
+//   "Flat"         exact inner product (FAISS IndexFlatIP under IndexIDMap2).
+//   "Progressive"  exact: int8 scoring with a proven error bound, fp32
+//                  rescoring of the survivors (progressive_search.h).
+//   anything else  a FAISS index_factory description with inner-product
+//                  metric ("HNSW32", "SQ8", "IVF64,Flat", ...): approximate.
+//                  The FAISS index is built over a copy of the vectors and
+//                  rebuilt when the vectors added or removed since the last
+//                  build exceed an eighth of it (at least 64); until then new
+//                  vectors are scored exactly beside it and removed ones are
+//                  tombstones filtered out of its answers (HNSW cannot delete).
+//                  While there are too few vectors to train it (IVF), search
+//                  is exact. IVF indexes probe a quarter of their lists.
+// Approximate kinds sample their quality: every 16th search is also answered
+// exactly and recall@k (overlap of the two top-k) is accumulated.
 //
-// Thread safety: Search may run concurrently with other Search calls; Add must
-// not run concurrently with anything (the owning Stream's writer lock ensures
-// it). FAISS is pinned to one OpenMP thread per calling thread for searches:
+// Thread safety: Search may run concurrently with other Search calls; Add and
+// Remove must not run concurrently with anything (the owning Stream's writer
+// lock ensures it). FAISS is pinned to one OpenMP thread per calling thread:
 // a single-query scan is far below the size where threads pay off, and a
 // server must not oversubscribe its cores.
 #ifndef KVMEM_ENGINE_BLOCK_INDEX_H_
@@ -12,15 +26,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <utility>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-
-namespace faiss {
-struct Index;
-}
 
 namespace kvmem {
 
@@ -29,10 +38,26 @@ struct ScoredId {
   float score;
 };
 
+// Recall@k of an approximate index against exact search, sampled.
+struct IndexQuality {
+  uint64_t samples = 0;  // Searches checked against exact.
+  uint64_t hits = 0;     // Exact top-k ids the index also returned.
+  uint64_t wanted = 0;   // Exact top-k ids in all.
+  double recall() const {
+    return wanted == 0 ? 1.0 : static_cast<double>(hits) / wanted;
+  }
+};
+
 class BlockIndex {
  public:
-  // REQUIRES: dim > 0 and factory == "Flat" (checked by stream validation).
-  BlockIndex(uint32_t dim);
+  // INVALID_ARGUMENT naming the factory when it is not "Flat",
+  // "Progressive" or a FAISS description FAISS accepts for dim.
+  static absl::Status ValidateFactory(const std::string& factory, uint32_t dim);
+  // True for kinds that always return the exact top-k.
+  static bool IsExact(const std::string& factory);
+
+  // REQUIRES: dim > 0 and ValidateFactory(factory, dim) is OK.
+  explicit BlockIndex(uint32_t dim, const std::string& factory = "Flat");
   ~BlockIndex();
   BlockIndex(const BlockIndex&) = delete;
   BlockIndex& operator=(const BlockIndex&) = delete;
@@ -48,10 +73,15 @@ class BlockIndex {
 
   uint32_t dim() const { return dim_; }
   uint64_t size() const;
+  const std::string& factory() const { return factory_; }
+  IndexQuality quality() const;
+
+  class Impl;
 
  private:
   uint32_t dim_;
-  std::unique_ptr<faiss::Index> index_;
+  std::string factory_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvmem

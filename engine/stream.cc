@@ -55,14 +55,29 @@ Stream::~Stream() {
 
 Stream::Indexes Stream::NewIndexes() const {
   Indexes ix;
-  ix.all = std::make_unique<BlockIndex>(summary_dim_);
+  ix.all = std::make_unique<BlockIndex>(summary_dim_, config_.index_factory);
   for (size_t i = 0; i < config_.indexed_layers.size(); ++i) {
-    ix.layers.push_back(std::make_unique<BlockIndex>(layer_dim_));
+    ix.layers.push_back(
+        std::make_unique<BlockIndex>(layer_dim_, config_.index_factory));
   }
   if (config_.groups_per_block > 1) {
-    ix.groups = std::make_unique<BlockIndex>(summary_dim_);
+    ix.groups =
+        std::make_unique<BlockIndex>(summary_dim_, config_.index_factory);
   }
   return ix;
+}
+
+IndexQuality Stream::RetiredQuality(const Indexes& ix,
+                                    const IndexQuality& so_far) {
+  IndexQuality q = so_far;
+  for (const BlockIndex* b : {ix.all.get(), ix.groups.get()}) {
+    if (b == nullptr) continue;
+    const IndexQuality x = b->quality();
+    q.samples += x.samples;
+    q.hits += x.hits;
+    q.wanted += x.wanted;
+  }
+  return q;
 }
 
 void Stream::AddToIndexes(Indexes* ix, uint64_t id,

@@ -135,6 +135,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
     std::unique_ptr<BlockIndex> groups;
   };
   static constexpr uint64_t kGroupStride = 256;
+  // `so_far` plus the sampled recall of ix's searching indexes.
+  static IndexQuality RetiredQuality(const Indexes& ix,
+                                     const IndexQuality& so_far);
 
   Stream(const std::string& id, const StreamConfig& config,
          const StreamEnv& env, const StreamState& state);
@@ -258,6 +261,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::vector<BlockEntry> blocks_
       ABSL_GUARDED_BY(mu_);  // blocks_[i].rec.info.id == i
   Indexes index_ ABSL_GUARDED_BY(mu_);
+  // Sampled recall of indexes replaced by rebuilds.
+  IndexQuality retired_quality_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, TrackHistory> tracks_ ABSL_GUARDED_BY(mu_);
   // Which blocks show each track (ascending ids), for semantic candidates.
   std::map<uint64_t, std::vector<uint64_t>> track_blocks_ ABSL_GUARDED_BY(mu_);

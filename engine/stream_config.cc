@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "engine/block_index.h"
 #include "engine/token_groups.h"
 
 namespace kvmem {
@@ -157,11 +158,12 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
         "config.index_policy.groups_per_block is ", config.groups_per_block,
         "; must be in [0, ", kMaxGroupsPerBlock, "]"));
   }
-  if (config.index_factory != "Flat") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.index_policy.index_factory \"",
-                     absl::CHexEscape(config.index_factory),
-                     "\" is not supported; v1 supports \"Flat\""));
+  if (absl::Status f = BlockIndex::ValidateFactory(
+          config.index_factory,
+          static_cast<uint32_t>(config.indexed_layers.size()) * g.kv_heads *
+              g.head_dim);
+      !f.ok()) {
+    return f;
   }
   if (!std::isfinite(config.gate_temperature) ||
       config.gate_temperature <= 0.0f) {

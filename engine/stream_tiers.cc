@@ -518,6 +518,7 @@ size_t Stream::RebuildIndex() {
                           r.group_summaries.size() / summary_dim_);
       }
     }
+    retired_quality_ = RetiredQuality(index_, retired_quality_);
     index_ = std::move(fresh);
     counters_.rebuilds += 1;
     indexed = index_.all->size();
@@ -582,6 +583,9 @@ StreamStats Stream::Stats() const {
     }
     s.policy = counters_;
     s.policy.stage_bytes = stage_bytes_;
+    IndexQuality q = RetiredQuality(index_, retired_quality_);
+    s.index_recall_samples = q.samples;
+    s.index_recall_at_k = q.recall();
   }
   s.warm_bytes = s.warm.bytes;
   s.cold_bytes = s.cold.bytes;

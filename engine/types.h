@@ -202,6 +202,10 @@ struct StreamStats {
   uint64_t cold_bytes = 0;
   TierCount warm, cold, degraded, evicted;
   PolicyCounters policy;
+  // Sampled recall@k of the index against exact search (approximate
+  // index_factory kinds only; 0 samples otherwise).
+  uint64_t index_recall_samples = 0;
+  double index_recall_at_k = 1.0;
 };
 
 }  // namespace kvmem

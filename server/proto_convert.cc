@@ -157,6 +157,9 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   ps->set_recall_us_p50(c.recall_us_p50);
   ps->set_recall_us_p99(c.recall_us_p99);
   ps->set_recall_us_max(c.recall_us_max);
+  p->mutable_index()->set_factory(s.config.index_factory);
+  p->mutable_index()->set_recall_samples(s.index_recall_samples);
+  p->mutable_index()->set_recall_at_k(s.index_recall_at_k);
 }
 
 void ToProto(const BlockInfo& b, v1::RecalledBlock* p) {

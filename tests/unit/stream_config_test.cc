@@ -49,8 +49,8 @@ TEST(StreamConfigTest, ErrorsNameFieldAndValue) {
          c.indexed_layers = {1, 1};
        },
        "lists layer 1 twice"},
-      {[](StreamConfig& c) { c.index_factory = "HNSW32"; },
-       "index_factory \"HNSW32\""},
+      {[](StreamConfig& c) { c.index_factory = "NotAnIndex7"; },
+       "index_factory \"NotAnIndex7\""},
       {[](StreamConfig& c) { c.gate_temperature = -1; },
        "gate_temperature is -1"},
   };

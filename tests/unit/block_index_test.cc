@@ -1,0 +1,157 @@
+// BlockIndex kinds: exact ones equal brute force; FAISS descriptions work
+// with removal (tombstones, rebuilds), training thresholds and sampled
+// recall; bad descriptions are INVALID_ARGUMENT; a stream can use them.
+#include "engine/block_index.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "tests/engine_fixture.h"
+#include "tests/test_util.h"
+
+namespace kvmem {
+namespace {
+
+constexpr uint32_t kDim = 32;
+
+std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+// Exact top-k by brute force over the live vectors.
+std::vector<uint64_t> Exact(const std::map<uint64_t, std::vector<float>>& live,
+                            const std::vector<float>& q, uint32_t k) {
+  std::vector<std::pair<double, uint64_t>> s;
+  for (const auto& [id, v] : live) {
+    double dot = 0;
+    for (uint32_t i = 0; i < kDim; ++i) dot += double(v[i]) * q[i];
+    s.emplace_back(-dot, id);
+  }
+  std::sort(s.begin(), s.end());
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i < s.size() && i < k; ++i) out.push_back(s[i].second);
+  return out;
+}
+
+// Fills an index with n random vectors, removes every 7th, and returns the
+// mean recall@k of 50 random queries against brute force.
+double RecallAfterChurn(BlockIndex* index, uint32_t n, uint32_t k) {
+  std::mt19937_64 rng(9);
+  std::map<uint64_t, std::vector<float>> live;
+  for (uint64_t id = 0; id < n; ++id) {
+    live[id] = Gaussian(rng, kDim);
+    index->Add(id, live[id].data());
+  }
+  for (uint64_t id = 0; id < n; id += 7) {
+    EXPECT_TRUE(index->Remove(id));
+    EXPECT_FALSE(index->Remove(id));
+    live.erase(id);
+  }
+  EXPECT_EQ(index->size(), live.size());
+  double hits = 0, wanted = 0;
+  for (int t = 0; t < 50; ++t) {
+    const std::vector<float> q = Gaussian(rng, kDim);
+    const auto want = Exact(live, q, k);
+    const auto got = index->Search(q.data(), k);
+    EXPECT_EQ(got.size(), want.size());
+    std::set<uint64_t> g;
+    for (const auto& h : got) {
+      EXPECT_TRUE(live.count(h.id)) << "removed id " << h.id << " returned";
+      g.insert(h.id);
+    }
+    for (uint64_t id : want) hits += g.count(id);
+    wanted += want.size();
+  }
+  return hits / wanted;
+}
+
+TEST(BlockIndexTest, ExactKindsEqualBruteForce) {
+  for (const char* kind : {"Flat", "Progressive"}) {
+    BlockIndex index(kDim, kind);
+    EXPECT_TRUE(BlockIndex::IsExact(kind));
+    EXPECT_EQ(RecallAfterChurn(&index, 400, 8), 1.0) << kind;
+    EXPECT_EQ(index.quality().samples, 0u) << kind;
+  }
+}
+
+TEST(BlockIndexTest, FaissKindsSurviveRemovalAndSampleTheirRecall) {
+  // Random data has no cluster structure: IVF (2 of 8 lists probed) is
+  // expected to miss about half; the floors are far below each kind's
+  // typical recall here and far above what broken id mapping would give.
+  const std::pair<const char*, double> kinds[] = {
+      {"HNSW16", 0.8}, {"SQ8", 0.8}, {"IVF8,Flat", 0.35}};
+  for (const auto& [kind, floor] : kinds) {
+    BlockIndex index(kDim, kind);
+    EXPECT_FALSE(BlockIndex::IsExact(kind));
+    const double recall = RecallAfterChurn(&index, 600, 8);
+    EXPECT_GE(recall, floor) << kind;
+    const IndexQuality q = index.quality();
+    EXPECT_GE(q.samples, 3u) << kind;  // Every 16th of 50 searches.
+    // The index's own sampled recall tells the same story as the test's.
+    EXPECT_NEAR(q.recall(), recall, 0.3) << kind;
+  }
+}
+
+TEST(BlockIndexTest, UntrainableYetMeansExact) {
+  // IVF256 cannot train on 100 vectors: search stays exact meanwhile.
+  BlockIndex index(kDim, "IVF256,Flat");
+  EXPECT_EQ(RecallAfterChurn(&index, 100, 8), 1.0);
+}
+
+TEST(BlockIndexTest, BadFactoryIsInvalidArgumentNamingIt) {
+  EXPECT_TRUE(BlockIndex::ValidateFactory("HNSW32", kDim).ok());
+  EXPECT_TRUE(BlockIndex::ValidateFactory("Progressive", kDim).ok());
+  const absl::Status s = BlockIndex::ValidateFactory("Bogus42", kDim);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("\"Bogus42\""), std::string::npos) << s;
+
+  testing::TempDir dir;
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = testing::TestConfig(testing::TestGeometry(), 16, 1);
+  c.index_factory = "Bogus42";
+  auto opened = e->OpenStream("cam", c);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BlockIndexTest, StreamWithHnswRecallsAndReportsSampledRecall) {
+  const testing::TestGeometry g;
+  testing::TempDir dir;
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = testing::TestConfig(g, 16, 1);
+  c.index_factory = "HNSW16";
+  ASSERT_TRUE(e->OpenStream("cam", c).ok());
+  std::mt19937_64 rng(3);
+  for (uint64_t i = 0; i < 120; ++i) {
+    const testing::FloatFrame f = testing::RandomFrame(rng, g, 4);
+    Frame fr;
+    fr.index = i;
+    fr.first_token_position = i * 4;
+    fr.token_count = 4;
+    fr.payload = testing::Encode(f, g.dtype);
+    ASSERT_TRUE(e->Append("cam", std::move(fr)).ok());
+  }
+  for (int i = 0; i < 64; ++i) {
+    RecallQuery q;
+    q.query = testing::RandomQuery(rng, 2 * g.kv_heads * g.head_dim);
+    q.top_k = 4;
+    q.max_tokens = 64;
+    auto r = e->Recall("cam", q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->blocks.size(), 4u);
+  }
+  auto st = e->GetStats("cam");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->config.index_factory, "HNSW16");
+  EXPECT_GE(st->index_recall_samples, 4u);
+  EXPECT_GT(st->index_recall_at_k, 0.5);
+  EXPECT_LE(st->index_recall_at_k, 1.0);
+}
+
+}  // namespace
+}  // namespace kvmem
