@@ -22,6 +22,8 @@ namespace kvmem {
 namespace {
 
 constexpr uint64_t kSampleEvery = 16;
+// Vectors before an approximate index is first built (exact search until).
+constexpr uint64_t kMinBuild = 64;
 
 bool ByScore(const ScoredId& a, const ScoredId& b) {
   return a.score != b.score ? a.score > b.score : a.id < b.id;
@@ -110,13 +112,19 @@ class ProgressiveImpl : public BlockIndex::Impl {
 class FaissImpl : public BlockIndex::Impl {
  public:
   FaissImpl(uint32_t dim, std::string factory)
-      : dim_(dim), factory_(std::move(factory)) {}
+      : dim_(dim),
+        factory_(std::move(factory)),
+        needs_training_(!MakeFaiss(factory_, dim_)->is_trained) {}
 
   void Add(uint64_t id, const float* v) override {
     row_[id] = ids_.size();
     ids_.push_back(id);
     vecs_.insert(vecs_.end(), v, v + dim_);
-    fresh_.insert(id);
+    if (built_ != nullptr) {  // FAISS adds incrementally; label = position.
+      omp_set_num_threads(1);
+      built_->add(1, v);
+      built_ids_.push_back(id);
+    }
     MaybeRebuild();
   }
   bool Remove(uint64_t id) override {
@@ -131,7 +139,7 @@ class FaissImpl : public BlockIndex::Impl {
     }
     ids_.pop_back();
     vecs_.resize(last * dim_);
-    if (fresh_.erase(id) == 0 && built_ != nullptr) dead_.insert(id);
+    if (built_ != nullptr) dead_.insert(id);
     MaybeRebuild();
     return true;
   }
@@ -150,9 +158,6 @@ class FaissImpl : public BlockIndex::Impl {
       if (labels[i] < 0) continue;
       const uint64_t id = built_ids_[labels[i]];
       if (!dead_.count(id)) out.push_back({id, scores[i]});
-    }
-    for (uint64_t id : fresh_) {
-      out.push_back({id, Dot(q, vecs_.data() + row_.at(id) * dim_, dim_)});
     }
     out = TopK(std::move(out), k);
     if (searches_.fetch_add(1, std::memory_order_relaxed) % kSampleEvery == 0) {
@@ -186,18 +191,27 @@ class FaissImpl : public BlockIndex::Impl {
     return TopK(std::move(all), k);
   }
 
+  // (Re)builds from the vector copy: first once there are enough vectors to
+  // train on; then to drop tombstones once they are an eighth of the index;
+  // and, for kinds that train (IVF, SQ), to retrain when the vectors doubled.
   void MaybeRebuild() {
-    const uint64_t changed = fresh_.size() + dead_.size();
-    const uint64_t base = built_ == nullptr ? 0 : built_->ntotal;
-    if (changed < std::max<uint64_t>(64, base / 8)) return;
+    const uint64_t n = ids_.size();
+    const bool first = built_ == nullptr && n >= std::max(kMinBuild, retry_at_);
+    const bool compact =
+        built_ != nullptr &&
+        dead_.size() >= std::max<uint64_t>(kMinBuild, built_->ntotal / 8);
+    const bool retrain = built_ != nullptr && needs_training_ &&
+                         n >= 2 * std::max<uint64_t>(trained_on_, kMinBuild);
+    if (!first && !compact && !retrain) return;
     std::unique_ptr<faiss::Index> index = MakeFaiss(factory_, dim_);
-    const auto n = static_cast<faiss::Index::idx_t>(ids_.size());
+    const auto count = static_cast<faiss::Index::idx_t>(n);
     omp_set_num_threads(1);
     try {
-      if (!index->is_trained) index->train(n, vecs_.data());
-      index->add(n, vecs_.data());
+      if (!index->is_trained) index->train(count, vecs_.data());
+      index->add(count, vecs_.data());
     } catch (const faiss::FaissException&) {
-      return;  // Too few vectors to train yet: stay exact.
+      retry_at_ = 2 * n;  // Too few to train on yet: stay exact, retry later.
+      return;
     }
     // FAISS's IVF default probes one list of nlist; a memory that must not
     // forget probes a quarter of them (the sampled recall shows the effect).
@@ -206,8 +220,8 @@ class FaissImpl : public BlockIndex::Impl {
     }
     built_ = std::move(index);
     built_ids_ = ids_;
-    fresh_.clear();
     dead_.clear();
+    trained_on_ = n;
   }
 
   const uint32_t dim_;
@@ -215,10 +229,12 @@ class FaissImpl : public BlockIndex::Impl {
   std::vector<uint64_t> ids_;
   std::vector<float> vecs_;
   std::unordered_map<uint64_t, size_t> row_;
+  const bool needs_training_;
   std::unique_ptr<faiss::Index> built_;
-  std::vector<uint64_t> built_ids_;     // FAISS label -> id.
-  std::unordered_set<uint64_t> fresh_;  // Added since the build.
-  std::unordered_set<uint64_t> dead_;   // In the build, removed since.
+  std::vector<uint64_t> built_ids_;    // FAISS label -> id.
+  std::unordered_set<uint64_t> dead_;  // In built_, removed since.
+  uint64_t trained_on_ = 0;            // Vectors at the last build.
+  uint64_t retry_at_ = 0;              // After a failed first training.
   mutable std::atomic<uint64_t> searches_{0}, samples_{0}, hits_{0}, wanted_{0};
 };
 

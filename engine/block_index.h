@@ -6,13 +6,13 @@
 //                  rescoring of the survivors (progressive_search.h).
 //   anything else  a FAISS index_factory description with inner-product
 //                  metric ("HNSW32", "SQ8", "IVF64,Flat", ...): approximate.
-//                  The FAISS index is built over a copy of the vectors and
-//                  rebuilt when the vectors added or removed since the last
-//                  build exceed an eighth of it (at least 64); until then new
-//                  vectors are scored exactly beside it and removed ones are
-//                  tombstones filtered out of its answers (HNSW cannot delete).
-//                  While there are too few vectors to train it (IVF), search
-//                  is exact. IVF indexes probe a quarter of their lists.
+//                  Search is exact until 64 vectors are in (or enough to
+//                  train on); then the FAISS index is built from a copy of the
+//                  vectors and grows by incremental adds. Removed vectors are
+//                  tombstones filtered out of its answers (HNSW cannot delete)
+//                  until they are an eighth of it, when it is rebuilt; kinds
+//                  that train (IVF, SQ) are retrained each time the vectors
+//                  double. IVF indexes probe a quarter of their lists.
 // Approximate kinds sample their quality: every 16th search is also answered
 // exactly and recall@k (overlap of the two top-k) is accumulated.
 //
