@@ -70,6 +70,9 @@ ABSL_FLAG(uint32_t, rebuild_every_blocks, 32,
 ABSL_FLAG(uint32_t, groups_per_block, 8,
           "eval: kvmem index_policy.groups_per_block (token groups recalled "
           "on their own; 1: whole blocks).");
+ABSL_FLAG(std::string, index_factory, "Flat",
+          "eval: kvmem index_policy.index_factory (Flat, Progressive, or a "
+          "FAISS description such as HNSW32).");
 ABSL_FLAG(bool, fixed_blocks, false,
           "eval: kvmem segments fixed blocks instead of following shots.");
 
@@ -166,6 +169,7 @@ int RunEval(const std::vector<std::string>&) {
   o.rebuild_every_blocks = absl::GetFlag(FLAGS_rebuild_every_blocks);
   o.shot_segments = !absl::GetFlag(FLAGS_fixed_blocks);
   o.groups_per_block = absl::GetFlag(FLAGS_groups_per_block);
+  o.index_factory = absl::GetFlag(FLAGS_index_factory);
   o.out_dir = absl::GetFlag(FLAGS_out);
   o.progress = &std::cerr;
 

@@ -34,6 +34,7 @@ v1::StreamConfig KvmemConfig(const EvalOptions& o, uint32_t window,
                                                      : v1::SEGMENT_MODE_FIXED);
   c.mutable_block_policy()->set_frames_per_block(o.frames_per_block);
   c.mutable_index_policy()->set_groups_per_block(o.groups_per_block);
+  c.mutable_index_policy()->set_index_factory(o.index_factory);
   c.mutable_recall_defaults()->set_top_k(o.top_k);
   c.mutable_recall_defaults()->set_max_tokens(std::max<uint32_t>(1, recall));
   auto* t = c.mutable_tier_policy();

@@ -44,7 +44,8 @@ struct EvalOptions {
   uint32_t top_k = 16;
   // kvmem's configured policy.
   bool shot_segments = true;
-  uint32_t groups_per_block = 8;  // Token groups per block (1: none).
+  uint32_t groups_per_block = 8;       // Token groups per block (1: none).
+  std::string index_factory = "Flat";  // kvmem's index kind.
   float track_weight = 0;
   float scene_weight = 0;
   float iou_weight = 0;
