@@ -6,7 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
-#include "client/device_profile.h"
+#include "engine/device_profile.h"
 #include "client/roofline.h"
 #include "engine/dtype.h"
 

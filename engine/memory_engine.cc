@@ -26,6 +26,7 @@ StreamEnv MemoryEngine::Env() {
   env.background = background_.get();
   env.global_warm_bytes = &global_warm_bytes_;
   env.global_warm_budget = options_.global_warm_budget_bytes;
+  env.sim = options_.sim.has_value() ? &*options_.sim : nullptr;
   return env;
 }
 

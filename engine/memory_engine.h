@@ -10,12 +10,14 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/sim_model.h"
 #include "engine/stream.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
@@ -28,6 +30,10 @@ struct EngineOptions {
   uint64_t global_warm_budget_bytes = 0;
   // Threads for tier moves, promotions and index rebuilds.
   int background_threads = 1;
+  // The `sim` accelerator backend: results as on the CPU, plus each
+  // recall's modelled cost on this hardware (engine/sim_model.h). Unset:
+  // the `cpu` backend alone.
+  std::optional<SimHardware> sim;
 };
 
 struct OpenStreamResult {

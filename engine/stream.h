@@ -41,6 +41,7 @@
 #include "engine/replacement.h"
 #include "engine/segmenter.h"
 #include "engine/semantics.h"
+#include "engine/sim_model.h"
 #include "engine/summary_builder.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
@@ -54,6 +55,7 @@ struct StreamEnv {
   // RAM held by warm blocks of all streams, and its cap (0: none).
   std::atomic<uint64_t>* global_warm_bytes = nullptr;
   uint64_t global_warm_budget = 0;
+  const SimHardware* sim = nullptr;  // The sim backend's hardware; may be null.
 };
 
 // One piece of a block's payload, as FetchBlocks sends it.
@@ -232,6 +234,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   void AddToIndexes(Indexes* ix, uint64_t id, const BlockRecord& rec) const;
   static void RemoveFromIndexes(Indexes* ix, uint64_t id, size_t groups);
   void RecordRecallLatency(uint32_t us);
+  // Fills the sim backend's modelled cost of a planned recall.
+  void ModelCost(RecallResult* r) const ABSL_LOCKS_EXCLUDED(mu_);
   // How many blocks (a prefix, by id) lie entirely before the hot window
   // that ends at position window_end (exclusive).
   size_t EligibleBlocks(uint64_t window_end) const

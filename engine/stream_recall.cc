@@ -210,6 +210,38 @@ std::vector<RecalledBlock> Stream::RecallGroups(const float* query,
   return chosen;
 }
 
+void Stream::ModelCost(RecallResult* r) const {
+  const SimHardware& hw = *env_.sim;
+  const bool grouped = config_.groups_per_block > 1;
+  uint64_t vectors;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    vectors = grouped ? index_.groups->size() : index_.all->size();
+  }
+  // The engine rescores at full precision about the pool the planner sees.
+  const uint64_t refined = std::min<uint64_t>(
+      vectors, static_cast<uint64_t>(r->top_k) * config_.groups_per_block);
+  SimCost total = SearchCost(hw, vectors, summary_dim_, refined);
+  const uint64_t per_token = FramePayloadBytes(config_.geometry, 1);
+  auto move = [&](const RecalledBlock& b) {
+    const BlockInfo& i = b.block;
+    const uint32_t rows = static_cast<uint32_t>(
+        (i.last_frame - i.first_frame + 1) * config_.geometry.layers * 2);
+    const SimCost m =
+        MoveCost(hw, static_cast<uint64_t>(RecalledTokens(b)) * per_token, 0,
+                 i.tier == Tier::kWarm, rows);
+    total.seconds += m.seconds;
+    total.dram_bytes += m.dram_bytes;
+    total.joules += m.joules;
+  };
+  for (const RecalledBlock& b : r->blocks) move(b);
+  for (const LayerRecallSet& s : r->layer_sets)
+    for (const RecalledBlock& b : s.blocks) move(b);
+  r->modelled_us = total.seconds * 1e6;
+  r->modelled_dram_bytes = total.dram_bytes;
+  r->modelled_energy_uj = total.joules * 1e6;
+}
+
 size_t Stream::EligibleBlocks(uint64_t window_end) const {
   const uint64_t window_start = window_end > config_.hot_window_tokens
                                     ? window_end - config_.hot_window_tokens
@@ -319,6 +351,7 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     }
   }
   result.plan_us = MicrosSince(t1);
+  if (env_.sim != nullptr) ModelCost(&result);
   recalls_.fetch_add(1, std::memory_order_relaxed);
   if (!feedback.empty()) {
     // Per-layer sets may share blocks: one hit per block and query.

@@ -159,6 +159,11 @@ struct RecallResult {
   uint32_t plan_us = 0;
   uint32_t total_us = 0;
   std::vector<LayerRecallSet> layer_sets;
+  // The sim backend's modelled cost of this recall (search + moving the
+  // chosen KV into the staging buffer); 0 on the cpu backend.
+  double modelled_us = 0;
+  uint64_t modelled_dram_bytes = 0;
+  double modelled_energy_uj = 0;
 };
 
 struct TierCount {

@@ -19,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "engine/device_profile.h"
 #include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "server/kvmem_service.h"
@@ -44,6 +45,10 @@ ABSL_FLAG(int32_t, max_chunk_bytes, 4 << 20,
 ABSL_FLAG(uint64_t, global_warm_budget_bytes, 1ull << 30,
           "RAM all streams' warm blocks may hold together (0: no cap; "
           "each stream's tier_policy.warm_budget_bytes still applies).");
+ABSL_FLAG(std::string, accelerator_profile, "",
+          "Run the sim accelerator backend with this hardware profile "
+          "(deploy/profiles/*.toml): recalls as on the CPU, plus their "
+          "modelled cost in RecallResponse.timing. Empty: the cpu backend.");
 ABSL_FLAG(int32_t, worker_threads, 0,
           "Threads for storage-bound work; 0 means 2 per core, at least 4.");
 ABSL_FLAG(std::string, port_file, "",
@@ -92,6 +97,21 @@ int Run() {
   kvmem::EngineOptions engine_options;
   engine_options.global_warm_budget_bytes =
       absl::GetFlag(FLAGS_global_warm_budget_bytes);
+  if (const std::string path = absl::GetFlag(FLAGS_accelerator_profile);
+      !path.empty()) {
+    auto profile = kvmem::LoadDeviceProfile(path);
+    absl::StatusOr<kvmem::SimHardware> hw =
+        profile.ok() ? kvmem::SimHardwareFromProfile(*profile)
+                     : absl::StatusOr<kvmem::SimHardware>(profile.status());
+    if (!hw.ok()) {
+      spdlog::error("--accelerator_profile: {}", hw.status().ToString());
+      return 2;
+    }
+    engine_options.sim = *hw;
+    spdlog::info("sim accelerator backend: {} ({} lanes at {} MHz, {} GB/s)",
+                 profile->name, hw->lanes, hw->clock_hz / 1e6,
+                 hw->dram_bandwidth_bytes_per_s / 1e9);
+  }
   auto engine = kvmem::MemoryEngine::Open(*std::move(store), engine_options);
   if (!engine.ok()) {
     spdlog::error("recovery failed: {}", engine.status().ToString());

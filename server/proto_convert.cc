@@ -202,6 +202,9 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
   p->mutable_timing()->set_search_us(r.search_us);
   p->mutable_timing()->set_plan_us(r.plan_us);
   p->mutable_timing()->set_total_us(r.total_us);
+  p->mutable_timing()->set_modelled_us(r.modelled_us);
+  p->mutable_timing()->set_modelled_dram_bytes(r.modelled_dram_bytes);
+  p->mutable_timing()->set_modelled_energy_uj(r.modelled_energy_uj);
 }
 
 }  // namespace kvmem

@@ -8,8 +8,10 @@ set -euo pipefail
 bin=$1
 tmp=$(mktemp -d)
 server_pid=""
+sim_pid=""
 cleanup() {
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+  [ -n "$sim_pid" ] && kill "$sim_pid" 2>/dev/null && wait "$sim_pid" 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -122,7 +124,27 @@ assert o["kvmem"]["bytes_per_step"] < o["full"]["bytes_per_step"], o
 print("cli roofline checks passed")
 PY
 
-# 5. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
+# 5. the sim accelerator backend: a server with a hardware profile answers
+# recalls with their modelled cost.
+sim_sock="$tmp/sim.sock"
+"$bin/kvmem-server" --listen= --unix_socket="$sim_sock" --data_dir="$tmp/sim-data" \
+  --accelerator_profile="$(dirname "$0")/../../deploy/profiles/rk3588-npu.toml" > "$tmp/sim.log" 2>&1 &
+sim_pid=$!
+for _ in $(seq 100); do [ -S "$sim_sock" ] && break; sleep 0.1; done
+"$bin/kvmem" demo --addr="unix:$sim_sock" --cameras=1 --frames=40 > /dev/null
+"$bin/kvmem" recall --addr="unix:$sim_sock" --stream=demo-cam-0 --query_seed=2 --json > "$tmp/sim-recall.json"
+kill "$sim_pid"; wait "$sim_pid" || fail "sim server did not exit cleanly"
+sim_pid=""
+grep -q "sim accelerator backend: Rockchip RK3588 NPU" "$tmp/sim.log" || fail "sim backend not announced"
+python3 - "$tmp" <<'PY'
+import json, sys
+r = json.load(open(f"{sys.argv[1]}/sim-recall.json"))
+t = r["timing"]
+assert r["blocks"] and t["modelled_us"] > 0 and int(t["modelled_dram_bytes"]) > 0, r
+print("cli sim checks passed")
+PY
+
+# 6. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
 set +e
 "$bin/kvmem" recall --addr="unix:$sock" --stream=ghost --query=1 2> "$tmp/err.txt"; rc=$?
 set -e

@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "client/device_profile.h"
+#include "engine/device_profile.h"
 #include "gtest/gtest.h"
 
 namespace kvmem {

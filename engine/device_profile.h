@@ -1,17 +1,19 @@
 // Hardware profiles of edge devices (deploy/profiles/*.toml), read by
-// `kvmem roofline` and the simulated accelerator backend.
+// `kvmem roofline` and the simulated accelerator backend (kvmem-server
+// --accelerator_profile).
 //
 // Format: a small TOML subset, one `key = number` per line; `#` starts a
 // comment (each number's source or "assumption" is written there); a
 // `name = "..."` line names the device. Unknown keys are kept (other tools
 // read them); a malformed line is an error naming the file and line.
-#ifndef KVMEM_CLIENT_DEVICE_PROFILE_H_
-#define KVMEM_CLIENT_DEVICE_PROFILE_H_
+#ifndef KVMEM_ENGINE_DEVICE_PROFILE_H_
+#define KVMEM_ENGINE_DEVICE_PROFILE_H_
 
 #include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/sim_model.h"
 
 namespace kvmem {
 
@@ -27,6 +29,13 @@ absl::StatusOr<DeviceProfile> ParseDeviceProfile(const std::string& text,
                                                  const std::string& origin);
 absl::StatusOr<DeviceProfile> LoadDeviceProfile(const std::string& path);
 
+// The simulated accelerator's hardware from a profile: sim_lanes,
+// sim_clock_mhz, sim_precision_bits, sim_pipeline_fill_cycles,
+// dram_bandwidth_gbs, dram_burst_bytes, dma_setup_cycles, dram_pj_per_byte,
+// sim_mac_pj; SimHardware's defaults where a key is absent.
+// INVALID_ARGUMENT naming the key for a value out of range.
+absl::StatusOr<SimHardware> SimHardwareFromProfile(const DeviceProfile& p);
+
 }  // namespace kvmem
 
-#endif  // KVMEM_CLIENT_DEVICE_PROFILE_H_
+#endif  // KVMEM_ENGINE_DEVICE_PROFILE_H_

@@ -1,7 +1,8 @@
-#include "client/device_profile.h"
+#include "engine/device_profile.h"
 
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -63,6 +64,56 @@ absl::StatusOr<DeviceProfile> LoadDeviceProfile(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ParseDeviceProfile(ss.str(), path);
+}
+
+absl::StatusOr<SimHardware> SimHardwareFromProfile(const DeviceProfile& p) {
+  SimHardware hw;
+  struct Key {
+    const char* name;
+    double scale, lo, hi;
+  };
+  auto get = [&](const Key& k, double fallback, double* out) -> absl::Status {
+    const double v = p.Get(k.name, fallback / k.scale) * k.scale;
+    if (!(v >= k.lo && v <= k.hi)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "profile ", p.name, ": ", k.name, " is ", v / k.scale,
+          "; must be in [", k.lo / k.scale, ", ", k.hi / k.scale, "]"));
+    }
+    *out = v;
+    return absl::OkStatus();
+  };
+  double lanes, clock, bits, fill, bw, burst, setup, pj_byte, pj_mac;
+  for (auto [key, fallback, out] :
+       std::initializer_list<std::tuple<Key, double, double*>>{
+           {{"sim_lanes", 1, 1, 65536}, double(hw.lanes), &lanes},
+           {{"sim_clock_mhz", 1e6, 1e6, 1e11}, hw.clock_hz, &clock},
+           {{"sim_precision_bits", 1, 1, 8}, double(hw.precision_bits), &bits},
+           {{"sim_pipeline_fill_cycles", 1, 0, 1e6},
+            double(hw.pipeline_fill_cycles),
+            &fill},
+           {{"dram_bandwidth_gbs", 1e9, 1e6, 1e14},
+            hw.dram_bandwidth_bytes_per_s,
+            &bw},
+           {{"dram_burst_bytes", 1, 1, 1 << 20},
+            double(hw.burst_bytes),
+            &burst},
+           {{"dma_setup_cycles", 1, 0, 1e6},
+            double(hw.transaction_setup_cycles),
+            &setup},
+           {{"dram_pj_per_byte", 1, 0, 1e6}, hw.dram_pj_per_byte, &pj_byte},
+           {{"sim_mac_pj", 1, 0, 1e6}, hw.mac_pj, &pj_mac}}) {
+    if (absl::Status s = get(key, fallback, out); !s.ok()) return s;
+  }
+  hw.lanes = static_cast<uint32_t>(lanes);
+  hw.clock_hz = clock;
+  hw.precision_bits = static_cast<uint32_t>(bits);
+  hw.pipeline_fill_cycles = static_cast<uint32_t>(fill);
+  hw.dram_bandwidth_bytes_per_s = bw;
+  hw.burst_bytes = static_cast<uint32_t>(burst);
+  hw.transaction_setup_cycles = static_cast<uint32_t>(setup);
+  hw.dram_pj_per_byte = pj_byte;
+  hw.mac_pj = pj_mac;
+  return hw;
 }
 
 }  // namespace kvmem
