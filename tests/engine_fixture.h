@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "storage/rocks_cold_store.h"
 #include "tests/stream_model.h"
+#include "tests/test_util.h"
 
 namespace kvmem::testing {
 
@@ -34,6 +35,17 @@ inline Frame ToFrame(const ModelFrame& m, uint64_t index,
   f.payload = m.bytes;
   f.signals = std::move(signals);
   return f;
+}
+
+// Frame `index` of a stream whose frames all hold f.tokens tokens, with no
+// position gaps.
+inline Frame FrameOf(const FloatFrame& f, uint64_t index, DType dtype) {
+  Frame fr;
+  fr.index = index;
+  fr.first_token_position = index * f.tokens;
+  fr.token_count = f.tokens;
+  fr.payload = Encode(f, dtype);
+  return fr;
 }
 
 inline StreamConfig TestConfig(const TestGeometry& g, uint32_t window,

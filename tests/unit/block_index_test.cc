@@ -129,12 +129,7 @@ TEST(BlockIndexTest, StreamWithHnswRecallsAndReportsSampledRecall) {
   std::mt19937_64 rng(3);
   for (uint64_t i = 0; i < 120; ++i) {
     const testing::FloatFrame f = testing::RandomFrame(rng, g, 4);
-    Frame fr;
-    fr.index = i;
-    fr.first_token_position = i * 4;
-    fr.token_count = 4;
-    fr.payload = testing::Encode(f, g.dtype);
-    ASSERT_TRUE(e->Append("cam", std::move(fr)).ok());
+    ASSERT_TRUE(e->Append("cam", testing::FrameOf(f, i, g.dtype)).ok());
   }
   for (int i = 0; i < 64; ++i) {
     RecallQuery q;

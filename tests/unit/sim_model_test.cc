@@ -93,12 +93,7 @@ TEST(SimModelTest, SimBackendRecallsAsTheCpuAndAddsModelledCost) {
   for (uint64_t i = 0; i < 120; ++i) {
     const testing::FloatFrame f = testing::RandomFrame(rng, g, 4);
     for (MemoryEngine* e : {cpu.get(), sim.get()}) {
-      Frame fr;
-      fr.index = i;
-      fr.first_token_position = i * 4;
-      fr.token_count = 4;
-      fr.payload = testing::Encode(f, g.dtype);
-      ASSERT_TRUE(e->Append("cam", std::move(fr)).ok());
+      ASSERT_TRUE(e->Append("cam", testing::FrameOf(f, i, g.dtype)).ok());
     }
     if (i % 30 != 29) continue;
     RecallQuery q;

@@ -155,12 +155,7 @@ TEST(TokenGroupsTest, RecallReturnsTheMatchingTokensWithinBudgetAcrossRestart) {
       std::vector<int> kinds(8, 0);
       if (i == 2 || i == 3) kinds[6] = kinds[7] = 3;
       const FloatFrame f = PlantedFrame(g, kinds, rng);
-      Frame fr;
-      fr.index = i;
-      fr.first_token_position = i * 8;
-      fr.token_count = 8;
-      fr.payload = Encode(f, g.dtype);
-      ASSERT_TRUE(e->Append("cam", std::move(fr)).ok());
+      ASSERT_TRUE(e->Append("cam", testing::FrameOf(f, i, g.dtype)).ok());
     }
     check(e.get());
     auto stats = e->GetStats("cam");
