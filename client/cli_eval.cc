@@ -175,12 +175,24 @@ int RunEval(const std::vector<std::string>&) {
 
   const std::string via = absl::GetFlag(FLAGS_via);
   std::unique_ptr<ServerProcess> server;
+  // A server this command starts is stopped and its data removed on every
+  // way out.
+  struct ServerCleanup {
+    std::unique_ptr<ServerProcess>* server;
+    std::string dir;
+    ~ServerCleanup() {
+      if (*server == nullptr) return;
+      (*server)->Stop();
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{&server, absl::StrCat("/tmp/kvmem-eval-server-", ::getpid())};
   if (via == "grpc") {
     o.server = absl::GetFlag(FLAGS_addr);
     if (o.server.empty()) {
       ServerProcessOptions so;
       so.binary = FindServerBinary();
-      so.data_dir = absl::StrCat("/tmp/kvmem-eval-server-", ::getpid());
+      so.data_dir = cleanup.dir;
       so.unix_socket = so.data_dir + ".sock";
       so.log_file = so.data_dir + ".log";
       server = std::make_unique<ServerProcess>(so);
@@ -209,12 +221,6 @@ int RunEval(const std::vector<std::string>&) {
       std::fprintf(stderr, "kvmem eval: %s\n", s.ToString().c_str());
       return 1;
     }
-  }
-  if (server != nullptr) {
-    server->Stop();
-    std::error_code ec;
-    std::filesystem::remove_all(
-        absl::StrCat("/tmp/kvmem-eval-server-", ::getpid()), ec);
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::cout << EvalJson(o, *r);

@@ -6,8 +6,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
-#include "engine/device_profile.h"
 #include "client/roofline.h"
+#include "engine/device_profile.h"
 #include "engine/dtype.h"
 
 ABSL_FLAG(uint32_t, q_heads, 0,
