@@ -20,6 +20,8 @@ ABSL_FLAG(int64_t, query_seed, -1,
 ABSL_FLAG(uint32_t, top_k, 0, "recall: candidate blocks (0: stream default).");
 ABSL_FLAG(uint32_t, max_tokens, 0, "recall: token budget (0: stream default).");
 ABSL_FLAG(bool, per_layer, false, "recall: one recall set per indexed layer.");
+ABSL_FLAG(uint32_t, priority, 0,
+          "recall: priority in the accelerator's queue (higher first).");
 
 namespace kvmem {
 namespace {
@@ -84,6 +86,25 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       static_cast<unsigned long long>(p.stage_hits()),
       static_cast<unsigned long long>(p.rebuilds()), p.recall_us_p50(),
       p.recall_us_p99());
+  const v1::AcceleratorStats& a = s.accelerator();
+  std::printf("  accelerator     %s: %llu searches, %.0f us on the host",
+              a.backend().c_str(),
+              static_cast<unsigned long long>(a.searches()), a.measured_us());
+  if (a.backend() == "sim") {
+    std::printf(
+        "; modelled %.1f us (%.1f queued), %.2f MiB DRAM, %.1f uJ, %llu "
+        "injections; SRAM %llu KiB hot window / %llu KiB staging, %llu "
+        "re-partitions; recall floor %.2f",
+        a.modelled_us(), a.modelled_queue_us(),
+        a.modelled_dram_bytes() / 1048576.0, a.modelled_energy_uj(),
+        static_cast<unsigned long long>(a.injections()),
+        static_cast<unsigned long long>(a.sram_hot_bytes() / 1024),
+        static_cast<unsigned long long>(a.sram_staging_bytes() / 1024),
+        static_cast<unsigned long long>(a.sram_repartitions()),
+        a.recall_floor());
+  }
+  std::printf("\n");
+  if (!a.warning().empty()) std::printf("  WARNING: %s\n", a.warning().c_str());
 }
 
 void PrintBlock(const v1::RecalledBlock& b) {
@@ -138,6 +159,7 @@ int RunRecall(const std::vector<std::string>&) {
   req.mutable_budget()->set_top_k(absl::GetFlag(FLAGS_top_k));
   req.mutable_budget()->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
   req.set_per_layer(absl::GetFlag(FLAGS_per_layer));
+  req.set_priority(absl::GetFlag(FLAGS_priority));
   const int64_t seed = absl::GetFlag(FLAGS_query_seed);
   if (seed >= 0) {
     v1::StreamStats stats;
@@ -178,6 +200,14 @@ int RunRecall(const std::vector<std::string>&) {
                 .c_str(),
       resp.budget_tokens(), resp.top_k(), resp.candidates(),
       resp.timing().total_us());
+  if (const v1::RecallTiming& t = resp.timing(); t.modelled_us() > 0) {
+    std::printf(
+        "modelled on the sim accelerator: %.2f us (%.2f us queued), %.1f KiB "
+        "DRAM, %.2f uJ, %u injections\n",
+        t.modelled_us(), t.modelled_queue_us(),
+        t.modelled_dram_bytes() / 1024.0, t.modelled_energy_uj(),
+        t.injections());
+  }
   for (const auto& b : resp.blocks()) PrintBlock(b);
   for (const auto& set : resp.layer_sets()) {
     std::printf(" layer %u: %d blocks, %u tokens\n", set.layer(),

@@ -1,8 +1,8 @@
 #include "engine/device_profile.h"
 
 #include <fstream>
+#include <functional>
 #include <sstream>
-#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -68,51 +68,62 @@ absl::StatusOr<DeviceProfile> LoadDeviceProfile(const std::string& path) {
 
 absl::StatusOr<SimHardware> SimHardwareFromProfile(const DeviceProfile& p) {
   SimHardware hw;
+  // Each key: its unit's scale to SimHardware's, its range (in the file's
+  // unit), and where it goes.
   struct Key {
     const char* name;
     double scale, lo, hi;
+    double current;
+    std::function<void(double)> set;
   };
-  auto get = [&](const Key& k, double fallback, double* out) -> absl::Status {
-    const double v = p.Get(k.name, fallback / k.scale) * k.scale;
+  auto u32 = [](uint32_t* f) { return [f](double v) { *f = uint32_t(v); }; };
+  auto u64 = [](uint64_t* f) { return [f](double v) { *f = uint64_t(v); }; };
+  auto dbl = [](double* f) { return [f](double v) { *f = v; }; };
+  const Key keys[] = {
+      {"sim_lanes", 1, 1, 65536, double(hw.lanes), u32(&hw.lanes)},
+      {"sim_clock_mhz", 1e6, 1, 1e5, hw.clock_hz, dbl(&hw.clock_hz)},
+      {"sim_precision_bits", 1, 1, 8, double(hw.precision_bits),
+       u32(&hw.precision_bits)},
+      {"sim_pipeline_fill_cycles", 1, 0, 1e6, double(hw.pipeline_fill_cycles),
+       u32(&hw.pipeline_fill_cycles)},
+      {"dram_bandwidth_gbs", 1e9, 1e-3, 1e5, hw.dram_bandwidth_bytes_per_s,
+       dbl(&hw.dram_bandwidth_bytes_per_s)},
+      {"dram_burst_bytes", 1, 1, 1 << 20, double(hw.burst_bytes),
+       u32(&hw.burst_bytes)},
+      {"dma_setup_cycles", 1, 0, 1e6, double(hw.transaction_setup_cycles),
+       u32(&hw.transaction_setup_cycles)},
+      {"dram_pj_per_byte", 1, 0, 1e6, hw.dram_pj_per_byte,
+       dbl(&hw.dram_pj_per_byte)},
+      {"sim_mac_pj", 1, 0, 1e6, hw.mac_pj, dbl(&hw.mac_pj)},
+      {"sim_sram_kib", 1024, 16, 1 << 20, double(hw.sram_bytes),
+       u64(&hw.sram_bytes)},
+      {"sim_sram_granule_kib", 1024, 1, 1 << 16, double(hw.sram_granule_bytes),
+       u64(&hw.sram_granule_bytes)},
+      {"sim_sram_read_gbs", 1e9, 1e-3, 1e5, hw.sram_read_bytes_per_s,
+       dbl(&hw.sram_read_bytes_per_s)},
+      {"sim_double_buffering", 1, 0, 1, hw.double_buffering ? 1.0 : 0.0,
+       [&hw](double v) { hw.double_buffering = v != 0; }},
+      {"sim_max_blocks_per_injection", 1, 1, 4096,
+       double(hw.max_blocks_per_injection), u32(&hw.max_blocks_per_injection)},
+      {"sim_arbitration_cycles", 1, 0, 1e6, double(hw.arbitration_cycles),
+       u32(&hw.arbitration_cycles)},
+      {"sim_recall_floor", 1, 0, 1, hw.recall_floor, dbl(&hw.recall_floor)},
+  };
+  for (const Key& k : keys) {
+    const double v = p.Get(k.name, k.current / k.scale);
     if (!(v >= k.lo && v <= k.hi)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "profile ", p.name, ": ", k.name, " is ", v / k.scale,
-          "; must be in [", k.lo / k.scale, ", ", k.hi / k.scale, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile ", p.name, ": ", k.name, " is ", v,
+                       "; must be in [", k.lo, ", ", k.hi, "]"));
     }
-    *out = v;
-    return absl::OkStatus();
-  };
-  double lanes, clock, bits, fill, bw, burst, setup, pj_byte, pj_mac;
-  for (auto [key, fallback, out] :
-       std::initializer_list<std::tuple<Key, double, double*>>{
-           {{"sim_lanes", 1, 1, 65536}, double(hw.lanes), &lanes},
-           {{"sim_clock_mhz", 1e6, 1e6, 1e11}, hw.clock_hz, &clock},
-           {{"sim_precision_bits", 1, 1, 8}, double(hw.precision_bits), &bits},
-           {{"sim_pipeline_fill_cycles", 1, 0, 1e6},
-            double(hw.pipeline_fill_cycles),
-            &fill},
-           {{"dram_bandwidth_gbs", 1e9, 1e6, 1e14},
-            hw.dram_bandwidth_bytes_per_s,
-            &bw},
-           {{"dram_burst_bytes", 1, 1, 1 << 20},
-            double(hw.burst_bytes),
-            &burst},
-           {{"dma_setup_cycles", 1, 0, 1e6},
-            double(hw.transaction_setup_cycles),
-            &setup},
-           {{"dram_pj_per_byte", 1, 0, 1e6}, hw.dram_pj_per_byte, &pj_byte},
-           {{"sim_mac_pj", 1, 0, 1e6}, hw.mac_pj, &pj_mac}}) {
-    if (absl::Status s = get(key, fallback, out); !s.ok()) return s;
+    k.set(v * k.scale);
   }
-  hw.lanes = static_cast<uint32_t>(lanes);
-  hw.clock_hz = clock;
-  hw.precision_bits = static_cast<uint32_t>(bits);
-  hw.pipeline_fill_cycles = static_cast<uint32_t>(fill);
-  hw.dram_bandwidth_bytes_per_s = bw;
-  hw.burst_bytes = static_cast<uint32_t>(burst);
-  hw.transaction_setup_cycles = static_cast<uint32_t>(setup);
-  hw.dram_pj_per_byte = pj_byte;
-  hw.mac_pj = pj_mac;
+  if (hw.sram_granule_bytes * 2 > hw.sram_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile ", p.name, ": sim_sram_granule_kib is ",
+        hw.sram_granule_bytes / 1024, "; the SRAM (sim_sram_kib ",
+        hw.sram_bytes / 1024, ") must hold at least two granules"));
+  }
   return hw;
 }
 

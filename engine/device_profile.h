@@ -32,8 +32,11 @@ absl::StatusOr<DeviceProfile> LoadDeviceProfile(const std::string& path);
 // The simulated accelerator's hardware from a profile: sim_lanes,
 // sim_clock_mhz, sim_precision_bits, sim_pipeline_fill_cycles,
 // dram_bandwidth_gbs, dram_burst_bytes, dma_setup_cycles, dram_pj_per_byte,
-// sim_mac_pj; SimHardware's defaults where a key is absent.
-// INVALID_ARGUMENT naming the key for a value out of range.
+// sim_mac_pj, sim_sram_kib, sim_sram_granule_kib, sim_sram_read_gbs,
+// sim_double_buffering (0/1), sim_max_blocks_per_injection,
+// sim_arbitration_cycles, sim_recall_floor; SimHardware's defaults where a
+// key is absent. INVALID_ARGUMENT naming the key for a value out of range
+// (or an SRAM smaller than two granules).
 absl::StatusOr<SimHardware> SimHardwareFromProfile(const DeviceProfile& p);
 
 }  // namespace kvmem

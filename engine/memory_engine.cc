@@ -12,6 +12,8 @@ MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store,
                            const EngineOptions& options)
     : store_(std::move(store)),
       options_(options),
+      accel_(options.sim.has_value() ? NewSimAccelerator(*options.sim)
+                                     : NewCpuAccelerator()),
       background_(std::make_unique<Executor>(options.background_threads)) {}
 
 MemoryEngine::~MemoryEngine() {
@@ -26,7 +28,8 @@ StreamEnv MemoryEngine::Env() {
   env.background = background_.get();
   env.global_warm_bytes = &global_warm_bytes_;
   env.global_warm_budget = options_.global_warm_budget_bytes;
-  env.sim = options_.sim.has_value() ? &*options_.sim : nullptr;
+  env.accel = accel_.get();
+  env.warn = options_.warn;
   return env;
 }
 

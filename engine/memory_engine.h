@@ -8,6 +8,7 @@
 #define KVMEM_ENGINE_MEMORY_ENGINE_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/accelerator.h"
 #include "engine/sim_model.h"
 #include "engine/stream.h"
 #include "engine/types.h"
@@ -34,6 +36,9 @@ struct EngineOptions {
   // recall's modelled cost on this hardware (engine/sim_model.h). Unset:
   // the `cpu` backend alone.
   std::optional<SimHardware> sim;
+  // Warnings the engine raises (e.g. an approximate index below the sim's
+  // recall floor); may be empty.
+  std::function<void(const std::string&)> warn;
 };
 
 struct OpenStreamResult {
@@ -68,6 +73,7 @@ class MemoryEngine {
 
   size_t stream_count() const;
   uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
+  const Accelerator& accelerator() const { return *accel_; }
 
   // Waits until background work queued so far (tier moves after recalls,
   // rebuilds) has run. For tests and orderly shutdown.
@@ -79,6 +85,8 @@ class MemoryEngine {
 
   std::unique_ptr<ColdStore> store_;
   const EngineOptions options_;
+  // The retrieval backend all streams share (cpu, or sim with options.sim).
+  const std::unique_ptr<Accelerator> accel_;
   std::atomic<uint64_t> global_warm_bytes_{0};
   // Declared after the store and before the streams' map, so it is
   // destroyed first: its tasks finish while streams and store still exist.

@@ -67,4 +67,62 @@ SimCost MoveCost(const SimHardware& hw, uint64_t bytes, uint64_t offset,
   return c;
 }
 
+SimCost InjectionCost(const SimHardware& hw, const StageItem* items, size_t n,
+                      uint64_t buffer_bytes) {
+  SimCost total;
+  const uint64_t half = std::max<uint64_t>(
+      1, hw.double_buffering ? buffer_bytes / 2 : buffer_bytes);
+  double pipeline = 0, prev_consume = 0;
+  bool first = true;
+  auto chunk = [&](uint64_t bytes, uint64_t offset, bool layer_major,
+                   uint32_t rows) {
+    const SimCost m = MoveCost(hw, bytes, offset, layer_major, rows);
+    const double consume =
+        hw.sram_read_bytes_per_s > 0 ? bytes / hw.sram_read_bytes_per_s : 0;
+    if (!hw.double_buffering) {
+      pipeline += m.seconds + consume;
+    } else if (first) {
+      pipeline += m.seconds;
+    } else {
+      pipeline += std::max(m.seconds, prev_consume);
+    }
+    first = false;
+    prev_consume = consume;
+    total.dram_bytes += m.dram_bytes;
+    total.joules += m.joules;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const StageItem& it = items[i];
+    if (it.bytes == 0) continue;
+    if (it.layer_major || it.rows <= 1) {
+      for (uint64_t done = 0; done < it.bytes;) {
+        const uint64_t b = std::min(half, it.bytes - done);
+        chunk(b, it.offset + done, true, 1);
+        done += b;
+      }
+    } else {
+      const uint64_t row = CeilDiv(it.bytes, it.rows);
+      const uint64_t per_chunk = std::max<uint64_t>(1, half / row);
+      for (uint64_t r = 0; r < it.rows; r += per_chunk) {
+        const uint64_t rows = std::min<uint64_t>(per_chunk, it.rows - r);
+        const uint64_t b = std::min(rows * row, it.bytes - r * row);
+        chunk(b, it.offset, false, static_cast<uint32_t>(rows));
+      }
+    }
+  }
+  if (hw.double_buffering && !first) pipeline += prev_consume;
+  total.seconds = pipeline;
+  return total;
+}
+
+uint64_t StagingBytesFor(const SimHardware& hw, const StageItem* items,
+                         size_t n) {
+  const uint64_t g = std::max<uint64_t>(1, hw.sram_granule_bytes);
+  uint64_t largest = 0;
+  for (size_t i = 0; i < n; ++i) largest = std::max(largest, items[i].bytes);
+  const uint64_t want = CeilDiv(largest * (hw.double_buffering ? 2 : 1), g) * g;
+  const uint64_t most = hw.sram_bytes > g ? (hw.sram_bytes / g - 1) * g : g;
+  return std::clamp(want, g, std::max(g, most));
+}
+
 }  // namespace kvmem

@@ -34,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/accelerator.h"
 #include "engine/block_index.h"
 #include "engine/block_layout.h"
 #include "engine/executor.h"
@@ -41,7 +42,6 @@
 #include "engine/replacement.h"
 #include "engine/segmenter.h"
 #include "engine/semantics.h"
-#include "engine/sim_model.h"
 #include "engine/summary_builder.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
@@ -55,7 +55,12 @@ struct StreamEnv {
   // RAM held by warm blocks of all streams, and its cap (0: none).
   std::atomic<uint64_t>* global_warm_bytes = nullptr;
   uint64_t global_warm_budget = 0;
-  const SimHardware* sim = nullptr;  // The sim backend's hardware; may be null.
+  // The retrieval backend searches and staging go through; null: the
+  // shared cpu backend.
+  Accelerator* accel = nullptr;
+  // Receives warnings (an approximate index below the accelerator's recall
+  // floor); may be empty.
+  std::function<void(const std::string&)> warn;
 };
 
 // One piece of a block's payload, as FetchBlocks sends it.
@@ -214,16 +219,15 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::vector<RecalledBlock> RankCandidates(
       const BlockIndex& index, const float* query, size_t offset, size_t dim,
       const FrameSignals& signals, size_t eligible, uint32_t top_k,
-      uint32_t* search_us) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+      uint32_t priority, CallCost* cost, uint32_t* search_us) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Token-group recall (groups_per_block > 1): ranks groups of eligible
   // blocks, fills max_tokens with them (at most top_k distinct blocks) and
   // returns one RecalledBlock per block with its chosen token_offsets.
-  std::vector<RecalledBlock> RecallGroups(const float* query,
-                                          const FrameSignals& signals,
-                                          size_t eligible, uint32_t top_k,
-                                          uint32_t max_tokens,
-                                          uint32_t* search_us) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::vector<RecalledBlock> RecallGroups(
+      const float* query, const FrameSignals& signals, size_t eligible,
+      uint32_t top_k, uint32_t max_tokens, uint32_t priority, CallCost* cost,
+      uint32_t* search_us) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Recent eligible, non-evicted blocks that show the query's tracks (at
   // most 64 per track), when the track or IoU weight is on: the semantic
   // signal's candidates.
@@ -234,8 +238,16 @@ class Stream : public std::enable_shared_from_this<Stream> {
   void AddToIndexes(Indexes* ix, uint64_t id, const BlockRecord& rec) const;
   static void RemoveFromIndexes(Indexes* ix, uint64_t id, size_t groups);
   void RecordRecallLatency(uint32_t us);
-  // Fills the sim backend's modelled cost of a planned recall.
-  void ModelCost(RecallResult* r) const ABSL_LOCKS_EXCLUDED(mu_);
+  Accelerator& accel() const {
+    return env_.accel != nullptr ? *env_.accel : SharedCpuAccelerator();
+  }
+  // Stages a planned recall's KV through the accelerator (cost into
+  // r->accel).
+  void StageRecall(RecallResult* r, uint32_t priority) const;
+  // Adds to this stream's accelerator totals.
+  void AccountAccel(const CallCost& c);
+  // "" or why the index's sampled recall breaks the accelerator's floor.
+  std::string RecallFloorWarning() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // How many blocks (a prefix, by id) lie entirely before the hot window
   // that ends at position window_end (exclusive).
   size_t EligibleBlocks(uint64_t window_end) const
@@ -283,6 +295,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   bool rebuild_scheduled_ ABSL_GUARDED_BY(feedback_mu_) = false;
   std::vector<uint32_t> recall_us_ ABSL_GUARDED_BY(feedback_mu_);  // Ring.
   size_t recall_us_next_ ABSL_GUARDED_BY(feedback_mu_) = 0;
+
+  mutable absl::Mutex accel_mu_;
+  CallCost accel_cost_ ABSL_GUARDED_BY(accel_mu_);
+  bool below_recall_floor_ ABSL_GUARDED_BY(accel_mu_) = false;
 
   std::atomic<uint64_t> recalls_{0};
   std::atomic<uint64_t> recalled_blocks_{0};

@@ -59,7 +59,7 @@ std::vector<size_t> Stream::TrackCandidates(const FrameSignals& signals,
 std::vector<RecalledBlock> Stream::RankCandidates(
     const BlockIndex& index, const float* query, size_t offset, size_t dim,
     const FrameSignals& signals, size_t eligible, uint32_t top_k,
-    uint32_t* search_us) const {
+    uint32_t priority, CallCost* cost, uint32_t* search_us) const {
   const auto t0 = std::chrono::steady_clock::now();
   const RecallWeights& w = config_.weights;
   const bool semantic = w.track > 0 || w.iou > 0 || w.scene > 0;
@@ -71,7 +71,8 @@ std::vector<RecalledBlock> Stream::RankCandidates(
     const uint64_t pool = static_cast<uint64_t>(top_k) * (semantic ? 4 : 1);
     const uint32_t k = static_cast<uint32_t>(
         std::min<uint64_t>(pool, eligible) + (blocks_.size() - eligible));
-    for (const ScoredId& h : index.Search(query, k)) {
+    for (const ScoredId& h :
+         accel().Search(index, query, {k, priority}, cost)) {
       if (h.id < eligible) scores.emplace(h.id, h.score);
     }
   }
@@ -106,11 +107,10 @@ std::vector<RecalledBlock> Stream::RankCandidates(
   return ranked;
 }
 
-std::vector<RecalledBlock> Stream::RecallGroups(const float* query,
-                                                const FrameSignals& signals,
-                                                size_t eligible, uint32_t top_k,
-                                                uint32_t max_tokens,
-                                                uint32_t* search_us) const {
+std::vector<RecalledBlock> Stream::RecallGroups(
+    const float* query, const FrameSignals& signals, size_t eligible,
+    uint32_t top_k, uint32_t max_tokens, uint32_t priority, CallCost* cost,
+    uint32_t* search_us) const {
   const auto t0 = std::chrono::steady_clock::now();
   const RecallWeights& w = config_.weights;
   const bool semantic = w.track > 0 || w.iou > 0 || w.scene > 0;
@@ -130,7 +130,8 @@ std::vector<RecalledBlock> Stream::RecallGroups(const float* query,
                           config_.groups_per_block * (semantic ? 2 : 1);
     const uint32_t k = static_cast<uint32_t>(
         std::min<uint64_t>(pool, eligible_groups) + window_groups);
-    for (const ScoredId& h : index_.groups->Search(query, k)) {
+    for (const ScoredId& h :
+         accel().Search(*index_.groups, query, {k, priority}, cost)) {
       if (h.id / kGroupStride < eligible) scores.emplace(h.id, h.score);
     }
   }
@@ -210,36 +211,43 @@ std::vector<RecalledBlock> Stream::RecallGroups(const float* query,
   return chosen;
 }
 
-void Stream::ModelCost(RecallResult* r) const {
-  const SimHardware& hw = *env_.sim;
-  const bool grouped = config_.groups_per_block > 1;
-  uint64_t vectors;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    vectors = grouped ? index_.groups->size() : index_.all->size();
-  }
-  // The engine rescores at full precision about the pool the planner sees.
-  const uint64_t refined = std::min<uint64_t>(
-      vectors, static_cast<uint64_t>(r->top_k) * config_.groups_per_block);
-  SimCost total = SearchCost(hw, vectors, summary_dim_, refined);
+void Stream::StageRecall(RecallResult* r, uint32_t priority) const {
+  // Warm blocks sit in RAM layer-major (one run each); cold and degraded
+  // ones come back from storage frame-major: a run per frame, layer and
+  // K/V. Only the chosen tokens move.
   const uint64_t per_token = FramePayloadBytes(config_.geometry, 1);
-  auto move = [&](const RecalledBlock& b) {
+  std::vector<StageItem> items;
+  auto add = [&](const RecalledBlock& b) {
     const BlockInfo& i = b.block;
-    const uint32_t rows = static_cast<uint32_t>(
-        (i.last_frame - i.first_frame + 1) * config_.geometry.layers * 2);
-    const SimCost m =
-        MoveCost(hw, static_cast<uint64_t>(RecalledTokens(b)) * per_token, 0,
-                 i.tier == Tier::kWarm, rows);
-    total.seconds += m.seconds;
-    total.dram_bytes += m.dram_bytes;
-    total.joules += m.joules;
+    StageItem it;
+    it.bytes = static_cast<uint64_t>(RecalledTokens(b)) * per_token;
+    it.layer_major = i.tier == Tier::kWarm;
+    it.rows = static_cast<uint32_t>((i.last_frame - i.first_frame + 1) *
+                                    config_.geometry.layers * 2);
+    items.push_back(it);
   };
-  for (const RecalledBlock& b : r->blocks) move(b);
+  for (const RecalledBlock& b : r->blocks) add(b);
   for (const LayerRecallSet& s : r->layer_sets)
-    for (const RecalledBlock& b : s.blocks) move(b);
-  r->modelled_us = total.seconds * 1e6;
-  r->modelled_dram_bytes = total.dram_bytes;
-  r->modelled_energy_uj = total.joules * 1e6;
+    for (const RecalledBlock& b : s.blocks) add(b);
+  accel().Stage(items, {priority}, &r->accel);
+}
+
+void Stream::AccountAccel(const CallCost& c) {
+  absl::MutexLock lock(&accel_mu_);
+  accel_cost_ += c;
+}
+
+std::string Stream::RecallFloorWarning() const {
+  const double floor = accel().recall_floor();
+  const IndexQuality q = RetiredQuality(index_, retired_quality_);
+  // A few samples before judging: one every 16th search.
+  if (floor <= 0 || q.samples < 4 || q.recall() >= floor) return "";
+  return absl::StrCat("stream \"", id_, "\": index ", config_.index_factory,
+                      " sampled recall@k ", q.recall(), " over ", q.samples,
+                      " searches is below the ", accel().name(),
+                      " accelerator's recall floor ", floor,
+                      "; use index_factory Flat or Progressive (exact) or a "
+                      "more accurate index");
 }
 
 size_t Stream::EligibleBlocks(uint64_t window_end) const {
@@ -310,20 +318,20 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     }
     if (!q.per_layer && index_.groups != nullptr) {
       grouped = true;
-      ranked.push_back(RecallGroups(q.query.data(), q.signals, eligible,
-                                    result.top_k, result.budget_tokens,
-                                    &result.search_us));
+      ranked.push_back(RecallGroups(
+          q.query.data(), q.signals, eligible, result.top_k,
+          result.budget_tokens, q.priority, &result.accel, &result.search_us));
     } else if (!q.per_layer) {
-      ranked.push_back(RankCandidates(*index_.all, q.query.data(), 0,
-                                      summary_dim_, q.signals, eligible,
-                                      result.top_k, &result.search_us));
+      ranked.push_back(RankCandidates(
+          *index_.all, q.query.data(), 0, summary_dim_, q.signals, eligible,
+          result.top_k, q.priority, &result.accel, &result.search_us));
     } else {
       for (size_t li = 0; li < index_.layers.size(); ++li) {
         uint32_t us = 0;
-        ranked.push_back(RankCandidates(*index_.layers[li],
-                                        q.query.data() + li * layer_dim_,
-                                        li * layer_dim_, layer_dim_, q.signals,
-                                        eligible, result.top_k, &us));
+        ranked.push_back(
+            RankCandidates(*index_.layers[li], q.query.data() + li * layer_dim_,
+                           li * layer_dim_, layer_dim_, q.signals, eligible,
+                           result.top_k, q.priority, &result.accel, &us));
         result.search_us += us;
         set_layers.push_back(config_.indexed_layers[li]);
       }
@@ -351,8 +359,22 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     }
   }
   result.plan_us = MicrosSince(t1);
-  if (env_.sim != nullptr) ModelCost(&result);
-  recalls_.fetch_add(1, std::memory_order_relaxed);
+  StageRecall(&result, q.priority);
+  AccountAccel(result.accel);
+  if (recalls_.fetch_add(1, std::memory_order_relaxed) % 16 == 15) {
+    std::string warning;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      warning = RecallFloorWarning();
+    }
+    bool crossed;
+    {
+      absl::MutexLock lock(&accel_mu_);
+      crossed = !warning.empty() && !below_recall_floor_;
+      below_recall_floor_ = !warning.empty();
+    }
+    if (crossed && env_.warn) env_.warn(warning);
+  }
   if (!feedback.empty()) {
     // Per-layer sets may share blocks: one hit per block and query.
     std::sort(feedback.begin(), feedback.end());

@@ -340,18 +340,20 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
   const TierConfig& t = config_.tiers;
   if (pseudo_query.size() != summary_dim_) return absl::OkStatus();
   std::vector<uint64_t> picks;
+  CallCost prefetch_cost;  // The prefetch search counts as this stream's.
   {
     absl::ReaderMutexLock lock(&mu_);
     const size_t eligible = EligibleBlocks(state_.next_token_position);
-    for (const RecalledBlock& r :
-         RankCandidates(*index_.all, pseudo_query.data(), 0, summary_dim_,
-                        signals, eligible, 2 * t.prefetch_blocks, nullptr)) {
+    for (const RecalledBlock& r : RankCandidates(
+             *index_.all, pseudo_query.data(), 0, summary_dim_, signals,
+             eligible, 2 * t.prefetch_blocks, 0, &prefetch_cost, nullptr)) {
       const BlockEntry& e = blocks_[r.block.id];
       if (e.warm || e.rec.disk == DiskForm::kNone) continue;
       picks.push_back(r.block.id);
       if (picks.size() == t.prefetch_blocks) break;
     }
   }
+  AccountAccel(prefetch_cost);
   for (uint64_t id : picks) {
     uint32_t tokens;
     {
@@ -586,6 +588,18 @@ StreamStats Stream::Stats() const {
     IndexQuality q = RetiredQuality(index_, retired_quality_);
     s.index_recall_samples = q.samples;
     s.index_recall_at_k = q.recall();
+    s.accel.warning = RecallFloorWarning();
+  }
+  const AcceleratorStats device = accel().Stats();
+  s.accel.backend = device.backend;
+  s.accel.sram_bytes = device.sram_bytes;
+  s.accel.sram_hot_bytes = device.sram_hot_bytes;
+  s.accel.sram_staging_bytes = device.sram_staging_bytes;
+  s.accel.sram_repartitions = device.repartitions;
+  s.accel.recall_floor = device.recall_floor;
+  {
+    absl::MutexLock lock(&accel_mu_);
+    s.accel.cost = accel_cost_;
   }
   s.warm_bytes = s.warm.bytes;
   s.cold_bytes = s.cold.bytes;

@@ -122,6 +122,22 @@ struct RecallQuery {
   float window_fraction = 0;            // Budget as a fraction of the window.
   bool per_layer = false;
   FrameSignals signals;
+  // Served first when recalls of several streams contend for the
+  // accelerator (the sim's queue); higher first.
+  uint32_t priority = 0;
+};
+
+// What accelerator calls cost (engine/accelerator.h).
+struct CallCost {
+  double measured_us = 0;     // Host wall time.
+  double modelled_us = 0;     // Modelled backends: time on the device,
+  double queue_us = 0;        //   of which waiting behind other calls,
+  uint64_t dram_bytes = 0;    //   DRAM bytes the bursts moved,
+  double energy_uj = 0;       //   and energy.
+  uint32_t searches = 0;      // Search calls.
+  uint32_t injections = 0;    // Staging injections.
+  uint32_t repartitions = 0;  // SRAM re-partitions the calls caused.
+  CallCost& operator+=(const CallCost& o);
 };
 
 struct RecalledBlock {
@@ -159,11 +175,9 @@ struct RecallResult {
   uint32_t plan_us = 0;
   uint32_t total_us = 0;
   std::vector<LayerRecallSet> layer_sets;
-  // The sim backend's modelled cost of this recall (search + moving the
-  // chosen KV into the staging buffer); 0 on the cpu backend.
-  double modelled_us = 0;
-  uint64_t modelled_dram_bytes = 0;
-  double modelled_energy_uj = 0;
+  // The accelerator's cost of this recall: its searches and the staging of
+  // the chosen KV (modelled fields: the sim backend only; 0 on cpu).
+  CallCost accel;
 };
 
 struct TierCount {
@@ -211,6 +225,18 @@ struct StreamStats {
   // index_factory kinds only; 0 samples otherwise).
   uint64_t index_recall_samples = 0;
   double index_recall_at_k = 1.0;
+  // The accelerator: this stream's calls, and the device's state.
+  struct Accel {
+    std::string backend;
+    CallCost cost;  // Sum over this stream's calls.
+    uint64_t sram_bytes = 0;
+    uint64_t sram_hot_bytes = 0;
+    uint64_t sram_staging_bytes = 0;
+    uint64_t sram_repartitions = 0;  // Device-wide.
+    double recall_floor = 0;         // 0: none.
+    // Set when the index's sampled recall@k is below recall_floor.
+    std::string warning;
+  } accel;
 };
 
 }  // namespace kvmem

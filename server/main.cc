@@ -97,6 +97,7 @@ int Run() {
   kvmem::EngineOptions engine_options;
   engine_options.global_warm_budget_bytes =
       absl::GetFlag(FLAGS_global_warm_budget_bytes);
+  engine_options.warn = [](const std::string& w) { spdlog::warn("{}", w); };
   if (const std::string path = absl::GetFlag(FLAGS_accelerator_profile);
       !path.empty()) {
     auto profile = kvmem::LoadDeviceProfile(path);

@@ -59,6 +59,7 @@ RecallQuery FromProto(const v1::RecallRequest& p) {
   q.current_token_position = p.current_token_position();
   q.window_fraction = p.budget().window_fraction();
   q.per_layer = p.per_layer();
+  q.priority = p.priority();
   q.signals = FromProto(p.signals());
   return q;
 }
@@ -160,6 +161,21 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   p->mutable_index()->set_factory(s.config.index_factory);
   p->mutable_index()->set_recall_samples(s.index_recall_samples);
   p->mutable_index()->set_recall_at_k(s.index_recall_at_k);
+  v1::AcceleratorStats* a = p->mutable_accelerator();
+  a->set_backend(s.accel.backend);
+  a->set_searches(s.accel.cost.searches);
+  a->set_injections(s.accel.cost.injections);
+  a->set_measured_us(s.accel.cost.measured_us);
+  a->set_modelled_us(s.accel.cost.modelled_us);
+  a->set_modelled_queue_us(s.accel.cost.queue_us);
+  a->set_modelled_dram_bytes(s.accel.cost.dram_bytes);
+  a->set_modelled_energy_uj(s.accel.cost.energy_uj);
+  a->set_sram_bytes(s.accel.sram_bytes);
+  a->set_sram_hot_bytes(s.accel.sram_hot_bytes);
+  a->set_sram_staging_bytes(s.accel.sram_staging_bytes);
+  a->set_sram_repartitions(s.accel.sram_repartitions);
+  a->set_recall_floor(s.accel.recall_floor);
+  a->set_warning(s.accel.warning);
 }
 
 void ToProto(const BlockInfo& b, v1::RecalledBlock* p) {
@@ -202,9 +218,12 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
   p->mutable_timing()->set_search_us(r.search_us);
   p->mutable_timing()->set_plan_us(r.plan_us);
   p->mutable_timing()->set_total_us(r.total_us);
-  p->mutable_timing()->set_modelled_us(r.modelled_us);
-  p->mutable_timing()->set_modelled_dram_bytes(r.modelled_dram_bytes);
-  p->mutable_timing()->set_modelled_energy_uj(r.modelled_energy_uj);
+  v1::RecallTiming* t = p->mutable_timing();
+  t->set_modelled_us(r.accel.modelled_us);
+  t->set_modelled_dram_bytes(r.accel.dram_bytes);
+  t->set_modelled_energy_uj(r.accel.energy_uj);
+  t->set_modelled_queue_us(r.accel.queue_us);
+  t->set_injections(r.accel.injections);
 }
 
 }  // namespace kvmem

@@ -133,6 +133,9 @@ sim_pid=$!
 for _ in $(seq 100); do [ -S "$sim_sock" ] && break; sleep 0.1; done
 "$bin/kvmem" demo --addr="unix:$sim_sock" --cameras=1 --frames=40 > /dev/null
 "$bin/kvmem" recall --addr="unix:$sim_sock" --stream=demo-cam-0 --query_seed=2 --json > "$tmp/sim-recall.json"
+"$bin/kvmem" stats --addr="unix:$sim_sock" --stream=demo-cam-0 --json > "$tmp/sim-stats.json"
+"$bin/kvmem" stats --addr="unix:$sim_sock" --stream=demo-cam-0 > "$tmp/sim-stats.txt"
+grep -q "accelerator     sim: " "$tmp/sim-stats.txt" || fail "stats do not show the sim accelerator"
 kill "$sim_pid"; wait "$sim_pid" || fail "sim server did not exit cleanly"
 sim_pid=""
 grep -q "sim accelerator backend: Rockchip RK3588 NPU" "$tmp/sim.log" || fail "sim backend not announced"
@@ -141,6 +144,14 @@ import json, sys
 r = json.load(open(f"{sys.argv[1]}/sim-recall.json"))
 t = r["timing"]
 assert r["blocks"] and t["modelled_us"] > 0 and int(t["modelled_dram_bytes"]) > 0, r
+assert t["injections"] >= 1 and t["modelled_queue_us"] >= 0, t
+a = json.load(open(f"{sys.argv[1]}/sim-stats.json"))["streams"][0]["accelerator"]
+assert a["backend"] == "sim" and int(a["searches"]) > 0 and int(a["injections"]) > 0, a
+assert a["modelled_us"] > 0 and int(a["modelled_dram_bytes"]) > 0, a
+# RK3588 profile: 2 MiB of SRAM, split between hot window and staging.
+assert int(a["sram_bytes"]) == 2048 * 1024, a
+assert int(a["sram_hot_bytes"]) + int(a["sram_staging_bytes"]) == int(a["sram_bytes"]), a
+assert a["recall_floor"] == 0.95 and a["warning"] == "", a
 print("cli sim checks passed")
 PY
 
