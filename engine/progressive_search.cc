@@ -2,41 +2,70 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "engine/dot.h"
 
 namespace kvmem {
 namespace {
 
-// Symmetric int8 quantisation; returns the scale (0 for a zero vector).
-float Quantize(const float* x, size_t n, int8_t* out, float* l1) {
+// Symmetric quantisation to [-levels, levels]; returns the scale (0 for a
+// zero vector), the residual's norm |x - s c| in *residual and the codes'
+// norm |c| in *code_norm (both computed in double, then rounded up a
+// little so the bounds built from them stay safe).
+float Quantize(const float* x, size_t n, int levels, int8_t* out,
+               float* residual, float* code_norm) {
   float mx = 0;
   for (size_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
-  const float s = mx / 127.0f;
-  float sum = 0;
+  const float s = mx / static_cast<float>(levels);
+  double r2 = 0, c2 = 0;
   for (size_t i = 0; i < n; ++i) {
     const int v = s > 0 ? static_cast<int>(std::lround(x[i] / s)) : 0;
-    out[i] = static_cast<int8_t>(std::clamp(v, -127, 127));
-    sum += std::abs(static_cast<int>(out[i]));
+    out[i] = static_cast<int8_t>(std::clamp(v, -levels, levels));
+    const double e = double(x[i]) - double(s) * out[i];
+    r2 += e * e;
+    c2 += double(out[i]) * out[i];
   }
-  if (l1 != nullptr) *l1 = sum;
+  *residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
+  *code_norm = static_cast<float>(std::sqrt(c2) * (1 + 1e-6));
   return s;
 }
+
+// Per-thread buffers, so a search allocates nothing once warm.
+struct Scratch {
+  std::vector<int8_t> query;
+  std::vector<int32_t> raw;
+  SelectScratch select;
+  std::vector<Survivor> cand;
+};
 
 }  // namespace
 
 ProgressiveIndex::ProgressiveIndex(uint32_t dim, uint32_t max_candidates)
-    : dim_(dim), max_candidates_(max_candidates) {}
+    : dim_(dim), groups_((dim + 3) / 4), max_candidates_(max_candidates) {}
 
 void ProgressiveIndex::Add(uint64_t id, const float* vec) {
-  row_[id] = ids_.size();
+  const size_t r = ids_.size();
+  row_[id] = r;
   ids_.push_back(id);
   full_.insert(full_.end(), vec, vec + dim_);
-  codes_.resize(codes_.size() + dim_);
-  float l1 = 0;
-  scale_.push_back(
-      Quantize(vec, dim_, codes_.data() + codes_.size() - dim_, &l1));
-  l1_.push_back(l1);
+  if (r % kInt8Lanes == 0) {  // A new block; unused lanes hold code 0.
+    packed_.resize(packed_.size() + groups_ * 4 * kInt8Lanes, 128);
+    scale_.resize(scale_.size() + kInt8Lanes, 0.0f);
+    enorm_.resize(enorm_.size() + kInt8Lanes, 0.0f);
+    cnorm_.resize(cnorm_.size() + kInt8Lanes, 0.0f);
+  }
+  std::vector<int8_t> codes(groups_ * 4, 0);
+  float residual = 0, code_norm = 0;
+  const float s = Quantize(vec, dim_, 127, codes.data(), &residual, &code_norm);
+  for (uint32_t g = 0; g < groups_; ++g) {
+    uint8_t* lane = Lane(r, g);
+    for (int j = 0; j < 4; ++j)
+      lane[j] = static_cast<uint8_t>(codes[g * 4 + j] + 128);
+  }
+  scale_[r] = s;
+  enorm_[r] = residual;
+  cnorm_[r] = s * code_norm;
 }
 
 bool ProgressiveIndex::Remove(uint64_t id) {
@@ -47,16 +76,25 @@ bool ProgressiveIndex::Remove(uint64_t id) {
   if (r != last) {  // Move the last row into the hole.
     ids_[r] = ids_[last];
     std::copy_n(full_.begin() + last * dim_, dim_, full_.begin() + r * dim_);
-    std::copy_n(codes_.begin() + last * dim_, dim_, codes_.begin() + r * dim_);
+    for (uint32_t g = 0; g < groups_; ++g)
+      std::copy_n(Lane(last, g), 4, Lane(r, g));
     scale_[r] = scale_[last];
-    l1_[r] = l1_[last];
+    enorm_[r] = enorm_[last];
+    cnorm_[r] = cnorm_[last];
     row_[ids_[r]] = r;
   }
+  for (uint32_t g = 0; g < groups_; ++g) std::fill_n(Lane(last, g), 4, 128);
+  scale_[last] = 0;
+  enorm_[last] = 0;
+  cnorm_[last] = 0;
   ids_.pop_back();
   full_.resize(last * dim_);
-  codes_.resize(last * dim_);
-  scale_.pop_back();
-  l1_.pop_back();
+  if (last % kInt8Lanes == 0) {  // The last block is empty now.
+    packed_.resize(packed_.size() - groups_ * 4 * kInt8Lanes);
+    scale_.resize(scale_.size() - kInt8Lanes);
+    enorm_.resize(enorm_.size() - kInt8Lanes);
+    cnorm_.resize(cnorm_.size() - kInt8Lanes);
+  }
   return true;
 }
 
@@ -70,42 +108,52 @@ std::vector<ScoredId> ProgressiveIndex::Search(const float* query, uint32_t k,
     return out;
   }
   k = static_cast<uint32_t>(std::min<size_t>(k, n));
-  std::vector<int8_t> qc(dim_);
-  float ql1 = 0;
-  const float t = Quantize(query, dim_, qc.data(), &ql1);
+  thread_local Scratch sc;
+  const size_t nblocks = (n + kInt8Lanes - 1) / kInt8Lanes;
+  sc.query.assign(groups_ * 4, 0);
+  float fnorm = 0, dnorm = 0;
+  const float t = Quantize(query, dim_, 63, sc.query.data(), &fnorm, &dnorm);
+  double q2 = 0;
+  for (uint32_t j = 0; j < dim_; ++j) q2 += double(query[j]) * query[j];
+  int32_t qsum = 0;
+  for (int8_t d : sc.query) qsum += d;
   // Stage 1: int8 scores with their error bounds.
-  std::vector<float> lower(n), upper(n);
-  for (size_t i = 0; i < n; ++i) {
-    const float ts = t * scale_[i];
-    const float approx = ts * static_cast<float>(DotInt8(
-                                  qc.data(), codes_.data() + i * dim_, dim_));
-    // A little slack for float rounding of the products above.
-    const float bound = ts * (0.5f * ql1 + 0.5f * l1_[i] + 0.25f * dim_) +
-                        1e-4f * std::fabs(approx);
-    lower[i] = approx - bound;
-    upper[i] = approx + bound;
-  }
+  sc.raw.resize(nblocks * kInt8Lanes);
+  ActiveInt8Kernel().fn(packed_.data(), nblocks, groups_, sc.query.data(),
+                        sc.raw.data());
+  BoundInputs in;
+  in.raw = sc.raw.data();
+  in.scale = scale_.data();
+  in.enorm = enorm_.data();
+  in.cnorm = cnorm_.data();
+  in.n = n;
+  in.t = t;
+  in.qnorm = static_cast<float>(std::sqrt(q2) * (1 + 1e-6));
+  in.fnorm = fnorm;
+  in.offset = 128 * qsum;
+  ActiveInt8Kernel().select(in, k, &sc.select, &sc.cand);
   st.scanned = static_cast<uint32_t>(n);
-  std::vector<float> kth(lower);
-  std::nth_element(kth.begin(), kth.begin() + (k - 1), kth.end(),
-                   std::greater<float>());
-  const float theta = kth[k - 1];
-  std::vector<uint32_t> cand;
-  for (size_t i = 0; i < n; ++i) {
-    if (upper[i] >= theta) cand.push_back(static_cast<uint32_t>(i));
-  }
-  if (max_candidates_ > 0 && cand.size() > max_candidates_) {
+  if (max_candidates_ > 0 && sc.cand.size() > max_candidates_) {
     std::nth_element(
-        cand.begin(), cand.begin() + max_candidates_, cand.end(),
-        [&](uint32_t a, uint32_t b) { return upper[a] > upper[b]; });
-    cand.resize(max_candidates_);
+        sc.cand.begin(), sc.cand.begin() + max_candidates_, sc.cand.end(),
+        [](const Survivor& a, const Survivor& b) { return a.upper > b.upper; });
+    sc.cand.resize(max_candidates_);
     st.exact = false;
   }
-  st.candidates = static_cast<uint32_t>(cand.size());
-  // Stage 2: exact scores of the survivors.
-  out.reserve(cand.size());
-  for (uint32_t i : cand) {
-    out.push_back({ids_[i], Dot(query, full_.data() + i * dim_, dim_)});
+  st.candidates = static_cast<uint32_t>(sc.cand.size());
+  // Stage 2: exact scores of the survivors; their rows are scattered over
+  // the fp32 copy, so ask for all of them before reading any.
+  for (const Survivor& c : sc.cand) {
+    const char* row =
+        reinterpret_cast<const char*>(full_.data() + size_t{c.row} * dim_);
+    for (size_t b = 0; b < dim_ * sizeof(float); b += 64) {
+      __builtin_prefetch(row + b);
+    }
+  }
+  out.reserve(sc.cand.size());
+  for (const Survivor& c : sc.cand) {
+    out.push_back(
+        {ids_[c.row], Dot(query, full_.data() + size_t{c.row} * dim_, dim_)});
   }
   const size_t keep = std::min<size_t>(k, out.size());
   std::partial_sort(out.begin(), out.begin() + keep, out.end(),

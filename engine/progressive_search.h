@@ -2,15 +2,23 @@
 // precision stages, the CPU form of V-Rex's bit-level / early-exit scoring.
 //
 // Stage 1 scores every vector in int8 (vector i = s_i * c_i + e_i with a
-// per-vector scale s_i = max|x_i| / 127, the query likewise t * d + f) with
-// an integer dot product, and bounds the error of each score:
-//   |q.x_i - t s_i (d.c_i)| <= t s_i (|d|_1 / 2 + |c_i|_1 / 2 + dim / 4)
-// (from |e| <= s/2, |f| <= t/2 per element). Let theta be the k-th largest
-// lower bound: every vector whose upper bound is below theta cannot be in
-// the top-k, so stage 2 rescores only the others in fp32 and returns the
-// exact top-k (the same set as a flat exact search, ties aside). When more
-// than max_candidates survive, stage 2 keeps the max_candidates best upper
-// bounds and the answer is flagged as not guaranteed exact.
+// per-vector scale s_i = max|x_i| / 127; the query q = t * d + f with
+// t = max|q| / 63, 7 bits so the AVX2 kernel cannot saturate; see
+// int8_kernels.h) with an integer dot product, and bounds the error of
+// each score exactly (Cauchy-Schwarz on the two rounding residuals):
+//   q.x_i - t s_i (d.c_i) = q.e_i + s_i (f.c_i)
+//   |q.x_i - t s_i (d.c_i)| <= |q| |e_i| + |f| s_i |c_i|
+// with |e_i| and s_i |c_i| kept per vector and |q|, |f| per query. Let
+// theta be the k-th largest lower bound: every vector whose upper bound is
+// below theta cannot be in the top-k, so stage 2 rescores only the others
+// in fp32 and returns the exact top-k (the same set as a flat exact search,
+// ties aside). When more than max_candidates survive, stage 2 keeps the
+// max_candidates best upper bounds and the answer is flagged as not
+// guaranteed exact.
+//
+// The codes are packed for the kernel (8 vectors per block, 4 dimensions
+// per group); scoring runs on the best kernel the CPU has
+// (ActiveInt8Kernel), every kernel giving the same integers.
 //
 // Thread safety: Search may run concurrently with other Search calls; Add
 // and Remove need exclusive access.
@@ -22,6 +30,7 @@
 #include <vector>
 
 #include "engine/block_index.h"
+#include "engine/int8_kernels.h"
 
 namespace kvmem {
 
@@ -46,13 +55,21 @@ class ProgressiveIndex {
   uint64_t size() const { return ids_.size(); }
 
  private:
+  uint8_t* Lane(size_t row, size_t group) {
+    return packed_.data() +
+           ((row / kInt8Lanes) * groups_ + group) * 4 * kInt8Lanes +
+           (row % kInt8Lanes) * 4;
+  }
+
   uint32_t dim_;
+  uint32_t groups_;  // ceil(dim / 4).
   uint32_t max_candidates_;
   std::vector<uint64_t> ids_;
-  std::vector<float> full_;                   // [n][dim]
-  std::vector<int8_t> codes_;                 // [n][dim]
-  std::vector<float> scale_;                  // s_i
-  std::vector<float> l1_;                     // |c_i|_1
+  std::vector<float> full_;      // [n][dim]
+  std::vector<uint8_t> packed_;  // Codes + 128, packed (int8_kernels.h).
+  std::vector<float> scale_;     // s_i
+  std::vector<float> enorm_;     // |e_i|, the rounding residual's norm
+  std::vector<float> cnorm_;     // s_i |c_i|
   std::unordered_map<uint64_t, size_t> row_;  // id -> row
 };
 
