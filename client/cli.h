@@ -22,6 +22,7 @@ int RunRecall(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 int RunRoofline(const std::vector<std::string>& args);
+int RunBench(const std::vector<std::string>& args);
 
 // Prints "kvmem: <what>: <CODE>: <message>" to stderr; returns 1.
 int ReportError(const std::string& what, const grpc::Status& status);

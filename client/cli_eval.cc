@@ -174,32 +174,17 @@ int RunEval(const std::vector<std::string>&) {
   o.progress = &std::cerr;
 
   const std::string via = absl::GetFlag(FLAGS_via);
-  std::unique_ptr<ServerProcess> server;
   // A server this command starts is stopped and its data removed on every
   // way out.
-  struct ServerCleanup {
-    std::unique_ptr<ServerProcess>* server;
-    std::string dir;
-    ~ServerCleanup() {
-      if (*server == nullptr) return;
-      (*server)->Stop();
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{&server, absl::StrCat("/tmp/kvmem-eval-server-", ::getpid())};
+  std::unique_ptr<ScratchServer> server;
   if (via == "grpc") {
     o.server = absl::GetFlag(FLAGS_addr);
     if (o.server.empty()) {
-      ServerProcessOptions so;
-      so.binary = FindServerBinary();
-      so.data_dir = cleanup.dir;
-      so.unix_socket = so.data_dir + ".sock";
-      so.log_file = so.data_dir + ".log";
-      server = std::make_unique<ServerProcess>(so);
       std::string error;
-      if (!server->Start(std::chrono::seconds(60), &error)) {
-        std::fprintf(stderr, "kvmem eval: %s (log %s)\n", error.c_str(),
-                     so.log_file.c_str());
+      server = ScratchServer::Start(
+          absl::StrCat("/tmp/kvmem-eval-server-", ::getpid()), {}, &error);
+      if (server == nullptr) {
+        std::fprintf(stderr, "kvmem eval: %s\n", error.c_str());
         return 1;
       }
       o.server = server->target();

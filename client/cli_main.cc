@@ -2,6 +2,7 @@
 //   kvmem demo    run a synthetic multi-camera workload through a server
 //   kvmem recall  run one recall against a stream
 //   kvmem stats   show stream statistics
+//   kvmem eval, roofline, bench: evaluation, capacity, load generation
 // Every subcommand prints a human summary, or JSON with --json.
 #include <algorithm>
 #include <cstdio>
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "command-line client of kvmem-server.\nUsage: kvmem "
-      "<demo|recall|stats|eval|roofline> "
+      "<demo|recall|stats|eval|roofline|bench> "
       "[flags]\n"
       "  demo    stream a synthetic multi-camera workload through "
       "kvmem-server\n"
@@ -96,6 +97,10 @@ int main(int argc, char** argv) {
       "          exact-attention oracle on a synthetic video workload\n"
       "  roofline [--profile=FILE]: KV growth, bytes per decode step and\n"
       "          the memory- or compute-bound verdict, full KV vs kvmem\n"
+      "  bench   [--streams=N] [--live_fps=F]: load a server (one it starts "
+      "unless\n"
+      "          --addr) and report its figures beside references measured\n"
+      "          in the same run (storage alone, transport alone, FAISS)\n"
       "Flag names take - or _ (--kv-heads = --kv_heads).\n"
       "Common flags: --addr, --json. Run `kvmem --helpfull` for all flags.");
   // Accept --kv-heads for --kv_heads: dashes in a flag's name (not its
@@ -123,6 +128,7 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return kvmem::RunStats(args);
   if (cmd == "eval") return kvmem::RunEval(args);
   if (cmd == "roofline") return kvmem::RunRoofline(args);
+  if (cmd == "bench") return kvmem::RunBench(args);
   std::fprintf(stderr, "kvmem: unknown subcommand \"%s\"\n%s\n", cmd.c_str(),
                absl::ProgramUsageMessage().data());
   return 2;

@@ -7,6 +7,8 @@ std::unique_ptr<KvmemClient> KvmemClient::Connect(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  if (options.own_connection)
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(
       target, grpc::InsecureChannelCredentials(), args);
   return std::unique_ptr<KvmemClient>(new KvmemClient(channel, options));

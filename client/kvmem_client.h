@@ -23,6 +23,10 @@ struct ClientOptions {
   // Payload bytes per message when uploading; larger frames are chunked.
   uint32_t chunk_bytes = 1u << 20;
   int max_message_bytes = 64 << 20;
+  // A connection of this client's own instead of one shared with other
+  // clients of the same target (gRPC's global subchannel pool): load
+  // generators use one per simulated camera.
+  bool own_connection = false;
 };
 
 // A frame to upload: header fields (its payload field is ignored) and payload.

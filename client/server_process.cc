@@ -118,4 +118,34 @@ std::string FindServerBinary() {
   return "build/bin/kvmem-server";
 }
 
+std::unique_ptr<ScratchServer> ScratchServer::Start(
+    const std::string& dir, const std::vector<std::string>& extra_args,
+    std::string* error) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  ServerProcessOptions so;
+  so.binary = FindServerBinary();
+  so.data_dir = dir + "/data";
+  so.unix_socket = dir + "/kvmem.sock";
+  so.log_file = dir + "/server.log";
+  so.extra_args = extra_args;
+  auto process = std::make_unique<ServerProcess>(so);
+  std::unique_ptr<ScratchServer> s(new ScratchServer(dir, std::move(process)));
+  if (!s->process_->Start(std::chrono::seconds(60), error)) {
+    std::ifstream log(so.log_file);
+    std::string line, last;
+    while (std::getline(log, line)) last = line;
+    *error += " (" + so.binary + "; last log line: " + last + ")";
+    return nullptr;
+  }
+  return s;
+}
+
+ScratchServer::~ScratchServer() {
+  process_->Stop();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
 }  // namespace kvmem

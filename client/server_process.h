@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,28 @@ class ServerProcess {
 
 // The kvmem-server binary next to the running executable, or in build/bin.
 std::string FindServerBinary();
+
+// A kvmem-server a command starts for itself on a unix socket, with its data
+// in a scratch directory: stopped and the directory (with its socket and
+// log) removed when this goes away, on every way out.
+class ScratchServer {
+ public:
+  // Starts it with data in `dir` (must not exist yet or be disposable).
+  // nullptr with *error set on failure.
+  static std::unique_ptr<ScratchServer> Start(
+      const std::string& dir, const std::vector<std::string>& extra_args,
+      std::string* error);
+  ~ScratchServer();
+
+  ServerProcess& process() { return *process_; }
+  std::string target() const { return process_->target(); }
+
+ private:
+  ScratchServer(std::string dir, std::unique_ptr<ServerProcess> process)
+      : dir_(std::move(dir)), process_(std::move(process)) {}
+  std::string dir_;
+  std::unique_ptr<ServerProcess> process_;
+};
 
 }  // namespace kvmem
 

@@ -155,7 +155,26 @@ assert a["recall_floor"] == 0.95 and a["warning"] == "", a
 print("cli sim checks passed")
 PY
 
-# 6. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
+# 6. kvmem bench: a small run against a server it starts reports every
+# figure and its references; the in-process kernel is exact.
+"$bin/kvmem" bench --streams=2 --frames=6 --recalls=20 --index_vectors=2000 \
+  --index_queries=50 --live_fps=20 --live_seconds=0.5 --scratch_dir="$tmp/bench" \
+  --json > "$tmp/bench.json" 2> "$tmp/bench.err" || fail "bench failed: $(cat "$tmp/bench.err")"
+[ ! -e "$tmp/bench/server" ] || fail "bench left its server's data behind"
+python3 - "$tmp" <<'PY'
+import json, sys
+b = json.load(open(f"{sys.argv[1]}/bench.json"))
+for k in ["ingest_mb_per_s", "raw_stream_mb_per_s", "storage_put_mb_per_s",
+          "recall_p50_us", "recall_p99_us", "empty_rpc_p99_us",
+          "inproc_recall_p99_us", "flat_faiss_p99_us", "live_recall_p99_us"]:
+    assert b[k] > 0, (k, b)
+assert b["inproc_recall_at_16"] == 1.0, b
+assert b["streams"] == 2 and b["frame_bytes"] == 262144, b
+assert b["live_frames_per_s"] > 0 and b["server_rss_mib"] > 0, b
+print("cli bench checks passed")
+PY
+
+# 7. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
 set +e
 "$bin/kvmem" recall --addr="unix:$sock" --stream=ghost --query=1 2> "$tmp/err.txt"; rc=$?
 set -e
@@ -175,4 +194,9 @@ set +e
 set -e
 [ "$rc" = 2 ] || fail "roofline --dtype=int3 exited $rc, want 2"
 grep -q 'dtype is "int3"' "$tmp/err.txt" || fail "roofline usage error unclear: $(cat "$tmp/err.txt")"
+set +e
+"$bin/kvmem" bench --streams=0 > /dev/null 2> "$tmp/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "bench --streams=0 exited $rc, want 2"
+grep -q "1..1024 --streams" "$tmp/err.txt" || fail "bench usage error unclear: $(cat "$tmp/err.txt")"
 echo "cli test passed"
