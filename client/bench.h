@@ -11,7 +11,8 @@
 //     an empty unary RPC (grpc.health.v1 Check) from as many callers as
 //     streams;
 //   - the service: N camera streams appending at full rate
-//     (AppendFrames), then recalling (ids only) concurrently, then, with
+//     (AppendFrames), then (once the server's background work settled)
+//     recalling (ids only) concurrently, then, with
 //     fps > 0, live sessions appending and recalling each frame at that
 //     pace; the server's RSS and CPU when its pid is known.
 //
@@ -40,6 +41,9 @@ struct BenchOptions {
   // Frame geometry: 4 x 2 x 64 fp16, 128 tokens = 256 KiB per frame.
   uint32_t layers = 4, kv_heads = 2, head_dim = 64, tokens_per_frame = 128;
   uint32_t hot_window_tokens = 2048;
+  // Warm (RAM) budget per stream. Blocks past it are demoted, which
+  // rewrites their KV layer-major (a second write of every byte).
+  uint64_t warm_budget_bytes = 64ull << 20;
   uint32_t recall_top_k = 16;
   uint32_t recall_max_tokens = 512;
   // In-process index figures.

@@ -21,6 +21,9 @@ ABSL_FLAG(double, live_fps, 0,
           "bench: after the full-rate phases, sessions append and recall "
           "each frame at this pace per stream (0: no live phase).");
 ABSL_FLAG(double, live_seconds, 10, "bench: length of the live phase.");
+ABSL_FLAG(uint64_t, warm_budget_mib, 64,
+          "bench: warm (RAM) budget per stream; past it blocks are demoted, "
+          "rewriting their KV layer-major on disk.");
 ABSL_FLAG(uint32_t, index_vectors, 10800,
           "bench: summaries in the in-process index figures (10,800: one "
           "camera-hour at 3 fps).");
@@ -55,6 +58,7 @@ int RunBench(const std::vector<std::string>&) {
       FlagOr(FLAGS_hot_window_tokens, "hot_window_tokens", 2048u);
   o.seed = FlagOr<uint64_t>(FLAGS_seed, "seed", 1);
   o.inproc_vectors = absl::GetFlag(FLAGS_index_vectors);
+  o.warm_budget_bytes = absl::GetFlag(FLAGS_warm_budget_mib) << 20;
   o.inproc_queries = absl::GetFlag(FLAGS_index_queries);
   if (o.streams < 1 || o.streams > 1024 || o.frames < 1 || o.recalls < 1 ||
       o.fps < 0 || o.inproc_vectors < 16 || o.inproc_queries < 1) {

@@ -1,5 +1,7 @@
 #include "engine/dtype.h"
 
+#include <immintrin.h>
+
 #include <cstring>
 
 namespace kvmem {
@@ -106,9 +108,39 @@ uint16_t LoadU16(const uint8_t* p) {
 }
 }  // namespace
 
+namespace {
+#if defined(__x86_64__)
+// F16C converts 8 halves per instruction, exactly (NaNs stay NaN, quieted).
+__attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* src,
+                                                         size_t n, float* dst) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
+}
+
+bool HasF16c() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  }();
+  return has;
+}
+#endif
+}  // namespace
+
 void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst) {
   switch (dtype) {
     case DType::kFp16:
+#if defined(__x86_64__)
+      if (HasF16c()) {
+        HalfToFloatF16c(src, n, dst);
+        return;
+      }
+#endif
       for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
       return;
     case DType::kBf16:

@@ -565,4 +565,9 @@ void Stream::MarkDeleted(bool deleted) {
   deleted_ = deleted;
 }
 
+const char* Stream::OpenPayloadDataForTesting(size_t i) {
+  absl::MutexLock lock(&append_mu_);
+  return i < open_payloads_.size() ? open_payloads_[i].data() : nullptr;
+}
+
 }  // namespace kvmem

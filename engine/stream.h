@@ -126,6 +126,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   const std::string& id() const { return id_; }
   const StreamConfig& config() const { return config_; }
 
+  // Where the open block keeps frame i's payload (tests check that ingest
+  // hands the received buffer over without copying it); null when absent.
+  const char* OpenPayloadDataForTesting(size_t i);
+
  private:
   struct BlockEntry {
     BlockRecord rec;

@@ -3,6 +3,21 @@
 // Checks each message as it arrives, so a bad chunk is rejected before the
 // rest of its frame is buffered.
 //
+// Copies of KV bytes on the way from the socket to disk, counted:
+//   1. gRPC -> protobuf: parsing copies the payload out of gRPC's receive
+//      slices into the message's std::string (one copy; a chunked frame's
+//      chunks are appended instead into one buffer reserved at its header).
+//   2. message -> engine: the header's payload string is moved into the
+//      Frame and on into the open block (no copy; FrameIngestTest checks the
+//      buffer's address). The store is handed a view of it.
+//   3. RocksDB: WriteBatch::Put copies the value into the frame's one write
+//      batch (with its state and signals records), which the WAL write and
+//      the memtable insert copy again inside RocksDB.
+//   4. At block seal the frames are transposed into the layer-major warm
+//      copy (a layout change recall needs, not a plain copy).
+// Appends run on the service's executor threads, never on gRPC's reactor
+// threads, and each stream has its own locks.
+//
 // Thread safety: none; one instance per call, used by one task at a time.
 #ifndef KVMEM_SERVER_FRAME_INGEST_H_
 #define KVMEM_SERVER_FRAME_INGEST_H_

@@ -5,6 +5,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -49,6 +50,11 @@ ABSL_FLAG(std::string, accelerator_profile, "",
           "Run the sim accelerator backend with this hardware profile "
           "(deploy/profiles/*.toml): recalls as on the CPU, plus their "
           "modelled cost in RecallResponse.timing. Empty: the cpu backend.");
+ABSL_FLAG(bool, tune_malloc, true,
+          "Keep freed frame-sized buffers in the process (glibc mallopt: "
+          "mmap threshold 64 MiB, trim threshold 512 MiB) instead of "
+          "returning them to the kernel after every frame; see the README's "
+          "benchmark table for what it buys.");
 ABSL_FLAG(int32_t, worker_threads, 0,
           "Threads for storage-bound work; 0 means 2 per core, at least 4.");
 ABSL_FLAG(std::string, port_file, "",
@@ -62,6 +68,12 @@ constexpr char kServiceName[] = "kvmem.v1.KvMemory";
 
 int Run() {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  if (absl::GetFlag(FLAGS_tune_malloc)) {
+    // Frames are hundreds of KiB: above glibc's default mmap threshold each
+    // one would be mmapped and unmapped (page faults and zeroing per frame).
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
   if (listen.empty() && unix_socket.empty()) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -33,6 +34,32 @@ TEST(DTypeTest, EveryFiniteHalfRoundTrips) {
     if (std::isnan(f)) continue;
     EXPECT_EQ(FloatToHalf(f), h) << "half bits " << h;
   }
+}
+
+// The bulk decoder (F16C where the CPU has it) gives exactly the scalar
+// conversion for every half, in runs of any length; NaNs stay NaN.
+TEST(DTypeTest, BulkHalfDecodeEqualsScalarForEveryHalf) {
+  std::vector<uint8_t> src(2 * 65536);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    src[2 * h] = static_cast<uint8_t>(h & 0xff);
+    src[2 * h + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  std::vector<float> out(65536);
+  DecodeToFloat(src.data() + 2, 65535 - 2, DType::kFp16, out.data());
+  DecodeToFloat(src.data(), 1, DType::kFp16, out.data() + 65533);
+  for (uint32_t h = 1; h < 65534; ++h) {
+    const float want = HalfToFloat(static_cast<uint16_t>(h));
+    const float got = out[h - 1];
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << h;
+    } else {
+      uint32_t a, b;
+      std::memcpy(&a, &want, 4);
+      std::memcpy(&b, &got, 4);
+      ASSERT_EQ(a, b) << "half " << h;
+    }
+  }
+  EXPECT_EQ(out[65533], 0.0f);  // Half 0.
 }
 
 TEST(DTypeTest, Bf16RoundTripAndRounding) {

@@ -1,0 +1,343 @@
+// Engine pieces one at a time (Google Benchmark): the recall planner, the
+// shot segmenter, int8 degradation of a block's layer and its inverse,
+// frame encode/decode between fp32 and fp16, block record encode/decode,
+// the int8 kernel per dispatch level, and RocksDB puts/gets per block size
+// through the cold store. Each prints a rate (items or bytes per second);
+// the kernel benchmarks compare against each other in the same run.
+//
+//   build/bin/kvmem_engine_bench [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "engine/int8_kernels.h"
+#include "engine/memory_engine.h"
+#include "engine/quantize.h"
+#include "engine/recall_planner.h"
+#include "engine/record_codec.h"
+#include "engine/segmenter.h"
+#include "engine/stream_config.h"
+#include "storage/rocks_cold_store.h"
+
+namespace kvmem {
+namespace {
+
+std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
+}
+
+// A 4-layer, 2-head, 64-dim fp16 geometry (2 KiB of KV per token).
+Geometry BenchGeometry() { return {4, 2, 64, DType::kFp16, 128}; }
+
+// PlanBudgetedRecall over N ranked candidates of 32 tokens, budget 512.
+void BM_RecallPlanner(benchmark::State& state) {
+  std::mt19937_64 rng(1);
+  std::vector<RecalledBlock> ranked(state.range(0));
+  std::uniform_real_distribution<float> u(0, 1);
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    ranked[i].block.id = i;
+    ranked[i].block.token_count = 32;
+    ranked[i].priority = u(rng);
+  }
+  std::sort(ranked.begin(), ranked.end(),
+            [](const RecalledBlock& a, const RecalledBlock& b) {
+              return a.priority > b.priority;
+            });
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(PlanBudgetedRecall(ranked, 512, 1.0f));
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+// One CutBefore + Add per frame on 256-float signatures (shot mode).
+void BM_Segmenter(benchmark::State& state) {
+  StreamConfig c;
+  c.geometry = BenchGeometry();
+  c.segment_mode = SegmentMode::kShot;
+  c.frames_per_block = 8;
+  c = WithDefaults(c);
+  Segmenter seg(c);
+  std::mt19937_64 rng(2);
+  std::vector<std::vector<float>> sigs;
+  for (int i = 0; i < 64; ++i) sigs.push_back(Gaussian(rng, 256));
+  uint32_t open = 0;
+  size_t i = 0;
+  for (auto _ : state) {
+    const auto& s = sigs[i++ % sigs.size()];
+    if (seg.CutBefore(s, 32, open, open * 32) != Segmenter::Cut::kNone) {
+      seg.Reset();
+      open = 0;
+    }
+    seg.Add(s);
+    ++open;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// One layer of a block of N tokens: int8 per-channel quantisation, and back.
+void BM_DegradeLayer(benchmark::State& state) {
+  const Geometry g = BenchGeometry();
+  const uint32_t tokens = state.range(0);
+  std::mt19937_64 rng(3);
+  const std::vector<float> f =
+      Gaussian(rng, 2ull * g.kv_heads * tokens * g.head_dim);
+  std::string layer(f.size() * 2, '\0');
+  EncodeFromFloat(f.data(), f.size(), g.dtype,
+                  reinterpret_cast<uint8_t*>(layer.data()));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(QuantizeLayer(g, tokens, layer));
+  }
+  state.SetBytesProcessed(state.iterations() * layer.size());
+}
+
+void BM_RestoreLayer(benchmark::State& state) {
+  const Geometry g = BenchGeometry();
+  const uint32_t tokens = state.range(0);
+  std::mt19937_64 rng(3);
+  const std::vector<float> f =
+      Gaussian(rng, 2ull * g.kv_heads * tokens * g.head_dim);
+  std::string layer(f.size() * 2, '\0');
+  EncodeFromFloat(f.data(), f.size(), g.dtype,
+                  reinterpret_cast<uint8_t*>(layer.data()));
+  const std::string q = QuantizeLayer(g, tokens, layer);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(DequantizeLayer(g, tokens, q));
+  }
+  state.SetBytesProcessed(state.iterations() * layer.size());
+}
+
+// A 256 KiB frame (128 tokens) between fp32 and fp16.
+void BM_FrameEncodeFp16(benchmark::State& state) {
+  std::mt19937_64 rng(4);
+  const std::vector<float> f = Gaussian(rng, 128 * 1024);
+  std::vector<uint8_t> out(f.size() * 2);
+  for (auto _ : state) {
+    EncodeFromFloat(f.data(), f.size(), DType::kFp16, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * out.size());
+}
+
+void BM_FrameDecodeFp16(benchmark::State& state) {
+  std::mt19937_64 rng(4);
+  const std::vector<float> f = Gaussian(rng, 128 * 1024);
+  std::vector<uint8_t> enc(f.size() * 2);
+  EncodeFromFloat(f.data(), f.size(), DType::kFp16, enc.data());
+  std::vector<float> out(f.size());
+  for (auto _ : state) {
+    DecodeToFloat(enc.data(), f.size(), DType::kFp16, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * enc.size());
+}
+
+// A block record with 8 groups of 256-float summaries.
+void BM_BlockRecordCodec(benchmark::State& state) {
+  std::mt19937_64 rng(5);
+  BlockRecord b;
+  b.info.id = 7;
+  b.info.token_count = 128;
+  b.summary = Gaussian(rng, 256);
+  b.group_summaries = Gaussian(rng, 8 * 256);
+  b.token_group.assign(128, 3);
+  for (auto _ : state) {
+    auto d = DecodeBlock(EncodeBlock(b));
+    benchmark::DoNotOptimize(d);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// The int8 kernel, per dispatch level, over 10,800 x 128 codes.
+void BM_Int8Kernel(benchmark::State& state) {
+  const auto& kernels = AvailableInt8Kernels();
+  if (static_cast<size_t>(state.range(0)) >= kernels.size()) {
+    state.SkipWithError("kernel not available on this CPU");
+    return;
+  }
+  const Int8KernelInfo& k = kernels[state.range(0)];
+  state.SetLabel(k.name);
+  const size_t n = 10800, groups = 32;
+  std::vector<uint8_t> packed(n / 8 * groups * 32, 100);
+  std::vector<int8_t> q(groups * 4, -5);
+  std::vector<int32_t> out(n);
+  for (auto _ : state) {
+    k.fn(packed.data(), n / 8, groups, q.data(), out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * packed.size());
+}
+
+// Cold store puts and gets of frames of N KiB, WAL on (the server's
+// options), in a temp dir.
+class StoreFixture {
+ public:
+  explicit StoreFixture(const char* name) {
+    dir_ = std::filesystem::temp_directory_path() /
+           (std::string("kvmem-engine-bench-") + name);
+    std::filesystem::remove_all(dir_);
+    RocksColdStoreOptions o;
+    o.path = dir_.string();
+    store_ = *OpenRocksColdStore(o);
+  }
+  ~StoreFixture() {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  ColdStore& store() { return *store_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<ColdStore> store_;
+};
+
+void BM_StorePut(benchmark::State& state) {
+  StoreFixture f("put");
+  const std::string payload(state.range(0) << 10, 'k');
+  uint64_t i = 0;
+  for (auto _ : state) {
+    StreamWrite w;
+    w.stream_id = "bench";
+    w.frame.emplace(i++, payload);
+    if (!f.store().Commit(w).ok()) state.SkipWithError("commit failed");
+  }
+  state.SetBytesProcessed(state.iterations() * payload.size());
+}
+
+void BM_StoreGet(benchmark::State& state) {
+  StoreFixture f("get");
+  const std::string payload(state.range(0) << 10, 'k');
+  const uint64_t n = 64;
+  for (uint64_t i = 0; i < n; ++i) {
+    StreamWrite w;
+    w.stream_id = "bench";
+    w.frame.emplace(i, payload);
+    (void)f.store().Commit(w);
+  }
+  uint64_t i = 0;
+  for (auto _ : state) {
+    auto got = f.store().GetFrame("bench", i++ % n);
+    if (!got.ok()) state.SkipWithError("get failed");
+    benchmark::DoNotOptimize(got);
+  }
+  state.SetBytesProcessed(state.iterations() * payload.size());
+}
+
+// Resident set size of this process, bytes.
+uint64_t RssBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long long pages = 0, resident = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%llu %llu", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * 4096;
+}
+
+// Engine-level Recall over a stream of N sealed blocks (one 4-token frame
+// per block, summary dim 128: one indexed layer of 2 heads x 64), index
+// Flat (arg 1 = 0) or Progressive (1); payloads leave RAM (warm budget 1
+// block). Counters: RAM per block beyond the 512-byte summary (index copies,
+// block records, track maps), from RSS growth.
+void BM_StreamRecall(benchmark::State& state) {
+  const uint64_t n = state.range(0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "kvmem-engine-bench-recall";
+  std::filesystem::remove_all(dir);
+  RocksColdStoreOptions so;
+  so.path = dir.string();
+  // Small memtables and cache, so RSS growth is mostly the engine's.
+  so.write_buffer_bytes = 4 << 20;
+  so.block_cache_bytes = 8 << 20;
+  auto engine = *MemoryEngine::Open(*OpenRocksColdStore(so));
+  StreamConfig c;
+  c.geometry = {2, 2, 64, DType::kFp16, 4};
+  c.hot_window_tokens = 64;
+  c.frames_per_block = 1;
+  c.indexed_layers = {0};
+  c.index_factory = state.range(1) ? "Progressive" : "Flat";
+  c.tiers.warm_budget_bytes = 4096;
+  if (!engine->OpenStream("cam", c).ok()) {
+    state.SkipWithError("OpenStream failed");
+    return;
+  }
+  std::mt19937_64 rng(6);
+  const uint64_t rss0 = RssBytes();
+  for (uint64_t i = 0; i < n + 16; ++i) {
+    Frame f;
+    f.index = i;
+    f.first_token_position = i * 4;
+    f.token_count = 4;
+    const std::vector<float> kv = Gaussian(rng, 2 * 2 * 2 * 4 * 64);
+    f.payload.resize(kv.size() * 2);
+    EncodeFromFloat(kv.data(), kv.size(), DType::kFp16,
+                    reinterpret_cast<uint8_t*>(f.payload.data()));
+    if (!engine->Append("cam", std::move(f)).ok()) {
+      state.SkipWithError("Append failed");
+      return;
+    }
+  }
+  engine->WaitForBackground();
+  const double per_block = double(RssBytes() - rss0) / n;
+  std::vector<double> us;
+  for (auto _ : state) {
+    RecallQuery q;
+    q.query = Gaussian(rng, 128);
+    q.top_k = 16;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = engine->Recall("cam", q);
+    us.push_back(std::chrono::duration<double, std::micro>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count());
+    if (!r.ok()) state.SkipWithError("Recall failed");
+  }
+  std::sort(us.begin(), us.end());
+  state.counters["p50_us"] = us[us.size() / 2];
+  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  state.counters["ram_per_block"] = per_block;
+  state.counters["beyond_summary"] = per_block - 128 * sizeof(float);
+  state.SetLabel(c.index_factory);
+  engine.reset();
+  std::filesystem::remove_all(dir);
+}
+
+BENCHMARK(BM_StreamRecall)
+    ->Args({1000, 1})
+    ->Args({10000, 1})
+    ->Args({100000, 1})
+    ->Args({10000, 0})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RecallPlanner)->Arg(64)->Arg(1024);
+BENCHMARK(BM_Segmenter);
+BENCHMARK(BM_DegradeLayer)->Arg(32)->Arg(128);
+BENCHMARK(BM_RestoreLayer)->Arg(32)->Arg(128);
+BENCHMARK(BM_FrameEncodeFp16);
+BENCHMARK(BM_FrameDecodeFp16);
+BENCHMARK(BM_BlockRecordCodec);
+BENCHMARK(BM_Int8Kernel)->DenseRange(0, 1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StorePut)
+    ->Arg(16)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StoreGet)
+    ->Arg(16)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace kvmem
+
+BENCHMARK_MAIN();
