@@ -418,6 +418,13 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
     const int n = std::max(1, static_cast<int>(o.fps * o.live_seconds));
     std::vector<std::vector<double>> app(o.streams), rec(o.streams);
     std::atomic<uint64_t> done{0};
+    // Frames and queries come from the ingest phase's (built before the
+    // clock starts): the load generator shares the machine's cores.
+    std::vector<std::vector<std::vector<float>>> queries(o.streams);
+    for (int s = 0; s < o.streams; ++s) {
+      CameraWorkload cam(o.seed * 1000 + s, g, 6, o.frames);
+      for (int i = 0; i < o.frames; ++i) queries[s].push_back(cam.MakeQuery(i));
+    }
     const auto t0 = Clock::now();
     Parallel(o.streams, [&](int s) {
       const std::string id = StreamId(s) + "-live";
@@ -425,7 +432,6 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
       std::unique_ptr<SessionClient> session;
       err.Set("StartSession", clients[s]->StartSession(id, &config, &session));
       if (!session) return;
-      CameraWorkload cam(o.seed * 7000 + s, g, 6, n);
       // Cameras start spread over one frame interval.
       const auto start =
           Clock::now() + std::chrono::microseconds(
@@ -434,7 +440,10 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
         std::this_thread::sleep_until(
             start +
             std::chrono::microseconds(static_cast<int64_t>(i * 1e6 / o.fps)));
-        const OutgoingFrame f = cam.MakeFrame(i);
+        OutgoingFrame f = frames[s][i % o.frames];
+        f.header.set_frame_index(i);
+        f.header.set_first_token_position(static_cast<uint64_t>(i) *
+                                          o.tokens_per_frame);
         v1::AppendAck ack;
         auto c0 = Clock::now();
         grpc::Status st = session->Append(f, &ack);
@@ -444,7 +453,7 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
           return;
         }
         v1::RecallRequest req;
-        const std::vector<float> q = cam.MakeQuery(i);
+        const std::vector<float>& q = queries[s][i % o.frames];
         req.mutable_query()->Assign(q.begin(), q.end());
         req.mutable_budget()->set_top_k(o.recall_top_k);
         req.mutable_budget()->set_max_tokens(o.recall_max_tokens);

@@ -56,7 +56,10 @@ Stream::~Stream() {
 Stream::Indexes Stream::NewIndexes() const {
   Indexes ix;
   ix.all = std::make_unique<BlockIndex>(summary_dim_, config_.index_factory);
-  for (size_t i = 0; i < config_.indexed_layers.size(); ++i) {
+  // With one indexed layer, the per-layer index would copy `all`.
+  for (size_t i = 0;
+       config_.indexed_layers.size() > 1 && i < config_.indexed_layers.size();
+       ++i) {
     ix.layers.push_back(
         std::make_unique<BlockIndex>(layer_dim_, config_.index_factory));
   }

@@ -140,8 +140,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
     uint64_t generation = 0;
   };
   struct Indexes {
-    std::unique_ptr<BlockIndex> all;                  // Concatenated layers.
-    std::vector<std::unique_ptr<BlockIndex>> layers;  // One per indexed layer.
+    std::unique_ptr<BlockIndex> all;  // Concatenated layers.
+    // One per indexed layer; empty with a single indexed layer (then
+    // `all` serves per-layer recalls).
+    std::vector<std::unique_ptr<BlockIndex>> layers;
     // Token groups (groups_per_block > 1): id = block * kGroupStride + group.
     std::unique_ptr<BlockIndex> groups;
   };

@@ -326,12 +326,15 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
           *index_.all, q.query.data(), 0, summary_dim_, q.signals, eligible,
           result.top_k, q.priority, &result.accel, &result.search_us));
     } else {
-      for (size_t li = 0; li < index_.layers.size(); ++li) {
+      for (size_t li = 0; li < config_.indexed_layers.size(); ++li) {
         uint32_t us = 0;
-        ranked.push_back(
-            RankCandidates(*index_.layers[li], q.query.data() + li * layer_dim_,
-                           li * layer_dim_, layer_dim_, q.signals, eligible,
-                           result.top_k, q.priority, &result.accel, &us));
+        // One indexed layer: its index is the all-layers one.
+        const BlockIndex& layer =
+            index_.layers.empty() ? *index_.all : *index_.layers[li];
+        ranked.push_back(RankCandidates(layer, q.query.data() + li * layer_dim_,
+                                        li * layer_dim_, layer_dim_, q.signals,
+                                        eligible, result.top_k, q.priority,
+                                        &result.accel, &us));
         result.search_us += us;
         set_layers.push_back(config_.indexed_layers[li]);
       }

@@ -139,10 +139,14 @@ absl::Status Stream::EnforceBudgets(uint64_t incoming_warm, int64_t exclude) {
       absl::ReaderMutexLock lock(&mu_);
       if (deleted_) return absl::OkStatus();
       const ReplacementContext ctx = PolicyContext();
+      // Disk and cold totals take a pass over every block: only when a
+      // budget needs them (a recall's maintenance runs this each time).
       uint64_t cold = 0, disk = 0;
-      for (const BlockEntry& e : blocks_) {
-        disk += DiskBytes(e.rec);
-        if (TierOf(e) == Tier::kCold) cold += e.rec.info.payload_bytes;
+      if (t.storage_cap_bytes > 0 || t.cold_budget_bytes > 0) {
+        for (const BlockEntry& e : blocks_) {
+          disk += DiskBytes(e.rec);
+          if (TierOf(e) == Tier::kCold) cold += e.rec.info.payload_bytes;
+        }
       }
       // A staged copy or the block being promoted must keep its durable form.
       auto coldest = [&](Tier tier) {

@@ -148,5 +148,39 @@ TEST(BlockIndexTest, StreamWithHnswRecallsAndReportsSampledRecall) {
   EXPECT_LE(st->index_recall_at_k, 1.0);
 }
 
+// With one indexed layer there is no separate per-layer index: a per-layer
+// recall uses the all-layers one and returns the same set.
+TEST(BlockIndexTest, SingleIndexedLayerServesPerLayerRecall) {
+  const testing::TestGeometry g;
+  testing::TempDir dir;
+  auto engine = testing::OpenTestEngine(dir.path());
+  StreamConfig c = testing::TestConfig(g, 16, 2);
+  c.indexed_layers = {1};
+  ASSERT_TRUE(engine->OpenStream("cam", c).ok());
+  std::mt19937_64 rng(9);
+  for (uint64_t i = 0; i < 60; ++i) {
+    ASSERT_TRUE(
+        engine
+            ->Append("cam", testing::FrameOf(testing::RandomFrame(rng, g, 4), i,
+                                             g.dtype))
+            .ok());
+  }
+  RecallQuery q;
+  q.query = testing::RandomQuery(rng, g.kv_heads * g.head_dim);
+  q.max_tokens = 24;
+  auto whole = engine->Recall("cam", q);
+  q.per_layer = true;
+  auto layered = engine->Recall("cam", q);
+  ASSERT_TRUE(whole.ok() && layered.ok()) << layered.status();
+  ASSERT_EQ(layered->layer_sets.size(), 1u);
+  EXPECT_EQ(layered->layer_sets[0].layer, 1u);
+  ASSERT_FALSE(whole->blocks.empty());
+  ASSERT_EQ(layered->layer_sets[0].blocks.size(), whole->blocks.size());
+  for (size_t i = 0; i < whole->blocks.size(); ++i) {
+    EXPECT_EQ(layered->layer_sets[0].blocks[i].block.id,
+              whole->blocks[i].block.id);
+  }
+}
+
 }  // namespace
 }  // namespace kvmem
