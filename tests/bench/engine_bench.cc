@@ -37,6 +37,15 @@ std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
   return v;
 }
 
+// n random N(0,1) values as fp16 bytes.
+std::string Fp16Of(std::mt19937_64& rng, size_t n) {
+  const std::vector<float> f = Gaussian(rng, n);
+  std::string out(n * 2, '\0');
+  EncodeFromFloat(f.data(), n, DType::kFp16,
+                  reinterpret_cast<uint8_t*>(out.data()));
+  return out;
+}
+
 // A 4-layer, 2-head, 64-dim fp16 geometry (2 KiB of KV per token).
 Geometry BenchGeometry() { return {4, 2, 64, DType::kFp16, 128}; }
 
@@ -90,11 +99,8 @@ void BM_DegradeLayer(benchmark::State& state) {
   const Geometry g = BenchGeometry();
   const uint32_t tokens = state.range(0);
   std::mt19937_64 rng(3);
-  const std::vector<float> f =
-      Gaussian(rng, 2ull * g.kv_heads * tokens * g.head_dim);
-  std::string layer(f.size() * 2, '\0');
-  EncodeFromFloat(f.data(), f.size(), g.dtype,
-                  reinterpret_cast<uint8_t*>(layer.data()));
+  const std::string layer =
+      Fp16Of(rng, 2ull * g.kv_heads * tokens * g.head_dim);
   for (auto _ : state) {
     benchmark::DoNotOptimize(QuantizeLayer(g, tokens, layer));
   }
@@ -105,11 +111,8 @@ void BM_RestoreLayer(benchmark::State& state) {
   const Geometry g = BenchGeometry();
   const uint32_t tokens = state.range(0);
   std::mt19937_64 rng(3);
-  const std::vector<float> f =
-      Gaussian(rng, 2ull * g.kv_heads * tokens * g.head_dim);
-  std::string layer(f.size() * 2, '\0');
-  EncodeFromFloat(f.data(), f.size(), g.dtype,
-                  reinterpret_cast<uint8_t*>(layer.data()));
+  const std::string layer =
+      Fp16Of(rng, 2ull * g.kv_heads * tokens * g.head_dim);
   const std::string q = QuantizeLayer(g, tokens, layer);
   for (auto _ : state) {
     benchmark::DoNotOptimize(DequantizeLayer(g, tokens, q));
@@ -276,10 +279,7 @@ void BM_StreamRecall(benchmark::State& state) {
     f.index = i;
     f.first_token_position = i * 4;
     f.token_count = 4;
-    const std::vector<float> kv = Gaussian(rng, 2 * 2 * 2 * 4 * 64);
-    f.payload.resize(kv.size() * 2);
-    EncodeFromFloat(kv.data(), kv.size(), DType::kFp16,
-                    reinterpret_cast<uint8_t*>(f.payload.data()));
+    f.payload = Fp16Of(rng, 2 * 2 * 2 * 4 * 64);
     if (!engine->Append("cam", std::move(f)).ok()) {
       state.SkipWithError("Append failed");
       return;
