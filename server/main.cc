@@ -53,8 +53,7 @@ ABSL_FLAG(std::string, accelerator_profile, "",
 ABSL_FLAG(bool, tune_malloc, true,
           "Keep freed frame-sized buffers in the process (glibc mallopt: "
           "mmap threshold 64 MiB, trim threshold 512 MiB) instead of "
-          "returning them to the kernel after every frame; see the README's "
-          "benchmark table for what it buys.");
+          "mapping and unmapping one per frame.");
 ABSL_FLAG(int32_t, worker_threads, 0,
           "Threads for storage-bound work; 0 means 2 per core, at least 4.");
 ABSL_FLAG(std::string, port_file, "",
