@@ -26,20 +26,14 @@
 #include "engine/segmenter.h"
 #include "engine/stream_config.h"
 #include "storage/rocks_cold_store.h"
+#include "tests/test_util.h"
 
 namespace kvmem {
 namespace {
 
-std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
 // n random N(0,1) values as fp16 bytes.
 std::string Fp16Of(std::mt19937_64& rng, size_t n) {
-  const std::vector<float> f = Gaussian(rng, n);
+  const std::vector<float> f = testing::RandomQuery(rng, n);
   std::string out(n * 2, '\0');
   EncodeFromFloat(f.data(), n, DType::kFp16,
                   reinterpret_cast<uint8_t*>(out.data()));
@@ -79,7 +73,7 @@ void BM_Segmenter(benchmark::State& state) {
   Segmenter seg(c);
   std::mt19937_64 rng(2);
   std::vector<std::vector<float>> sigs;
-  for (int i = 0; i < 64; ++i) sigs.push_back(Gaussian(rng, 256));
+  for (int i = 0; i < 64; ++i) sigs.push_back(testing::RandomQuery(rng, 256));
   uint32_t open = 0;
   size_t i = 0;
   for (auto _ : state) {
@@ -123,7 +117,7 @@ void BM_RestoreLayer(benchmark::State& state) {
 // A 256 KiB frame (128 tokens) between fp32 and fp16.
 void BM_FrameEncodeFp16(benchmark::State& state) {
   std::mt19937_64 rng(4);
-  const std::vector<float> f = Gaussian(rng, 128 * 1024);
+  const std::vector<float> f = testing::RandomQuery(rng, 128 * 1024);
   std::vector<uint8_t> out(f.size() * 2);
   for (auto _ : state) {
     EncodeFromFloat(f.data(), f.size(), DType::kFp16, out.data());
@@ -134,7 +128,7 @@ void BM_FrameEncodeFp16(benchmark::State& state) {
 
 void BM_FrameDecodeFp16(benchmark::State& state) {
   std::mt19937_64 rng(4);
-  const std::vector<float> f = Gaussian(rng, 128 * 1024);
+  const std::vector<float> f = testing::RandomQuery(rng, 128 * 1024);
   std::vector<uint8_t> enc(f.size() * 2);
   EncodeFromFloat(f.data(), f.size(), DType::kFp16, enc.data());
   std::vector<float> out(f.size());
@@ -151,8 +145,8 @@ void BM_BlockRecordCodec(benchmark::State& state) {
   BlockRecord b;
   b.info.id = 7;
   b.info.token_count = 128;
-  b.summary = Gaussian(rng, 256);
-  b.group_summaries = Gaussian(rng, 8 * 256);
+  b.summary = testing::RandomQuery(rng, 256);
+  b.group_summaries = testing::RandomQuery(rng, 8 * 256);
   b.token_group.assign(128, 3);
   for (auto _ : state) {
     auto d = DecodeBlock(EncodeBlock(b));
@@ -293,7 +287,7 @@ void BM_StreamRecall(benchmark::State& state) {
   std::vector<double> us;
   for (auto _ : state) {
     RecallQuery q;
-    q.query = Gaussian(rng, 128);
+    q.query = testing::RandomQuery(rng, 128);
     q.top_k = 16;
     const auto t0 = std::chrono::steady_clock::now();
     auto r = engine->Recall("cam", q);

@@ -16,13 +16,6 @@ namespace {
 
 constexpr uint32_t kDim = 32;
 
-std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
 // Exact top-k by brute force over the live vectors.
 std::vector<uint64_t> Exact(const std::map<uint64_t, std::vector<float>>& live,
                             const std::vector<float>& q, uint32_t k) {
@@ -44,7 +37,7 @@ double RecallAfterChurn(BlockIndex* index, uint32_t n, uint32_t k) {
   std::mt19937_64 rng(9);
   std::map<uint64_t, std::vector<float>> live;
   for (uint64_t id = 0; id < n; ++id) {
-    live[id] = Gaussian(rng, kDim);
+    live[id] = testing::RandomQuery(rng, kDim);
     index->Add(id, live[id].data());
   }
   for (uint64_t id = 0; id < n; id += 7) {
@@ -55,7 +48,7 @@ double RecallAfterChurn(BlockIndex* index, uint32_t n, uint32_t k) {
   EXPECT_EQ(index->size(), live.size());
   double hits = 0, wanted = 0;
   for (int t = 0; t < 50; ++t) {
-    const std::vector<float> q = Gaussian(rng, kDim);
+    const std::vector<float> q = testing::RandomQuery(rng, kDim);
     const auto want = Exact(live, q, k);
     const auto got = index->Search(q.data(), k);
     EXPECT_EQ(got.size(), want.size());

@@ -5,24 +5,18 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kvmem {
 namespace {
-
-std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
 
 TEST(ProgressiveSearchTest, FindsPlantedNeighboursAndMatchesFlatOnRandomData) {
   const uint32_t dim = 128, n = 5000, k = 16;
   std::mt19937_64 rng(11);
   ProgressiveIndex prog(dim);
   BlockIndex flat(dim);
-  std::vector<float> data = Gaussian(rng, size_t{n} * dim);
-  const std::vector<float> query = Gaussian(rng, dim);
+  std::vector<float> data = testing::RandomQuery(rng, size_t{n} * dim);
+  const std::vector<float> query = testing::RandomQuery(rng, dim);
   // Plant 16 vectors close to the query (ids 100..115) with decreasing
   // similarity.
   for (uint32_t p = 0; p < k; ++p) {
@@ -45,7 +39,7 @@ TEST(ProgressiveSearchTest, FindsPlantedNeighboursAndMatchesFlatOnRandomData) {
   // Random queries: the same ids as the exact flat index, in order, and
   // scores equal up to float rounding.
   for (int trial = 0; trial < 20; ++trial) {
-    const std::vector<float> q = Gaussian(rng, dim);
+    const std::vector<float> q = testing::RandomQuery(rng, dim);
     auto a = prog.Search(q.data(), k, &st);
     auto b = flat.Search(q.data(), k);
     ASSERT_EQ(a.size(), b.size());
@@ -61,8 +55,9 @@ TEST(ProgressiveSearchTest, RemoveAndCandidateCap) {
   const uint32_t dim = 32;
   std::mt19937_64 rng(5);
   ProgressiveIndex prog(dim, /*max_candidates=*/4);
-  for (uint64_t i = 0; i < 200; ++i) prog.Add(i, Gaussian(rng, dim).data());
-  const std::vector<float> q = Gaussian(rng, dim);
+  for (uint64_t i = 0; i < 200; ++i)
+    prog.Add(i, testing::RandomQuery(rng, dim).data());
+  const std::vector<float> q = testing::RandomQuery(rng, dim);
   const auto before = prog.Search(q.data(), 3);
   ASSERT_EQ(before.size(), 3u);
   EXPECT_TRUE(prog.Remove(before[0].id));
@@ -116,7 +111,7 @@ TEST(ProgressiveSearchTest, EveryKernelGivesTheSameIntegersAndResults) {
   ProgressiveIndex prog(dim);
   BlockIndex flat(dim);
   for (uint64_t i = 0; i < 1001; ++i) {
-    const std::vector<float> v = Gaussian(rng, dim);
+    const std::vector<float> v = testing::RandomQuery(rng, dim);
     prog.Add(i, v.data());
     flat.Add(i, v.data());
   }
@@ -126,7 +121,7 @@ TEST(ProgressiveSearchTest, EveryKernelGivesTheSameIntegersAndResults) {
   }
   const std::string best = ActiveInt8Kernel().name;
   for (int trial = 0; trial < 10; ++trial) {
-    const std::vector<float> query = Gaussian(rng, dim);
+    const std::vector<float> query = testing::RandomQuery(rng, dim);
     const auto exact = flat.Search(query.data(), 16);
     for (const Int8KernelInfo& k : kernels) {
       ASSERT_TRUE(SelectInt8Kernel(k.name));
