@@ -81,6 +81,8 @@ struct BenchReport {
   double live_fps = 0;           // Asked per stream.
   double live_frames_per_s = 0;  // Achieved, all streams.
   Latency live_append, live_recall;
+  Latency live_recall_engine;  // The engine's own time (RecallTiming.total_us).
+  Latency live_empty_rpc;      // After each recall, same connection.
   // Server process (server_pid >= 0).
   double server_rss_mib = 0;                            // After the run.
   double server_cpu_ingest = 0, server_cpu_recall = 0;  // Cores busy.

@@ -12,12 +12,16 @@ namespace kvmem {
 namespace {
 
 void ScalarKernel(const uint8_t* packed, size_t nblocks, size_t groups,
-                  const int8_t* query, int32_t* out) {
+                  const int8_t* hi, const int8_t* lo, int32_t* out) {
   for (size_t b = 0; b < nblocks; ++b) {
     int32_t acc[kInt8Lanes] = {};
     const uint8_t* p = packed + b * groups * 4 * kInt8Lanes;
     for (size_t g = 0; g < groups; ++g, p += 4 * kInt8Lanes) {
-      const int8_t* d = query + g * 4;
+      int32_t d[4];
+      for (int j = 0; j < 4; ++j) {
+        d[j] = lo == nullptr ? hi[g * 4 + j]
+                             : kQueryHiWeight * hi[g * 4 + j] + lo[g * 4 + j];
+      }
       for (size_t l = 0; l < kInt8Lanes; ++l) {
         const uint8_t* c = p + l * 4;
         acc[l] += c[0] * d[0] + c[1] * d[1] + c[2] * d[2] + c[3] * d[3];
@@ -28,11 +32,25 @@ void ScalarKernel(const uint8_t* packed, size_t nblocks, size_t groups,
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) void Avx2Kernel(const uint8_t* packed,
-                                                size_t nblocks, size_t groups,
-                                                const int8_t* query,
-                                                int32_t* out) {
+// One group of 4 dimensions of 8 vectors: (c + 128) . d as 8 int32 sums of
+// 16-bit pair sums weighted by w (pairs of u8 x s7 products cannot
+// saturate: 2 * 255 * 63 < 32767).
+__attribute__((target("avx2"))) inline __m256i GroupDot(__m256i c,
+                                                        const int8_t* d,
+                                                        __m256i w) {
+  int32_t q;
+  __builtin_memcpy(&q, d, 4);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(c, _mm256_set1_epi32(q)), w);
+}
+
+template <bool kTwoTerms>
+__attribute__((target("avx2"))) void Avx2KernelT(const uint8_t* packed,
+                                                 size_t nblocks, size_t groups,
+                                                 const int8_t* hi,
+                                                 const int8_t* lo,
+                                                 int32_t* out) {
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i whi = kTwoTerms ? _mm256_set1_epi16(kQueryHiWeight) : ones;
   const size_t stride = groups * 4 * kInt8Lanes;
   for (size_t b = 0; b < nblocks; ++b) {
     const uint8_t* p = packed + b * stride;
@@ -40,29 +58,36 @@ __attribute__((target("avx2"))) void Avx2Kernel(const uint8_t* packed,
     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
     size_t g = 0;
     for (; g + 2 <= groups; g += 2) {
-      int32_t q0, q1;
-      __builtin_memcpy(&q0, query + g * 4, 4);
-      __builtin_memcpy(&q1, query + g * 4 + 4, 4);
       const __m256i c0 = _mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
       const __m256i c1 = _mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(p + (g + 1) * 4 * kInt8Lanes));
-      const __m256i s0 = _mm256_maddubs_epi16(c0, _mm256_set1_epi32(q0));
-      const __m256i s1 = _mm256_maddubs_epi16(c1, _mm256_set1_epi32(q1));
-      acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(s0, ones));
-      acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(s1, ones));
+      acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
+      acc1 = _mm256_add_epi32(acc1, GroupDot(c1, hi + g * 4 + 4, whi));
+      if (kTwoTerms) {
+        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
+        acc1 = _mm256_add_epi32(acc1, GroupDot(c1, lo + g * 4 + 4, ones));
+      }
     }
     for (; g < groups; ++g) {
-      int32_t q0;
-      __builtin_memcpy(&q0, query + g * 4, 4);
       const __m256i c0 = _mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
-      acc0 = _mm256_add_epi32(
-          acc0, _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(c0, _mm256_set1_epi32(q0)), ones));
+      acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
+      if (kTwoTerms) {
+        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
+      }
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kInt8Lanes),
                         _mm256_add_epi32(acc0, acc1));
+  }
+}
+
+void Avx2Kernel(const uint8_t* packed, size_t nblocks, size_t groups,
+                const int8_t* hi, const int8_t* lo, int32_t* out) {
+  if (lo == nullptr) {
+    Avx2KernelT<false>(packed, nblocks, groups, hi, nullptr, out);
+  } else {
+    Avx2KernelT<true>(packed, nblocks, groups, hi, lo, out);
   }
 }
 #endif

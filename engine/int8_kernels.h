@@ -4,9 +4,13 @@
 // each group of 4 dimensions, the 8 vectors' 4 codes (32 bytes), so one AVX2
 // multiply-add scores 4 dimensions of 8 vectors and the 8 sums stay in the 8
 // lanes of one register (no horizontal sums). Codes are stored offset by
-// 128 (uint8 = int8 code + 128, codes in [-127, 127]); the query is an int8
-// vector in [-63, 63], so a pair of products (<= 2 * 255 * 63 = 32130) never
-// saturates the 16-bit multiply-add. The kernel returns
+// 128 (uint8 = int8 code + 128, codes in [-127, 127]).
+//
+// The query is a 13-bit integer vector d = 64 * hi + lo split into two int8
+// vectors, hi in [-63, 63] and lo in [-32, 32] (a u8 x s7 pair of products,
+// <= 2 * 255 * 63 = 32130, never saturates the 16-bit multiply-add), or
+// d = hi alone (lo null: summaries wider than kMaxTwoTermDim, where the
+// 13-bit sums could overflow int32). The kernel returns
 //   raw[i] = sum_j (c_ij + 128) * d_j   (exact, int32)
 // and the caller subtracts 128 * sum_j d_j. A selector then turns the sums
 // into error bounds and keeps the vectors that can still reach the top-k,
@@ -26,12 +30,18 @@
 namespace kvmem {
 
 constexpr size_t kInt8Lanes = 8;
+constexpr int kQueryHiWeight = 64;
+// 255 * (64 * 63 + 32) * 2056 < 2^31.
+constexpr size_t kMaxTwoTermDim = 2056;
+// Below this, searches use d = hi alone (progressive_search.cc says why).
+constexpr size_t kTwoTermMinDim = 512;
 
-// Scores nblocks packed blocks of `groups` 4-dimension groups against
-// query (groups * 4 int8 values); writes nblocks * 8 raw sums to out.
+// Scores nblocks packed blocks of `groups` 4-dimension groups against the
+// query d = 64 * hi + lo (or hi alone when lo is null; each groups * 4
+// int8 values); writes nblocks * 8 raw sums to out.
 using Int8BlockKernel = void (*)(const uint8_t* packed, size_t nblocks,
-                                 size_t groups, const int8_t* query,
-                                 int32_t* out);
+                                 size_t groups, const int8_t* hi,
+                                 const int8_t* lo, int32_t* out);
 
 // The first stage's bounds (progressive_search.h), per vector i < n:
 //   approx = (t * scale[i]) * float(raw[i] - offset)

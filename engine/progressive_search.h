@@ -3,8 +3,10 @@
 //
 // Stage 1 scores every vector in int8 (vector i = s_i * c_i + e_i with a
 // per-vector scale s_i = max|x_i| / 127; the query q = t * d + f with
-// t = max|q| / 63, 7 bits so the AVX2 kernel cannot saturate; see
-// int8_kernels.h) with an integer dot product, and bounds the error of
+// t = max|q| / 63, 7 bits, so the AVX2 kernel cannot saturate; from dim 512
+// t = max|q| / (63 * 64), 13 bits fed to the kernel as two 7-bit halves in
+// the same pass over the codes; see int8_kernels.h) with an integer dot
+// product, and bounds the error of
 // each score exactly (Cauchy-Schwarz on the two rounding residuals):
 //   q.x_i - t s_i (d.c_i) = q.e_i + s_i (f.c_i)
 //   |q.x_i - t s_i (d.c_i)| <= |q| |e_i| + |f| s_i |c_i|

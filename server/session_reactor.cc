@@ -1,7 +1,8 @@
 // The Session reactor: appends and queries in, acks and recall sets out, in
 // request order.
 //
-// Concurrency. Requests are handled one at a time on the Executor (a "task");
+// Concurrency. Requests are handled one at a time (a "task"): appends on the
+// Executor, recalls (RAM only) inline on the gRPC thread that read them;
 // responses go through a queue with one write in flight. gRPC may call OnDone
 // as soon as Finish completes and no operation is pending, which can be while
 // a task still runs, so:
@@ -49,7 +50,14 @@ class SessionReactor final
       absl::MutexLock lock(&mu_);
       ++tasks_;
     }
-    executor_->Submit([this] { RunTask(); });
+    // A query touches only RAM (summaries and index), like the unary
+    // Recall: it runs inline on this callback thread rather than queueing
+    // behind other calls' RocksDB commits on the executor.
+    if (req_.item_case() == v1::SessionRequest::kRecall) {
+      RunTask();
+    } else {
+      executor_->Submit([this] { RunTask(); });
+    }
   }
 
   void OnWriteDone(bool ok) override {

@@ -155,7 +155,9 @@ void BM_BlockRecordCodec(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// The int8 kernel, per dispatch level, over 10,800 x 128 codes.
+// The int8 kernel, per dispatch level (arg 0), over 10,800 codes of dim
+// 128 (one query term) or 1024 (arg 1; two terms, as searches use there).
+// Bytes/s of codes read is the figure: the scan's floor is size / rate.
 void BM_Int8Kernel(benchmark::State& state) {
   const auto& kernels = AvailableInt8Kernels();
   if (static_cast<size_t>(state.range(0)) >= kernels.size()) {
@@ -163,13 +165,15 @@ void BM_Int8Kernel(benchmark::State& state) {
     return;
   }
   const Int8KernelInfo& k = kernels[state.range(0)];
-  state.SetLabel(k.name);
-  const size_t n = 10800, groups = 32;
+  const size_t n = 10800, groups = state.range(1) / 4;
+  const bool two_terms = groups * 4 >= kTwoTermMinDim;
+  state.SetLabel(k.name + (two_terms ? " two terms" : " one term"));
   std::vector<uint8_t> packed(n / 8 * groups * 32, 100);
-  std::vector<int8_t> q(groups * 4, -5);
+  std::vector<int8_t> q(groups * 4, -5), lo(groups * 4, 3);
   std::vector<int32_t> out(n);
   for (auto _ : state) {
-    k.fn(packed.data(), n / 8, groups, q.data(), out.data());
+    k.fn(packed.data(), n / 8, groups, q.data(),
+         two_terms ? lo.data() : nullptr, out.data());
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(state.iterations() * packed.size());
@@ -319,7 +323,9 @@ BENCHMARK(BM_RestoreLayer)->Arg(32)->Arg(128);
 BENCHMARK(BM_FrameEncodeFp16);
 BENCHMARK(BM_FrameDecodeFp16);
 BENCHMARK(BM_BlockRecordCodec);
-BENCHMARK(BM_Int8Kernel)->DenseRange(0, 1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Int8Kernel)
+    ->ArgsProduct({{0, 1}, {128, 1024}})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StorePut)
     ->Arg(16)
     ->Arg(64)

@@ -172,6 +172,9 @@ TEST(TiersTest, DemoteDegradeEvictFetchAndRecover) {
       q.max_tokens = 1000;
       auto r = e->Recall("s", q);
       ASSERT_TRUE(r.ok());
+      // Candidates: 30 blocks less the 17 evicted, less the newest (tokens
+      // 232..240), which is inside the 8-token hot window.
+      EXPECT_EQ(r->candidates, 12u);
       for (const auto& b : r->blocks) {
         EXPECT_NE(b.block.tier, Tier::kEvicted);
         // A promoted degraded block is warm but still an approximation.
