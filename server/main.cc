@@ -35,9 +35,14 @@ ABSL_FLAG(std::string, unix_socket, "",
           "disables it.");
 ABSL_FLAG(std::string, data_dir, "./kvmem-data",
           "RocksDB directory of the cold store (created if missing).");
-ABSL_FLAG(bool, sync_writes, false,
-          "fsync the WAL before acknowledging each frame. Off: acknowledged "
-          "frames survive a process crash (kill -9) but not a power loss.");
+ABSL_FLAG(std::string, wal_sync, "interval",
+          "When the RocksDB WAL is fsynced. commit: before each frame is "
+          "acknowledged (nothing acknowledged is lost on power loss); "
+          "interval: every --wal_sync_interval_ms (power loss loses at most "
+          "that much); off: when the OS writes back. Under all three an "
+          "acknowledged frame survives a crash of kvmem-server (kill -9).");
+ABSL_FLAG(int32_t, wal_sync_interval_ms, 200,
+          "With --wal_sync=interval: milliseconds between WAL fsyncs (>= 1).");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(int32_t, max_chunk_bytes, 4 << 20,
@@ -98,7 +103,19 @@ int Run() {
 
   kvmem::RocksColdStoreOptions store_options;
   store_options.path = absl::GetFlag(FLAGS_data_dir);
-  store_options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
+  if (!kvmem::ParseWalSync(absl::GetFlag(FLAGS_wal_sync),
+                           &store_options.wal_sync)) {
+    spdlog::error("--wal_sync is \"{}\"; must be commit, interval or off",
+                  absl::GetFlag(FLAGS_wal_sync));
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_wal_sync_interval_ms) < 1) {
+    spdlog::error("--wal_sync_interval_ms is {}; must be at least 1",
+                  absl::GetFlag(FLAGS_wal_sync_interval_ms));
+    return 2;
+  }
+  store_options.wal_sync_interval_ms =
+      static_cast<uint32_t>(absl::GetFlag(FLAGS_wal_sync_interval_ms));
   auto store = kvmem::OpenRocksColdStore(store_options);
   if (!store.ok()) {
     spdlog::error("{}", store.status().ToString());
@@ -138,8 +155,9 @@ int Run() {
         "frame {}",
         s.stream_id, s.frames, s.sealed_blocks, s.last_durable_frame);
   }
-  spdlog::info("opened {} with {} streams in {:.1f} ms", store_options.path,
-               (*engine)->stream_count(), recover_ms);
+  spdlog::info("opened {} with {} streams in {:.1f} ms (WAL sync: {})",
+               store_options.path, (*engine)->stream_count(), recover_ms,
+               kvmem::WalSyncName(store_options.wal_sync));
 
   int workers = absl::GetFlag(FLAGS_worker_threads);
   if (workers <= 0) {

@@ -58,7 +58,7 @@ class ColdStore {
   virtual ~ColdStore() = default;
 
   // Applies `write` atomically. On success every part is as durable as the
-  // store's sync policy promises (see RocksColdStoreOptions::sync_writes).
+  // store's sync policy promises (see WalSync in rocks_cold_store.h).
   virtual absl::Status Commit(const StreamWrite& write) = 0;
 
   // Returns the payload of a frame, or NOT_FOUND.

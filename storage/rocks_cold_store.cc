@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "rocksdb/db.h"
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/table.h"
@@ -71,18 +74,28 @@ class RocksColdStore final : public ColdStore {
  public:
   RocksColdStore(std::unique_ptr<rocksdb::DB> db,
                  std::vector<rocksdb::ColumnFamilyHandle*> handles,
-                 bool sync_writes)
+                 WalSync wal_sync, uint32_t interval_ms)
       : db_(std::move(db)), handles_(std::move(handles)) {
-    write_options_.sync = sync_writes;
+    write_options_.sync = wal_sync == WalSync::kEveryCommit;
     write_options_.disableWAL = false;
     streams_ = handles_[1];
     blocks_ = handles_[2];
     payloads_ = handles_[3];
     frame_meta_ = handles_[4];
     block_layers_ = handles_[5];
+    if (wal_sync == WalSync::kInterval) {
+      syncer_ = std::thread([this, interval_ms] { SyncLoop(interval_ms); });
+    }
   }
 
   ~RocksColdStore() override {
+    if (syncer_.joinable()) {
+      {
+        absl::MutexLock lock(&sync_mu_);
+        stopping_ = true;
+      }
+      syncer_.join();
+    }
     db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
     for (auto* h : handles_)
       db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
@@ -233,8 +246,25 @@ class RocksColdStore final : public ColdStore {
     return value;
   }
 
+  // kInterval: fsyncs the WAL every interval until the store closes.
+  void SyncLoop(uint32_t interval_ms) {
+    absl::MutexLock lock(&sync_mu_);
+    while (!stopping_) {
+      sync_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                                absl::Milliseconds(interval_ms));
+      if (stopping_) break;
+      sync_mu_.Unlock();
+      // SyncWAL fails only on I/O errors, which the next Commit reports.
+      db_->SyncWAL().PermitUncheckedError();
+      sync_mu_.Lock();
+    }
+  }
+
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  absl::Mutex sync_mu_;
+  bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
+  std::thread syncer_;
   rocksdb::ColumnFamilyHandle* streams_ = nullptr;
   rocksdb::ColumnFamilyHandle* blocks_ = nullptr;
   rocksdb::ColumnFamilyHandle* payloads_ = nullptr;
@@ -249,6 +279,11 @@ absl::StatusOr<std::unique_ptr<ColdStore>> OpenRocksColdStore(
     const RocksColdStoreOptions& options) {
   if (options.path.empty()) {
     return absl::InvalidArgumentError("cold store path is empty");
+  }
+  if (options.wal_sync == WalSync::kInterval &&
+      options.wal_sync_interval_ms == 0) {
+    return absl::InvalidArgumentError(
+        "wal_sync_interval_ms is 0; must be at least 1 with wal_sync interval");
   }
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);
@@ -293,7 +328,29 @@ absl::StatusOr<std::unique_ptr<ColdStore>> OpenRocksColdStore(
   }
   return std::unique_ptr<ColdStore>(
       new RocksColdStore(std::unique_ptr<rocksdb::DB>(raw), std::move(handles),
-                         options.sync_writes));
+                         options.wal_sync, options.wal_sync_interval_ms));
+}
+
+const char* WalSyncName(WalSync w) {
+  switch (w) {
+    case WalSync::kEveryCommit:
+      return "commit";
+    case WalSync::kInterval:
+      return "interval";
+    case WalSync::kOff:
+      return "off";
+  }
+  return "?";
+}
+
+bool ParseWalSync(const std::string& name, WalSync* out) {
+  for (WalSync w : {WalSync::kEveryCommit, WalSync::kInterval, WalSync::kOff}) {
+    if (name == WalSyncName(w)) {
+      *out = w;
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace kvmem

@@ -7,7 +7,7 @@
 //               layer of a demoted block (full precision or int8)
 // Payloads and layers go to integrated blob files (key-value separation), so
 // compaction does not rewrite megabytes of KV. The WAL is always on;
-// sync_writes decides whether a commit waits for fsync.
+// wal_sync decides when it is fsynced.
 //
 // Thread safety: safe for concurrent use (RocksDB's own guarantees).
 #ifndef KVMEM_STORAGE_ROCKS_COLD_STORE_H_
@@ -21,12 +21,25 @@
 
 namespace kvmem {
 
+// When the WAL reaches the disk. Under every policy a Commit has written
+// its batch to the WAL (in the OS) before it returns, so a crash of the
+// process (kill -9) loses nothing committed; they differ on power loss or a
+// kernel crash:
+//   kEveryCommit: Commit returns after fsync (concurrent commits share one
+//                 fsync through RocksDB's write groups): nothing is lost.
+//   kInterval:    a thread fsyncs the WAL every wal_sync_interval_ms: at most
+//                 that much of the latest commits is lost.
+//   kOff:         the OS writes back when it likes (Linux: dirty pages older
+//                 than vm.dirty_expire_centisecs, 30 s by default).
+enum class WalSync { kEveryCommit, kInterval, kOff };
+// "commit", "interval", "off".
+const char* WalSyncName(WalSync w);
+bool ParseWalSync(const std::string& name, WalSync* out);
+
 struct RocksColdStoreOptions {
   std::string path;
-  // true: every Commit fsyncs the WAL before returning (survives power loss).
-  // false: the WAL is written to the OS before returning (survives a process
-  // crash or kill -9, not a power loss).
-  bool sync_writes = false;
+  WalSync wal_sync = WalSync::kInterval;
+  uint32_t wal_sync_interval_ms = 200;  // kInterval only; >= 1.
   // Payloads at least this large go to blob files.
   uint64_t min_blob_size = 4096;
   // Block cache for metadata and small payloads.

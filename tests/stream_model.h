@@ -50,6 +50,15 @@ class StreamModel {
     return frames_.back();
   }
 
+  // Keeps the first n frames (a crash lost the rest before they were
+  // durable); later frames continue from the n-th's end.
+  void Truncate(size_t n) {
+    if (n >= frames_.size()) return;
+    frames_.resize(n);
+    next_pos_ =
+        n == 0 ? 0 : frames_.back().first_pos + frames_.back().kv.tokens;
+  }
+
   // Seals the partial block, as CloseStream does.
   void Close() {
     if (frames_.size() > block_starts_end())
