@@ -154,6 +154,31 @@ void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst) {
   }
 }
 
+int64_t FindNonFinite(const uint8_t* src, size_t n, DType dtype) {
+  // An all-ones exponent is Inf or NaN in every format.
+  const size_t width = DTypeBytes(dtype);
+  uint32_t exp_mask = 0;
+  switch (dtype) {
+    case DType::kFp16:
+      exp_mask = 0x7c00u;
+      break;
+    case DType::kBf16:
+      exp_mask = 0x7f80u;
+      break;
+    case DType::kFp32:
+      exp_mask = 0x7f800000u;
+      break;
+    default:
+      return -1;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, src + i * width, width);  // Little-endian hosts.
+    if ((bits & exp_mask) == exp_mask) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 void AccumulateAsFloat(const uint8_t* src, size_t n, DType dtype, double* acc) {
   constexpr size_t kChunk = 256;
   float buf[kChunk];

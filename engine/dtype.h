@@ -37,6 +37,9 @@ void EncodeFromFloat(const float* src, size_t n, DType dtype, uint8_t* dst);
 // Converts n dtype elements at src to fp32.
 void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst);
 
+// Index of the first NaN or Inf among the n dtype elements at src, or -1.
+int64_t FindNonFinite(const uint8_t* src, size_t n, DType dtype);
+
 }  // namespace kvmem
 
 #endif  // KVMEM_ENGINE_DTYPE_H_

@@ -257,6 +257,23 @@ absl::Status Stream::ValidateFrame(const Frame& frame,
         frame.token_count, " tokens x ", g.head_dim, " head_dim x ",
         DTypeBytes(g.dtype), " bytes) needs ", want));
   }
+  // The indexed layers' keys feed summaries and indexes: a NaN or Inf there
+  // would poison every later score. (Other values are stored as sent.)
+  const size_t width = DTypeBytes(g.dtype);
+  const uint64_t slice = LayerSliceElements(g, frame.token_count);
+  for (uint32_t layer : EffectiveIndexedLayers(config_)) {
+    const auto* k = reinterpret_cast<const uint8_t*>(frame.payload.data()) +
+                    2 * slice * width * layer;
+    const int64_t bad = FindNonFinite(k, slice, g.dtype);
+    if (bad >= 0) {
+      const uint64_t at = static_cast<uint64_t>(bad);
+      const uint64_t per_head = uint64_t{frame.token_count} * g.head_dim;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame.payload has a NaN or Inf key at layer ", layer, ", kv_head ",
+          at / per_head, ", token ", at % per_head / g.head_dim, ", dim ",
+          at % g.head_dim, "; the keys of indexed layers must be finite"));
+    }
+  }
   return ValidateSignals("frame.signals", frame.signals);
 }
 

@@ -1,5 +1,6 @@
 #include "server/frame_ingest.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/stream_config.h"
 #include "server/proto_convert.h"
@@ -90,6 +91,8 @@ absl::StatusOr<std::optional<AppendResult>> FrameIngest::Feed(
 }
 
 absl::Status FrameIngest::WithResumePoint(const absl::Status& s) const {
+  // The engine's ALREADY_EXISTS names the resume point already.
+  if (absl::StrContains(s.message(), "last durable frame is")) return s;
   return absl::Status(s.code(),
                       absl::StrCat(s.message(), "; stream \"", stream_->id(),
                                    "\" last durable frame is ",

@@ -1,7 +1,11 @@
 // The real kvmem-server binary on a unix socket and a loopback TCP port,
 // driven through the C++ client library.
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "client/kvmem_client.h"
@@ -354,6 +358,474 @@ TEST_F(ServerTest, InvalidRequestsGetPreciseStatus) {
 // A Session driven with many requests in flight: responses come back in
 // request order; an error mid-stream still delivers the acks of the frames
 // stored before it; clients that vanish mid-call leave the server healthy.
+// Every RPC's bad inputs, one case each, against the real server: the
+// status code and a message naming the field and value. Afterwards the
+// server still serves and the stream's acknowledged frames are intact. The
+// case count and codes are printed for the README's reliability table.
+TEST_F(ServerTest, BadInputCatalogue) {
+  TestGeometry g;
+  StreamModel m(g, kFpb, kWindow, {1, 2});
+  std::mt19937_64 rng(9);
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(unix_->OpenStream("s", Config(g), &opened).ok());
+  v1::AppendFramesResponse ar;
+  std::vector<OutgoingFrame> first;  // One sealed block.
+  for (uint64_t i = 0; i < kFpb; ++i) {
+    first.push_back(ToOutgoing(m.AddFrame(rng, 4), i));
+  }
+  ASSERT_TRUE(unix_->AppendFrames("s", first, &ar).ok());
+  ASSERT_TRUE(unix_->OpenStream("closed", Config(g), &opened).ok());
+  v1::StreamStats stats;
+  ASSERT_TRUE(unix_->CloseStream("closed", &stats).ok());
+  const testing::ModelFrame next = m.AddFrame(rng, 4);  // Frame 4, unsent.
+
+  using grpc::StatusCode;
+  struct Case {
+    std::string rpc, input;
+    std::function<grpc::Status()> call;
+    StatusCode code;
+    std::string message;
+  };
+  auto open = [&](const std::string& id, const v1::StreamConfig& c) {
+    v1::OpenStreamResponse r;
+    return unix_->OpenStream(id, c, &r);
+  };
+  auto with = [&](const std::function<void(v1::StreamConfig*)>& edit) {
+    v1::StreamConfig c = Config(g);
+    edit(&c);
+    return open("new-stream", c);
+  };
+  // AppendFrames with exactly these messages.
+  auto raw_append = [&](std::vector<v1::AppendFramesRequest> reqs) {
+    grpc::ClientContext ctx;
+    v1::AppendFramesResponse r;
+    auto w = unix_->stub()->AppendFrames(&ctx, &r);
+    for (const auto& q : reqs) {
+      if (!w->Write(q)) break;
+    }
+    w->WritesDone();
+    return w->Finish();
+  };
+  auto header = [&](const testing::ModelFrame& f, uint64_t index) {
+    v1::AppendFramesRequest q;
+    q.set_stream_id("s");
+    v1::FrameHeader* h = q.mutable_frame();
+    h->set_frame_index(index);
+    h->set_first_token_position(f.first_pos);
+    h->set_token_count(f.kv.tokens);
+    h->set_payload_bytes(f.bytes.size());
+    h->set_payload(f.bytes);
+    return q;
+  };
+  auto chunk = [&](const std::string& bytes, uint64_t index, uint64_t off,
+                   size_t n) {
+    v1::AppendFramesRequest q;
+    q.mutable_chunk()->set_frame_index(index);
+    q.mutable_chunk()->set_offset(off);
+    q.mutable_chunk()->set_data(bytes.substr(off, n));
+    return q;
+  };
+  auto split = [&](uint64_t first_bytes) {  // Header with a leading part.
+    v1::AppendFramesRequest h = header(next, 4);
+    h.mutable_frame()->set_payload(next.bytes.substr(0, first_bytes));
+    return h;
+  };
+  // A Session: these requests, then the first error (a SessionError
+  // response, or the call's status).
+  auto raw_session = [&](std::vector<v1::SessionRequest> reqs) {
+    grpc::ClientContext ctx;
+    auto rw = unix_->stub()->Session(&ctx);
+    for (auto& q : reqs) {
+      if (!rw->Write(q)) break;
+    }
+    rw->WritesDone();
+    v1::SessionResponse resp;
+    std::optional<grpc::Status> err;
+    while (rw->Read(&resp)) {
+      if (resp.has_error() && !err) {
+        err = grpc::Status(static_cast<StatusCode>(resp.error().code()),
+                           resp.error().message());
+      }
+    }
+    grpc::Status end = rw->Finish();
+    return err ? *err : end;
+  };
+  auto session_open = [](const std::string& id) {
+    v1::SessionRequest q;
+    q.mutable_open()->set_stream_id(id);
+    return q;
+  };
+  auto recall = [&](const std::function<void(v1::RecallRequest*)>& edit) {
+    v1::RecallRequest req;
+    req.set_stream_id("s");
+    for (size_t i = 0; i < m.summary_dim(); ++i) req.add_query(0.5f);
+    edit(&req);
+    v1::RecallResponse resp;
+    return unix_->Recall(req, &resp);
+  };
+  auto fetch = [&](const std::function<void(v1::FetchBlocksRequest*)>& edit) {
+    v1::FetchBlocksRequest req;
+    req.set_stream_id("s");
+    req.add_block_ids(0);
+    edit(&req);
+    grpc::ClientContext ctx;
+    auto r = unix_->stub()->FetchBlocks(&ctx, req);
+    v1::FetchBlocksResponse resp;
+    while (r->Read(&resp)) {
+    }
+    return r->Finish();
+  };
+  // The frame with one indexed key (layer 1, head 0, token 0, dim 3) set to
+  // the fp16 value `bits`.
+  auto poisoned = [&](uint16_t bits) {
+    v1::AppendFramesRequest q = header(next, 4);
+    std::string p = next.bytes;
+    const size_t slice = size_t{g.kv_heads} * next.kv.tokens * g.head_dim;
+    const size_t at = (2 * slice * 1 + 3) * 2;
+    p[at] = static_cast<char>(bits & 0xff);
+    p[at + 1] = static_cast<char>(bits >> 8);
+    q.mutable_frame()->set_payload(p);
+    return raw_append({q});
+  };
+  // A channel that sends messages of any size, to meet the server's limit.
+  grpc::ChannelArguments big;
+  big.SetMaxSendMessageSize(-1);
+  auto big_stub = v1::KvMemory::NewStub(grpc::CreateCustomChannel(
+      server_->target(), grpc::InsecureChannelCredentials(), big));
+
+  const std::vector<Case> cases = {
+      {"OpenStream", "empty stream_id", [&] { return open("", Config(g)); },
+       StatusCode::INVALID_ARGUMENT, "stream_id"},
+      {"OpenStream", "stream_id of 200 bytes",
+       [&] { return open(std::string(200, 'a'), Config(g)); },
+       StatusCode::INVALID_ARGUMENT, "stream_id"},
+      {"OpenStream", "stream_id with a space and '!'",
+       [&] { return open("bad id!", Config(g)); }, StatusCode::INVALID_ARGUMENT,
+       "stream_id"},
+      {"OpenStream", "geometry.layers 0",
+       [&] {
+         return with([](auto* c) { c->mutable_geometry()->set_layers(0); });
+       },
+       StatusCode::INVALID_ARGUMENT, "config.geometry.layers is 0"},
+      {"OpenStream", "geometry.kv_heads 0",
+       [&] {
+         return with([](auto* c) { c->mutable_geometry()->set_kv_heads(0); });
+       },
+       StatusCode::INVALID_ARGUMENT, "config.geometry.kv_heads is 0"},
+      {"OpenStream", "geometry.head_dim 5000",
+       [&] {
+         return with(
+             [](auto* c) { c->mutable_geometry()->set_head_dim(5000); });
+       },
+       StatusCode::INVALID_ARGUMENT, "config.geometry.head_dim is 5000"},
+      {"OpenStream", "geometry.dtype 99",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_geometry()->set_dtype(static_cast<v1::DType>(99));
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "dtype"},
+      {"OpenStream", "geometry.max_tokens_per_frame 70000",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_geometry()->set_max_tokens_per_frame(70000);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "max_tokens_per_frame is 70000"},
+      {"OpenStream", "index_policy.indexed_layers has 99",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_index_policy()->add_indexed_layers(99);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "99"},
+      {"OpenStream", "index_policy.index_factory \"Bogus\"",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_index_policy()->set_index_factory("Bogus");
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "Bogus"},
+      {"OpenStream", "index_policy.groups_per_block 65",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_index_policy()->set_groups_per_block(65);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "groups_per_block is 65"},
+      {"OpenStream", "recall_defaults.gate_temperature NaN",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_recall_defaults()->set_gate_temperature(std::nanf(""));
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "gate_temperature"},
+      {"OpenStream", "an existing stream with another config",
+       [&] {
+         v1::StreamConfig c = Config(g);
+         c.set_hot_window_tokens(kWindow + 1);
+         return open("s", c);
+       },
+       StatusCode::ALREADY_EXISTS, "\"s\""},
+      {"CloseStream", "unknown stream",
+       [&] {
+         v1::StreamStats st;
+         return unix_->CloseStream("ghost", &st);
+       },
+       StatusCode::NOT_FOUND, "\"ghost\""},
+      {"DeleteStream", "unknown stream",
+       [&] { return unix_->DeleteStream("ghost"); }, StatusCode::NOT_FOUND,
+       "\"ghost\""},
+      {"GetStreamStats", "unknown stream",
+       [&] {
+         v1::StreamStats st;
+         return unix_->GetStreamStats("ghost", &st);
+       },
+       StatusCode::NOT_FOUND, "\"ghost\""},
+      {"AppendFrames", "unknown stream",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 4);
+         q.set_stream_id("ghost");
+         return raw_append({q});
+       },
+       StatusCode::NOT_FOUND, "\"ghost\""},
+      {"AppendFrames", "no stream_id on the first message",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 4);
+         q.clear_stream_id();
+         return raw_append({q});
+       },
+       StatusCode::INVALID_ARGUMENT, "stream_id"},
+      {"AppendFrames", "payload 2 bytes short",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 4);
+         q.mutable_frame()->set_payload_bytes(next.bytes.size() - 2);
+         q.mutable_frame()->mutable_payload()->resize(next.bytes.size() - 2);
+         return raw_append({q});
+       },
+       StatusCode::INVALID_ARGUMENT, "payload"},
+      {"AppendFrames", "token_count 0",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 4);
+         q.mutable_frame()->set_token_count(0);
+         return raw_append({q});
+       },
+       StatusCode::INVALID_ARGUMENT, "token_count is 0"},
+      {"AppendFrames", "token_count 17 (max_tokens_per_frame 16)",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 4);
+         q.mutable_frame()->set_token_count(17);
+         return raw_append({q});
+       },
+       StatusCode::INVALID_ARGUMENT, "token_count is 17"},
+      {"AppendFrames", "a stored frame again (duplicate)",
+       [&] { return raw_append({header(m.frames()[0], 0)}); },
+       StatusCode::ALREADY_EXISTS, "last durable frame is 3"},
+      {"AppendFrames", "frame 9 after frame 3 (out of order)",
+       [&] { return raw_append({header(next, 9)}); },
+       StatusCode::FAILED_PRECONDITION, "next expected is 4"},
+      {"AppendFrames", "first_token_position inside the previous frame",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 4);
+         q.mutable_frame()->set_first_token_position(1);
+         return raw_append({q});
+       },
+       StatusCode::INVALID_ARGUMENT, "first_token_position 1"},
+      {"AppendFrames", "a NaN key in an indexed layer",
+       [&] { return poisoned(0x7e00); }, StatusCode::INVALID_ARGUMENT,
+       "NaN or Inf key at layer 1, kv_head 0, token 0, dim 3"},
+      {"AppendFrames", "an Inf key in an indexed layer",
+       [&] { return poisoned(0x7c00); }, StatusCode::INVALID_ARGUMENT,
+       "NaN or Inf key at layer 1"},
+      {"AppendFrames", "a detection box of NaN",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 4);
+         q.mutable_frame()->mutable_signals()->add_detections()->set_x_min(
+             std::nanf(""));
+         return raw_append({q});
+       },
+       StatusCode::INVALID_ARGUMENT, "signals"},
+      {"AppendFrames", "a chunk that skips bytes",
+       [&] {
+         return raw_append({split(100), chunk(next.bytes, 4, 200, 50)});
+       },
+       StatusCode::INVALID_ARGUMENT, "chunk.offset is 200"},
+      {"AppendFrames", "a chunk that repeats bytes",
+       [&] {
+         return raw_append({split(100), chunk(next.bytes, 4, 50, 100)});
+       },
+       StatusCode::INVALID_ARGUMENT, "chunk.offset is 50"},
+      {"AppendFrames", "a chunk with no frame header before it",
+       [&] {
+         v1::AppendFramesRequest c = chunk(next.bytes, 4, 0, 10);
+         c.set_stream_id("s");
+         return raw_append({c});
+       },
+       StatusCode::INVALID_ARGUMENT, "chunk"},
+      {"AppendFrames", "a chunk for another frame_index",
+       [&] {
+         return raw_append({split(100), chunk(next.bytes, 5, 100, 10)});
+       },
+       StatusCode::INVALID_ARGUMENT, "frame_index"},
+      {"AppendFrames", "the call ends inside a frame",
+       [&] { return raw_append({split(100)}); }, StatusCode::INVALID_ARGUMENT,
+       "frame 4"},
+      {"AppendFrames", "a closed stream",
+       [&] {
+         v1::AppendFramesRequest q = header(m.frames()[0], 0);
+         q.set_stream_id("closed");
+         return raw_append({q});
+       },
+       StatusCode::FAILED_PRECONDITION, "closed"},
+      {"AppendFrames", "a message over --max_message_bytes (64 MiB)",
+       [&] {
+         grpc::ClientContext ctx;
+         v1::AppendFramesResponse r;
+         auto w = big_stub->AppendFrames(&ctx, &r);
+         v1::AppendFramesRequest q = header(next, 4);
+         q.mutable_frame()->mutable_payload()->resize(65 << 20);
+         w->Write(q);
+         w->WritesDone();
+         return w->Finish();
+       },
+       StatusCode::RESOURCE_EXHAUSTED, "larger than max"},
+      {"Recall", "unknown stream",
+       [&] { return recall([](auto* r) { r->set_stream_id("ghost"); }); },
+       StatusCode::NOT_FOUND, "\"ghost\""},
+      {"Recall", "empty query",
+       [&] { return recall([](auto* r) { r->clear_query(); }); },
+       StatusCode::INVALID_ARGUMENT, "query is empty"},
+      {"Recall", "query of 1 float",
+       [&] {
+         return recall([](auto* r) {
+           r->clear_query();
+           r->add_query(1.0f);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "query has 1 floats"},
+      {"Recall", "NaN in the query",
+       [&] { return recall([](auto* r) { r->set_query(2, std::nanf("")); }); },
+       StatusCode::INVALID_ARGUMENT, "query"},
+      {"Recall", "Inf in the query",
+       [&] { return recall([](auto* r) { r->set_query(0, INFINITY); }); },
+       StatusCode::INVALID_ARGUMENT, "query"},
+      {"Recall", "budget.top_k 5000",
+       [&] {
+         return recall([](auto* r) { r->mutable_budget()->set_top_k(5000); });
+       },
+       StatusCode::INVALID_ARGUMENT, "budget.top_k is 5000"},
+      {"Recall", "budget.max_tokens 2^25",
+       [&] {
+         return recall(
+             [](auto* r) { r->mutable_budget()->set_max_tokens(1u << 25); });
+       },
+       StatusCode::INVALID_ARGUMENT, "budget.max_tokens is 33554432"},
+      {"Recall", "budget.window_fraction -0.5",
+       [&] {
+         return recall(
+             [](auto* r) { r->mutable_budget()->set_window_fraction(-0.5f); });
+       },
+       StatusCode::INVALID_ARGUMENT, "budget.window_fraction is -0.5"},
+      {"Recall", "budget.window_fraction 2",
+       [&] {
+         return recall(
+             [](auto* r) { r->mutable_budget()->set_window_fraction(2.0f); });
+       },
+       StatusCode::INVALID_ARGUMENT, "budget.window_fraction is 2"},
+      {"FetchBlocks", "unknown stream",
+       [&] { return fetch([](auto* r) { r->set_stream_id("ghost"); }); },
+       StatusCode::NOT_FOUND, "\"ghost\""},
+      {"FetchBlocks", "no block_ids",
+       [&] { return fetch([](auto* r) { r->clear_block_ids(); }); },
+       StatusCode::INVALID_ARGUMENT, "block_ids"},
+      {"FetchBlocks", "1025 block_ids",
+       [&] {
+         return fetch([](auto* r) {
+           for (int i = 0; i < 1024; ++i) r->add_block_ids(0);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "1025"},
+      {"FetchBlocks", "a block that does not exist",
+       [&] { return fetch([](auto* r) { r->set_block_ids(0, 99); }); },
+       StatusCode::NOT_FOUND, "block_ids has 99"},
+      {"FetchBlocks", "max_chunk_bytes above the server's 4 MiB",
+       [&] {
+         return fetch([](auto* r) { r->set_max_chunk_bytes(100u << 20); });
+       },
+       StatusCode::INVALID_ARGUMENT, "max_chunk_bytes is 104857600"},
+      {"FetchBlocks", "layout 77",
+       [&] {
+         return fetch([](auto* r) {
+           r->set_layout(static_cast<v1::PayloadLayout>(77));
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "layout"},
+      {"FetchBlocks", "layers has 9 (3 layers)",
+       [&] {
+         return fetch([](auto* r) {
+           r->set_layout(v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+           r->add_layers(9);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "layers has 9"},
+      {"Session", "a frame before open",
+       [&] {
+         v1::SessionRequest q;
+         *q.mutable_frame() = header(next, 4).frame();
+         return raw_session({q});
+       },
+       StatusCode::FAILED_PRECONDITION, "send SessionRequest.open first"},
+      {"Session", "a second open",
+       [&] {
+         return raw_session({session_open("s"), session_open("s")});
+       },
+       StatusCode::FAILED_PRECONDITION, "already bound"},
+      {"Session", "open of an unknown stream without config",
+       [&] { return raw_session({session_open("ghost")}); },
+       StatusCode::NOT_FOUND, "\"ghost\""},
+      {"Session", "a request with no item",
+       [&] {
+         return raw_session({session_open("s"), v1::SessionRequest()});
+       },
+       StatusCode::INVALID_ARGUMENT, "item"},
+      {"Session", "an empty query (answered, the session goes on)",
+       [&] {
+         v1::SessionRequest q;
+         q.mutable_recall();
+         return raw_session({session_open("s"), q});
+       },
+       StatusCode::INVALID_ARGUMENT, "query is empty"},
+  };
+  std::map<StatusCode, int> by_code;
+  for (const Case& c : cases) {
+    const grpc::Status st = c.call();
+    EXPECT_EQ(st.error_code(), c.code)
+        << c.rpc << ", " << c.input << ": " << st.error_message();
+    EXPECT_THAT(st.error_message(), HasSubstr(c.message))
+        << c.rpc << ", " << c.input;
+    ++by_code[st.error_code()];
+    std::printf("| %s | %s | %d | %s |\n", c.rpc.c_str(), c.input.c_str(),
+                st.error_code(), st.error_message().c_str());
+  }
+  std::printf("bad-input cases: %zu;", cases.size());
+  for (const auto& [code, n] : by_code) std::printf(" code %d: %d", code, n);
+  std::printf("\n");
+  // Nothing acknowledged was lost, and the stream takes its next frame.
+  ASSERT_TRUE(unix_->GetStreamStats("s", &stats).ok());
+  EXPECT_EQ(stats.last_durable_frame(), 3);
+  ASSERT_TRUE(raw_append({header(next, 4)}).ok());
+  std::vector<OutgoingFrame> rest;
+  for (uint64_t i = 5; i < 2 * kFpb; ++i) {
+    rest.push_back(ToOutgoing(m.AddFrame(rng, 4), i));
+  }
+  ASSERT_TRUE(unix_->AppendFrames("s", rest, &ar).ok());
+  std::vector<FetchedBlock> fetched;
+  ASSERT_TRUE(unix_->FetchBlocks("s", {0, 1}, &fetched).ok());
+  ASSERT_EQ(fetched.size(), 2u);
+  EXPECT_EQ(fetched[0].payload, m.BlockBytes(0));
+  EXPECT_EQ(fetched[1].payload, m.BlockBytes(1));
+}
+
 TEST_F(ServerTest, SessionPipelinedErrorsAndCancellation) {
   TestGeometry g;
   StreamModel m(g, kFpb, kWindow, {1, 2});

@@ -89,3 +89,28 @@ TEST(DTypeTest, AccumulateAddsDecodedValues) {
 
 }  // namespace
 }  // namespace kvmem
+
+namespace kvmem {
+namespace {
+
+// NaN and Inf are found in every dtype at their index; finite extremes
+// (largest, smallest subnormal, negative zero) are not.
+TEST(DTypeTest, FindNonFiniteInEveryDtype) {
+  for (DType d : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+    const std::vector<float> finite = {65504.0f, -65504.0f, 6e-8f, -0.0f, 1.0f};
+    std::vector<uint8_t> bytes(finite.size() * DTypeBytes(d));
+    EncodeFromFloat(finite.data(), finite.size(), d, bytes.data());
+    EXPECT_EQ(FindNonFinite(bytes.data(), finite.size(), d), -1)
+        << DTypeName(d);
+    for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+      std::vector<float> v = finite;
+      v[3] = bad;
+      EncodeFromFloat(v.data(), v.size(), d, bytes.data());
+      EXPECT_EQ(FindNonFinite(bytes.data(), v.size(), d), 3)
+          << DTypeName(d) << " " << bad;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvmem
