@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dot.h"
 #include "engine/progressive_search.h"
@@ -247,9 +248,37 @@ bool BlockIndex::IsExact(const std::string& factory) {
 absl::Status BlockIndex::ValidateFactory(const std::string& factory,
                                          uint32_t dim) {
   if (IsExact(factory)) return absl::OkStatus();
+  // Bounded sizes first: FAISS would accept "HNSW100000" or "IVF10000000"
+  // and then allocate per vector or train for ever, and its parser throws
+  // std::out_of_range (not FaissException) on numbers beyond int.
+  if (factory.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.index_policy.index_factory has ", factory.size(),
+        " characters; at most 256"));
+  }
+  for (size_t i = 0; i < factory.size();) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(factory[i]))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < factory.size() &&
+           absl::ascii_isdigit(static_cast<unsigned char>(factory[j]))) {
+      ++j;
+    }
+    const bool hnsw = i >= 4 && factory.compare(i - 4, 4, "HNSW") == 0;
+    const uint64_t limit = hnsw ? 256 : 65536;
+    if (j - i > 6 || std::stoull(factory.substr(i, j - i)) > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.index_policy.index_factory \"", absl::CHexEscape(factory),
+          "\" has the number ", factory.substr(i, j - i), "; at most ", limit,
+          hnsw ? " (HNSW links per node)" : " (lists, codes or dimensions)"));
+    }
+    i = j;
+  }
   try {
     MakeFaiss(factory, dim);
-  } catch (const faiss::FaissException& e) {
+  } catch (const std::exception& e) {  // FaissException, or the parser's.
     return absl::InvalidArgumentError(absl::StrCat(
         "config.index_policy.index_factory \"", absl::CHexEscape(factory),
         "\" is not \"Flat\", \"Progressive\" or a FAISS index_factory "

@@ -1,5 +1,6 @@
 #include "engine/dtype.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
@@ -123,9 +124,13 @@ __attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* src,
 }
 
 bool HasF16c() {
+  // CPUID leaf 1, ECX: bit 28 AVX, bit 29 F16C (clang 14's
+  // __builtin_cpu_supports does not know "f16c").
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return __builtin_cpu_supports("avx") && (c >> 29 & 1) != 0;
   }();
   return has;
 }

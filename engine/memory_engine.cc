@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
 
 absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
     const std::string& id, const StreamConfig& requested) {
-  KVMEM_RETURN_IF_ERROR(ValidateStreamId(id));
+  KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
   const StreamConfig config = WithDefaults(requested);
   KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
   // control_mu_ orders creations and deletions; mu_ is held only for map
@@ -96,7 +96,7 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
 
 absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Find(
     const std::string& id) const {
-  KVMEM_RETURN_IF_ERROR(ValidateStreamId(id));
+  KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) {
@@ -155,6 +155,18 @@ absl::StatusOr<RecallResult> MemoryEngine::Recall(const std::string& id,
                                                   const RecallQuery& query) {
   KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
   return stream->Recall(query);
+}
+
+std::vector<std::shared_ptr<Stream>> MemoryEngine::StreamsWithPrefix(
+    const std::string& prefix) const {
+  std::vector<std::shared_ptr<Stream>> out;
+  absl::MutexLock lock(&mu_);
+  for (auto it = streams_.lower_bound(prefix);
+       it != streams_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+       ++it) {
+    out.push_back(it->second);
+  }
+  return out;
 }
 
 size_t MemoryEngine::stream_count() const {

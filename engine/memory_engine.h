@@ -72,6 +72,10 @@ class MemoryEngine {
   absl::StatusOr<std::shared_ptr<Stream>> Find(const std::string& id) const;
 
   size_t stream_count() const;
+  // The live streams whose id starts with prefix ("" for all), without
+  // computing their stats: cheap enough for per-append admission checks.
+  std::vector<std::shared_ptr<Stream>> StreamsWithPrefix(
+      const std::string& prefix) const;
   uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
   const Accelerator& accelerator() const { return *accel_; }
 

@@ -329,9 +329,22 @@ void Stream::ResetOpenBlock() {
   open_tokens_.clear();
 }
 
+uint64_t Stream::RetainedPayloadBytes() const {
+  uint64_t appended;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    appended = state_.payload_bytes;
+  }
+  return appended - evicted_payload_bytes_.load(std::memory_order_relaxed);
+}
+
 void Stream::InstallBlock(BlockEntry entry) {
   const BlockRecord& rec = entry.rec;
   if (rec.disk != DiskForm::kNone) AddToIndexes(&index_, rec.info.id, rec);
+  if (rec.disk == DiskForm::kNone) {  // Recovered evicted.
+    evicted_payload_bytes_.fetch_add(rec.info.payload_bytes,
+                                     std::memory_order_relaxed);
+  }
   for (const TrackPresence& t : rec.tracks) {
     auto [it, inserted] = tracks_.try_emplace(t.track_id);
     TrackHistory& h = it->second;

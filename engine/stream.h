@@ -123,6 +123,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   void MarkDeleted(bool deleted);
 
+  // Payload bytes of the frames appended and not evicted, at full
+  // precision (degradation does not shrink it): what quotas count. O(1).
+  uint64_t RetainedPayloadBytes() const;
+
   const std::string& id() const { return id_; }
   const StreamConfig& config() const { return config_; }
 
@@ -275,6 +279,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   FrameSignals latest_signals_ ABSL_GUARDED_BY(append_mu_);
   std::deque<uint64_t> staged_order_ ABSL_GUARDED_BY(append_mu_);  // FIFO.
   uint64_t blocks_since_rebuild_ ABSL_GUARDED_BY(append_mu_) = 0;
+  // Payload bytes of evicted blocks (their frames are gone from disk).
+  std::atomic<uint64_t> evicted_payload_bytes_{0};
   std::chrono::steady_clock::time_point last_rebuild_
       ABSL_GUARDED_BY(append_mu_);
 

@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "engine/block_index.h"
+#include "engine/status_macros.h"
 #include "engine/token_groups.h"
 
 namespace kvmem {
@@ -38,6 +39,13 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
          weights.model == o.weights.model && weights.track == o.weights.track &&
          weights.iou == o.weights.iou && weights.scene == o.weights.scene;
+}
+
+absl::Status ValidateEngineStreamId(absl::string_view id) {
+  const size_t slash = id.find('/');
+  if (slash == absl::string_view::npos) return ValidateStreamId(id);
+  KVMEM_RETURN_IF_ERROR(ValidateStreamId(id.substr(0, slash), "tenant"));
+  return ValidateStreamId(id.substr(slash + 1));
 }
 
 absl::Status ValidateStreamId(absl::string_view id, absl::string_view field) {

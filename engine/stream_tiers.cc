@@ -274,12 +274,15 @@ absl::Status Stream::Evict(uint64_t id) {
   rec.info.tier = Tier::kEvicted;
   rec.summary.clear();  // The catalogue card goes too.
   const size_t groups = rec.group_summaries.size() / summary_dim_;
+  const uint64_t bytes = rec.info.payload_bytes;
   rec.group_summaries.clear();
   rec.token_group.clear();
   return CommitMove(id, std::move(rec), std::move(write),
-                    [this, id, groups](BlockEntry&) {
+                    [this, id, groups, bytes](BlockEntry&) {
                       RemoveFromIndexes(&index_, id, groups);
                       counters_.evictions += 1;
+                      evicted_payload_bytes_.fetch_add(
+                          bytes, std::memory_order_relaxed);
                     });
 }
 

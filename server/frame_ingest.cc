@@ -2,13 +2,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "engine/stream_config.h"
 #include "server/proto_convert.h"
 
 namespace kvmem {
 
-FrameIngest::FrameIngest(std::shared_ptr<Stream> stream)
-    : stream_(std::move(stream)) {}
+FrameIngest::FrameIngest(std::shared_ptr<Stream> stream, Admit admit)
+    : stream_(std::move(stream)), admit_(std::move(admit)) {}
 
 absl::StatusOr<std::optional<AppendResult>> FrameIngest::OnHeader(
     v1::FrameHeader* header) {
@@ -37,6 +38,7 @@ absl::StatusOr<std::optional<AppendResult>> FrameIngest::OnHeader(
         absl::StrCat("frame.payload has ", header->payload().size(),
                      " bytes; payload_bytes is ", want));
   }
+  if (admit_) KVMEM_RETURN_IF_ERROR(admit_(*stream_, want));
   frame_ = FrameFromHeader(*header);
   expected_bytes_ = want;
   frame_->payload = std::move(*header->mutable_payload());

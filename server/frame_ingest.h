@@ -22,6 +22,7 @@
 #ifndef KVMEM_SERVER_FRAME_INGEST_H_
 #define KVMEM_SERVER_FRAME_INGEST_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -33,8 +34,12 @@ namespace kvmem {
 
 class FrameIngest {
  public:
+  // Checks a frame's payload size before its bytes are buffered (quotas);
+  // a non-OK status rejects the frame.
+  using Admit = std::function<absl::Status(const Stream&, uint64_t bytes)>;
+
   // REQUIRES: stream is not null.
-  explicit FrameIngest(std::shared_ptr<Stream> stream);
+  explicit FrameIngest(std::shared_ptr<Stream> stream, Admit admit = nullptr);
 
   // Starts a frame; appends it when the header carries the whole payload.
   // Returns the append result when a frame was stored, nullopt when more
@@ -63,6 +68,7 @@ class FrameIngest {
   absl::StatusOr<std::optional<AppendResult>> MaybeAppend();
 
   std::shared_ptr<Stream> stream_;
+  Admit admit_;
   std::optional<Frame> frame_;  // The frame being received.
   uint64_t expected_bytes_ = 0;
   uint64_t frames_written_ = 0;

@@ -1,5 +1,8 @@
 #include "server/kvmem_service.h"
 
+#include <memory>
+
+#include "engine/status_macros.h"
 #include "server/proto_convert.h"
 #include "server/reactors.h"
 #include "server/status_util.h"
@@ -7,32 +10,45 @@
 namespace kvmem {
 namespace {
 
-// Runs fn on the executor and finishes the unary call with its status.
+// Authenticates the call, then runs fn(caller) on the executor and finishes
+// the unary call with its status (namespace prefixes scrubbed).
 template <typename Fn>
 grpc::ServerUnaryReactor* Deferred(grpc::CallbackServerContext* ctx,
-                                   Executor* executor, Fn fn) {
+                                   const ServiceOptions& o, Executor* executor,
+                                   Fn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  executor->Submit([reactor, fn = std::move(fn)]() mutable {
-    reactor->Finish(ToGrpcStatus(fn()));
+  absl::StatusOr<Caller> caller = Caller::Enter(o.tenancy, o.admission, *ctx);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  executor->Submit([reactor, c = *std::move(caller), fn = std::move(fn)]() {
+    reactor->Finish(ToGrpcStatus(c.Scrub(fn(c))));
   });
   return reactor;
 }
 
 }  // namespace
 
-absl::Status RunOpen(MemoryEngine* engine, const v1::OpenStreamRequest& req,
+absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
+                     const v1::OpenStreamRequest& req,
                      v1::OpenStreamResponse* resp) {
+  KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                         caller.EngineId(req.stream_id()));
+  // New streams count against the tenant's limit; reopening does not.
+  if (!engine->Find(id).ok()) KVMEM_RETURN_IF_ERROR(caller.AdmitNewStream());
   absl::StatusOr<OpenStreamResult> r =
-      engine->OpenStream(req.stream_id(), FromProto(req.config()));
+      engine->OpenStream(id, FromProto(req.config()));
   if (!r.ok()) return r.status();
   resp->set_created(r->created);
   ToProto(r->stats, resp->mutable_stats());
+  resp->mutable_stats()->set_stream_id(req.stream_id());
   return absl::OkStatus();
 }
 
-absl::Status RunRecall(MemoryEngine* engine, const std::string& stream_id,
+absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
                        const v1::RecallRequest& req, v1::RecallResponse* resp) {
-  absl::StatusOr<RecallResult> r = engine->Recall(stream_id, FromProto(req));
+  absl::StatusOr<RecallResult> r = engine->Recall(engine_id, FromProto(req));
   if (!r.ok()) return r.status();
   ToProto(*r, resp);
   return absl::OkStatus();
@@ -40,51 +56,81 @@ absl::Status RunRecall(MemoryEngine* engine, const std::string& stream_id,
 
 KvMemoryService::KvMemoryService(MemoryEngine* engine, Executor* executor,
                                  const ServiceOptions& options)
-    : engine_(engine), executor_(executor), options_(options) {}
+    : engine_(engine), executor_(executor), options_(options) {
+  if (options_.tenancy == nullptr) {
+    own_tenancy_ = std::make_unique<Tenancy>();
+    options_.tenancy = own_tenancy_.get();
+  }
+  if (options_.admission == nullptr) {
+    own_admission_ =
+        std::make_unique<Admission>(options_.tenancy, engine, Limits());
+    options_.admission = own_admission_.get();
+  }
+}
 
 grpc::ServerUnaryReactor* KvMemoryService::OpenStream(
     grpc::CallbackServerContext* ctx, const v1::OpenStreamRequest* req,
     v1::OpenStreamResponse* resp) {
-  return Deferred(ctx, executor_, [=] { return RunOpen(engine_, *req, resp); });
+  return Deferred(ctx, options_, executor_, [=](const Caller& c) {
+    return RunOpen(engine_, c, *req, resp);
+  });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::CloseStream(
     grpc::CallbackServerContext* ctx, const v1::CloseStreamRequest* req,
     v1::CloseStreamResponse* resp) {
-  return Deferred(ctx, executor_, [=]() -> absl::Status {
-    absl::StatusOr<StreamStats> s = engine_->CloseStream(req->stream_id());
-    if (!s.ok()) return s.status();
-    ToProto(*s, resp->mutable_stats());
-    return absl::OkStatus();
-  });
+  return Deferred(ctx, options_, executor_,
+                  [=](const Caller& c) -> absl::Status {
+                    KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                                           c.EngineId(req->stream_id()));
+                    absl::StatusOr<StreamStats> s = engine_->CloseStream(id);
+                    if (!s.ok()) return s.status();
+                    ToProto(*s, resp->mutable_stats());
+                    resp->mutable_stats()->set_stream_id(req->stream_id());
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::DeleteStream(
     grpc::CallbackServerContext* ctx, const v1::DeleteStreamRequest* req,
     v1::DeleteStreamResponse*) {
-  return Deferred(ctx, executor_,
-                  [=] { return engine_->DeleteStream(req->stream_id()); });
+  return Deferred(ctx, options_, executor_,
+                  [=](const Caller& c) -> absl::Status {
+                    KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                                           c.EngineId(req->stream_id()));
+                    return engine_->DeleteStream(id);
+                  });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::ListStreams(
     grpc::CallbackServerContext* ctx, const v1::ListStreamsRequest*,
     v1::ListStreamsResponse* resp) {
-  for (const StreamStats& s : engine_->ListStreams()) {
-    ToProto(s, resp->add_streams());
-  }
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  // Stats walk every block: off the callback thread, like the others.
+  return Deferred(ctx, options_, executor_, [=](const Caller& c) {
+    for (const StreamStats& s : engine_->ListStreams()) {
+      const std::optional<std::string> id = c.ClientId(s.stream_id);
+      if (!id) continue;  // Another tenant's.
+      v1::StreamStats* p = resp->add_streams();
+      ToProto(s, p);
+      p->set_stream_id(*id);
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::GetStreamStats(
     grpc::CallbackServerContext* ctx, const v1::GetStreamStatsRequest* req,
     v1::StreamStats* resp) {
-  absl::StatusOr<StreamStats> s = engine_->GetStats(req->stream_id());
-  if (s.ok()) ToProto(*s, resp);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s.status()));
-  return reactor;
+  return Deferred(ctx, options_, executor_,
+                  [=](const Caller& c) -> absl::Status {
+                    KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                                           c.EngineId(req->stream_id()));
+                    absl::StatusOr<StreamStats> s = engine_->GetStats(id);
+                    if (!s.ok()) return s.status();
+                    ToProto(*s, resp);
+                    resp->set_stream_id(req->stream_id());
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::Recall(
@@ -92,24 +138,64 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
     v1::RecallResponse* resp) {
   // Recall touches only RAM (summaries and index): run it inline.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(
-      ToGrpcStatus(RunRecall(engine_, req->stream_id(), *req, resp)));
+  absl::StatusOr<Caller> c =
+      Caller::Enter(options_.tenancy, options_.admission, *ctx);
+  absl::Status s = c.status();
+  if (s.ok()) {
+    absl::StatusOr<std::string> id = c->EngineId(req->stream_id());
+    s = id.ok() ? RunRecall(engine_, *id, *req, resp) : id.status();
+    s = c->Scrub(s);
+  }
+  reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
 
+// The streaming calls authenticate before their reactor starts; a refused
+// call gets a reactor that only finishes.
+namespace {
+
+template <typename Base>
+class Refused final : public Base {
+ public:
+  explicit Refused(const absl::Status& s) { this->Finish(ToGrpcStatus(s)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 grpc::ServerReadReactor<v1::AppendFramesRequest>* KvMemoryService::AppendFrames(
-    grpc::CallbackServerContext*, v1::AppendFramesResponse* resp) {
-  return NewAppendFramesReactor(engine_, executor_, resp);
+    grpc::CallbackServerContext* ctx, v1::AppendFramesResponse* resp) {
+  absl::StatusOr<Caller> c =
+      Caller::Enter(options_.tenancy, options_.admission, *ctx);
+  if (!c.ok()) {
+    return new Refused<grpc::ServerReadReactor<v1::AppendFramesRequest>>(
+        c.status());
+  }
+  return NewAppendFramesReactor(engine_, executor_, *std::move(c), resp);
 }
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
-KvMemoryService::Session(grpc::CallbackServerContext*) {
-  return NewSessionReactor(engine_, executor_, options_.session_queue_limit);
+KvMemoryService::Session(grpc::CallbackServerContext* ctx) {
+  absl::StatusOr<Caller> c =
+      Caller::Enter(options_.tenancy, options_.admission, *ctx);
+  if (!c.ok()) {
+    return new Refused<
+        grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>>(
+        c.status());
+  }
+  return NewSessionReactor(engine_, executor_, *std::move(c),
+                           options_.session_queue_limit);
 }
 
 grpc::ServerWriteReactor<v1::FetchBlocksResponse>* KvMemoryService::FetchBlocks(
-    grpc::CallbackServerContext*, const v1::FetchBlocksRequest* req) {
-  return NewFetchBlocksReactor(engine_, executor_, *req,
+    grpc::CallbackServerContext* ctx, const v1::FetchBlocksRequest* req) {
+  absl::StatusOr<Caller> c =
+      Caller::Enter(options_.tenancy, options_.admission, *ctx);
+  if (!c.ok()) {
+    return new Refused<grpc::ServerWriteReactor<v1::FetchBlocksResponse>>(
+        c.status());
+  }
+  return NewFetchBlocksReactor(engine_, executor_, *std::move(c), *req,
                                options_.max_chunk_bytes);
 }
 

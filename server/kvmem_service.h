@@ -9,10 +9,12 @@
 #define KVMEM_SERVER_KVMEM_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.grpc.pb.h"
+#include "server/tenancy.h"
 
 namespace kvmem {
 
@@ -22,6 +24,10 @@ struct ServiceOptions {
   uint32_t max_chunk_bytes = 4u << 20;
   // Session responses queued for a slow reader before reads pause.
   uint32_t session_queue_limit = 64;
+  // API keys, tenants and limits (server/tenancy.h); null: none (the
+  // service makes its own defaults). REQUIRES: outlive the service.
+  const Tenancy* tenancy = nullptr;
+  const Admission* admission = nullptr;
 };
 
 class KvMemoryService final : public v1::KvMemory::CallbackService {
@@ -60,15 +66,19 @@ class KvMemoryService final : public v1::KvMemory::CallbackService {
  private:
   MemoryEngine* const engine_;
   Executor* const executor_;
-  const ServiceOptions options_;
+  ServiceOptions options_;
+  std::unique_ptr<Tenancy> own_tenancy_;
+  std::unique_ptr<Admission> own_admission_;
 };
 
-// Shared by Recall and Session: runs a recall and fills resp.
-absl::Status RunRecall(MemoryEngine* engine, const std::string& stream_id,
+// Shared by Recall and Session: runs a recall on the stream with engine id
+// engine_id and fills resp.
+absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
                        const v1::RecallRequest& req, v1::RecallResponse* resp);
 
-// Shared by OpenStream and Session.
-absl::Status RunOpen(MemoryEngine* engine, const v1::OpenStreamRequest& req,
+// Shared by OpenStream and Session: opens the caller's stream req.stream_id.
+absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
+                     const v1::OpenStreamRequest& req,
                      v1::OpenStreamResponse* resp);
 
 }  // namespace kvmem

@@ -43,6 +43,11 @@ ABSL_FLAG(std::string, wal_sync, "interval",
           "acknowledged frame survives a crash of kvmem-server (kill -9).");
 ABSL_FLAG(int32_t, wal_sync_interval_ms, 200,
           "With --wal_sync=interval: milliseconds between WAL fsyncs (>= 1).");
+ABSL_FLAG(int32_t, rocksdb_write_buffer_mib, 64,
+          "RocksDB memtable size per payload column family, MiB (RAM held "
+          "before a flush to disk; metadata families use at most 16).");
+ABSL_FLAG(int32_t, rocksdb_block_cache_mib, 64,
+          "RocksDB block cache for metadata and small payloads, MiB.");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(int32_t, max_chunk_bytes, 4 << 20,
@@ -116,6 +121,18 @@ int Run() {
   }
   store_options.wal_sync_interval_ms =
       static_cast<uint32_t>(absl::GetFlag(FLAGS_wal_sync_interval_ms));
+  const int32_t write_mib = absl::GetFlag(FLAGS_rocksdb_write_buffer_mib);
+  const int32_t cache_mib = absl::GetFlag(FLAGS_rocksdb_block_cache_mib);
+  if (write_mib < 1 || write_mib > 4096 || cache_mib < 1 ||
+      cache_mib > 65536) {
+    spdlog::error(
+        "--rocksdb_write_buffer_mib={} must be in [1, 4096] and "
+        "--rocksdb_block_cache_mib={} in [1, 65536]",
+        write_mib, cache_mib);
+    return 2;
+  }
+  store_options.write_buffer_bytes = static_cast<uint64_t>(write_mib) << 20;
+  store_options.block_cache_bytes = static_cast<uint64_t>(cache_mib) << 20;
   auto store = kvmem::OpenRocksColdStore(store_options);
   if (!store.ok()) {
     spdlog::error("{}", store.status().ToString());

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "server/frame_ingest.h"
 #include "server/kvmem_service.h"
 #include "server/proto_convert.h"
@@ -14,9 +15,12 @@ namespace {
 class AppendFramesReactor final
     : public grpc::ServerReadReactor<v1::AppendFramesRequest> {
  public:
-  AppendFramesReactor(MemoryEngine* engine, Executor* executor,
+  AppendFramesReactor(MemoryEngine* engine, Executor* executor, Caller caller,
                       v1::AppendFramesResponse* resp)
-      : engine_(engine), executor_(executor), resp_(resp) {
+      : engine_(engine),
+        executor_(executor),
+        caller_(std::move(caller)),
+        resp_(resp) {
     StartRead(&req_);
   }
 
@@ -43,7 +47,7 @@ class AppendFramesReactor final
       resp_->set_sealed_blocks(ingest_->sealed_blocks());
       if (!s.ok()) s = ingest_->WithResumePoint(s);
     }
-    Finish(ToGrpcStatus(s));
+    Finish(ToGrpcStatus(caller_.Scrub(s)));
   }
 
   absl::Status Handle() {
@@ -52,15 +56,19 @@ class AppendFramesReactor final
         return absl::InvalidArgumentError(
             "stream_id is empty on the first AppendFramesRequest");
       }
-      absl::StatusOr<std::shared_ptr<Stream>> stream =
-          engine_->Find(req_.stream_id());
+      KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                             caller_.EngineId(req_.stream_id()));
+      absl::StatusOr<std::shared_ptr<Stream>> stream = engine_->Find(id);
       if (!stream.ok()) return stream.status();
-      ingest_.emplace(*std::move(stream));
-    } else if (!req_.stream_id().empty() &&
-               req_.stream_id() != ingest_->stream().id()) {
+      client_id_ = req_.stream_id();
+      ingest_.emplace(*std::move(stream),
+                      [c = caller_](const Stream& st, uint64_t bytes) {
+                        return c.AdmitBytes(st, bytes);
+                      });
+    } else if (!req_.stream_id().empty() && req_.stream_id() != client_id_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "stream_id \"", req_.stream_id(), "\" differs from \"",
-          ingest_->stream().id(), "\" of this call; use one call per stream"));
+          "stream_id \"", req_.stream_id(), "\" differs from \"", client_id_,
+          "\" of this call; use one call per stream"));
     }
     if (req_.item_case() == v1::AppendFramesRequest::ITEM_NOT_SET) {
       return absl::InvalidArgumentError(
@@ -74,20 +82,22 @@ class AppendFramesReactor final
 
   MemoryEngine* const engine_;
   Executor* const executor_;
+  const Caller caller_;
   v1::AppendFramesResponse* const resp_;
   v1::AppendFramesRequest req_;
+  std::string client_id_;  // The caller's name for the stream.
   std::optional<FrameIngest> ingest_;
 };
 
 class FetchBlocksReactor final
     : public grpc::ServerWriteReactor<v1::FetchBlocksResponse> {
  public:
-  FetchBlocksReactor(MemoryEngine* engine, Executor* executor,
+  FetchBlocksReactor(MemoryEngine* engine, Executor* executor, Caller caller,
                      const v1::FetchBlocksRequest& req, uint32_t max_chunk)
-      : executor_(executor) {
+      : executor_(executor), caller_(std::move(caller)) {
     absl::Status s = Prepare(engine, req, max_chunk);
     if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
+      Finish(ToGrpcStatus(caller_.Scrub(s)));
       return;
     }
     executor_->Submit([this] { Next(); });
@@ -106,8 +116,9 @@ class FetchBlocksReactor final
  private:
   absl::Status Prepare(MemoryEngine* engine, const v1::FetchBlocksRequest& req,
                        uint32_t max_chunk) {
-    absl::StatusOr<std::shared_ptr<Stream>> stream =
-        engine->Find(req.stream_id());
+    KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                           caller_.EngineId(req.stream_id()));
+    absl::StatusOr<std::shared_ptr<Stream>> stream = engine->Find(id);
     if (!stream.ok()) return stream.status();
     stream_ = *std::move(stream);
     if (req.block_ids_size() == 0 || req.block_ids_size() > 1024) {
@@ -162,7 +173,7 @@ class FetchBlocksReactor final
           stream_->ReadBlockPayload(blocks_[block_].id, layout_, layers_,
                                     &current_);
       if (!pieces.ok()) {
-        Finish(ToGrpcStatus(pieces.status()));
+        Finish(ToGrpcStatus(caller_.Scrub(pieces.status())));
         return;
       }
       pieces_ = *std::move(pieces);
@@ -191,6 +202,7 @@ class FetchBlocksReactor final
   }
 
   Executor* const executor_;
+  const Caller caller_;
   std::shared_ptr<Stream> stream_;
   PayloadLayout layout_ = PayloadLayout::kFrameMajor;
   std::vector<uint32_t> layers_;
@@ -208,14 +220,16 @@ class FetchBlocksReactor final
 }  // namespace
 
 grpc::ServerReadReactor<v1::AppendFramesRequest>* NewAppendFramesReactor(
-    MemoryEngine* engine, Executor* executor, v1::AppendFramesResponse* resp) {
-  return new AppendFramesReactor(engine, executor, resp);
+    MemoryEngine* engine, Executor* executor, Caller caller,
+    v1::AppendFramesResponse* resp) {
+  return new AppendFramesReactor(engine, executor, std::move(caller), resp);
 }
 
 grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(
-    MemoryEngine* engine, Executor* executor, const v1::FetchBlocksRequest& req,
-    uint32_t max_chunk_bytes) {
-  return new FetchBlocksReactor(engine, executor, req, max_chunk_bytes);
+    MemoryEngine* engine, Executor* executor, Caller caller,
+    const v1::FetchBlocksRequest& req, uint32_t max_chunk_bytes) {
+  return new FetchBlocksReactor(engine, executor, std::move(caller), req,
+                                max_chunk_bytes);
 }
 
 }  // namespace kvmem

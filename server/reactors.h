@@ -11,19 +11,23 @@
 #include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.pb.h"
+#include "server/tenancy.h"
 
 namespace kvmem {
 
+// Each takes the authenticated caller (its tenant's namespace, its slot
+// among the calls in flight, its quotas).
 grpc::ServerReadReactor<v1::AppendFramesRequest>* NewAppendFramesReactor(
-    MemoryEngine* engine, Executor* executor, v1::AppendFramesResponse* resp);
+    MemoryEngine* engine, Executor* executor, Caller caller,
+    v1::AppendFramesResponse* resp);
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
-NewSessionReactor(MemoryEngine* engine, Executor* executor,
+NewSessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
                   uint32_t queue_limit);
 
 grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(
-    MemoryEngine* engine, Executor* executor, const v1::FetchBlocksRequest& req,
-    uint32_t max_chunk_bytes);
+    MemoryEngine* engine, Executor* executor, Caller caller,
+    const v1::FetchBlocksRequest& req, uint32_t max_chunk_bytes);
 
 }  // namespace kvmem
 

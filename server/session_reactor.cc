@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/status_macros.h"
 #include "server/frame_ingest.h"
 #include "server/kvmem_service.h"
 #include "server/proto_convert.h"
@@ -28,8 +29,12 @@ namespace {
 class SessionReactor final
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
  public:
-  SessionReactor(MemoryEngine* engine, Executor* executor, uint32_t queue_limit)
-      : engine_(engine), executor_(executor), queue_limit_(queue_limit) {
+  SessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
+                 uint32_t queue_limit)
+      : engine_(engine),
+        executor_(executor),
+        caller_(std::move(caller)),
+        queue_limit_(queue_limit) {
     StartRead(&req_);
   }
 
@@ -40,7 +45,7 @@ class SessionReactor final
         if (!finish_) {
           absl::Status s =
               ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus();
-          finish_ = ToGrpcStatus(s);
+          finish_ = ToGrpcStatus(caller_.Scrub(s));
         }
       }
       Pump();
@@ -115,7 +120,7 @@ class SessionReactor final
       absl::MutexLock lock(&mu_);
       if (!s.ok()) {
         if (ingest_) s = ingest_->WithResumePoint(s);
-        if (!finish_) finish_ = ToGrpcStatus(s);
+        if (!finish_) finish_ = ToGrpcStatus(caller_.Scrub(s));
       } else {
         if (resp.item_case() != v1::SessionResponse::ITEM_NOT_SET) {
           queue_.push_back(std::move(resp));
@@ -196,7 +201,9 @@ class SessionReactor final
 
   MemoryEngine* const engine_;
   Executor* const executor_;
+  const Caller caller_;
   const uint32_t queue_limit_;
+  std::string client_id_;  // The caller's name for the bound stream.
   // Touched only by the running task (one at a time) and by OnReadDone(false),
   // which gRPC never delivers while a read is being handled.
   v1::SessionRequest req_;
@@ -219,23 +226,29 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
     case v1::SessionRequest::kOpen: {
       if (ingest_) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "session is already bound to stream \"", ingest_->stream().id(),
+            "session is already bound to stream \"", client_id_,
             "\"; open a new Session for another stream"));
       }
       const v1::OpenStreamRequest& open = req_.open();
       if (open.has_config()) {
-        absl::Status s = RunOpen(engine_, open, resp->mutable_opened());
+        absl::Status s = RunOpen(engine_, caller_, open, resp->mutable_opened());
         if (!s.ok()) return s;
       }
-      absl::StatusOr<std::shared_ptr<Stream>> stream =
-          engine_->Find(open.stream_id());
+      KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                             caller_.EngineId(open.stream_id()));
+      absl::StatusOr<std::shared_ptr<Stream>> stream = engine_->Find(id);
       if (!stream.ok()) return stream.status();
       if (!open.has_config()) {
         v1::OpenStreamResponse* opened = resp->mutable_opened();
         opened->set_created(false);
         ToProto((*stream)->Stats(), opened->mutable_stats());
+        opened->mutable_stats()->set_stream_id(open.stream_id());
       }
-      ingest_.emplace(*std::move(stream));
+      client_id_ = open.stream_id();
+      ingest_.emplace(*std::move(stream),
+                      [c = caller_](const Stream& st, uint64_t bytes) {
+                        return c.AdmitBytes(st, bytes);
+                      });
       return absl::OkStatus();
     }
     case v1::SessionRequest::kFrame:
@@ -256,10 +269,18 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
       return absl::OkStatus();
     }
     case v1::SessionRequest::kRecall: {
-      std::string id = req_.recall().stream_id();
-      if (id.empty() && ingest_) id = ingest_->stream().id();
-      absl::Status s =
-          RunRecall(engine_, id, req_.recall(), resp->mutable_recall());
+      absl::Status s;
+      if (req_.recall().stream_id().empty() && ingest_) {
+        s = RunRecall(engine_, ingest_->stream().id(), req_.recall(),
+                      resp->mutable_recall());
+      } else {
+        absl::StatusOr<std::string> id =
+            caller_.EngineId(req_.recall().stream_id());
+        s = id.ok() ? RunRecall(engine_, *id, req_.recall(),
+                                resp->mutable_recall())
+                    : id.status();
+      }
+      s = caller_.Scrub(s);
       if (!s.ok()) {
         resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));
         resp->mutable_error()->set_message(std::string(s.message()));
@@ -275,9 +296,9 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
 }  // namespace
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
-NewSessionReactor(MemoryEngine* engine, Executor* executor,
+NewSessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
                   uint32_t queue_limit) {
-  return new SessionReactor(engine, executor, queue_limit);
+  return new SessionReactor(engine, executor, std::move(caller), queue_limit);
 }
 
 }  // namespace kvmem

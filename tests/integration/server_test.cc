@@ -546,6 +546,23 @@ TEST_F(ServerTest, BadInputCatalogue) {
          });
        },
        StatusCode::INVALID_ARGUMENT, "Bogus"},
+      {"OpenStream",
+       "index_factory \"HNSW8111111111111111111111111\" (found by fuzzing: "
+       "FAISS's parser threw std::out_of_range)",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_index_policy()->set_index_factory(
+               "HNSW8111111111111111111111111");
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "at most 256 (HNSW links per node)"},
+      {"OpenStream", "index_factory \"IVF1000000,Flat\"",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_index_policy()->set_index_factory("IVF1000000,Flat");
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "has the number 1000000; at most 65536"},
       {"OpenStream", "index_policy.groups_per_block 65",
        [&] {
          return with([](auto* c) {
