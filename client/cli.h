@@ -11,6 +11,7 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "client/kvmem_client.h"
 
 ABSL_DECLARE_FLAG(std::string, addr);
 ABSL_DECLARE_FLAG(bool, json);
@@ -44,6 +45,8 @@ T FlagOr(const absl::Flag<T>& flag, const char* name, T fallback) {
 
 // --addr, or the default server address when it is empty.
 std::string AddrOrDefault();
+// Connection options from --api_key ($KVMEM_API_KEY) and --tls_*.
+ClientOptions CliClientOptions();
 
 }  // namespace kvmem
 

@@ -204,7 +204,7 @@ int RunDemo(const std::vector<std::string>&) {
                   opts.log_file.c_str());
     }
   }
-  auto client = KvmemClient::Connect(addr);
+  auto client = KvmemClient::Connect(addr, CliClientOptions());
   for (int c = 0; c < cameras; ++c) {
     grpc::Status s = client->DeleteStream(absl::StrCat("demo-cam-", c));
     if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {

@@ -22,6 +22,18 @@ ABSL_FLAG(std::string, addr, "",
           "Server address: unix:/path or host:port. demo: empty starts a "
           "local kvmem-server; recall/stats default to 127.0.0.1:50551.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of a human summary.");
+ABSL_FLAG(std::string, api_key, "",
+          "API key for a server with tenants (sent as \"authorization: "
+          "Bearer <key>\"); default $KVMEM_API_KEY.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the server's certificate: connect with TLS.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate (with --tls_key) for servers that require "
+          "one.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name to check the server's certificate against (default: the "
+          "host in --addr).");
 
 namespace kvmem {
 
@@ -66,6 +78,19 @@ double Percentile(std::vector<double>& v, double pct) {
       v.size() - 1,
       static_cast<size_t>(pct / 100.0 * static_cast<double>(v.size())));
   return v[i];
+}
+
+ClientOptions CliClientOptions() {
+  ClientOptions o;
+  o.api_key = absl::GetFlag(FLAGS_api_key);
+  if (o.api_key.empty()) {
+    if (const char* env = std::getenv("KVMEM_API_KEY")) o.api_key = env;
+  }
+  o.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  return o;
 }
 
 std::string AddrOrDefault() {

@@ -128,7 +128,7 @@ void PrintBlock(const v1::RecalledBlock& b) {
 }  // namespace
 
 int RunStats(const std::vector<std::string>&) {
-  auto client = KvmemClient::Connect(AddrOrDefault());
+  auto client = KvmemClient::Connect(AddrOrDefault(), CliClientOptions());
   const std::string id = absl::GetFlag(FLAGS_stream);
   v1::ListStreamsResponse list;
   grpc::Status s;
@@ -153,7 +153,7 @@ int RunRecall(const std::vector<std::string>&) {
     std::fprintf(stderr, "kvmem recall: --stream=ID is required\n");
     return 2;
   }
-  auto client = KvmemClient::Connect(AddrOrDefault());
+  auto client = KvmemClient::Connect(AddrOrDefault(), CliClientOptions());
   v1::RecallRequest req;
   req.set_stream_id(id);
   req.mutable_budget()->set_top_k(absl::GetFlag(FLAGS_top_k));

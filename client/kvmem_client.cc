@@ -1,5 +1,8 @@
 #include "client/kvmem_client.h"
 
+#include <fstream>
+#include <iterator>
+
 namespace kvmem {
 
 std::unique_ptr<KvmemClient> KvmemClient::Connect(
@@ -9,9 +12,34 @@ std::unique_ptr<KvmemClient> KvmemClient::Connect(
   args.SetMaxSendMessageSize(options.max_message_bytes);
   if (options.own_connection)
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel = grpc::CreateCustomChannel(
-      target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty()) {
+    auto read = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      return std::string((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+    };
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = read(options.tls_ca_file);
+    if (!options.tls_cert_file.empty()) {
+      ssl.pem_cert_chain = read(options.tls_cert_file);
+      ssl.pem_private_key = read(options.tls_key_file);
+    }
+    creds = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(target, creds, args);
   return std::unique_ptr<KvmemClient>(new KvmemClient(channel, options));
+}
+
+void KvmemClient::Authorize(const ClientOptions& options,
+                            grpc::ClientContext* ctx) {
+  if (!options.api_key.empty()) {
+    ctx->AddMetadata("authorization", "Bearer " + options.api_key);
+  }
 }
 
 KvmemClient::KvmemClient(std::shared_ptr<grpc::Channel> channel,
@@ -29,6 +57,7 @@ grpc::Status KvmemClient::OpenStream(const std::string& stream_id,
                                      const v1::StreamConfig& config,
                                      v1::OpenStreamResponse* resp) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   v1::OpenStreamRequest req;
   req.set_stream_id(stream_id);
   *req.mutable_config() = config;
@@ -38,6 +67,7 @@ grpc::Status KvmemClient::OpenStream(const std::string& stream_id,
 grpc::Status KvmemClient::CloseStream(const std::string& stream_id,
                                       v1::StreamStats* stats) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   v1::CloseStreamRequest req;
   req.set_stream_id(stream_id);
   v1::CloseStreamResponse resp;
@@ -48,6 +78,7 @@ grpc::Status KvmemClient::CloseStream(const std::string& stream_id,
 
 grpc::Status KvmemClient::DeleteStream(const std::string& stream_id) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   v1::DeleteStreamRequest req;
   req.set_stream_id(stream_id);
   v1::DeleteStreamResponse resp;
@@ -56,12 +87,14 @@ grpc::Status KvmemClient::DeleteStream(const std::string& stream_id) {
 
 grpc::Status KvmemClient::ListStreams(v1::ListStreamsResponse* resp) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   return stub_->ListStreams(&ctx, v1::ListStreamsRequest(), resp);
 }
 
 grpc::Status KvmemClient::GetStreamStats(const std::string& stream_id,
                                          v1::StreamStats* stats) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   v1::GetStreamStatsRequest req;
   req.set_stream_id(stream_id);
   return stub_->GetStreamStats(&ctx, req, stats);
@@ -71,6 +104,7 @@ grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
                                        const std::vector<OutgoingFrame>& frames,
                                        v1::AppendFramesResponse* resp) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   auto writer = stub_->AppendFrames(&ctx, resp);
   bool first = true;
   for (const OutgoingFrame& f : frames) {
@@ -93,6 +127,7 @@ grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
 grpc::Status KvmemClient::Recall(const v1::RecallRequest& req,
                                  v1::RecallResponse* resp) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   return stub_->Recall(&ctx, req, resp);
 }
 
@@ -101,6 +136,7 @@ grpc::Status KvmemClient::FetchBlocks(const std::string& stream_id,
                                       std::vector<FetchedBlock>* blocks,
                                       uint32_t max_chunk_bytes) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   v1::FetchBlocksRequest req;
   req.set_stream_id(stream_id);
   for (uint64_t id : block_ids) req.add_block_ids(id);
@@ -127,6 +163,7 @@ grpc::Status KvmemClient::FetchBlocks(const std::string& stream_id,
 grpc::Status KvmemClient::CheckHealth(
     const std::string& service, grpc::health::v1::HealthCheckResponse* resp) {
   grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   return health_->Check(&ctx, req, resp);
@@ -136,8 +173,7 @@ grpc::Status KvmemClient::StartSession(const std::string& stream_id,
                                        const v1::StreamConfig* config,
                                        std::unique_ptr<SessionClient>* session,
                                        v1::OpenStreamResponse* opened) {
-  std::unique_ptr<SessionClient> s(
-      new SessionClient(stub_.get(), options_.chunk_bytes));
+  std::unique_ptr<SessionClient> s(new SessionClient(stub_.get(), options_));
   v1::SessionRequest req;
   req.mutable_open()->set_stream_id(stream_id);
   if (config != nullptr) *req.mutable_open()->mutable_config() = *config;
@@ -149,8 +185,12 @@ grpc::Status KvmemClient::StartSession(const std::string& stream_id,
   return grpc::Status::OK;
 }
 
-SessionClient::SessionClient(v1::KvMemory::Stub* stub, uint32_t chunk_bytes)
-    : stream_(stub->Session(&ctx_)), chunk_bytes_(chunk_bytes) {}
+SessionClient::SessionClient(v1::KvMemory::Stub* stub,
+                             const ClientOptions& options)
+    : chunk_bytes_(options.chunk_bytes) {
+  KvmemClient::Authorize(options, &ctx_);
+  stream_ = stub->Session(&ctx_);
+}
 
 SessionClient::~SessionClient() {
   if (!finished_) {

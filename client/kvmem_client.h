@@ -27,6 +27,14 @@ struct ClientOptions {
   // clients of the same target (gRPC's global subchannel pool): load
   // generators use one per simulated camera.
   bool own_connection = false;
+  // Sent on every call as "authorization: Bearer <key>" when the server
+  // has tenants (kvmem-server --api_keys_file).
+  std::string api_key;
+  // TLS (TCP targets): the CA that signed the server's certificate; with
+  // tls_cert_file and tls_key_file also a client certificate (for servers
+  // run with --tls_client_ca_file). tls_server_name overrides the name the
+  // certificate is checked against (default: the target's host).
+  std::string tls_ca_file, tls_cert_file, tls_key_file, tls_server_name;
 };
 
 // A frame to upload: header fields (its payload field is ignored) and payload.
@@ -46,6 +54,9 @@ class SessionClient;
 class KvmemClient {
  public:
   // target: "unix:/path/to.sock", "unix:///abs/path" or "host:port".
+  // Adds the options' credentials (API key) to a call's context.
+  static void Authorize(const ClientOptions& options, grpc::ClientContext* ctx);
+
   static std::unique_ptr<KvmemClient> Connect(
       const std::string& target, const ClientOptions& options = {});
 
@@ -119,7 +130,7 @@ class SessionClient {
 
  private:
   friend class KvmemClient;
-  SessionClient(v1::KvMemory::Stub* stub, uint32_t chunk_bytes);
+  SessionClient(v1::KvMemory::Stub* stub, const ClientOptions& options);
   grpc::Status Exchange(v1::SessionRequest* req, v1::SessionResponse* resp,
                         bool wait_for_response);
   grpc::Status Broken();

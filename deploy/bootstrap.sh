@@ -12,7 +12,7 @@ PACKAGES=(
   librocksdb-dev
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev libomp-dev
+  clang libclang-rt-14-dev libomp-dev openssl
   python3
   gnuplot-nox
 )

@@ -13,8 +13,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "engine/dot.h"
 #include "engine/progressive_search.h"
@@ -252,9 +252,9 @@ absl::Status BlockIndex::ValidateFactory(const std::string& factory,
   // and then allocate per vector or train for ever, and its parser throws
   // std::out_of_range (not FaissException) on numbers beyond int.
   if (factory.size() > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.index_policy.index_factory has ", factory.size(),
-        " characters; at most 256"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.index_policy.index_factory has ", factory.size(),
+                     " characters; at most 256"));
   }
   for (size_t i = 0; i < factory.size();) {
     if (!absl::ascii_isdigit(static_cast<unsigned char>(factory[i]))) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -24,6 +25,7 @@
 #include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "server/kvmem_service.h"
+#include "server/tenancy.h"
 #include "spdlog/spdlog.h"
 #include "storage/rocks_cold_store.h"
 
@@ -48,6 +50,31 @@ ABSL_FLAG(int32_t, rocksdb_write_buffer_mib, 64,
           "before a flush to disk; metadata families use at most 16).");
 ABSL_FLAG(int32_t, rocksdb_block_cache_mib, 64,
           "RocksDB block cache for metadata and small payloads, MiB.");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "Tenants' API keys, lines \"tenant:key\" (keys of 16+ characters). "
+          "Set (or $KVMEM_API_KEYS holding the same lines), every call needs "
+          "metadata \"authorization: Bearer <key>\" and sees only its "
+          "tenant's streams. Keys are never logged.");
+ABSL_FLAG(uint32_t, max_streams_per_tenant, 1024,
+          "Streams a tenant (the one tenant without keys) may hold; 0: no "
+          "limit. Over it OpenStream is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, max_stream_bytes, 0,
+          "Payload bytes a stream may retain (frames appended and not "
+          "evicted, full precision); 0: no limit.");
+ABSL_FLAG(uint64_t, max_tenant_bytes, 0,
+          "Payload bytes a tenant's streams may retain together; 0: no limit.");
+ABSL_FLAG(uint64_t, max_total_bytes, 0,
+          "Payload bytes all streams may retain together; 0: no limit.");
+ABSL_FLAG(uint32_t, max_calls_in_flight, 4096,
+          "Calls served at once (streaming calls count while open); 0: no "
+          "limit. Beyond it calls are RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain for TLS on the TCP listener (with "
+          "--tls_key_file); empty: plaintext TCP.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle; set, TCP clients must present a certificate it "
+          "signed.");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
           "Largest gRPC message accepted or sent, in bytes.");
 ABSL_FLAG(int32_t, max_chunk_bytes, 4 << 20,
@@ -123,8 +150,7 @@ int Run() {
       static_cast<uint32_t>(absl::GetFlag(FLAGS_wal_sync_interval_ms));
   const int32_t write_mib = absl::GetFlag(FLAGS_rocksdb_write_buffer_mib);
   const int32_t cache_mib = absl::GetFlag(FLAGS_rocksdb_block_cache_mib);
-  if (write_mib < 1 || write_mib > 4096 || cache_mib < 1 ||
-      cache_mib > 65536) {
+  if (write_mib < 1 || write_mib > 4096 || cache_mib < 1 || cache_mib > 65536) {
     spdlog::error(
         "--rocksdb_write_buffer_mib={} must be in [1, 4096] and "
         "--rocksdb_block_cache_mib={} in [1, 65536]",
@@ -182,8 +208,38 @@ int Run() {
         std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
   }
   auto executor = std::make_unique<kvmem::Executor>(workers);
+  std::string keys_text;
+  if (!absl::GetFlag(FLAGS_api_keys_file).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_api_keys_file));
+    if (!in) {
+      spdlog::error("--api_keys_file {} cannot be read",
+                    absl::GetFlag(FLAGS_api_keys_file));
+      return 2;
+    }
+    keys_text.assign(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+  } else if (const char* env = std::getenv("KVMEM_API_KEYS")) {
+    keys_text = env;
+  }
+  absl::StatusOr<kvmem::Tenancy> tenancy = kvmem::Tenancy::Parse(keys_text);
+  if (!tenancy.ok()) {
+    spdlog::error("{}", std::string(tenancy.status().message()));
+    return 2;
+  }
+  if (tenancy->enabled()) {
+    spdlog::info("API keys on: {} tenants", tenancy->tenants());
+  }
+  kvmem::Limits limits;
+  limits.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
+  limits.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
+  limits.max_tenant_bytes = absl::GetFlag(FLAGS_max_tenant_bytes);
+  limits.max_total_bytes = absl::GetFlag(FLAGS_max_total_bytes);
+  limits.max_calls_in_flight = absl::GetFlag(FLAGS_max_calls_in_flight);
+  kvmem::Admission admission(&*tenancy, engine->get(), limits);
   kvmem::ServiceOptions service_options;
   service_options.max_chunk_bytes = static_cast<uint32_t>(max_chunk);
+  service_options.tenancy = &*tenancy;
+  service_options.admission = &admission;
   kvmem::KvMemoryService service(engine->get(), executor.get(),
                                  service_options);
 
@@ -193,9 +249,41 @@ int Run() {
   builder.SetMaxReceiveMessageSize(max_msg);
   builder.SetMaxSendMessageSize(max_msg);
   int tcp_port = 0;
+  std::shared_ptr<grpc::ServerCredentials> tcp_creds =
+      grpc::InsecureServerCredentials();
+  const std::string cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string key_file = absl::GetFlag(FLAGS_tls_key_file);
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (!cert_file.empty() || !key_file.empty() || !client_ca.empty()) {
+    auto read = [](const std::string& path, std::string* out) {
+      std::ifstream in(path, std::ios::binary);
+      out->assign(std::istreambuf_iterator<char>(in),
+                  std::istreambuf_iterator<char>());
+      return in.good() || in.eof();
+    };
+    grpc::SslServerCredentialsOptions ssl(
+        client_ca.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    if (cert_file.empty() || key_file.empty() ||
+        !read(cert_file, &pair.cert_chain) ||
+        !read(key_file, &pair.private_key) || pair.cert_chain.empty() ||
+        pair.private_key.empty() ||
+        (!client_ca.empty() && (!read(client_ca, &ssl.pem_root_certs) ||
+                                ssl.pem_root_certs.empty()))) {
+      spdlog::error(
+          "TLS needs readable --tls_cert_file and --tls_key_file (and "
+          "--tls_client_ca_file when set)");
+      return 2;
+    }
+    ssl.pem_key_cert_pairs.push_back(pair);
+    tcp_creds = grpc::SslServerCredentials(ssl);
+    spdlog::info("TLS on the TCP listener{}",
+                 client_ca.empty() ? "" : ", client certificates required");
+  }
   if (!listen.empty()) {
-    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
-                             &tcp_port);
+    builder.AddListeningPort(listen, tcp_creds, &tcp_port);
   }
   if (!unix_socket.empty()) {
     ::unlink(unix_socket.c_str());
@@ -203,7 +291,10 @@ int Run() {
                              grpc::InsecureServerCredentials());
   }
   builder.RegisterService(&service);
+  // The socket is created owner-only (no window where others can connect).
+  const mode_t old_umask = ::umask(0077);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ::umask(old_umask);
   if (!server || (!listen.empty() && tcp_port == 0)) {
     spdlog::error("could not listen on {}{}{}", listen,
                   unix_socket.empty() ? "" : " / unix:", unix_socket);

@@ -66,9 +66,9 @@ class AppendFramesReactor final
                         return c.AdmitBytes(st, bytes);
                       });
     } else if (!req_.stream_id().empty() && req_.stream_id() != client_id_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stream_id \"", req_.stream_id(), "\" differs from \"", client_id_,
-          "\" of this call; use one call per stream"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream_id \"", req_.stream_id(), "\" differs from \"",
+                       client_id_, "\" of this call; use one call per stream"));
     }
     if (req_.item_case() == v1::AppendFramesRequest::ITEM_NOT_SET) {
       return absl::InvalidArgumentError(

@@ -225,13 +225,14 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
   switch (req_.item_case()) {
     case v1::SessionRequest::kOpen: {
       if (ingest_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "session is already bound to stream \"", client_id_,
-            "\"; open a new Session for another stream"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("session is already bound to stream \"", client_id_,
+                         "\"; open a new Session for another stream"));
       }
       const v1::OpenStreamRequest& open = req_.open();
       if (open.has_config()) {
-        absl::Status s = RunOpen(engine_, caller_, open, resp->mutable_opened());
+        absl::Status s =
+            RunOpen(engine_, caller_, open, resp->mutable_opened());
         if (!s.ok()) return s;
       }
       KVMEM_ASSIGN_OR_RETURN(const std::string id,
@@ -276,9 +277,9 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
       } else {
         absl::StatusOr<std::string> id =
             caller_.EngineId(req_.recall().stream_id());
-        s = id.ok() ? RunRecall(engine_, *id, req_.recall(),
-                                resp->mutable_recall())
-                    : id.status();
+        s = id.ok()
+                ? RunRecall(engine_, *id, req_.recall(), resp->mutable_recall())
+                : id.status();
       }
       s = caller_.Scrub(s);
       if (!s.ok()) {

@@ -41,20 +41,18 @@ absl::StatusOr<Tenancy> Tenancy::Parse(const std::string& text) {
     const std::string key(absl::StripAsciiWhitespace(line.substr(colon + 1)));
     absl::Status id = ValidateStreamId(tenant);
     if (!id.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("API keys line ", line_no, ": tenant name: ",
-                       id.message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "API keys line ", line_no, ": tenant name: ", id.message()));
     }
     if (key.size() < 16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("API keys line ", line_no, " (tenant ", tenant,
-                       "): the key has ", key.size(),
-                       " characters; use at least 16"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "API keys line ", line_no, " (tenant ", tenant, "): the key has ",
+          key.size(), " characters; use at least 16"));
     }
     if (!t.keys_.emplace(key, tenant).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "API keys line ", line_no, " (tenant ", tenant,
-          "): the same key is listed twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("API keys line ", line_no, " (tenant ", tenant,
+                       "): the same key is listed twice"));
     }
   }
   return t;
@@ -125,17 +123,16 @@ absl::Status Admission::AdmitNewStream(const std::string& tenant) const {
   const size_t n =
       engine_->StreamsWithPrefix(tenancy_->EngineId(tenant, "")).size();
   if (n >= limits_.max_streams_per_tenant) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the tenant has ", n, " streams; the server allows ",
-        limits_.max_streams_per_tenant,
-        " (--max_streams_per_tenant): delete one first"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the tenant has ", n, " streams; the server allows ",
+                     limits_.max_streams_per_tenant,
+                     " (--max_streams_per_tenant): delete one first"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Admission::AdmitBytes(const std::string& tenant,
-                                   const Stream& stream,
-                                   uint64_t bytes) const {
+                                   const Stream& stream, uint64_t bytes) const {
   auto over = [&](const char* what, uint64_t held, uint64_t limit,
                   const char* flag) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -179,10 +176,10 @@ absl::StatusOr<Admission::Slot> Admission::EnterCall() const {
   const uint32_t now = in_flight_.fetch_add(1) + 1;
   Slot slot(this);
   if (limits_.max_calls_in_flight > 0 && now > limits_.max_calls_in_flight) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        now - 1, " calls are in flight; the server allows ",
-        limits_.max_calls_in_flight,
-        " (--max_calls_in_flight): retry with backoff"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(now - 1, " calls are in flight; the server allows ",
+                     limits_.max_calls_in_flight,
+                     " (--max_calls_in_flight): retry with backoff"));
   }
   return slot;
 }

@@ -97,11 +97,11 @@ void Run(fuzz::Reader& in) {
         const uint64_t block = in.Take<uint8_t>() % 8;
         std::vector<uint32_t> layers;
         if (in.Take<uint8_t>() % 2) layers.push_back(in.Take<uint8_t>() % 3);
-        auto r = stream->ReadBlockPayload(
-            block,
-            in.Take<uint8_t>() % 2 ? PayloadLayout::kBlockLayerMajor
-                                   : PayloadLayout::kFrameMajor,
-            layers);
+        auto r = stream->ReadBlockPayload(block,
+                                          in.Take<uint8_t>() % 2
+                                              ? PayloadLayout::kBlockLayerMajor
+                                              : PayloadLayout::kFrameMajor,
+                                          layers);
         (void)r;
         break;
       }

@@ -10,13 +10,13 @@
 #include <cstring>
 #include <string>
 
-#define FUZZ_CHECK(cond)                                              \
-  do {                                                                \
-    if (!(cond)) {                                                    \
+#define FUZZ_CHECK(cond)                                               \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
       std::fprintf(stderr, "%s:%d: FUZZ_CHECK(%s) failed\n", __FILE__, \
-                   __LINE__, #cond);                                  \
-      std::abort();                                                   \
-    }                                                                 \
+                   __LINE__, #cond);                                   \
+      std::abort();                                                    \
+    }                                                                  \
   } while (0)
 
 namespace kvmem::fuzz {

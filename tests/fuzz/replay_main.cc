@@ -20,9 +20,9 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--write_seeds") {
     std::filesystem::create_directories(argv[2]);
     for (size_t i = 0; i < seeds.size(); ++i) {
-      std::ofstream out(std::filesystem::path(argv[2]) /
-                            ("seed-" + std::to_string(i)),
-                        std::ios::binary);
+      std::ofstream out(
+          std::filesystem::path(argv[2]) / ("seed-" + std::to_string(i)),
+          std::ios::binary);
       out << seeds[i];
     }
     std::printf("%zu seeds written to %s\n", seeds.size(), argv[2]);

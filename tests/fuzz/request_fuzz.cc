@@ -58,14 +58,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 // Seeds: a stream per index kind, then a recall of each budget shape.
 std::vector<std::string> KvmemFuzzSeeds() {
   std::vector<std::string> seeds;
-  const std::string query = "query: [0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2]\n";
+  const std::string query =
+      "query: [0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, "
+      "0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, 0.25, 2, 0.5, -1, "
+      "0.25, 2]\n";
   for (const char* index : {"Flat", "Progressive", "HNSW8", "SQ8"}) {
     const std::string open =
-        std::string("stream_id: \"cam\"\nconfig {\n  geometry { layers: 4 "
-                    "kv_heads: 2 head_dim: 16 dtype: DTYPE_FP16 "
-                    "max_tokens_per_frame: 4 }\n  hot_window_tokens: 2\n  "
-                    "block_policy { frames_per_block: 2 }\n  index_policy { "
-                    "indexed_layers: 1 index_factory: \"") +
+        std::string(
+            "stream_id: \"cam\"\nconfig {\n  geometry { layers: 4 "
+            "kv_heads: 2 head_dim: 16 dtype: DTYPE_FP16 "
+            "max_tokens_per_frame: 4 }\n  hot_window_tokens: 2\n  "
+            "block_policy { frames_per_block: 2 }\n  index_policy { "
+            "indexed_layers: 1 index_factory: \"") +
         index + "\" }\n}\n";
     seeds.push_back(open + "\n----\n" + query +
                     "budget { top_k: 4 max_tokens: 8 }\n");

@@ -36,8 +36,7 @@ ABSL_FLAG(int32_t, fd_margin, 32,
           "Open fds allowed above the warm-up's maximum.");
 ABSL_FLAG(std::string, work_dir, "",
           "Data and logs (default /tmp/kvmem-soak-PID); removed on a pass.");
-ABSL_FLAG(std::string, server, KVMEM_SERVER_BINARY,
-          "The kvmem-server binary.");
+ABSL_FLAG(std::string, server, KVMEM_SERVER_BINARY, "The kvmem-server binary.");
 
 namespace kvmem {
 namespace {
@@ -129,7 +128,8 @@ int Run() {
   o.unix_socket = dir + "/kvmem.sock";
   o.log_file = dir + "/server.log";
   // Small memtables, so flushes reach their steady state within the run.
-  o.extra_args = {"--rocksdb_write_buffer_mib=4", "--rocksdb_block_cache_mib=8"};
+  o.extra_args = {"--rocksdb_write_buffer_mib=4",
+                  "--rocksdb_block_cache_mib=8"};
   ServerProcess server(o);
   std::string error;
   if (!server.Start(std::chrono::seconds(60), &error)) return Fail(error, dir);
@@ -163,8 +163,8 @@ int Run() {
             start + std::chrono::microseconds(static_cast<int64_t>(
                         (i + double(s) / streams) * 1e6 / fps)));
         for (size_t b = 0; b < kFrameBytes; b += 2) {
-          const uint16_t h = static_cast<uint16_t>(half(rng)) |
-                             (rng() & 1 ? 0x8000 : 0);
+          const uint16_t h =
+              static_cast<uint16_t>(half(rng)) | (rng() & 1 ? 0x8000 : 0);
           f.payload[b] = static_cast<char>(h & 0xff);
           f.payload[b + 1] = static_cast<char>(h >> 8);
         }
@@ -203,7 +203,8 @@ int Run() {
   stop = true;
   for (auto& t : cams) t.join();
   for (int s = 0; s < streams; ++s) {
-    if (!errors[s].empty()) return Fail(absl::StrCat("soak-", s, ": ", errors[s]), dir);
+    if (!errors[s].empty())
+      return Fail(absl::StrCat("soak-", s, ": ", errors[s]), dir);
   }
   // Every acknowledged frame is there.
   auto client = KvmemClient::Connect(server.target());
@@ -213,10 +214,10 @@ int Run() {
     grpc::Status g = client->GetStreamStats(absl::StrCat("soak-", s), &st);
     if (!g.ok()) return Fail("GetStreamStats: " + g.error_message(), dir);
     if (st.last_durable_frame() != acked[s]) {
-      return Fail(absl::StrCat("soak-", s, ": last durable frame ",
-                               st.last_durable_frame(), ", acknowledged ",
-                               acked[s]),
-                  dir);
+      return Fail(
+          absl::StrCat("soak-", s, ": last durable frame ",
+                       st.last_durable_frame(), ", acknowledged ", acked[s]),
+          dir);
     }
     evicted += st.evicted().blocks();
     degraded += st.degraded().blocks();
@@ -248,9 +249,8 @@ int Run() {
     return Fail(absl::StrCat("RSS slope ", slope, " KiB/s"), dir);
   }
   if (steady_fds > warm_fds + absl::GetFlag(FLAGS_fd_margin)) {
-    return Fail(absl::StrCat("open fds grew from ", warm_fds, " to ",
-                             steady_fds),
-                dir);
+    return Fail(
+        absl::StrCat("open fds grew from ", warm_fds, " to ", steady_fds), dir);
   }
   if (code != 0) return Fail(absl::StrCat("SIGTERM exit ", code), dir);
   if (evicted == 0) return Fail("no block was evicted: no steady state", dir);
