@@ -40,6 +40,7 @@
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
 #include "tests/stream_model.h"
+#include "tests/wire_fixture.h"
 
 ABSL_FLAG(int32_t, trials, 10, "kill -9 trials.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of frames, queries and kill times.");
@@ -60,6 +61,7 @@ namespace {
 using testing::ModelFrame;
 using testing::StreamModel;
 using testing::TestGeometry;
+using testing::ToOutgoing;
 
 constexpr uint32_t kFpb = 4;
 constexpr uint32_t kWindow = 64;
@@ -87,28 +89,10 @@ struct Totals {
 };
 
 v1::StreamConfig Config(const TestGeometry& g) {
-  v1::StreamConfig c;
-  c.mutable_geometry()->set_layers(g.layers);
-  c.mutable_geometry()->set_kv_heads(g.kv_heads);
-  c.mutable_geometry()->set_head_dim(g.head_dim);
-  c.mutable_geometry()->set_dtype(static_cast<v1::DType>(g.dtype));
-  c.mutable_geometry()->set_max_tokens_per_frame(kTokens);
-  c.set_hot_window_tokens(kWindow);
-  c.mutable_block_policy()->set_frames_per_block(kFpb);
-  c.mutable_index_policy()->add_indexed_layers(1);
-  c.mutable_index_policy()->add_indexed_layers(2);
+  v1::StreamConfig c = testing::WireConfig(g, kWindow, kFpb, {1, 2});
   c.mutable_tier_policy()->set_warm_budget_bytes(1);
   c.mutable_tier_policy()->set_rebuild_every_blocks(3);
   return c;
-}
-
-OutgoingFrame ToOutgoing(const ModelFrame& m, uint64_t i) {
-  OutgoingFrame f;
-  f.header.set_frame_index(i);
-  f.header.set_first_token_position(m.first_pos);
-  f.header.set_token_count(m.kv.tokens);
-  f.payload = m.bytes;
-  return f;
 }
 
 std::string Describe(const grpc::Status& s) {

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"
+#include "tests/wire_fixture.h"
 
 namespace kvmem {
 namespace {
@@ -25,31 +26,14 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::StreamModel;
 using testing::TestGeometry;
+using testing::ToOutgoing;
 using StatusCode = grpc::StatusCode;
 
 constexpr char kKeyA[] = "key-of-tenant-a-0123456789";
 constexpr char kKeyB[] = "key-of-tenant-b-9876543210";
 
 v1::StreamConfig Config(const TestGeometry& g) {
-  v1::StreamConfig c;
-  c.mutable_geometry()->set_layers(g.layers);
-  c.mutable_geometry()->set_kv_heads(g.kv_heads);
-  c.mutable_geometry()->set_head_dim(g.head_dim);
-  c.mutable_geometry()->set_dtype(static_cast<v1::DType>(g.dtype));
-  c.mutable_geometry()->set_max_tokens_per_frame(16);
-  c.set_hot_window_tokens(8);
-  c.mutable_block_policy()->set_frames_per_block(2);
-  c.mutable_index_policy()->add_indexed_layers(1);
-  return c;
-}
-
-OutgoingFrame ToOutgoing(const testing::ModelFrame& m, uint64_t i) {
-  OutgoingFrame f;
-  f.header.set_frame_index(i);
-  f.header.set_first_token_position(m.first_pos);
-  f.header.set_token_count(m.kv.tokens);
-  f.payload = m.bytes;
-  return f;
+  return testing::WireConfig(g, 8, 2, {1});
 }
 
 std::string ReadFile(const std::string& path) {

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "reflection_probe.grpc.pb.h"
 #include "tests/stream_model.h"
+#include "tests/wire_fixture.h"
 
 namespace kvmem {
 namespace {
@@ -21,6 +22,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::StreamModel;
 using testing::TestGeometry;
+using testing::ToOutgoing;
 
 constexpr uint32_t kFpb = 4;
 constexpr uint32_t kWindow = 96;
@@ -64,26 +66,7 @@ class ServerTest : public ::testing::Test {
   }
 
   static v1::StreamConfig Config(const TestGeometry& g) {
-    v1::StreamConfig c;
-    c.mutable_geometry()->set_layers(g.layers);
-    c.mutable_geometry()->set_kv_heads(g.kv_heads);
-    c.mutable_geometry()->set_head_dim(g.head_dim);
-    c.mutable_geometry()->set_dtype(static_cast<v1::DType>(g.dtype));
-    c.mutable_geometry()->set_max_tokens_per_frame(16);
-    c.set_hot_window_tokens(kWindow);
-    c.mutable_block_policy()->set_frames_per_block(kFpb);
-    c.mutable_index_policy()->add_indexed_layers(1);
-    c.mutable_index_policy()->add_indexed_layers(2);
-    return c;
-  }
-
-  static OutgoingFrame ToOutgoing(const testing::ModelFrame& m, uint64_t i) {
-    OutgoingFrame f;
-    f.header.set_frame_index(i);
-    f.header.set_first_token_position(m.first_pos);
-    f.header.set_token_count(m.kv.tokens);
-    f.payload = m.bytes;
-    return f;
+    return testing::WireConfig(g, kWindow, kFpb, {1, 2});
   }
 
   // Runs `n` random queries through `client` and checks each against the
