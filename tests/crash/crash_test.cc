@@ -40,6 +40,7 @@
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
 #include "tests/stream_model.h"
+#include "tests/tool_util.h"
 #include "tests/wire_fixture.h"
 
 ABSL_FLAG(int32_t, trials, 10, "kill -9 trials.");
@@ -217,9 +218,7 @@ void Write(KvmemClient& client, Camera& cam, bool session_mode) {
 }
 
 int Fail(const std::string& what, const std::string& dir) {
-  std::fprintf(stderr, "kvmem_crash_test: FAILED: %s\n(work dir kept: %s)\n",
-               what.c_str(), dir.c_str());
-  return 1;
+  return testing::ToolFailure("kvmem_crash_test", what, dir);
 }
 
 int Run() {
@@ -236,10 +235,8 @@ int Run() {
                  "0 <= --min_kill_ms <= --max_kill_ms\n");
     return 2;
   }
-  std::string dir = absl::GetFlag(FLAGS_work_dir);
-  if (dir.empty()) dir = absl::StrCat("/tmp/kvmem-crash-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::string dir =
+      testing::FreshWorkDir(absl::GetFlag(FLAGS_work_dir), "crash");
 
   const TestGeometry g;
   const v1::StreamConfig config = Config(g);

@@ -28,6 +28,7 @@
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
 #include "tests/test_util.h"
+#include "tests/tool_util.h"
 
 ABSL_FLAG(int32_t, seconds, 90, "Length of the soak.");
 ABSL_FLAG(int32_t, warmup_seconds, 45,
@@ -107,9 +108,7 @@ double Slope(const std::vector<Sample>& v) {
 }
 
 int Fail(const std::string& what, const std::string& dir) {
-  std::fprintf(stderr, "kvmem_soak_test: FAILED: %s\n(work dir kept: %s)\n",
-               what.c_str(), dir.c_str());
-  return 1;
+  return testing::ToolFailure("kvmem_soak_test", what, dir);
 }
 
 int Run() {
@@ -124,10 +123,8 @@ int Run() {
                  "warm-up + 10, --streams >= 1, --fps in (0, 1000]\n");
     return 2;
   }
-  std::string dir = absl::GetFlag(FLAGS_work_dir);
-  if (dir.empty()) dir = absl::StrCat("/tmp/kvmem-soak-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::string dir =
+      testing::FreshWorkDir(absl::GetFlag(FLAGS_work_dir), "soak");
   ServerProcessOptions o;
   o.binary = absl::GetFlag(FLAGS_server);
   o.data_dir = dir + "/data";
