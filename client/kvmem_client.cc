@@ -36,10 +36,12 @@ std::unique_ptr<KvmemClient> KvmemClient::Connect(
 }
 
 void KvmemClient::Authorize(const ClientOptions& options,
-                            grpc::ClientContext* ctx) {
+                            grpc::ClientContext* ctx,
+                            const std::string& stream_id) {
   if (!options.api_key.empty()) {
     ctx->AddMetadata("authorization", "Bearer " + options.api_key);
   }
+  if (!stream_id.empty()) ctx->AddMetadata(kStreamIdHeader, stream_id);
 }
 
 KvmemClient::KvmemClient(std::shared_ptr<grpc::Channel> channel,
@@ -57,7 +59,7 @@ grpc::Status KvmemClient::OpenStream(const std::string& stream_id,
                                      const v1::StreamConfig& config,
                                      v1::OpenStreamResponse* resp) {
   grpc::ClientContext ctx;
-  Authorize(options_, &ctx);
+  Authorize(options_, &ctx, stream_id);
   v1::OpenStreamRequest req;
   req.set_stream_id(stream_id);
   *req.mutable_config() = config;
@@ -67,7 +69,7 @@ grpc::Status KvmemClient::OpenStream(const std::string& stream_id,
 grpc::Status KvmemClient::CloseStream(const std::string& stream_id,
                                       v1::StreamStats* stats) {
   grpc::ClientContext ctx;
-  Authorize(options_, &ctx);
+  Authorize(options_, &ctx, stream_id);
   v1::CloseStreamRequest req;
   req.set_stream_id(stream_id);
   v1::CloseStreamResponse resp;
@@ -78,7 +80,7 @@ grpc::Status KvmemClient::CloseStream(const std::string& stream_id,
 
 grpc::Status KvmemClient::DeleteStream(const std::string& stream_id) {
   grpc::ClientContext ctx;
-  Authorize(options_, &ctx);
+  Authorize(options_, &ctx, stream_id);
   v1::DeleteStreamRequest req;
   req.set_stream_id(stream_id);
   v1::DeleteStreamResponse resp;
@@ -94,7 +96,7 @@ grpc::Status KvmemClient::ListStreams(v1::ListStreamsResponse* resp) {
 grpc::Status KvmemClient::GetStreamStats(const std::string& stream_id,
                                          v1::StreamStats* stats) {
   grpc::ClientContext ctx;
-  Authorize(options_, &ctx);
+  Authorize(options_, &ctx, stream_id);
   v1::GetStreamStatsRequest req;
   req.set_stream_id(stream_id);
   return stub_->GetStreamStats(&ctx, req, stats);
@@ -104,7 +106,7 @@ grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
                                        const std::vector<OutgoingFrame>& frames,
                                        v1::AppendFramesResponse* resp) {
   grpc::ClientContext ctx;
-  Authorize(options_, &ctx);
+  Authorize(options_, &ctx, stream_id);
   auto writer = stub_->AppendFrames(&ctx, resp);
   bool first = true;
   for (const OutgoingFrame& f : frames) {
@@ -127,7 +129,7 @@ grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
 grpc::Status KvmemClient::Recall(const v1::RecallRequest& req,
                                  v1::RecallResponse* resp) {
   grpc::ClientContext ctx;
-  Authorize(options_, &ctx);
+  Authorize(options_, &ctx, req.stream_id());
   return stub_->Recall(&ctx, req, resp);
 }
 
@@ -136,7 +138,7 @@ grpc::Status KvmemClient::FetchBlocks(const std::string& stream_id,
                                       std::vector<FetchedBlock>* blocks,
                                       uint32_t max_chunk_bytes) {
   grpc::ClientContext ctx;
-  Authorize(options_, &ctx);
+  Authorize(options_, &ctx, stream_id);
   v1::FetchBlocksRequest req;
   req.set_stream_id(stream_id);
   for (uint64_t id : block_ids) req.add_block_ids(id);
@@ -173,7 +175,8 @@ grpc::Status KvmemClient::StartSession(const std::string& stream_id,
                                        const v1::StreamConfig* config,
                                        std::unique_ptr<SessionClient>* session,
                                        v1::OpenStreamResponse* opened) {
-  std::unique_ptr<SessionClient> s(new SessionClient(stub_.get(), options_));
+  std::unique_ptr<SessionClient> s(
+      new SessionClient(stub_.get(), options_, stream_id));
   v1::SessionRequest req;
   req.mutable_open()->set_stream_id(stream_id);
   if (config != nullptr) *req.mutable_open()->mutable_config() = *config;
@@ -186,9 +189,10 @@ grpc::Status KvmemClient::StartSession(const std::string& stream_id,
 }
 
 SessionClient::SessionClient(v1::KvMemory::Stub* stub,
-                             const ClientOptions& options)
+                             const ClientOptions& options,
+                             const std::string& stream_id)
     : chunk_bytes_(options.chunk_bytes) {
-  KvmemClient::Authorize(options, &ctx_);
+  KvmemClient::Authorize(options, &ctx_, stream_id);
   stream_ = stub->Session(&ctx_);
 }
 

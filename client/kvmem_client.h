@@ -51,11 +51,21 @@ struct FetchedBlock {
 
 class SessionClient;
 
+// Metadata every per-stream call carries: the stream id (a proxy in front of
+// several servers hashes it; deploy/nginx/kvmem.conf).
+inline constexpr char kStreamIdHeader[] = "kvmem-stream-id";
+// Metadata every response carries: the server's --instance_name.
+inline constexpr char kInstanceHeader[] = "kvmem-instance";
+
 class KvmemClient {
  public:
+  // Adds the options' credentials (API key) to a call's context, and the
+  // stream id as metadata kStreamIdHeader (a sharding proxy routes on it;
+  // deploy/nginx/) when not empty.
+  static void Authorize(const ClientOptions& options, grpc::ClientContext* ctx,
+                        const std::string& stream_id = "");
+
   // target: "unix:/path/to.sock", "unix:///abs/path" or "host:port".
-  // Adds the options' credentials (API key) to a call's context.
-  static void Authorize(const ClientOptions& options, grpc::ClientContext* ctx);
 
   static std::unique_ptr<KvmemClient> Connect(
       const std::string& target, const ClientOptions& options = {});
@@ -130,7 +140,8 @@ class SessionClient {
 
  private:
   friend class KvmemClient;
-  SessionClient(v1::KvMemory::Stub* stub, const ClientOptions& options);
+  SessionClient(v1::KvMemory::Stub* stub, const ClientOptions& options,
+                const std::string& stream_id);
   grpc::Status Exchange(v1::SessionRequest* req, v1::SessionResponse* resp,
                         bool wait_for_response);
   grpc::Status Broken();

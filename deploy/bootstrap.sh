@@ -15,6 +15,9 @@ PACKAGES=(
   clang libclang-rt-14-dev libomp-dev openssl
   python3
   gnuplot-nox
+  prometheus-cpp-dev libtomlplusplus-dev curl
+  nginx
+  python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
 )
 
 missing=()

@@ -63,7 +63,8 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
 absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
     const std::string& id, const StreamConfig& requested) {
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
-  const StreamConfig config = WithDefaults(requested);
+  const StreamConfig config =
+      WithDefaults(WithServerDefaults(requested, options_.stream_defaults));
   KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
   // control_mu_ orders creations and deletions; mu_ is held only for map
   // lookups, never across a commit, so other streams' calls do not wait.

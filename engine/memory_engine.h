@@ -39,6 +39,10 @@ struct EngineOptions {
   // Warnings the engine raises (e.g. an approximate index below the sim's
   // recall floor); may be empty.
   std::function<void(const std::string&)> warn;
+  // Policy fields a stream's config leaves zero are taken from here before
+  // the built-in defaults (WithServerDefaults; kvmem-server's
+  // [stream_defaults]).
+  StreamConfig stream_defaults;
 };
 
 struct OpenStreamResult {

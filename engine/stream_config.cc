@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <set>
+#include <type_traits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -99,6 +100,36 @@ StreamConfig WithDefaults(const StreamConfig& config) {
     if (c.default_max_tokens == 0) c.default_max_tokens = 1;
   }
   if (c.gate_temperature == 0.0f) c.gate_temperature = 1.0f;
+  return c;
+}
+
+StreamConfig WithServerDefaults(const StreamConfig& requested,
+                                const StreamConfig& defaults) {
+  StreamConfig c = requested;
+  auto fill = [](auto* field, const auto& fallback) {
+    using T = std::decay_t<decltype(*field)>;
+    if (*field == T{}) *field = fallback;
+  };
+  const StreamConfig& d = defaults;
+  fill(&c.hot_window_tokens, d.hot_window_tokens);
+  fill(&c.frames_per_block, d.frames_per_block);
+  fill(&c.segment_mode, d.segment_mode);
+  fill(&c.shot_similarity_threshold, d.shot_similarity_threshold);
+  fill(&c.max_tokens_per_block, d.max_tokens_per_block);
+  fill(&c.index_factory, d.index_factory);
+  fill(&c.groups_per_block, d.groups_per_block);
+  fill(&c.default_top_k, d.default_top_k);
+  fill(&c.default_max_tokens, d.default_max_tokens);
+  fill(&c.gate_temperature, d.gate_temperature);
+  fill(&c.tiers.warm_budget_bytes, d.tiers.warm_budget_bytes);
+  fill(&c.tiers.cold_budget_bytes, d.tiers.cold_budget_bytes);
+  fill(&c.tiers.storage_cap_bytes, d.tiers.storage_cap_bytes);
+  fill(&c.tiers.replacement, d.tiers.replacement);
+  fill(&c.tiers.heat_half_life_frames, d.tiers.heat_half_life_frames);
+  fill(&c.tiers.prefetch_blocks, d.tiers.prefetch_blocks);
+  fill(&c.tiers.stage_budget_bytes, d.tiers.stage_budget_bytes);
+  fill(&c.tiers.rebuild_every_blocks, d.tiers.rebuild_every_blocks);
+  fill(&c.tiers.rebuild_every_seconds, d.tiers.rebuild_every_seconds);
   return c;
 }
 

@@ -28,6 +28,13 @@ absl::Status ValidateEngineStreamId(absl::string_view id);
 // Returns config with every zero/empty default filled in. Does not validate.
 StreamConfig WithDefaults(const StreamConfig& config);
 
+// Returns requested with its zero/empty policy fields taken from defaults
+// (a server's [stream_defaults]: window, blocks, index, recall and tier
+// settings). The geometry, indexed layers and labels are the client's alone.
+// Apply before WithDefaults.
+StreamConfig WithServerDefaults(const StreamConfig& requested,
+                                const StreamConfig& defaults);
+
 // OK when config (after WithDefaults) describes a usable stream; otherwise
 // INVALID_ARGUMENT naming the field (as in kvmem.v1, e.g.
 // "config.geometry.head_dim") and the offending value.

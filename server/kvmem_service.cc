@@ -1,5 +1,6 @@
 #include "server/kvmem_service.h"
 
+#include <chrono>
 #include <memory>
 
 #include "engine/status_macros.h"
@@ -47,8 +48,15 @@ absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
 }
 
 absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
-                       const v1::RecallRequest& req, v1::RecallResponse* resp) {
+                       const v1::RecallRequest& req, v1::RecallResponse* resp,
+                       ServerMetrics* metrics, bool session) {
+  const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<RecallResult> r = engine->Recall(engine_id, FromProto(req));
+  if (metrics != nullptr) {
+    metrics->ObserveRecall(session, std::chrono::duration<double>(
+                                        std::chrono::steady_clock::now() - t0)
+                                        .count());
+  }
   if (!r.ok()) return r.status();
   ToProto(*r, resp);
   return absl::OkStatus();
@@ -98,7 +106,13 @@ grpc::ServerUnaryReactor* KvMemoryService::DeleteStream(
                   [=](const Caller& c) -> absl::Status {
                     KVMEM_ASSIGN_OR_RETURN(const std::string id,
                                            c.EngineId(req->stream_id()));
-                    return engine_->DeleteStream(id);
+                    // Its counters stay in the global totals.
+                    absl::StatusOr<StreamStats> last = engine_->GetStats(id);
+                    KVMEM_RETURN_IF_ERROR(engine_->DeleteStream(id));
+                    if (last.ok() && options_.metrics != nullptr) {
+                      options_.metrics->RetireStream(*last);
+                    }
+                    return absl::OkStatus();
                   });
 }
 
@@ -143,7 +157,8 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
   absl::Status s = c.status();
   if (s.ok()) {
     absl::StatusOr<std::string> id = c->EngineId(req->stream_id());
-    s = id.ok() ? RunRecall(engine_, *id, *req, resp) : id.status();
+    s = id.ok() ? RunRecall(engine_, *id, *req, resp, options_.metrics)
+                : id.status();
     s = c->Scrub(s);
   }
   reactor->Finish(ToGrpcStatus(s));
@@ -184,7 +199,7 @@ KvMemoryService::Session(grpc::CallbackServerContext* ctx) {
         c.status());
   }
   return NewSessionReactor(engine_, executor_, *std::move(c),
-                           options_.session_queue_limit);
+                           options_.session_queue_limit, options_.metrics);
 }
 
 grpc::ServerWriteReactor<v1::FetchBlocksResponse>* KvMemoryService::FetchBlocks(

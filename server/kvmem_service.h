@@ -14,6 +14,7 @@
 #include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.grpc.pb.h"
+#include "server/metrics.h"
 #include "server/tenancy.h"
 
 namespace kvmem {
@@ -28,6 +29,9 @@ struct ServiceOptions {
   // service makes its own defaults). REQUIRES: outlive the service.
   const Tenancy* tenancy = nullptr;
   const Admission* admission = nullptr;
+  // Recall latency and deleted streams' counters go here; null: not
+  // recorded. REQUIRES: outlives the service.
+  ServerMetrics* metrics = nullptr;
 };
 
 class KvMemoryService final : public v1::KvMemory::CallbackService {
@@ -72,9 +76,11 @@ class KvMemoryService final : public v1::KvMemory::CallbackService {
 };
 
 // Shared by Recall and Session: runs a recall on the stream with engine id
-// engine_id and fills resp.
+// engine_id and fills resp; its time goes to metrics (when not null) under
+// the method that asked.
 absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
-                       const v1::RecallRequest& req, v1::RecallResponse* resp);
+                       const v1::RecallRequest& req, v1::RecallResponse* resp,
+                       ServerMetrics* metrics = nullptr, bool session = false);
 
 // Shared by OpenStream and Session: opens the caller's stream req.stream_id.
 absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,

@@ -6,15 +6,18 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
+#include <prometheus/exposer.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -24,11 +27,32 @@
 #include "engine/device_profile.h"
 #include "engine/executor.h"
 #include "engine/memory_engine.h"
+#include "server/config.h"
 #include "server/kvmem_service.h"
+#include "server/metrics.h"
 #include "server/tenancy.h"
 #include "spdlog/spdlog.h"
 #include "storage/rocks_cold_store.h"
 
+ABSL_FLAG(std::string, config, "",
+          "TOML config file: [server] sets any of these flags by name, "
+          "[stream_defaults] the policy of streams whose OpenStream leaves "
+          "a field zero. Flags on the command line override it; "
+          "--print_config shows the result.");
+ABSL_FLAG(bool, print_config, false,
+          "Print the effective configuration (config file, then flags) as "
+          "TOML and exit.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (GET /metrics); port 0 "
+          "picks a free port. Empty: no metrics endpoint.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, write the bound metrics port to this file once serving.");
+ABSL_FLAG(uint32_t, metrics_max_streams, 32,
+          "Streams with a `stream` label of their own in /metrics (the "
+          "first by id); the rest are summed into stream=\"_other\".");
+ABSL_FLAG(std::string, instance_name, "",
+          "Name sent in every response's metadata as kvmem-instance (which "
+          "server of a sharded set answered); empty: the host name.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50551",
           "TCP address to serve on (host:port; port 0 picks a free port). "
           "Empty disables TCP.");
@@ -102,7 +126,15 @@ namespace {
 
 constexpr char kServiceName[] = "kvmem.v1.KvMemory";
 
-int Run() {
+// Writes port to path atomically (readers never see a partial file).
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+int Run(const kvmem::StreamConfig& stream_defaults) {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   if (absl::GetFlag(FLAGS_tune_malloc)) {
     // Frames are hundreds of KiB: above glibc's default mmap threshold each
@@ -169,6 +201,7 @@ int Run() {
   engine_options.global_warm_budget_bytes =
       absl::GetFlag(FLAGS_global_warm_budget_bytes);
   engine_options.warn = [](const std::string& w) { spdlog::warn("{}", w); };
+  engine_options.stream_defaults = stream_defaults;
   if (const std::string path = absl::GetFlag(FLAGS_accelerator_profile);
       !path.empty()) {
     auto profile = kvmem::LoadDeviceProfile(path);
@@ -236,7 +269,33 @@ int Run() {
   limits.max_total_bytes = absl::GetFlag(FLAGS_max_total_bytes);
   limits.max_calls_in_flight = absl::GetFlag(FLAGS_max_calls_in_flight);
   kvmem::Admission admission(&*tenancy, engine->get(), limits);
+  std::string instance = absl::GetFlag(FLAGS_instance_name);
+  if (instance.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    instance = host;
+  }
+  kvmem::ServerMetrics::Options metrics_options;
+  metrics_options.max_streams = absl::GetFlag(FLAGS_metrics_max_streams);
+  metrics_options.instance_name = instance;
+  kvmem::ServerMetrics metrics(engine->get(), metrics_options);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen);
+      !addr.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(addr, 1);
+    } catch (const std::exception& e) {
+      spdlog::error("--metrics_listen={}: cannot listen ({})", addr, e.what());
+      return 1;
+    }
+    exposer->RegisterCollectable(metrics.collectable());
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    const int port = ports.empty() ? 0 : ports[0];
+    spdlog::info("metrics on http://{}/metrics (port {})", addr, port);
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), port);
+  }
   kvmem::ServiceOptions service_options;
+  service_options.metrics = &metrics;
   service_options.max_chunk_bytes = static_cast<uint32_t>(max_chunk);
   service_options.tenancy = &*tenancy;
   service_options.admission = &admission;
@@ -248,6 +307,13 @@ int Run() {
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(max_msg);
   builder.SetMaxSendMessageSize(max_msg);
+  {
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(metrics.NewInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   int tcp_port = 0;
   std::shared_ptr<grpc::ServerCredentials> tcp_creds =
       grpc::InsecureServerCredentials();
@@ -303,14 +369,12 @@ int Run() {
   if (!unix_socket.empty()) ::chmod(unix_socket.c_str(), 0600);
   server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   server->GetHealthCheckService()->SetServingStatus(true);
-  if (!listen.empty()) spdlog::info("serving on tcp port {}", tcp_port);
-  if (!unix_socket.empty()) spdlog::info("serving on unix:{}", unix_socket);
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << tcp_port << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());
+  if (!listen.empty()) {
+    spdlog::info("serving on tcp port {} as instance \"{}\"", tcp_port,
+                 instance);
   }
+  if (!unix_socket.empty()) spdlog::info("serving on unix:{}", unix_socket);
+  WritePortFile(absl::GetFlag(FLAGS_port_file), tcp_port);
 
   int sig = 0;
   sigwait(&sigs, &sig);
@@ -318,6 +382,7 @@ int Run() {
   server->GetHealthCheckService()->SetServingStatus(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
+  exposer.reset();   // Scrapes read the engine.
   executor.reset();  // Runs every queued task.
   engine->reset();   // Closes RocksDB, syncing the WAL.
   if (!unix_socket.empty()) ::unlink(unix_socket.c_str());
@@ -340,6 +405,37 @@ int main(int argc, char** argv) {
       "the KV-cache memory service for streaming video LLMs.\n"
       "Usage: kvmem-server [--listen=HOST:PORT] [--unix_socket=PATH] "
       "[--data_dir=DIR] ...");
-  absl::ParseCommandLine(argc, argv);
-  return Run();
+  // "--print-config" is accepted for --print_config (any flag's dashes).
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    std::string& a = args[i];
+    if (!absl::StartsWith(a, "--")) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    std::replace(a.begin() + 2, a.begin() + static_cast<long>(end), '-', '_');
+  }
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  // The config file first, so that flags on the command line override it.
+  kvmem::StreamConfig stream_defaults;
+  const std::string config = kvmem::ConfigPathFromArgs(argc, cargs.data());
+  if (!config.empty()) {
+    absl::Status s = kvmem::ApplyConfigFile(config, &stream_defaults);
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvmem-server: %s\n",
+                   std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  absl::ParseCommandLine(argc, cargs.data());
+  if (absl::Status s = kvmem::ValidateStreamDefaults(stream_defaults);
+      !s.ok()) {
+    std::fprintf(stderr, "kvmem-server: %s\n",
+                 std::string(s.message()).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_print_config)) {
+    std::fputs(kvmem::EffectiveConfigToml(stream_defaults).c_str(), stdout);
+    return 0;
+  }
+  return Run(stream_defaults);
 }

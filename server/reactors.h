@@ -11,6 +11,7 @@
 #include "engine/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.pb.h"
+#include "server/metrics.h"
 #include "server/tenancy.h"
 
 namespace kvmem {
@@ -23,7 +24,7 @@ grpc::ServerReadReactor<v1::AppendFramesRequest>* NewAppendFramesReactor(
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
 NewSessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                  uint32_t queue_limit);
+                  uint32_t queue_limit, ServerMetrics* metrics);
 
 grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,

@@ -30,11 +30,12 @@ class SessionReactor final
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
  public:
   SessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                 uint32_t queue_limit)
+                 uint32_t queue_limit, ServerMetrics* metrics)
       : engine_(engine),
         executor_(executor),
         caller_(std::move(caller)),
-        queue_limit_(queue_limit) {
+        queue_limit_(queue_limit),
+        metrics_(metrics) {
     StartRead(&req_);
   }
 
@@ -203,6 +204,7 @@ class SessionReactor final
   Executor* const executor_;
   const Caller caller_;
   const uint32_t queue_limit_;
+  ServerMetrics* const metrics_;
   std::string client_id_;  // The caller's name for the bound stream.
   // Touched only by the running task (one at a time) and by OnReadDone(false),
   // which gRPC never delivers while a read is being handled.
@@ -273,12 +275,13 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
       absl::Status s;
       if (req_.recall().stream_id().empty() && ingest_) {
         s = RunRecall(engine_, ingest_->stream().id(), req_.recall(),
-                      resp->mutable_recall());
+                      resp->mutable_recall(), metrics_, /*session=*/true);
       } else {
         absl::StatusOr<std::string> id =
             caller_.EngineId(req_.recall().stream_id());
         s = id.ok()
-                ? RunRecall(engine_, *id, req_.recall(), resp->mutable_recall())
+                ? RunRecall(engine_, *id, req_.recall(), resp->mutable_recall(),
+                            metrics_, /*session=*/true)
                 : id.status();
       }
       s = caller_.Scrub(s);
@@ -298,8 +301,9 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
 NewSessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                  uint32_t queue_limit) {
-  return new SessionReactor(engine, executor, std::move(caller), queue_limit);
+                  uint32_t queue_limit, ServerMetrics* metrics) {
+  return new SessionReactor(engine, executor, std::move(caller), queue_limit,
+                            metrics);
 }
 
 }  // namespace kvmem

@@ -1,0 +1,363 @@
+#include "server/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+
+namespace kvmem {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// Per-stream counters: each becomes kvmem_stream_<name>_total{stream} and
+// the global kvmem_<name>_total.
+struct CounterDef {
+  const char* name;
+  const char* help;
+  double (*get)(const StreamStats&);
+};
+
+constexpr CounterDef kCounters[kStreamCounterCount] = {
+    {"frames", "Frames appended.",
+     [](const StreamStats& s) { return double(s.frames); }},
+    {"appended_bytes", "KV payload bytes appended (full precision).",
+     [](const StreamStats& s) { return double(s.payload_bytes); }},
+    {"recalls", "Recalls served.",
+     [](const StreamStats& s) { return double(s.recalls); }},
+    {"recalled_blocks", "Blocks returned by recalls.",
+     [](const StreamStats& s) { return double(s.recalled_blocks); }},
+    {"recalled_tokens", "Tokens returned by recalls.",
+     [](const StreamStats& s) { return double(s.recalled_tokens); }},
+    {"stage_hits", "Prefetch-staged blocks a recall then chose.",
+     [](const StreamStats& s) { return double(s.policy.stage_hits); }},
+    {"stage_misses", "Staged blocks dropped unused.",
+     [](const StreamStats& s) { return double(s.policy.stage_misses); }},
+    {"demotions", "Blocks demoted warm -> cold.",
+     [](const StreamStats& s) { return double(s.policy.demotions); }},
+    {"degradations", "Blocks degraded cold -> degraded (int8).",
+     [](const StreamStats& s) { return double(s.policy.degradations); }},
+    {"promotions", "Blocks promoted back to warm after a recall.",
+     [](const StreamStats& s) { return double(s.policy.promotions); }},
+    {"evictions", "Blocks evicted (payload dropped, summary kept).",
+     [](const StreamStats& s) { return double(s.policy.evictions); }},
+    {"index_rebuilds", "Index rebuilds swapped in.",
+     [](const StreamStats& s) { return double(s.policy.rebuilds); }},
+    {"shot_cuts", "Blocks sealed early because the scene changed.",
+     [](const StreamStats& s) { return double(s.policy.shot_cuts); }},
+    {"accel_searches", "Index searches run by the retrieval backend.",
+     [](const StreamStats& s) { return double(s.accel.cost.searches); }},
+    {"accel_measured_seconds", "Host time in retrieval-backend calls.",
+     [](const StreamStats& s) { return s.accel.cost.measured_us * 1e-6; }},
+    {"accel_modelled_seconds",
+     "Modelled accelerator time (sim backend; 0 on cpu).",
+     [](const StreamStats& s) { return s.accel.cost.modelled_us * 1e-6; }},
+    {"accel_modelled_dram_bytes",
+     "Modelled accelerator DRAM traffic (sim backend; 0 on cpu).",
+     [](const StreamStats& s) { return double(s.accel.cost.dram_bytes); }},
+};
+
+struct Tier {
+  const char* name;
+  const TierCount StreamStats::*count;
+};
+constexpr Tier kTiers[] = {{"warm", &StreamStats::warm},
+                           {"cold", &StreamStats::cold},
+                           {"degraded", &StreamStats::degraded},
+                           {"evicted", &StreamStats::evicted}};
+constexpr int kTierCount = 4;
+
+// One label set's figures: counters plus blocks and bytes per tier.
+struct Sample {
+  StreamCounters counters{};
+  std::array<double, kTierCount> blocks{}, bytes{};
+  void Add(const StreamStats& s) {
+    for (int i = 0; i < kStreamCounterCount; ++i) {
+      counters[i] += kCounters[i].get(s);
+    }
+    for (int t = 0; t < kTierCount; ++t) {
+      blocks[t] += double((s.*kTiers[t].count).blocks);
+      bytes[t] += double((s.*kTiers[t].count).bytes);
+    }
+  }
+};
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+void AddValue(MetricFamily* f, std::vector<ClientMetric::Label> labels,
+              double v) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (f->type == MetricType::Counter) {
+    m.counter.value = v;
+  } else {
+    m.gauge.value = v;
+  }
+  f->metric.push_back(std::move(m));
+}
+
+// Reads the engine at scrape time.
+class StreamCollector final : public prometheus::Collectable {
+ public:
+  StreamCollector(const ServerMetrics* metrics,
+                  std::shared_ptr<prometheus::Registry> calls)
+      : metrics_(metrics), calls_(std::move(calls)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<StreamStats> streams = metrics_->engine()->ListStreams();
+    std::sort(streams.begin(), streams.end(),
+              [](const StreamStats& a, const StreamStats& b) {
+                return a.stream_id < b.stream_id;
+              });
+    const size_t cap = metrics_->options().max_streams;
+    std::vector<std::pair<std::string, Sample>> labelled;
+    Sample other, global;
+    bool any_other = false;
+    double open = 0, closed = 0;
+    for (const StreamStats& s : streams) {
+      (s.closed ? closed : open) += 1;
+      global.Add(s);
+      if (labelled.size() < cap) {
+        labelled.emplace_back(s.stream_id, Sample());
+        labelled.back().second.Add(s);
+      } else {
+        other.Add(s);
+        any_other = true;
+      }
+    }
+    if (any_other) labelled.emplace_back("_other", other);
+    const StreamCounters retired = metrics_->retired();
+    for (int i = 0; i < kStreamCounterCount; ++i) {
+      global.counters[i] += retired[i];
+    }
+
+    std::vector<MetricFamily> out = calls_->Collect();
+    MetricFamily count =
+        Family("kvmem_streams", "Streams held, by state.", MetricType::Gauge);
+    AddValue(&count, {{"state", "open"}}, open);
+    AddValue(&count, {{"state", "closed"}}, closed);
+    out.push_back(std::move(count));
+    for (int i = 0; i < kStreamCounterCount; ++i) {
+      const std::string n = kCounters[i].name;
+      MetricFamily per = Family("kvmem_stream_" + n + "_total",
+                                kCounters[i].help, MetricType::Counter);
+      for (const auto& [id, sample] : labelled) {
+        AddValue(&per, {{"stream", id}}, sample.counters[i]);
+      }
+      MetricFamily all = Family(
+          "kvmem_" + n + "_total",
+          std::string(kCounters[i].help) + " All streams, deleted included.",
+          MetricType::Counter);
+      AddValue(&all, {}, global.counters[i]);
+      out.push_back(std::move(per));
+      out.push_back(std::move(all));
+    }
+    const char* kBlocksHelp = "Sealed blocks by tier.";
+    const char* kBytesHelp =
+        "Bytes by tier (RAM for warm, disk payload bytes otherwise).";
+    MetricFamily sb =
+        Family("kvmem_stream_blocks", kBlocksHelp, MetricType::Gauge);
+    MetricFamily sy =
+        Family("kvmem_stream_bytes", kBytesHelp, MetricType::Gauge);
+    MetricFamily gb = Family("kvmem_blocks", kBlocksHelp, MetricType::Gauge);
+    MetricFamily gy = Family("kvmem_bytes", kBytesHelp, MetricType::Gauge);
+    for (int t = 0; t < kTierCount; ++t) {
+      for (const auto& [id, sample] : labelled) {
+        AddValue(&sb, {{"stream", id}, {"tier", kTiers[t].name}},
+                 sample.blocks[t]);
+        AddValue(&sy, {{"stream", id}, {"tier", kTiers[t].name}},
+                 sample.bytes[t]);
+      }
+      AddValue(&gb, {{"tier", kTiers[t].name}}, global.blocks[t]);
+      AddValue(&gy, {{"tier", kTiers[t].name}}, global.bytes[t]);
+    }
+    for (MetricFamily* f : {&sb, &sy, &gb, &gy}) out.push_back(std::move(*f));
+    return out;
+  }
+
+ private:
+  const ServerMetrics* const metrics_;
+  const std::shared_ptr<prometheus::Registry> calls_;
+};
+
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3,
+      20e-3, 50e-3,  0.1,    0.25,   0.5,  1.0,  2.5,  10.0};
+  return *b;
+}
+
+// Methods beyond this many share the label "other" (a client can call
+// unknown method names).
+constexpr size_t kMaxMethods = 64;
+
+// "/kvmem.v1.KvMemory/Recall" -> "Recall"; other services keep their name
+// ("grpc.health.v1.Health/Check").
+std::string MethodLabel(absl::string_view full) {
+  absl::ConsumePrefix(&full, "/");
+  absl::ConsumePrefix(&full, "kvmem.v1.KvMemory/");
+  return std::string(full);
+}
+
+class CallInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  CallInterceptor(ServerMetrics* metrics, const char* method)
+      : metrics_(metrics),
+        method_(method == nullptr ? "" : method),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* b) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (b->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) &&
+        !metrics_->options().instance_name.empty()) {
+      b->GetSendInitialMetadata()->emplace("kvmem-instance",
+                                           metrics_->options().instance_name);
+    }
+    if (b->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_STATUS)) {
+      metrics_->OnCallDone(method_, b->GetSendStatus().error_code(),
+                           std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - start_)
+                               .count());
+    }
+    b->Proceed();
+  }
+
+ private:
+  ServerMetrics* const metrics_;
+  const std::string method_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
+class InterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit InterceptorFactory(ServerMetrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new CallInterceptor(metrics_, info->method());
+  }
+
+ private:
+  ServerMetrics* const metrics_;
+};
+
+}  // namespace
+
+struct ServerMetrics::MethodSeries {
+  prometheus::Counter* requests;
+  prometheus::Histogram* latency;
+  std::string label;
+};
+
+ServerMetrics::ServerMetrics(const MemoryEngine* engine, const Options& options)
+    : engine_(engine),
+      options_(options),
+      registry_(std::make_shared<prometheus::Registry>()) {
+  requests_ = &prometheus::BuildCounter()
+                   .Name("kvmem_rpc_requests_total")
+                   .Help("Calls finished, by method.")
+                   .Register(*registry_);
+  errors_ = &prometheus::BuildCounter()
+                 .Name("kvmem_rpc_errors_total")
+                 .Help(
+                     "Calls finished with a status other than OK, by "
+                     "method and gRPC code.")
+                 .Register(*registry_);
+  rpc_latency_ =
+      &prometheus::BuildHistogram()
+           .Name("kvmem_rpc_latency_seconds")
+           .Help(
+               "Call duration from arrival to status, by method (streaming "
+               "calls: their whole life).")
+           .Register(*registry_);
+  auto& recall = prometheus::BuildHistogram()
+                     .Name("kvmem_recall_latency_seconds")
+                     .Help(
+                         "Recall time in the service (lookup, scoring, "
+                         "planning), by the RPC that asked.")
+                     .Register(*registry_);
+  recall_latency_ = &recall.Add({{"method", "Recall"}}, LatencyBuckets());
+  session_recall_latency_ =
+      &recall.Add({{"method", "Session"}}, LatencyBuckets());
+  collectable_ = std::make_shared<StreamCollector>(this, registry_);
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+ServerMetrics::MethodSeries* ServerMetrics::Method(const std::string& method) {
+  absl::MutexLock lock(&mu_);
+  auto it = methods_.find(method);
+  if (it != methods_.end()) return it->second.get();
+  // Past the cap every new name shares one series (key "" is never a
+  // method: gRPC's names start with '/').
+  const bool capped = methods_.size() >= kMaxMethods;
+  const std::string key = capped ? "" : method;
+  if (capped && (it = methods_.find(key)) != methods_.end()) {
+    return it->second.get();
+  }
+  auto series = std::make_unique<MethodSeries>();
+  series->label = capped ? "other" : MethodLabel(method);
+  series->requests = &requests_->Add({{"method", series->label}});
+  series->latency =
+      &rpc_latency_->Add({{"method", series->label}}, LatencyBuckets());
+  return methods_.emplace(key, std::move(series)).first->second.get();
+}
+
+void ServerMetrics::OnCallDone(const std::string& method, grpc::StatusCode code,
+                               double seconds) {
+  MethodSeries* m = Method(method);
+  m->requests->Increment();
+  m->latency->Observe(seconds);
+  if (code != grpc::StatusCode::OK) {
+    errors_
+        ->Add({{"method", m->label},
+               {"code",
+                absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}})
+        .Increment();
+  }
+}
+
+void ServerMetrics::ObserveRecall(bool session, double seconds) {
+  (session ? session_recall_latency_ : recall_latency_)->Observe(seconds);
+}
+
+void ServerMetrics::RetireStream(const StreamStats& stats) {
+  absl::MutexLock lock(&mu_);
+  for (int i = 0; i < kStreamCounterCount; ++i) {
+    retired_[i] += kCounters[i].get(stats);
+  }
+}
+
+StreamCounters ServerMetrics::retired() const {
+  absl::MutexLock lock(&mu_);
+  return retired_;
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+ServerMetrics::NewInterceptorFactory() {
+  return std::make_unique<InterceptorFactory>(this);
+}
+
+}  // namespace kvmem

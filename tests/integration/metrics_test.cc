@@ -1,0 +1,192 @@
+// /metrics of a real kvmem-server (issue 8): after appends, recalls (unary
+// and Session), a failed call and a deleted stream, the scrape holds per
+// stream and global figures equal to what the test did and to the streams'
+// own stats; streams beyond --metrics_max_streams are summed into
+// stream="_other"; every name the Grafana dashboard uses
+// (deploy/grafana/metrics.txt) is served.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "client/kvmem_client.h"
+#include "client/server_process.h"
+#include "gtest/gtest.h"
+#include "tests/stream_model.h"
+#include "tests/wire_fixture.h"
+
+namespace kvmem {
+namespace {
+
+using testing::StreamModel;
+using testing::TestGeometry;
+using testing::ToOutgoing;
+
+// GET /metrics over HTTP/1.0; the body.
+std::string Scrape(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (::write(fd, req.data(), req.size()) ==
+        static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+    }
+  }
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  EXPECT_EQ(response.rfind("HTTP/1.", 0), 0u) << response.substr(0, 200);
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// "name{labels} value" lines -> value, keyed by "name{labels}" as printed
+// (prometheus-cpp sorts labels by name).
+std::map<std::string, double> Parse(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return out;
+}
+
+TEST(MetricsTest, ScrapeMatchesTheWorkDone) {
+  testing::TempDir dir;
+  ServerProcessOptions o;
+  o.binary = KVMEM_SERVER_BINARY;
+  o.data_dir = dir.path() + "/data";
+  o.unix_socket = dir.path() + "/kvmem.sock";
+  o.log_file = dir.path() + "/server.log";
+  const std::string port_file = dir.path() + "/metrics.port";
+  o.extra_args = {"--metrics_listen=127.0.0.1:0",
+                  "--metrics_port_file=" + port_file,
+                  "--metrics_max_streams=2"};
+  ServerProcess server(o);
+  std::string error;
+  ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
+  int port = 0;
+  std::ifstream(port_file) >> port;
+  ASSERT_GT(port, 0);
+  auto client = KvmemClient::Connect(server.target());
+
+  // Streams a, b, c (c beyond the cap of 2), and d (deleted at the end).
+  const TestGeometry g;
+  const v1::StreamConfig config = testing::WireConfig(g, 32, 2, {1});
+  std::mt19937_64 rng(5);
+  const std::map<std::string, int> frames = {
+      {"a", 10}, {"b", 6}, {"c", 8}, {"d", 4}};
+  std::map<std::string, int> recalls;
+  int unary = 0, session = 0;
+  for (const auto& [id, n] : frames) {
+    StreamModel m(g, 2, 32, {1});
+    v1::OpenStreamResponse opened;
+    ASSERT_TRUE(client->OpenStream(id, config, &opened).ok());
+    std::vector<OutgoingFrame> batch;
+    for (int f = 0; f < n; ++f)
+      batch.push_back(ToOutgoing(m.AddFrame(rng, 8), f));
+    v1::AppendFramesResponse resp;
+    ASSERT_TRUE(client->AppendFrames(id, batch, &resp).ok());
+    v1::RecallRequest q;
+    q.set_stream_id(id);
+    for (size_t i = 0; i < m.summary_dim(); ++i) q.add_query(0.5f);
+    q.mutable_budget()->set_max_tokens(32);
+    v1::RecallResponse r;
+    for (int k = 0; k < n / 2; ++k, ++unary) {
+      ASSERT_TRUE(client->Recall(q, &r).ok());
+    }
+    std::unique_ptr<SessionClient> s;
+    ASSERT_TRUE(client->StartSession(id, nullptr, &s).ok());
+    ASSERT_TRUE(s->Recall(q, &r).ok());
+    ASSERT_TRUE(s->Finish().ok());
+    ++session;
+    recalls[id] = n / 2 + 1;
+  }
+  v1::RecallRequest unknown;
+  unknown.set_stream_id("nope");
+  v1::RecallResponse r;
+  ASSERT_EQ(client->Recall(unknown, &r).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(client->DeleteStream("d").ok());
+
+  const std::string text = Scrape(port);
+  const auto m = Parse(text);
+  auto at = [&](const std::string& key) {
+    auto it = m.find(key);
+    EXPECT_NE(it, m.end()) << key << " missing from /metrics";
+    return it == m.end() ? -1.0 : it->second;
+  };
+  // Per stream: a and b have labels, c is "_other"; d is gone.
+  for (const char* id : {"a", "b"}) {
+    const std::string l = std::string("{stream=\"") + id + "\"}";
+    EXPECT_EQ(at("kvmem_stream_frames_total" + l), frames.at(id));
+    EXPECT_EQ(at("kvmem_stream_recalls_total" + l), recalls.at(id));
+    v1::StreamStats st;
+    ASSERT_TRUE(client->GetStreamStats(id, &st).ok());
+    EXPECT_EQ(at("kvmem_stream_recalled_tokens_total" + l),
+              st.recalled_tokens());
+    EXPECT_EQ(at("kvmem_stream_demotions_total" + l), st.policy().demotions());
+    EXPECT_EQ(at("kvmem_stream_index_rebuilds_total" + l),
+              st.policy().rebuilds());
+    double blocks = 0;
+    for (const char* tier : {"warm", "cold", "degraded", "evicted"}) {
+      blocks += at(std::string("kvmem_stream_blocks{stream=\"") + id +
+                   "\",tier=\"" + tier + "\"}");
+    }
+    EXPECT_EQ(blocks, st.sealed_blocks()) << id;
+    EXPECT_EQ(at(std::string("kvmem_stream_bytes{stream=\"") + id +
+                 "\",tier=\"warm\"}"),
+              st.warm().bytes());
+  }
+  EXPECT_EQ(at("kvmem_stream_frames_total{stream=\"_other\"}"), frames.at("c"));
+  EXPECT_EQ(m.count("kvmem_stream_frames_total{stream=\"c\"}"), 0u);
+  EXPECT_EQ(m.count("kvmem_stream_frames_total{stream=\"d\"}"), 0u);
+  // Global counters keep the deleted stream's work.
+  EXPECT_EQ(at("kvmem_frames_total"), 10 + 6 + 8 + 4);
+  EXPECT_EQ(at("kvmem_recalls_total"), unary + session);
+  EXPECT_EQ(at("kvmem_streams{state=\"open\"}"), 3);
+  // Calls: recall latency by method, errors by method and code.
+  EXPECT_EQ(at("kvmem_recall_latency_seconds_count{method=\"Recall\"}"),
+            unary + 1);  // The NOT_FOUND one was timed too.
+  EXPECT_EQ(at("kvmem_recall_latency_seconds_count{method=\"Session\"}"),
+            session);
+  EXPECT_EQ(at("kvmem_rpc_requests_total{method=\"Recall\"}"), unary + 1);
+  EXPECT_EQ(at("kvmem_rpc_errors_total{code=\"NOT_FOUND\",method=\"Recall\"}"),
+            1);
+  EXPECT_EQ(at("kvmem_rpc_requests_total{method=\"AppendFrames\"}"), 4);
+  EXPECT_EQ(
+      m.count(
+          "kvmem_rpc_errors_total{code=\"NOT_FOUND\",method=\"AppendFrames\"}"),
+      0u);
+
+  // Every metric the dashboard queries is served (a family is served when
+  // a "# TYPE <name>" line is present).
+  std::ifstream names(KVMEM_DASHBOARD_METRICS);
+  ASSERT_TRUE(names.good()) << KVMEM_DASHBOARD_METRICS;
+  std::string name;
+  int checked = 0;
+  while (std::getline(names, name)) {
+    if (name.empty() || name[0] == '#') continue;
+    ++checked;
+    EXPECT_NE(text.find("# TYPE " + name + " "), std::string::npos)
+        << name << " (deploy/grafana/metrics.txt) is not served";
+  }
+  EXPECT_GT(checked, 20);
+  EXPECT_EQ(server.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace kvmem
