@@ -229,6 +229,22 @@ TEST_F(NginxShardingTest, StreamsStayOnOneInstanceAcrossARestart) {
   ASSERT_TRUE(client->CheckHealth("", &health).ok())
       << "nginx not serving: " << nginx.error_log();
 
+  // A per-stream call without kvmem-stream-id would be hashed nowhere
+  // (nginx round-robins an empty key): refused; ListStreams passes.
+  {
+    grpc::ClientContext ctx;
+    v1::GetStreamStatsRequest req;
+    req.set_stream_id("cam-0");
+    v1::StreamStats stats;
+    grpc::Status st = client->stub()->GetStreamStats(&ctx, req, &stats);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("missing metadata kvmem-stream-id"),
+              std::string::npos)
+        << st.error_message();
+    v1::ListStreamsResponse list;
+    EXPECT_TRUE(client->ListStreams(&list).ok());
+  }
+
   const TestGeometry g;
   std::mt19937_64 rng(42);
   std::vector<Cam> cams;

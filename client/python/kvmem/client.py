@@ -1,0 +1,577 @@
+"""The kvmem client: a typed wrapper over the generated kvmem.v1 stubs."""
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+import grpc
+import numpy as np
+
+from kvmem import _pb
+from kvmem.errors import (KvmemError, error_for, error_from_code_value,
+                          error_from_rpc)
+from kvmem.kv import decode_kv, encode_frame
+from kvmem.messages import (AppendAck, AppendFramesResponse, FrameSignals,
+                            OpenStreamResponse, PayloadLayout, RecalledBlock,
+                            RecallResponse, StreamConfig, StreamGeometry,
+                            StreamStats, from_proto, to_proto)
+
+pb = _pb.service_pb2
+types_pb = _pb.types_pb2
+
+# Metadata every per-stream call carries: proxies shard streams by it
+# (nginx: hash $http_kvmem_stream_id consistent).
+STREAM_ID_HEADER = "kvmem-stream-id"
+DEFAULT_CHUNK_BYTES = 1 << 20
+_END = object()
+
+
+@dataclass
+class Frame:
+    """One frame to append.
+
+    kv: (layers, 2, kv_heads, tokens, head_dim), [:, 0] the keys and [:, 1]
+    the values (see kvmem.kv). frame_index and first_token_position default to
+    the stream's next frame and the end of the previous frame.
+    """
+
+    kv: np.ndarray
+    frame_index: Optional[int] = None
+    first_token_position: Optional[int] = None
+    timestamp_us: int = 0
+    signals: Optional[FrameSignals] = None
+
+
+FrameLike = Union[Frame, np.ndarray]
+
+
+@dataclass
+class FetchedBlock:
+    """One block from FetchBlocks.
+
+    kv is (len(layers), 2, kv_heads, tokens, head_dim) for either layout (for
+    FRAME_MAJOR the frames joined along the token axis); payload is the bytes
+    as received. FRAME_MAJOR also gives each frame as appended in frames, with
+    its index in frame_indices.
+    """
+
+    info: RecalledBlock
+    layout: PayloadLayout
+    layers: list[int]
+    payload: bytes
+    kv: np.ndarray
+    frame_indices: list[int] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)
+
+
+def _read_pem(v: Union[None, bytes, str, os.PathLike]) -> Optional[bytes]:
+    if v is None or isinstance(v, bytes):
+        return v
+    with open(v, "rb") as f:
+        return f.read()
+
+
+def _as_frame(f: FrameLike) -> Frame:
+    return f if isinstance(f, Frame) else Frame(kv=f)
+
+
+def _frame_messages(header: "types_pb.FrameHeader", payload: bytes,
+                    chunk_bytes: int) -> Iterator[tuple[str, object]]:
+    """The header carrying the first chunk_bytes of payload, then chunks."""
+    header.payload_bytes = len(payload)
+    header.payload = payload[:chunk_bytes]
+    yield "frame", header
+    for off in range(chunk_bytes, len(payload), chunk_bytes):
+        yield "chunk", types_pb.PayloadChunk(
+            frame_index=header.frame_index, offset=off,
+            data=payload[off:off + chunk_bytes])
+
+
+def _recall_request(stream_id: str, query, *, top_k: int, max_tokens: int,
+                    window_fraction: float, current_token_position: int,
+                    signals: Optional[FrameSignals], per_layer: bool,
+                    priority: int) -> "pb.RecallRequest":
+    q = np.asarray(query, dtype=np.float32).ravel()
+    req = pb.RecallRequest(stream_id=stream_id,
+                           current_token_position=current_token_position,
+                           per_layer=per_layer, priority=priority)
+    req.query.extend(q.tolist())
+    req.budget.top_k = top_k
+    req.budget.max_tokens = max_tokens
+    req.budget.window_fraction = window_fraction
+    if signals is not None:
+        to_proto(signals, req.signals)
+    return req
+
+
+class _Cursor:
+    """Where a stream's next frame goes."""
+
+    __slots__ = ("frame", "position")
+
+    def __init__(self, frame: int, position: int) -> None:
+        self.frame = frame
+        self.position = position
+
+
+class Client:
+    """A connection to kvmem-server. Thread-safe (one gRPC channel).
+
+    target: "host:port", "unix:/path/to.sock" or "unix:///abs/path".
+    api_key: sent on every call as "authorization: Bearer <key>" (servers run
+    with --api_keys_file). root_certificates (PEM bytes or a file path):
+    connect with TLS; certificate_chain/private_key add a client certificate;
+    server_name overrides the name checked in the server's certificate.
+    timeout: default deadline of each call, seconds (None: none).
+
+    Every call naming a stream sends the metadata "kvmem-stream-id: <id>".
+    Failed calls raise KvmemError (kvmem.errors) with the gRPC code.
+    """
+
+    def __init__(self, target: str, *, api_key: Optional[str] = None,
+                 root_certificates: Union[None, bytes, str, os.PathLike] = None,
+                 certificate_chain: Union[None, bytes, str, os.PathLike] = None,
+                 private_key: Union[None, bytes, str, os.PathLike] = None,
+                 server_name: Optional[str] = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_message_bytes: int = 64 << 20,
+                 timeout: Optional[float] = None) -> None:
+        if chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be positive")
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        if root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read_pem(root_certificates),
+                private_key=_read_pem(private_key),
+                certificate_chain=_read_pem(certificate_chain))
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = _pb.service_pb2_grpc.KvMemoryStub(self._channel)
+        self.target = target
+        self.chunk_bytes = chunk_bytes
+        self.timeout = timeout
+        self._auth: list[tuple[str, str]] = (
+            [("authorization", "Bearer " + api_key)] if api_key else [])
+        self._lock = threading.Lock()
+        self._geometry: dict[str, StreamGeometry] = {}
+        self._cursor: dict[str, _Cursor] = {}
+
+    # -- plumbing ---------------------------------------------------------
+
+    @property
+    def stub(self) -> "_pb.service_pb2_grpc.KvMemoryStub":
+        """The raw generated stub, for what the wrapper does not cover."""
+        return self._stub
+
+    def metadata(self, stream_id: Optional[str] = None) -> list[tuple[str, str]]:
+        """The metadata a call sends (authorization, kvmem-stream-id)."""
+        md = list(self._auth)
+        if stream_id is not None:
+            md.append((STREAM_ID_HEADER, stream_id))
+        return md
+
+    def _call(self, method, request, stream_id: Optional[str], timeout):
+        try:
+            return method(request, metadata=self.metadata(stream_id),
+                          timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    def _remember(self, stats: StreamStats) -> None:
+        with self._lock:
+            self._geometry[stats.stream_id] = stats.config.geometry
+            self._cursor[stats.stream_id] = _Cursor(
+                stats.last_durable_frame + 1, stats.next_token_position)
+
+    def _forget(self, stream_id: str) -> None:
+        with self._lock:
+            self._geometry.pop(stream_id, None)
+            self._cursor.pop(stream_id, None)
+
+    def geometry(self, stream_id: str) -> StreamGeometry:
+        """The stream's geometry (asked once, then cached)."""
+        with self._lock:
+            g = self._geometry.get(stream_id)
+        return g if g is not None else self.stats(stream_id).config.geometry
+
+    def _next(self, stream_id: str) -> _Cursor:
+        with self._lock:
+            c = self._cursor.get(stream_id)
+        if c is None:
+            self.stats(stream_id)
+            with self._lock:
+                c = self._cursor[stream_id]
+        return _Cursor(c.frame, c.position)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Waits until the channel is connected; UnavailableError otherwise."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise error_for(grpc.StatusCode.UNAVAILABLE,
+                            f"{self.target} not reachable within {timeout} s") from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- streams ----------------------------------------------------------
+
+    def open_stream(self, stream_id: str, config: StreamConfig,
+                    timeout: Optional[float] = None) -> OpenStreamResponse:
+        """Creates the stream, or reopens it when the config is equal
+        (AlreadyExistsError when it differs)."""
+        req = pb.OpenStreamRequest(stream_id=stream_id)
+        to_proto(config, req.config)
+        resp = from_proto(OpenStreamResponse,
+                          self._call(self._stub.OpenStream, req, stream_id, timeout))
+        self._remember(resp.stats)
+        return resp
+
+    def close_stream(self, stream_id: str, timeout: Optional[float] = None) -> StreamStats:
+        """Seals the open block; the stream takes no more frames."""
+        resp = self._call(self._stub.CloseStream,
+                          pb.CloseStreamRequest(stream_id=stream_id), stream_id, timeout)
+        stats = from_proto(StreamStats, resp.stats)
+        self._remember(stats)
+        return stats
+
+    def delete_stream(self, stream_id: str, timeout: Optional[float] = None) -> None:
+        """Removes the stream and all its data."""
+        self._forget(stream_id)
+        self._call(self._stub.DeleteStream,
+                   pb.DeleteStreamRequest(stream_id=stream_id), stream_id, timeout)
+
+    def list_streams(self, timeout: Optional[float] = None) -> list[StreamStats]:
+        resp = self._call(self._stub.ListStreams, pb.ListStreamsRequest(), None, timeout)
+        out = [from_proto(StreamStats, s) for s in resp.streams]
+        for s in out:
+            self._remember(s)
+        return out
+
+    def stats(self, stream_id: str, timeout: Optional[float] = None) -> StreamStats:
+        """GetStreamStats."""
+        s = from_proto(StreamStats, self._call(
+            self._stub.GetStreamStats, pb.GetStreamStatsRequest(stream_id=stream_id),
+            stream_id, timeout))
+        self._remember(s)
+        return s
+
+    # -- frames -----------------------------------------------------------
+
+    def append_frames(self, stream_id: str, frames: Iterable[FrameLike], *,
+                      chunk_bytes: Optional[int] = None,
+                      timeout: Optional[float] = None) -> AppendFramesResponse:
+        """Uploads frames in order over one AppendFrames call.
+
+        Each frame is a Frame or a bare (layers, 2, kv_heads, tokens, head_dim)
+        array; payloads are split into a FrameHeader and PayloadChunks of
+        chunk_bytes (default: the client's). Frames are encoded as they are
+        sent, so a generator keeps memory bounded. On a server error the
+        exception's last_durable_frame says where to resume; a frame that does
+        not fit the geometry raises ValueError after the frames before it are
+        stored.
+        """
+        chunk = chunk_bytes or self.chunk_bytes
+        it = iter(frames)
+        head = next(it, _END)
+        if head is _END:  # Nothing to send (an empty call would not name the stream).
+            return AppendFramesResponse(
+                last_durable_frame=self.stats(stream_id, timeout).last_durable_frame)
+        frames = itertools.chain([head], it)
+        geometry = self.geometry(stream_id)
+        cursor = self._next(stream_id)
+        failure: list[BaseException] = []
+
+        def requests() -> Iterator["pb.AppendFramesRequest"]:
+            first = True
+            while True:
+                try:
+                    f = next(frames, _END)
+                    if f is _END:
+                        return
+                    f = _as_frame(f)
+                    tokens, payload = encode_frame(geometry, f.kv)
+                except Exception as e:  # Raised once the call has ended.
+                    failure.append(e)
+                    return
+                header = _header(f, tokens, cursor)
+                for kind, msg in _frame_messages(header, payload, chunk):
+                    req = pb.AppendFramesRequest(**{kind: msg})
+                    if first:
+                        req.stream_id = stream_id
+                        first = False
+                    yield req
+
+        try:
+            resp = self._call(self._stub.AppendFrames, requests(), stream_id, timeout)
+        except KvmemError:
+            self._forget_cursor(stream_id)
+            raise
+        if failure:
+            self._forget_cursor(stream_id)
+            raise failure[0]
+        with self._lock:
+            self._cursor[stream_id] = _Cursor(resp.last_durable_frame + 1, cursor.position)
+        return from_proto(AppendFramesResponse, resp)
+
+    def _forget_cursor(self, stream_id: str) -> None:
+        with self._lock:
+            self._cursor.pop(stream_id, None)
+
+    # -- recall -----------------------------------------------------------
+
+    def recall(self, stream_id: str, query, *, top_k: int = 0, max_tokens: int = 0,
+               window_fraction: float = 0.0, current_token_position: int = 0,
+               signals: Optional[FrameSignals] = None, per_layer: bool = False,
+               priority: int = 0, timeout: Optional[float] = None) -> RecallResponse:
+        """The budgeted recall set for a query.
+
+        query: summary_dim floats, [indexed_layer][kv_head][head_dim] (any
+        array of that many elements; sent as fp32). Zero budget fields take
+        the stream's defaults.
+        """
+        req = _recall_request(stream_id, query, top_k=top_k, max_tokens=max_tokens,
+                              window_fraction=window_fraction,
+                              current_token_position=current_token_position,
+                              signals=signals, per_layer=per_layer, priority=priority)
+        return from_proto(RecallResponse,
+                          self._call(self._stub.Recall, req, stream_id, timeout))
+
+    def fetch_blocks(self, stream_id: str, block_ids: Sequence[int], *,
+                     layout: PayloadLayout = PayloadLayout.FRAME_MAJOR,
+                     layers: Optional[Sequence[int]] = None,
+                     max_chunk_bytes: int = 0,
+                     timeout: Optional[float] = None) -> list[FetchedBlock]:
+        """The KV of the given blocks as numpy arrays, in request order.
+
+        layers (BLOCK_LAYER_MAJOR only): the layers to send, in this order;
+        None means all.
+        """
+        geometry = self.geometry(stream_id)
+        req = pb.FetchBlocksRequest(stream_id=stream_id, block_ids=list(block_ids),
+                                    max_chunk_bytes=max_chunk_bytes,
+                                    layout=int(layout), layers=list(layers or []))
+        want_layers = list(layers) if layers else list(range(geometry.layers))
+        blocks: list[dict] = []
+        try:
+            call = self._stub.FetchBlocks(
+                req, metadata=self.metadata(stream_id),
+                timeout=self.timeout if timeout is None else timeout)
+            for c in call:
+                cur = blocks[-1] if blocks else None
+                if c.HasField("block") and (cur is None or cur["id"] != c.block_id
+                                            or cur["size"] > 0):
+                    cur = {"id": c.block_id, "info": c.block, "parts": [], "size": 0,
+                           "frames": []}
+                    blocks.append(cur)
+                if cur is None or cur["id"] != c.block_id or cur["size"] != c.offset:
+                    call.cancel()
+                    raise error_for(grpc.StatusCode.DATA_LOSS,
+                                    "FetchBlocks chunks arrived out of order")
+                cur["parts"].append(c.data)
+                cur["size"] += len(c.data)
+                fr = cur["frames"]
+                if fr and fr[-1][0] == c.frame_index:
+                    fr[-1][1] += len(c.data)
+                else:
+                    fr.append([c.frame_index, len(c.data)])
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+        out = []
+        for b in blocks:
+            payload = b"".join(b["parts"])
+            info = from_proto(RecalledBlock, b["info"])
+            if layout == PayloadLayout.BLOCK_LAYER_MAJOR:
+                kv = decode_kv(geometry, payload, len(want_layers))
+                out.append(FetchedBlock(info=info, layout=PayloadLayout.BLOCK_LAYER_MAJOR,
+                                        layers=want_layers, payload=payload, kv=kv))
+                continue
+            frames, indices, off = [], [], 0
+            for index, size in b["frames"]:
+                frames.append(decode_kv(geometry, payload[off:off + size], geometry.layers))
+                indices.append(index)
+                off += size
+            kv = (np.concatenate(frames, axis=3) if frames
+                  else decode_kv(geometry, b"", geometry.layers))
+            out.append(FetchedBlock(info=info, layout=PayloadLayout.FRAME_MAJOR,
+                                    layers=list(range(geometry.layers)), payload=payload,
+                                    kv=kv, frame_indices=indices, frames=frames))
+        return out
+
+    # -- session ----------------------------------------------------------
+
+    def session(self, stream_id: str, config: Optional[StreamConfig] = None,
+                timeout: Optional[float] = None) -> "Session":
+        """Starts a Session (the bidirectional live-camera call) bound to the
+        stream, opening it with config when given. Use as a context manager."""
+        return Session(self, stream_id, config, timeout)
+
+
+def _header(f: Frame, tokens: int, cursor: _Cursor) -> "types_pb.FrameHeader":
+    """The frame's header; advances the cursor past it."""
+    index = cursor.frame if f.frame_index is None else f.frame_index
+    pos = cursor.position if f.first_token_position is None else f.first_token_position
+    h = types_pb.FrameHeader(frame_index=index, timestamp_us=f.timestamp_us,
+                             first_token_position=pos, token_count=tokens)
+    if f.signals is not None:
+        to_proto(f.signals, h.signals)
+    cursor.frame = index + 1
+    cursor.position = pos + tokens
+    return h
+
+
+class Session:
+    """One Session call: appends and recalls on one stream, each waiting for
+    its response (so responses never need reordering). Not thread-safe.
+
+    opened holds the OpenStreamResponse. A rejected recall raises and leaves
+    the session usable; an append error ends the call (the exception's
+    last_durable_frame says where to resume, with a new session).
+    """
+
+    def __init__(self, client: Client, stream_id: str,
+                 config: Optional[StreamConfig], timeout: Optional[float]) -> None:
+        self._client = client
+        self.stream_id = stream_id
+        self._requests: "queue.SimpleQueue[Optional[pb.SessionRequest]]" = queue.SimpleQueue()
+        self._seq = 0
+        self._finished = False
+        self._responses = client.stub.Session(
+            self._generate(), metadata=client.metadata(stream_id),
+            timeout=client.timeout if timeout is None else timeout)
+        req = pb.SessionRequest(open=pb.OpenStreamRequest(stream_id=stream_id))
+        if config is not None:
+            to_proto(config, req.open.config)
+        try:
+            resp = self._exchange(req, wait=True)
+        except BaseException:
+            self.cancel()
+            raise
+        self.opened = from_proto(OpenStreamResponse, resp.opened)
+        client._remember(self.opened.stats)
+        self._geometry = self.opened.stats.config.geometry
+        self._cursor = _Cursor(self.opened.stats.last_durable_frame + 1,
+                               self.opened.stats.next_token_position)
+
+    def _generate(self) -> Iterator["pb.SessionRequest"]:
+        while True:
+            req = self._requests.get()
+            if req is None:
+                return
+            yield req
+
+    def _broken(self, e: Optional[grpc.RpcError]) -> KvmemError:
+        self._finished = True
+        self._requests.put(None)
+        if e is not None:
+            return error_from_rpc(e)
+        return error_for(grpc.StatusCode.UNAVAILABLE, "the session ended unexpectedly")
+
+    def _exchange(self, req: "pb.SessionRequest", wait: bool) -> Optional["pb.SessionResponse"]:
+        if self._finished:
+            raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "the session is finished")
+        self._seq += 1
+        req.seq = self._seq
+        self._requests.put(req)
+        if not wait:
+            return None
+        try:
+            resp = next(self._responses)
+        except StopIteration:
+            raise self._broken(None) from None
+        except grpc.RpcError as e:
+            raise self._broken(e) from None
+        if resp.seq != self._seq:
+            raise self._broken_with(grpc.StatusCode.INTERNAL, "session response out of order")
+        if resp.HasField("error"):
+            raise error_from_code_value(resp.error.code, resp.error.message)
+        return resp
+
+    def _broken_with(self, code: grpc.StatusCode, message: str) -> KvmemError:
+        self.cancel()
+        return error_for(code, message)
+
+    def append(self, frame: FrameLike) -> AppendAck:
+        """Appends one frame (chunked like Client.append_frames); its ack."""
+        f = _as_frame(frame)
+        tokens, payload = encode_frame(self._geometry, f.kv)
+        cursor = _Cursor(self._cursor.frame, self._cursor.position)
+        header = _header(f, tokens, cursor)
+        msgs = list(_frame_messages(header, payload, self._client.chunk_bytes))
+        resp = None
+        for i, (kind, msg) in enumerate(msgs):
+            # Only the message completing the frame gets a response.
+            resp = self._exchange(pb.SessionRequest(**{kind: msg}), wait=i == len(msgs) - 1)
+        if resp is None or not resp.HasField("ack"):
+            raise self._broken_with(grpc.StatusCode.INTERNAL,
+                                    "session answered a frame without an ack")
+        self._cursor = cursor
+        self._client._forget_cursor(self.stream_id)
+        return from_proto(AppendAck, resp.ack)
+
+    def recall(self, query, *, top_k: int = 0, max_tokens: int = 0,
+               window_fraction: float = 0.0, current_token_position: int = 0,
+               signals: Optional[FrameSignals] = None, per_layer: bool = False,
+               priority: int = 0) -> RecallResponse:
+        """Client.recall over the session."""
+        req = _recall_request("", query, top_k=top_k, max_tokens=max_tokens,
+                              window_fraction=window_fraction,
+                              current_token_position=current_token_position,
+                              signals=signals, per_layer=per_layer, priority=priority)
+        resp = self._exchange(pb.SessionRequest(recall=req), wait=True)
+        return from_proto(RecallResponse, resp.recall)
+
+    def close(self) -> None:
+        """Half-closes the call and waits for its final status (raises if it
+        is an error)."""
+        if self._finished:
+            return
+        self._finished = True
+        self._requests.put(None)
+        try:
+            for _ in self._responses:
+                pass
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    def cancel(self) -> None:
+        """Ends the call without waiting."""
+        self._finished = True
+        self._requests.put(None)
+        self._responses.cancel()
+
+    def __del__(self) -> None:
+        # An abandoned session: end the call and free gRPC's request thread.
+        if not getattr(self, "_finished", True):
+            try:
+                self.cancel()
+            except Exception:
+                pass
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
+def connect(target: str, **kwargs) -> Client:
+    """Client(target, **kwargs)."""
+    return Client(target, **kwargs)

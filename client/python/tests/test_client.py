@@ -1,0 +1,323 @@
+"""The Python client against a real kvmem-server: numpy frames in, the same
+bytes out in both fetch layouts, statistics, recall budgets and scores (checked
+against summaries computed here), sessions, API keys, and error codes."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import kvmem  # noqa: E402
+from kvmem_test_util import Server  # noqa: E402
+
+LAYERS, HEADS, DIM, MAX_TOKENS = 3, 2, 16, 8
+HOT_WINDOW = 16
+TOKENS = [8, 5, 8, 3, 1, 8, 7, 2, 6, 4]  # Per frame; FIXED blocks of 2 frames.
+
+
+def config(dtype=kvmem.DType.FP16, hot_window=HOT_WINDOW) -> kvmem.StreamConfig:
+    return kvmem.StreamConfig(
+        geometry=kvmem.StreamGeometry(layers=LAYERS, kv_heads=HEADS, head_dim=DIM,
+                                      dtype=dtype, max_tokens_per_frame=MAX_TOKENS),
+        hot_window_tokens=hot_window,
+        block_policy=kvmem.BlockPolicy(frames_per_block=2, mode=kvmem.SegmentMode.FIXED))
+
+
+def frames(seed: int, tokens=TOKENS, dtype=np.float16) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((LAYERS, 2, HEADS, t, DIM)).astype(dtype) for t in tokens]
+
+
+def summary(block_frames: list[np.ndarray]) -> np.ndarray:
+    """The block summary the server indexes: per layer, the mean key over the
+    block's tokens, [layer][kv_head][head_dim] fp32."""
+    keys = np.concatenate([f[:, 0].astype(np.float32) for f in block_frames], axis=2)
+    return keys.mean(axis=2).ravel()
+
+
+class RealServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server()
+        cls.client = kvmem.Client(cls.server.unix, timeout=30, chunk_bytes=100)
+        cls.client.wait_ready(10)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+
+    def _stream(self, name: str, seed: int = 1, cfg=None) -> list[np.ndarray]:
+        fs = frames(seed)
+        opened = self.client.open_stream(name, cfg or config())
+        self.assertTrue(opened.created)
+        self.assertEqual(opened.stats.last_durable_frame, -1)
+        r = self.client.append_frames(name, fs)
+        self.assertEqual(r.frames_written, len(fs))
+        self.assertEqual(r.last_durable_frame, len(fs) - 1)
+        return fs
+
+    def test_append_stats_and_fetch(self):
+        fs = frames(1)
+        c = self.client
+        opened = c.open_stream("rt", config())
+        self.assertTrue(opened.created)
+        self.assertFalse(c.open_stream("rt", config()).created)  # Same config: reopened.
+        with self.assertRaises(kvmem.AlreadyExistsError):
+            c.open_stream("rt", config(hot_window=32))
+
+        frame_bytes = [f.nbytes for f in fs]
+        # Chunks of 100 bytes (the client's): every frame is split unevenly.
+        r = c.append_frames("rt", fs[:7])
+        self.assertEqual((r.frames_written, r.bytes_written, r.last_durable_frame,
+                          r.sealed_blocks), (7, sum(frame_bytes[:7]), 6, 3))
+        # Frame indices and positions continue where the stream stopped.
+        r = c.append_frames("rt", (kvmem.Frame(kv=f, timestamp_us=i) for i, f in
+                                   enumerate(fs[7:])), chunk_bytes=1 << 20)
+        self.assertEqual((r.frames_written, r.last_durable_frame, r.sealed_blocks), (3, 9, 2))
+
+        s = c.stats("rt")
+        self.assertEqual(s.stream_id, "rt")
+        self.assertEqual(s.frames, 10)
+        self.assertEqual(s.last_durable_frame, 9)
+        self.assertEqual(s.tokens, sum(TOKENS))
+        self.assertEqual(s.next_token_position, sum(TOKENS))
+        self.assertEqual(s.payload_bytes, sum(frame_bytes))
+        self.assertEqual(s.sealed_blocks, 5)
+        self.assertEqual(s.open_block_frames, 0)
+        self.assertEqual(s.summary_dim, LAYERS * HEADS * DIM)
+        self.assertEqual(s.config.geometry, config().geometry)
+        self.assertIn("rt", [x.stream_id for x in c.list_streams()])
+
+        ids = list(range(5))
+        fm = c.fetch_blocks("rt", ids, max_chunk_bytes=64)
+        self.assertEqual([b.info.block_id for b in fm], ids)
+        for b in fm:
+            i, j = 2 * b.info.block_id, 2 * b.info.block_id + 1
+            with self.subTest(block=b.info.block_id, layout="frame-major"):
+                self.assertEqual((b.info.first_frame, b.info.last_frame), (i, j))
+                self.assertEqual(b.info.token_count, TOKENS[i] + TOKENS[j])
+                self.assertEqual(b.payload, fs[i].tobytes() + fs[j].tobytes())
+                self.assertEqual(b.frame_indices, [i, j])
+                for got, want in zip(b.frames, fs[i:j + 1]):
+                    np.testing.assert_array_equal(got, want)
+                self.assertEqual(b.kv.shape, (LAYERS, 2, HEADS, b.info.token_count, DIM))
+                np.testing.assert_array_equal(b.kv, np.concatenate(fs[i:j + 1], axis=3))
+
+        lm = c.fetch_blocks("rt", [3, 0], layout=kvmem.PayloadLayout.BLOCK_LAYER_MAJOR)
+        for b in lm:
+            i = 2 * b.info.block_id
+            want = np.concatenate(fs[i:i + 2], axis=3)
+            with self.subTest(block=b.info.block_id, layout="block-layer-major"):
+                self.assertEqual(b.kv.shape, (LAYERS, 2, HEADS, TOKENS[i] + TOKENS[i + 1], DIM))
+                self.assertEqual(b.layers, [0, 1, 2])
+                np.testing.assert_array_equal(b.kv, want)
+                self.assertEqual(b.payload, np.ascontiguousarray(want).tobytes())
+        (b,) = c.fetch_blocks("rt", [1], layout=kvmem.PayloadLayout.BLOCK_LAYER_MAJOR,
+                              layers=[2, 0], max_chunk_bytes=100)
+        self.assertEqual(b.kv.shape, (2, 2, HEADS, TOKENS[2] + TOKENS[3], DIM))
+        np.testing.assert_array_equal(b.kv, np.concatenate(fs[2:4], axis=3)[[2, 0]])
+
+    def test_recall_budgets_and_scores(self):
+        fs = self._stream("rc", seed=2)
+        rng = np.random.default_rng(3)
+        query = rng.standard_normal(LAYERS * HEADS * DIM).astype(np.float32)
+        # Positions: the newest HOT_WINDOW tokens are [end - 16, end); blocks
+        # touching them are never recalled.
+        starts = np.concatenate([[0], np.cumsum(TOKENS)])
+        end = int(starts[-1])
+        eligible = [b for b in range(5) if starts[2 * b + 2] <= end - HOT_WINDOW]
+        self.assertEqual(eligible, [0, 1, 2])
+        scores = {b: float(summary(fs[2 * b:2 * b + 2]) @ query) for b in eligible}
+        ranked = sorted(eligible, key=lambda b: -scores[b])
+
+        r = self.client.recall("rc", query, top_k=64, max_tokens=1000)
+        self.assertEqual(r.candidates, len(eligible))
+        self.assertEqual(r.block_ids, ranked)
+        for blk in r.blocks:
+            self.assertAlmostEqual(blk.score, scores[blk.block_id], delta=1e-3 * abs(
+                scores[blk.block_id]) + 1e-3)
+            self.assertEqual(blk.token_count, TOKENS[2 * blk.block_id] +
+                             TOKENS[2 * blk.block_id + 1])
+            self.assertEqual(blk.tier, kvmem.Tier.WARM)
+        self.assertAlmostEqual(sum(b.gate_weight for b in r.blocks), 1.0, places=4)
+        self.assertEqual(r.total_tokens, sum(b.token_count for b in r.blocks))
+
+        sizes = {b: TOKENS[2 * b] + TOKENS[2 * b + 1] for b in eligible}
+        for budget in (1, 8, 11, 13, 20, 24, 33):
+            for top_k in (1, 2, 8):
+                with self.subTest(max_tokens=budget, top_k=top_k):
+                    r = self.client.recall("rc", query, top_k=top_k, max_tokens=budget)
+                    self.assertEqual(r.budget_tokens, budget)
+                    self.assertEqual(r.top_k, top_k)
+                    self.assertLessEqual(r.total_tokens, budget)
+                    self.assertLessEqual(len(r.blocks), top_k)
+                    self.assertEqual(r.total_tokens, sum(b.token_count for b in r.blocks))
+                    # Whole blocks: the best top_k, in score order, each taken
+                    # when it still fits the budget.
+                    want, used = [], 0
+                    for b in ranked[:top_k]:
+                        if used + sizes[b] <= budget:
+                            want.append(b)
+                            used += sizes[b]
+                    self.assertEqual(set(r.block_ids), set(want))
+                    self.assertEqual(r.block_ids, [b for b in ranked if b in want])
+        # Budget as a fraction of the hot window.
+        r = self.client.recall("rc", query, top_k=8, window_fraction=0.75)
+        self.assertEqual(r.budget_tokens, 12)
+        self.assertLessEqual(r.total_tokens, 12)
+
+    def test_session(self):
+        fs = frames(4, tokens=[4, 4, 4, 4, 4, 4, 4, 4])
+        with self.client.session("ss", config(hot_window=8)) as s:
+            self.assertTrue(s.opened.created)
+            acks = [s.append(f) for f in fs]
+            self.assertEqual([a.frame_index for a in acks], list(range(8)))
+            self.assertEqual([a.last_durable_frame for a in acks], list(range(8)))
+            self.assertEqual([a.sealed_block for a in acks], [False, True] * 4)
+            q = np.random.default_rng(5).standard_normal(LAYERS * HEADS * DIM)
+            via_session = s.recall(q, top_k=8, max_tokens=64)
+            self.assertGreater(len(via_session.blocks), 0)
+            with self.assertRaises(kvmem.InvalidArgumentError):
+                s.recall(q[:5])
+            # A rejected query leaves the session usable.
+            extra = frames(6, tokens=[3])[0]
+            self.assertEqual(s.append(extra).frame_index, 8)
+        direct = self.client.recall("ss", q, top_k=8, max_tokens=64)
+        self.assertEqual(direct.block_ids, via_session.block_ids)
+        self.assertEqual(self.client.stats("ss").frames, 9)
+        (b,) = self.client.fetch_blocks("ss", [2])
+        self.assertEqual(b.payload, fs[4].tobytes() + fs[5].tobytes())
+
+        # A replayed frame ends the session with its status.
+        with self.client.session("ss") as s:
+            self.assertFalse(s.opened.created)
+            with self.assertRaises(kvmem.KvmemError) as cm:
+                s.append(kvmem.Frame(kv=fs[0], frame_index=0))
+            self.assertIn(cm.exception.code, (grpc.StatusCode.ALREADY_EXISTS,
+                                              grpc.StatusCode.FAILED_PRECONDITION))
+            with self.assertRaises(kvmem.FailedPreconditionError):
+                s.append(extra)
+
+    def test_fp32_and_bf16_streams(self):
+        for dtype, np_in in ((kvmem.DType.FP32, np.float32), (kvmem.DType.BF16, np.float32)):
+            with self.subTest(dtype=dtype.name):
+                name = "dt-" + dtype.name.lower()
+                fs = frames(7, tokens=[3, 6], dtype=np_in)
+                self.client.open_stream(name, config(dtype=dtype))
+                r = self.client.append_frames(name, fs)
+                self.assertEqual(r.bytes_written,
+                                 sum(config(dtype=dtype).geometry.payload_bytes(t)
+                                     for t in (3, 6)))
+                self.client.close_stream(name)  # Seals the last block.
+                (b,) = self.client.fetch_blocks(name, [0])
+                want = np.concatenate(fs, axis=3)
+                if dtype is kvmem.DType.BF16:
+                    self.assertEqual(b.kv.dtype, np.uint16)
+                    want = kvmem.float32_to_bf16(want)
+                else:
+                    self.assertEqual(b.kv.dtype, np.float32)
+                np.testing.assert_array_equal(b.kv, want)
+
+    def test_errors(self):
+        c = self.client
+        fs = self._stream("er", seed=8)
+        q = np.zeros(LAYERS * HEADS * DIM, np.float32)
+
+        def code(fn):
+            with self.assertRaises(kvmem.KvmemError) as cm:
+                fn()
+            return cm.exception
+
+        e = code(lambda: c.recall("no-such-stream", q))
+        self.assertIsInstance(e, kvmem.NotFoundError)
+        self.assertEqual(e.code, grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(code(lambda: c.stats("no-such-stream")).code,
+                         grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(code(lambda: c.fetch_blocks("er", [999])).code,
+                         grpc.StatusCode.NOT_FOUND)
+        e = code(lambda: c.recall("er", q[:-1]))
+        self.assertIsInstance(e, kvmem.InvalidArgumentError)
+        self.assertEqual(e.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(code(lambda: c.open_stream("bad id!", config())).code,
+                         grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(code(lambda: c.fetch_blocks("er", [0], layers=[1])).code,
+                         grpc.StatusCode.INVALID_ARGUMENT)  # layers needs BLOCK_LAYER_MAJOR.
+
+        # A replayed frame: ALREADY_EXISTS naming the last durable frame.
+        e = code(lambda: c.append_frames("er", [kvmem.Frame(kv=fs[0], frame_index=0)]))
+        self.assertEqual(e.code, grpc.StatusCode.ALREADY_EXISTS)
+        self.assertEqual(e.last_durable_frame, len(fs) - 1)
+        # A gap: FAILED_PRECONDITION.
+        e = code(lambda: c.append_frames("er", [kvmem.Frame(kv=fs[0], frame_index=len(fs) + 3)]))
+        self.assertEqual(e.code, grpc.StatusCode.FAILED_PRECONDITION)
+        # A frame of the wrong shape never reaches the server.
+        with self.assertRaisesRegex(ValueError, "shape"):
+            c.append_frames("er", [np.zeros((LAYERS, 2, HEADS + 1, 2, DIM), np.float16)])
+        # Nothing was stored by the failed calls; the client resumes in place.
+        self.assertEqual(c.stats("er").last_durable_frame, len(fs) - 1)
+        r = c.append_frames("er", frames(9, tokens=[2]))
+        self.assertEqual(r.last_durable_frame, len(fs))
+
+        c.close_stream("er")
+        e = code(lambda: c.append_frames("er", frames(9, tokens=[2])))
+        self.assertEqual(e.code, grpc.StatusCode.FAILED_PRECONDITION)
+        c.delete_stream("er")
+        self.assertEqual(code(lambda: c.stats("er")).code, grpc.StatusCode.NOT_FOUND)
+        self.assertNotIn("er", [s.stream_id for s in c.list_streams()])
+
+
+class ApiKeyTest(unittest.TestCase):
+    def test_keys_required_and_sent(self):
+        key = "py-client-key-0123456789"
+        with Server(env={"KVMEM_API_KEYS": f"tenant-a:{key}\n"}) as server:
+            with kvmem.Client(server.tcp, timeout=30) as anon:
+                with self.assertRaises(kvmem.UnauthenticatedError):
+                    anon.list_streams()
+            with kvmem.Client(server.tcp, api_key="wrong-key-0123456789", timeout=30) as bad:
+                with self.assertRaises(kvmem.UnauthenticatedError):
+                    bad.list_streams()
+            with kvmem.Client(server.tcp, api_key=key, timeout=30) as good:
+                good.open_stream("k1", config())
+                self.assertEqual([s.stream_id for s in good.list_streams()], ["k1"])
+
+
+@unittest.skipIf(shutil.which("openssl") is None, "openssl (deploy/bootstrap.sh) not installed")
+class TlsTest(unittest.TestCase):
+    def test_tls_with_root_certificate(self):
+        tmp = tempfile.mkdtemp(prefix="kvmem-pytls-")
+        try:
+            cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
+                            "-out", cert, "-days", "1", "-subj", "/CN=kvmem-test",
+                            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                           check=True, capture_output=True)
+            with Server(f"--tls_cert_file={cert}", f"--tls_key_file={key}") as server:
+                with kvmem.Client(server.tcp, root_certificates=cert, timeout=30) as c:
+                    c.open_stream("tls-1", config())
+                    self.assertEqual([s.stream_id for s in c.list_streams()], ["tls-1"])
+                # The name checked is the target's host unless overridden.
+                with open(cert, "rb") as f:
+                    pem = f.read()
+                target = f"localhost:{server.port}"
+                with kvmem.Client(target, root_certificates=pem, server_name="localhost",
+                                  timeout=30) as c:
+                    self.assertEqual(len(c.list_streams()), 1)
+                with kvmem.Client(server.tcp, timeout=5) as plain:
+                    with self.assertRaises(kvmem.UnavailableError):
+                        plain.list_streams()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
