@@ -19,6 +19,7 @@
 #include "client/demo_workload.h"
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
+#include "client/terminal.h"
 
 ABSL_FLAG(int, cameras, 4, "demo: camera streams run in parallel.");
 ABSL_FLAG(int, frames, 240, "demo: frames per camera.");
@@ -69,7 +70,8 @@ int BlockPlace(const CameraWorkload& w, const v1::RecalledBlock& b) {
 }
 
 void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
-               int places, uint64_t seed, CameraResult* out) {
+               int places, uint64_t seed, ProgressBar* progress,
+               CameraResult* out) {
   const std::string id = absl::StrCat("demo-cam-", cam);
   CameraWorkload w(seed * 1000 + cam, g, places, frames);
   const v1::StreamConfig config = DemoStreamConfig(g);
@@ -128,6 +130,7 @@ void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
     out->last_blocks.clear();
     for (const auto& b : resp.blocks())
       out->last_blocks.push_back(b.block_id());
+    progress->Add();
   }
   out->status = session->Finish();
 }
@@ -224,11 +227,15 @@ int RunDemo(const std::vector<std::string>&) {
   std::vector<CameraResult> results(cameras);
   std::vector<std::thread> threads;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int c = 0; c < cameras; ++c) {
-    threads.emplace_back(RunCamera, client.get(), c, g, frames, places,
-                         absl::GetFlag(FLAGS_seed), &results[c]);
+  {
+    ProgressBar progress("kvmem demo", static_cast<uint64_t>(cameras) * frames,
+                         "frames");
+    for (int c = 0; c < cameras; ++c) {
+      threads.emplace_back(RunCamera, client.get(), c, g, frames, places,
+                           absl::GetFlag(FLAGS_seed), &progress, &results[c]);
+    }
+    for (auto& t : threads) t.join();
   }
-  for (auto& t : threads) t.join();
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
@@ -364,6 +371,7 @@ int RunDemo(const std::vector<std::string>&) {
         "  recall latency round trip p50 %.0f us, p99 %.0f us; engine "
         "p50 %.0f us, p99 %.0f us\n",
         p50, p99, e50, e99);
+    std::printf("%s", Histogram(total.rtt_us, 6, 40, "us").c_str());
     std::printf(
         "  memory         per camera: %.2f MiB of KV appended, kept in the "
         "tiers below, vs a %.2f MiB hot window + %.2f MiB recall budget on "

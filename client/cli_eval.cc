@@ -1,10 +1,13 @@
 // kvmem eval: the evaluation harness (see client/eval.h).
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -13,6 +16,7 @@
 #include "client/cli.h"
 #include "client/eval.h"
 #include "client/server_process.h"
+#include "client/terminal.h"
 
 // Knobs only eval has. Flags shared with demo (--cameras, --frames, --seed,
 // --layers, --kv_heads, --head_dim, --tokens_per_frame, --hot_window_tokens,
@@ -171,7 +175,6 @@ int RunEval(const std::vector<std::string>&) {
   o.groups_per_block = absl::GetFlag(FLAGS_groups_per_block);
   o.index_factory = absl::GetFlag(FLAGS_index_factory);
   o.out_dir = absl::GetFlag(FLAGS_out);
-  o.progress = &std::cerr;
 
   const std::string via = absl::GetFlag(FLAGS_via);
   // A server this command starts is stopped and its data removed on every
@@ -195,7 +198,27 @@ int RunEval(const std::vector<std::string>&) {
     return 2;
   }
 
+  // A progress bar on a terminal; elsewhere a line every 5 %.
+  std::optional<ProgressBar> bar;
+  int last_step = -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  o.on_frame = [&](int done, int total) {
+    if (ProgressEnabled()) {
+      if (!bar) bar.emplace("kvmem eval", total, "frames");
+      bar->Set(done);
+      return;
+    }
+    const int step = 20 * done / std::max(1, total);
+    if (step == last_step) return;
+    last_step = step;
+    std::fprintf(
+        stderr, "kvmem eval: frame %d/%d (%d%%), %.0f s\n", done, total,
+        100 * done / std::max(1, total),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+  };
   absl::StatusOr<EvalResult> r = RunEval(o);
+  bar.reset();
   if (!r.ok()) {
     std::fprintf(stderr, "kvmem eval: %s\n", r.status().ToString().c_str());
     return r.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -1,6 +1,7 @@
 // `kvmem recall` and `kvmem stats`.
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
 #include "client/kvmem_client.h"
+#include "client/terminal.h"
 
 ABSL_FLAG(std::string, stream, "", "Stream id (recall, stats).");
 ABSL_FLAG(std::string, query, "",
@@ -66,10 +68,12 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       {"cold (disk, full precision)", &s.cold()},
       {"degraded (disk, int8)", &s.degraded()},
       {"evicted", &s.evicted()}};
+  // Bars: each tier's share of the sealed blocks.
+  const double sealed = std::max<double>(1.0, s.sealed_blocks());
   for (const auto& [name, t] : tiers) {
-    std::printf("  %-28s %6llu blocks, %9.2f MiB\n", name,
+    std::printf("  %-28s %6llu blocks, %9.2f MiB  %s\n", name,
                 static_cast<unsigned long long>(t->blocks()),
-                t->bytes() / 1048576.0);
+                t->bytes() / 1048576.0, Bar(t->blocks() / sealed, 30).c_str());
   }
   const v1::PolicyStats& p = s.policy();
   std::printf(

@@ -240,7 +240,6 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
   std::vector<float> keys, values, acc(w.head_dim);
   std::vector<double> base_mass(heads);
   std::vector<std::vector<double>> base_out(heads);
-  const uint64_t report_every = std::max<uint64_t>(1, w.frames / 20);
 
   for (uint64_t f = 0; f < w.frames; ++f) {
     for (uint32_t c = 0; c < cams; ++c) {
@@ -408,17 +407,7 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
       }
     }
     result.memory.push_back(std::move(ms));
-    if (o.progress != nullptr &&
-        ((f + 1) % report_every == 0 || f + 1 == w.frames)) {
-      const double el =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-              .count();
-      *o.progress << absl::StrFormat(
-          "eval: frame %d/%d (%d%%), %d queries, %.0f s\n", f + 1, w.frames,
-          static_cast<int>(100 * (f + 1) / w.frames),
-          result.frame_queries + result.probe_queries, el);
-      o.progress->flush();
-    }
+    if (o.on_frame) o.on_frame(f + 1, w.frames);
   }
   backend->Settle();
 

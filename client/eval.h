@@ -22,6 +22,7 @@
 #define KVMEM_CLIENT_EVAL_H_
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -58,7 +59,9 @@ struct EvalOptions {
   std::string data_dir;
   std::string out_dir;             // Empty: no files.
   bool record_kvmem_sets = false;  // Keep kvmem's recall sets (tests).
-  std::ostream* progress = nullptr;
+  // Called after each frame of the workload with (frames done, frames in
+  // all); may be empty.
+  std::function<void(int, int)> on_frame;
 };
 
 struct PolicySummary {

@@ -180,6 +180,7 @@ set +e
 set -e
 [ "$rc" = 1 ] || fail "recall on an unknown stream exited $rc, want 1"
 grep -q "NOT_FOUND" "$tmp/err.txt" || fail "stderr lacks NOT_FOUND: $(cat "$tmp/err.txt")"
+grep -q "hint: .kvmem stats. lists the streams" "$tmp/err.txt" || fail "NOT_FOUND without a hint"
 set +e
 "$bin/kvmem" frobnicate > /dev/null 2>&1; rc=$?
 set -e
@@ -199,4 +200,33 @@ set +e
 set -e
 [ "$rc" = 2 ] || fail "bench --streams=0 exited $rc, want 2"
 grep -q "1..1024 --streams" "$tmp/err.txt" || fail "bench usage error unclear: $(cat "$tmp/err.txt")"
+set +e
+"$bin/kvmem" demo --camers=2 > /dev/null 2> "$tmp/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "unknown flag exited $rc, want 2"
+grep -q "unknown flag --camers (did you mean --cameras?)" "$tmp/err.txt" || fail "unknown flag message: $(cat "$tmp/err.txt")"
+set +e
+"$bin/kvmem" stats --addr=unix:$tmp/nobody.sock > /dev/null 2> "$tmp/err.txt"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "stats against no server exited $rc, want 1"
+grep -q "UNAVAILABLE" "$tmp/err.txt" && grep -q "hint: is kvmem-server running" "$tmp/err.txt" || fail "no server: $(cat "$tmp/err.txt")"
+
+# 8. help: each subcommand lists its own flags (and the workload flags it
+# shares), not the others'; every client flag is some subcommand's.
+for sub in demo recall stats eval roofline bench; do
+  "$bin/kvmem" "$sub" --help > "$tmp/help-$sub.txt" || fail "kvmem $sub --help failed"
+  head -1 "$tmp/help-$sub.txt" | grep -q "^kvmem $sub " || fail "kvmem $sub --help: $(head -1 "$tmp/help-$sub.txt")"
+  grep -q -- "--addr " "$tmp/help-$sub.txt" || fail "kvmem $sub --help lacks the common flags"
+done
+"$bin/kvmem" help bench | cmp -s - "$tmp/help-bench.txt" || fail "kvmem help bench differs from kvmem bench --help"
+grep -q -- "--cameras " "$tmp/help-demo.txt" || fail "demo --help lacks --cameras"
+grep -q -- "--live_fps " "$tmp/help-demo.txt" && fail "demo --help lists bench's --live_fps"
+grep -q -- "--layers " "$tmp/help-bench.txt" || fail "bench --help lacks the shared --layers"
+grep -q -- "--query_seed " "$tmp/help-recall.txt" || fail "recall --help lacks --query_seed"
+{ "$bin/kvmem" --helpfull || true; } | awk '/Flags from/ {mine = /client\//} mine' | grep -o -- '^    --[a-z0-9_]*' | sed 's/^ *//' | sort -u > "$tmp/all-flags.txt"
+[ "$(wc -l < "$tmp/all-flags.txt")" -gt 40 ] || fail "helpfull lists $(wc -l < "$tmp/all-flags.txt") flags"
+cat "$tmp"/help-*.txt | grep -o -- '^  --[a-z0-9_]*' | sed 's/^ *//' | sort -u > "$tmp/sub-flags.txt"
+missing=$(comm -23 "$tmp/all-flags.txt" "$tmp/sub-flags.txt")
+[ -z "$missing" ] || fail "flags in no subcommand's --help: $missing"
+"$bin/kvmem" --help | grep -q "Exit codes: 0 success" || fail "kvmem --help lacks the exit codes"
 echo "cli test passed"
