@@ -191,8 +191,9 @@ class Binaries:
         if cli:
             out = run_capture([cli, "--helpfull"])
             self.cli_flags = parse_helpfull(out)
-            m = re.search(r"kvmem <([a-z|]+)>", run_capture([cli, "--help"]))
-            self.cli_commands = set(m.group(1).split("|")) if m else set()
+            # `kvmem --help` lists one subcommand per line: "  demo      ...".
+            self.cli_commands = set(re.findall(
+                r"^  ([a-z]+) {2,}\S", run_capture([cli, "--help"]), re.M))
             R.check(self.cli_commands, cli, "--help lists no subcommands")
         else:
             R.note("no --cli-binary: kvmem CLI flags not checked")
