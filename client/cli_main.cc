@@ -273,16 +273,21 @@ bool IsBuiltinFlag(const std::string& name) {
 }
 
 // The first unknown flag among args, with a suggestion; "" when all known.
+// A value given as the next argument of a non-bool flag ("--query_seed -3")
+// is not a flag.
 std::string UnknownFlag(const std::vector<std::string>& args) {
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") break;
     if (a.size() < 2 || a[0] != '-') continue;
     std::string name = a.substr(a[1] == '-' ? 2 : 1);
+    const bool has_value = name.find('=') != std::string::npos;
     name = name.substr(0, name.find('='));
-    if (IsBuiltinFlag(name) || absl::FindCommandLineFlag(name) != nullptr) {
+    if (const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name)) {
+      if (!has_value && !f->IsOfType<bool>()) ++i;  // Skip its value.
       continue;
     }
+    if (IsBuiltinFlag(name)) continue;
     if (absl::StartsWith(name, "no")) {
       const absl::CommandLineFlag* f =
           absl::FindCommandLineFlag(name.substr(2));
@@ -328,13 +333,23 @@ int main(int argc, char** argv) {
   // `kvmem <sub> --help` and `kvmem help <sub>`: that subcommand's flags.
   const Subcommand* sub = nullptr;
   bool help = false;
-  for (size_t i = 1; i < normalized.size(); ++i) {
+  for (size_t i = 1; i < normalized.size() && normalized[i] != "--"; ++i) {
     const std::string& a = normalized[i];
-    if (a == "--help" || a == "-h" || a == "--helpshort") help = true;
-    if (i == 1 && a == "help") help = true;
-    if (sub == nullptr && a[0] != '-') sub = FindSubcommand(a);
+    if (a == "--help" || a == "-h" || a == "-help" || a == "--helpshort") {
+      help = true;
+    }
+    if (i == 1 && a == "help") {
+      help = true;
+      if (i + 1 < normalized.size() && normalized[i + 1][0] != '-' &&
+          FindSubcommand(normalized[i + 1]) == nullptr) {
+        std::fprintf(stderr, "kvmem: unknown subcommand \"%s\"\n\n%s",
+                     normalized[i + 1].c_str(), Overview().c_str());
+        return 2;
+      }
+    }
+    if (sub == nullptr && !a.empty() && a[0] != '-') sub = FindSubcommand(a);
   }
-  if (help && (sub != nullptr || normalized.size() == 2)) {
+  if (help) {
     if (sub != nullptr) {
       PrintSubcommandHelp(*sub);
     } else {

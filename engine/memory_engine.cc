@@ -63,9 +63,6 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
 absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
     const std::string& id, const StreamConfig& requested) {
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
-  const StreamConfig config =
-      WithDefaults(WithServerDefaults(requested, options_.stream_defaults));
-  KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
   // control_mu_ orders creations and deletions; mu_ is held only for map
   // lookups, never across a commit, so other streams' calls do not wait.
   absl::MutexLock control(&control_mu_);
@@ -75,6 +72,12 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
     auto it = streams_.find(id);
     if (it != streams_.end()) existing = it->second;
   }
+  // Fields left zero take the server's stream defaults when the stream is
+  // created, and the stream's own settings when it is reopened: a server
+  // restarted with other defaults still reopens its streams.
+  const StreamConfig config = WithDefaults(WithServerDefaults(
+      requested, existing ? existing->config() : options_.stream_defaults));
+  KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
   if (existing) {
     if (!(existing->config() == config)) {
       return absl::AlreadyExistsError(

@@ -13,7 +13,9 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "engine/stream_config.h"
@@ -37,9 +39,21 @@ std::vector<absl::CommandLineFlag*> ServerFlags() {
   return out;
 }
 
+// A TOML basic string: quotes, backslashes and control characters escaped.
 std::string Quote(absl::string_view s) {
-  return absl::StrCat(
-      "\"", absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}}), "\"");
+  std::string out = "\"";
+  for (char c : s) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      out += absl::StrFormat("\\u%04X", u);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
 std::string Where(const std::string& origin, const toml::source_region& r) {
@@ -335,7 +349,12 @@ std::string EffectiveConfigToml(const StreamConfig& stream_defaults) {
   for (const absl::CommandLineFlag* f : ServerFlags()) {
     std::string help = absl::StrReplaceAll(f->Help(), {{"\n", " "}});
     out << "# " << help << "\n" << f->Name() << " = ";
-    if (f->IsOfType<std::string>()) {
+    uint64_t big = 0;
+    if (f->IsOfType<std::string>() ||
+        // TOML integers are 64-bit signed: larger values go as strings
+        // (a string value is parsed as the flag's type).
+        (f->IsOfType<uint64_t>() && absl::SimpleAtoi(f->CurrentValue(), &big) &&
+         big > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
       out << Quote(f->CurrentValue());
     } else {
       out << f->CurrentValue();

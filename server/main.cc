@@ -283,7 +283,7 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
   if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen);
       !addr.empty()) {
     try {
-      exposer = std::make_unique<prometheus::Exposer>(addr, 1);
+      exposer = std::make_unique<prometheus::Exposer>(addr, 2);
     } catch (const std::exception& e) {
       spdlog::error("--metrics_listen={}: cannot listen ({})", addr, e.what());
       return 1;
@@ -427,6 +427,12 @@ int main(int argc, char** argv) {
     }
   }
   absl::ParseCommandLine(argc, cargs.data());
+  if (absl::GetFlag(FLAGS_config) != config) {
+    std::fprintf(stderr,
+                 "kvmem-server: --config must be given on the command line "
+                 "(not through --flagfile or the environment)\n");
+    return 2;
+  }
   if (absl::Status s = kvmem::ValidateStreamDefaults(stream_defaults);
       !s.ok()) {
     std::fprintf(stderr, "kvmem-server: %s\n",

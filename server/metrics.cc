@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -85,9 +86,11 @@ constexpr int kTierCount = 4;
 struct Sample {
   StreamCounters counters{};
   std::array<double, kTierCount> blocks{}, bytes{};
-  void Add(const StreamStats& s) {
+  // Counters less `base` (their values when this process started).
+  void Add(const StreamStats& s, const StreamCounters* base) {
     for (int i = 0; i < kStreamCounterCount; ++i) {
-      counters[i] += kCounters[i].get(s);
+      counters[i] += std::max(
+          0.0, kCounters[i].get(s) - (base != nullptr ? (*base)[i] : 0.0));
     }
     for (int t = 0; t < kTierCount; ++t) {
       blocks[t] += double((s.*kTiers[t].count).blocks);
@@ -95,6 +98,12 @@ struct Sample {
     }
   }
 };
+
+StreamCounters CountersOf(const StreamStats& s) {
+  StreamCounters c{};
+  for (int i = 0; i < kStreamCounterCount; ++i) c[i] = kCounters[i].get(s);
+  return c;
+}
 
 MetricFamily Family(std::string name, std::string help, MetricType type) {
   MetricFamily f;
@@ -116,39 +125,72 @@ void AddValue(MetricFamily* f, std::vector<ClientMetric::Label> labels,
   f->metric.push_back(std::move(m));
 }
 
-// Reads the engine at scrape time.
-class StreamCollector final : public prometheus::Collectable {
+}  // namespace
+
+// Reads the engine at scrape time. Counters count from this process's
+// start (streams recovered at start are baselined), so a restart is an
+// ordinary counter reset. A stream keeps its label from its first scrape
+// until it is deleted; streams beyond the cap share "~other" (not a valid
+// stream id). No counter series goes down between scrapes, even when a
+// stream in "~other" is deleted or a scrape races a deletion.
+class MetricsCollector final : public prometheus::Collectable {
  public:
-  StreamCollector(const ServerMetrics* metrics,
-                  std::shared_ptr<prometheus::Registry> calls)
-      : metrics_(metrics), calls_(std::move(calls)) {}
+  MetricsCollector(const MemoryEngine* engine, uint32_t max_streams,
+                   std::shared_ptr<prometheus::Registry> calls)
+      : engine_(engine), cap_(max_streams), calls_(std::move(calls)) {
+    for (const StreamStats& s : engine_->ListStreams()) {
+      baseline_[s.stream_id] = CountersOf(s);
+    }
+  }
+
+  // A deleted stream: its work stays in the global counters, its label
+  // and series go.
+  void Retire(const StreamStats& s) {
+    absl::MutexLock lock(&mu_);
+    Sample gone;
+    auto b = baseline_.find(s.stream_id);
+    gone.Add(s, b == baseline_.end() ? nullptr : &b->second);
+    for (int i = 0; i < kStreamCounterCount; ++i) {
+      retired_[i] += gone.counters[i];
+    }
+    if (b != baseline_.end()) baseline_.erase(b);
+    if (labelled_.erase(s.stream_id) > 0) {
+      for (int i = 0; i < kStreamCounterCount; ++i) {
+        last_.erase(SeriesKey(i, s.stream_id));
+      }
+    }
+  }
 
   std::vector<MetricFamily> Collect() const override {
-    std::vector<StreamStats> streams = metrics_->engine()->ListStreams();
+    std::vector<StreamStats> streams = engine_->ListStreams();
     std::sort(streams.begin(), streams.end(),
               [](const StreamStats& a, const StreamStats& b) {
                 return a.stream_id < b.stream_id;
               });
-    const size_t cap = metrics_->options().max_streams;
     std::vector<std::pair<std::string, Sample>> labelled;
     Sample other, global;
     bool any_other = false;
     double open = 0, closed = 0;
+    absl::MutexLock lock(&mu_);
     for (const StreamStats& s : streams) {
       (s.closed ? closed : open) += 1;
-      global.Add(s);
-      if (labelled.size() < cap) {
+      auto b = baseline_.find(s.stream_id);
+      const StreamCounters* base = b == baseline_.end() ? nullptr : &b->second;
+      global.Add(s, base);
+      if (labelled_.count(s.stream_id) > 0 ||
+          (labelled_.size() < cap_ && labelled_.insert(s.stream_id).second)) {
         labelled.emplace_back(s.stream_id, Sample());
-        labelled.back().second.Add(s);
+        labelled.back().second.Add(s, base);
       } else {
-        other.Add(s);
+        other.Add(s, base);
         any_other = true;
       }
     }
-    if (any_other) labelled.emplace_back("_other", other);
-    const StreamCounters retired = metrics_->retired();
+    if (any_other || last_.count(SeriesKey(0, kOther)) > 0) {
+      labelled.emplace_back(kOther, other);
+    }
     for (int i = 0; i < kStreamCounterCount; ++i) {
-      global.counters[i] += retired[i];
+      global.counters[i] += retired_[i];
     }
 
     std::vector<MetricFamily> out = calls_->Collect();
@@ -162,13 +204,14 @@ class StreamCollector final : public prometheus::Collectable {
       MetricFamily per = Family("kvmem_stream_" + n + "_total",
                                 kCounters[i].help, MetricType::Counter);
       for (const auto& [id, sample] : labelled) {
-        AddValue(&per, {{"stream", id}}, sample.counters[i]);
+        AddValue(&per, {{"stream", id}}, Monotone(i, id, sample.counters[i]));
       }
       MetricFamily all = Family(
           "kvmem_" + n + "_total",
-          std::string(kCounters[i].help) + " All streams, deleted included.",
+          std::string(kCounters[i].help) +
+              " All streams, deleted included, since the server started.",
           MetricType::Counter);
-      AddValue(&all, {}, global.counters[i]);
+      AddValue(&all, {}, Monotone(i, "", global.counters[i]));
       out.push_back(std::move(per));
       out.push_back(std::move(all));
     }
@@ -196,9 +239,30 @@ class StreamCollector final : public prometheus::Collectable {
   }
 
  private:
-  const ServerMetrics* const metrics_;
+  static constexpr const char* kOther = "~other";
+
+  static std::string SeriesKey(int counter, const std::string& label) {
+    return std::to_string(counter) + "/" + label;
+  }
+  // v, or the last value this series reported when that was larger.
+  double Monotone(int counter, const std::string& label, double v) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    double& last = last_[SeriesKey(counter, label)];
+    last = std::max(last, v);
+    return last;
+  }
+
+  const MemoryEngine* const engine_;
+  const size_t cap_;
   const std::shared_ptr<prometheus::Registry> calls_;
+  mutable absl::Mutex mu_;
+  mutable std::set<std::string> labelled_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::string, double> last_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, StreamCounters> baseline_ ABSL_GUARDED_BY(mu_);
+  StreamCounters retired_ ABSL_GUARDED_BY(mu_){};
 };
+
+namespace {
 
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   static const auto* b = new prometheus::Histogram::BucketBoundaries{
@@ -272,9 +336,7 @@ struct ServerMetrics::MethodSeries {
 };
 
 ServerMetrics::ServerMetrics(const MemoryEngine* engine, const Options& options)
-    : engine_(engine),
-      options_(options),
-      registry_(std::make_shared<prometheus::Registry>()) {
+    : options_(options), registry_(std::make_shared<prometheus::Registry>()) {
   requests_ = &prometheus::BuildCounter()
                    .Name("kvmem_rpc_requests_total")
                    .Help("Calls finished, by method.")
@@ -301,7 +363,8 @@ ServerMetrics::ServerMetrics(const MemoryEngine* engine, const Options& options)
   recall_latency_ = &recall.Add({{"method", "Recall"}}, LatencyBuckets());
   session_recall_latency_ =
       &recall.Add({{"method", "Session"}}, LatencyBuckets());
-  collectable_ = std::make_shared<StreamCollector>(this, registry_);
+  collector_ = std::make_shared<MetricsCollector>(engine, options.max_streams,
+                                                  registry_);
 }
 
 ServerMetrics::~ServerMetrics() = default;
@@ -344,15 +407,11 @@ void ServerMetrics::ObserveRecall(bool session, double seconds) {
 }
 
 void ServerMetrics::RetireStream(const StreamStats& stats) {
-  absl::MutexLock lock(&mu_);
-  for (int i = 0; i < kStreamCounterCount; ++i) {
-    retired_[i] += kCounters[i].get(stats);
-  }
+  collector_->Retire(stats);
 }
 
-StreamCounters ServerMetrics::retired() const {
-  absl::MutexLock lock(&mu_);
-  return retired_;
+std::shared_ptr<prometheus::Collectable> ServerMetrics::collectable() const {
+  return collector_;
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

@@ -5,10 +5,11 @@
 //  - per-stream figures read from the engine at scrape time: tier blocks and
 //    bytes, frames, recalls, recalled tokens, stage hits, demotions,
 //    promotions, evictions, index rebuilds, modelled accelerator cost.
-// Label cardinality is bounded: the first max_streams streams (by id) get
-// their own `stream` label, the rest are summed into stream="_other".
-// Global counters are sums over all streams plus those deleted since start,
-// so they never go down when a stream is deleted.
+// Counters count from the server's start. Label cardinality is bounded: the
+// first max_streams streams seen get their own `stream` label (until
+// deleted), the rest are summed into stream="~other". Global counters are
+// sums over all streams plus those deleted since start; no counter series
+// goes down between scrapes.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef KVMEM_SERVER_METRICS_H_
@@ -40,6 +41,8 @@ namespace kvmem {
 inline constexpr int kStreamCounterCount = 17;
 using StreamCounters = std::array<double, kStreamCounterCount>;
 
+class MetricsCollector;
+
 class ServerMetrics {
  public:
   struct Options {
@@ -59,23 +62,18 @@ class ServerMetrics {
   void RetireStream(const StreamStats& stats);
 
   // What Exposer::RegisterCollectable takes.
-  std::shared_ptr<prometheus::Collectable> collectable() const {
-    return collectable_;
-  }
+  std::shared_ptr<prometheus::Collectable> collectable() const;
   // The interceptor that counts calls and tags responses with
   // kvmem-instance; pass to ServerBuilder::experimental().
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
   NewInterceptorFactory();
 
   const Options& options() const { return options_; }
-  const MemoryEngine* engine() const { return engine_; }
-  StreamCounters retired() const;
 
  private:
   struct MethodSeries;
   MethodSeries* Method(const std::string& method);
 
-  const MemoryEngine* const engine_;
   const Options options_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_;
@@ -83,12 +81,11 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* rpc_latency_;
   prometheus::Histogram* recall_latency_;
   prometheus::Histogram* session_recall_latency_;
-  std::shared_ptr<prometheus::Collectable> collectable_;
+  std::shared_ptr<MetricsCollector> collector_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<MethodSeries>> methods_
       ABSL_GUARDED_BY(mu_);
-  StreamCounters retired_ ABSL_GUARDED_BY(mu_){};
 };
 
 }  // namespace kvmem

@@ -205,6 +205,13 @@ set +e
 set -e
 [ "$rc" = 2 ] || fail "unknown flag exited $rc, want 2"
 grep -q "unknown flag --camers (did you mean --cameras?)" "$tmp/err.txt" || fail "unknown flag message: $(cat "$tmp/err.txt")"
+# A flag's value as the next argument may start with '-' (a negative seed
+# asks for an explicit query): not mistaken for a flag.
+set +e
+"$bin/kvmem" recall --addr="unix:$sock" --stream ghost --query_seed -1 --query 1 2> "$tmp/err.txt"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "recall with separate values exited $rc, want 1: $(cat "$tmp/err.txt")"
+grep -q "NOT_FOUND" "$tmp/err.txt" || fail "recall with separate values: $(cat "$tmp/err.txt")"
 set +e
 "$bin/kvmem" stats --addr=unix:$tmp/nobody.sock > /dev/null 2> "$tmp/err.txt"; rc=$?
 set -e

@@ -95,8 +95,9 @@ TEST_F(ConfigTest, PrintedConfigReadsBackToItself) {
   EXPECT_EQ(again.output, defaults.output);
 
   const std::string custom = Write("custom.toml", R"([server]
-data_dir = "/tmp/some dir/with \"quotes\""
+data_dir = "/tmp/some dir/with \"quotes\"\tand a tab"
 global_warm_budget_bytes = 12345
+max_total_bytes = "18446744073709551615"
 [stream_defaults]
 index_factory = "HNSW16"
 shot_similarity_threshold = 0.5
@@ -108,8 +109,19 @@ segment_mode = "shot"
                                " --print-config");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_EQ(second.output, first.output);
+  EXPECT_THAT(
+      first.output,
+      HasSubstr("data_dir = \"/tmp/some dir/with \\\"quotes\\\"\\u0009and "
+                "a tab\""));
   EXPECT_THAT(first.output,
-              HasSubstr("data_dir = \"/tmp/some dir/with \\\"quotes\\\"\""));
+              HasSubstr("\nmax_total_bytes = \"18446744073709551615\"\n"));
+
+  // --config only counts on the command line.
+  const std::string flagfile = Write("flags", "--config=" + custom + "\n");
+  ServerRun indirect = RunServer("--flagfile=" + flagfile + " --print-config");
+  EXPECT_EQ(indirect.exit_code, 2) << indirect.output;
+  EXPECT_THAT(indirect.output, HasSubstr("--config must be given on the "
+                                         "command line"));
 }
 
 TEST_F(ConfigTest, MistakesNameFileLineAndKey) {
@@ -194,6 +206,26 @@ default_top_k = 3
   EXPECT_EQ(std::string(it->second.data(), it->second.size()), "from-file");
   client.reset();  // An idle channel would slow the graceful shutdown.
   EXPECT_EQ(server.Stop(), 0);
+
+  // Restarted with other defaults: existing streams reopen with the zero
+  // config and keep their settings; new streams get the new defaults.
+  std::ofstream(cfg) << "[stream_defaults]\nframes_per_block = 3\n";
+  ServerProcess again(o);
+  ASSERT_TRUE(again.Start(std::chrono::seconds(30), &error)) << error;
+  client = KvmemClient::Connect(again.target());
+  grpc::Status st = client->OpenStream("uses-defaults", zero, &a);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_FALSE(a.created());
+  EXPECT_EQ(a.stats().config().block_policy().frames_per_block(), 2u);
+  EXPECT_EQ(a.stats().config().recall_defaults().top_k(), 3u);
+  ASSERT_TRUE(client->OpenStream("new-one", zero, &b).ok());
+  EXPECT_EQ(b.stats().config().block_policy().frames_per_block(), 3u);
+  // An explicit different value is still a different config.
+  v1::StreamConfig other = testing::WireConfig(g, 64, 5, {1});
+  EXPECT_EQ(client->OpenStream("uses-defaults", other, &a).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  client.reset();
+  EXPECT_EQ(again.Stop(), 0);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // and Session), a failed call and a deleted stream, the scrape holds per
 // stream and global figures equal to what the test did and to the streams'
 // own stats; streams beyond --metrics_max_streams are summed into
-// stream="_other"; every name the Grafana dashboard uses
+// stream="~other"; counters count from the server's start and never go
+// down; every name the Grafana dashboard uses
 // (deploy/grafana/metrics.txt) is served.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -129,7 +130,7 @@ TEST(MetricsTest, ScrapeMatchesTheWorkDone) {
     EXPECT_NE(it, m.end()) << key << " missing from /metrics";
     return it == m.end() ? -1.0 : it->second;
   };
-  // Per stream: a and b have labels, c is "_other"; d is gone.
+  // Per stream: a and b have labels, c is "~other"; d is gone.
   for (const char* id : {"a", "b"}) {
     const std::string l = std::string("{stream=\"") + id + "\"}";
     EXPECT_EQ(at("kvmem_stream_frames_total" + l), frames.at(id));
@@ -151,7 +152,7 @@ TEST(MetricsTest, ScrapeMatchesTheWorkDone) {
                  "\",tier=\"warm\"}"),
               st.warm().bytes());
   }
-  EXPECT_EQ(at("kvmem_stream_frames_total{stream=\"_other\"}"), frames.at("c"));
+  EXPECT_EQ(at("kvmem_stream_frames_total{stream=\"~other\"}"), frames.at("c"));
   EXPECT_EQ(m.count("kvmem_stream_frames_total{stream=\"c\"}"), 0u);
   EXPECT_EQ(m.count("kvmem_stream_frames_total{stream=\"d\"}"), 0u);
   // Global counters keep the deleted stream's work.
@@ -185,7 +186,46 @@ TEST(MetricsTest, ScrapeMatchesTheWorkDone) {
         << name << " (deploy/grafana/metrics.txt) is not served";
   }
   EXPECT_GT(checked, 20);
+
+  // Deleting the stream in "~other" takes nothing back from any counter.
+  ASSERT_TRUE(client->DeleteStream("c").ok());
+  auto after = Parse(Scrape(port));
+  EXPECT_EQ(after["kvmem_stream_frames_total{stream=\"~other\"}"],
+            frames.at("c"));
+  EXPECT_EQ(after["kvmem_frames_total"], 10 + 6 + 8 + 4);
+  EXPECT_EQ(after["kvmem_streams{state=\"open\"}"], 2);
+
+  // After a restart counters start from zero (a counter reset), though the
+  // recovered streams keep their frames; new work counts from there.
   client.reset();  // An idle channel would slow the graceful shutdown.
+  EXPECT_EQ(server.Stop(), 0);
+  ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
+  std::ifstream(port_file) >> port;
+  client = KvmemClient::Connect(server.target());
+  v1::StreamStats a_stats;
+  ASSERT_TRUE(client->GetStreamStats("a", &a_stats).ok());
+  EXPECT_EQ(a_stats.frames(), 10u);
+  StreamModel more(g, 2, 32, {1});
+  for (int f = 0; f < 10; ++f) more.AddFrame(rng, 8);
+  std::vector<OutgoingFrame> two;
+  for (int f = 10; f < 12; ++f) {
+    OutgoingFrame o2 = ToOutgoing(more.AddFrame(rng, 8), f);
+    o2.header.set_first_token_position(a_stats.next_token_position() +
+                                       (f - 10) * 8);
+    two.push_back(o2);
+  }
+  v1::AppendFramesResponse appended;
+  ASSERT_TRUE(client->AppendFrames("a", two, &appended).ok());
+  auto restarted = Parse(Scrape(port));
+  EXPECT_EQ(restarted["kvmem_stream_frames_total{stream=\"a\"}"], 2);
+  EXPECT_EQ(restarted["kvmem_frames_total"], 2);
+  EXPECT_EQ(
+      restarted["kvmem_stream_blocks{stream=\"a\",tier=\"warm\"}"] +
+          restarted["kvmem_stream_blocks{stream=\"a\",tier=\"cold\"}"] +
+          restarted["kvmem_stream_blocks{stream=\"a\",tier=\"degraded\"}"] +
+          restarted["kvmem_stream_blocks{stream=\"a\",tier=\"evicted\"}"],
+      6);  // Gauges: the state, not work since start.
+  client.reset();
   EXPECT_EQ(server.Stop(), 0);
 }
 

@@ -126,7 +126,9 @@ class Client:
     with --api_keys_file). root_certificates (PEM bytes or a file path):
     connect with TLS; certificate_chain/private_key add a client certificate;
     server_name overrides the name checked in the server's certificate.
-    timeout: default deadline of each call, seconds (None: none).
+    timeout: default deadline of each unary call and FetchBlocks, seconds
+    (None: none). AppendFrames and Session calls live as long as a camera
+    does: they get a deadline only when one is passed to them.
 
     Every call naming a stream sends the metadata "kvmem-stream-id: <id>".
     Failed calls raise KvmemError (kvmem.errors) with the gRPC code.
@@ -178,10 +180,12 @@ class Client:
             md.append((STREAM_ID_HEADER, stream_id))
         return md
 
-    def _call(self, method, request, stream_id: Optional[str], timeout):
+    def _call(self, method, request, stream_id: Optional[str], timeout,
+              use_default: bool = True):
+        if timeout is None and use_default:
+            timeout = self.timeout
         try:
-            return method(request, metadata=self.metadata(stream_id),
-                          timeout=self.timeout if timeout is None else timeout)
+            return method(request, metadata=self.metadata(stream_id), timeout=timeout)
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None
 
@@ -317,7 +321,8 @@ class Client:
                     yield req
 
         try:
-            resp = self._call(self._stub.AppendFrames, requests(), stream_id, timeout)
+            resp = self._call(self._stub.AppendFrames, requests(), stream_id, timeout,
+                              use_default=False)
         except KvmemError:
             self._forget_cursor(stream_id)
             raise
@@ -451,8 +456,7 @@ class Session:
         self._seq = 0
         self._finished = False
         self._responses = client.stub.Session(
-            self._generate(), metadata=client.metadata(stream_id),
-            timeout=client.timeout if timeout is None else timeout)
+            self._generate(), metadata=client.metadata(stream_id), timeout=timeout)
         req = pb.SessionRequest(open=pb.OpenStreamRequest(stream_id=stream_id))
         if config is not None:
             to_proto(config, req.open.config)
