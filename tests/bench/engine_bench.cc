@@ -25,6 +25,7 @@
 #include "engine/record_codec.h"
 #include "engine/segmenter.h"
 #include "engine/stream_config.h"
+#include "server/metrics.h"
 #include "storage/rocks_cold_store.h"
 #include "tests/test_util.h"
 
@@ -309,6 +310,28 @@ void BM_StreamRecall(benchmark::State& state) {
   engine.reset();
   std::filesystem::remove_all(dir);
 }
+
+// What server metrics add to every call (ServerMetrics::OnCallDone, run by
+// the interceptor) and to every recall (ObserveRecall): compare with the
+// recall figures above. Threads share the method map's mutex.
+void BM_CallMetrics(benchmark::State& state) {
+  static ServerMetrics* metrics = [] {
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / "kvmem-engine-bench-metrics";
+    std::filesystem::remove_all(dir);
+    RocksColdStoreOptions so;
+    so.path = dir.string();
+    static auto engine = *MemoryEngine::Open(*OpenRocksColdStore(so));
+    return new ServerMetrics(engine.get(), ServerMetrics::Options());
+  }();
+  const std::string method = "/kvmem.v1.KvMemory/Recall";
+  for (auto _ : state) {
+    metrics->ObserveRecall(false, 80e-6);
+    metrics->OnCallDone(method, grpc::StatusCode::OK, 90e-6);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_CallMetrics)->Threads(1)->Threads(2);
 
 BENCHMARK(BM_StreamRecall)
     ->Args({1000, 1})
