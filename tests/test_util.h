@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,13 @@
 #include "engine/dtype.h"
 
 namespace kvmem::testing {
+
+// The whole file; empty when it cannot be read.
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+}
 
 // A fresh directory under $TMPDIR, removed with its contents on destruction.
 class TempDir {

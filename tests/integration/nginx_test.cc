@@ -34,6 +34,7 @@ extern char** environ;
 namespace kvmem {
 namespace {
 
+using testing::ReadFile;
 using testing::StreamModel;
 using testing::TestGeometry;
 using testing::ToOutgoing;
@@ -41,12 +42,6 @@ using testing::ToOutgoing;
 constexpr int kInstances = 3;
 constexpr int kStreams = 24;
 constexpr uint32_t kTokens = 16;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
-}
 
 // A port nothing listens on right now (bound, read, closed).
 int FreePort() {

@@ -24,6 +24,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::ReadFile;
 using testing::StreamModel;
 using testing::TestGeometry;
 using testing::ToOutgoing;
@@ -34,12 +35,6 @@ constexpr char kKeyB[] = "key-of-tenant-b-9876543210";
 
 v1::StreamConfig Config(const TestGeometry& g) {
   return testing::WireConfig(g, 8, 2, {1});
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
 }
 
 class SecurityTest : public ::testing::Test {

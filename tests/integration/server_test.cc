@@ -41,9 +41,7 @@ class ServerTest : public ::testing::Test {
     unix_.reset();
     tcp_.reset();
     EXPECT_EQ(server_->Stop(), 0);
-    std::ifstream in(dir_.path() + "/server.log");
-    const std::string log((std::istreambuf_iterator<char>(in)),
-                          std::istreambuf_iterator<char>());
+    const std::string log = testing::ReadFile(dir_.path() + "/server.log");
     EXPECT_EQ(log.find("Sanitizer"), std::string::npos) << log;
     EXPECT_EQ(log.find("runtime error"), std::string::npos) << log;
   }
