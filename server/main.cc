@@ -49,7 +49,8 @@ ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, write the bound metrics port to this file once serving.");
 ABSL_FLAG(uint32_t, metrics_max_streams, 32,
           "Streams with a `stream` label of their own in /metrics (the "
-          "first by id); the rest are summed into stream=\"_other\".");
+          "first seen, until deleted); the rest are summed into "
+          "stream=\"~other\".");
 ABSL_FLAG(std::string, instance_name, "",
           "Name sent in every response's metadata as kvmem-instance (which "
           "server of a sharded set answered); empty: the host name.");
