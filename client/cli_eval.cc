@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -66,19 +67,48 @@ ABSL_FLAG(double, low_freq_bias, 2.0,
 ABSL_FLAG(double, query_scale, 24,
           "eval: logit of a query against its own token's key.");
 ABSL_FLAG(uint32_t, query_every, 1, "eval: frames between frame queries.");
+ABSL_FLAG(uint32_t, query_heads_per_kv, 1,
+          "eval: query heads per KV head (grouped-query attention); each "
+          "reads its own token of the frame.");
+ABSL_FLAG(double, head_subspace, 1.0,
+          "eval: share of the latent each KV head sees (1: heads alike).");
+ABSL_FLAG(double, sharp_head_fraction, 1.0,
+          "eval: share of query heads at --query_scale; the rest at "
+          "--diffuse_scale times it.");
+ABSL_FLAG(double, diffuse_scale, 1.0, "eval: logit scale of diffuse heads.");
+ABSL_FLAG(double, lookalike, 0,
+          "eval: cosine between identities of one object class (0: "
+          "orthogonal).");
+ABSL_FLAG(std::string, gaps, "loguniform",
+          "eval: re-entry gap distribution: loguniform, uniform or pareto.");
+ABSL_FLAG(bool, matrix, false,
+          "eval: run the generalisation matrix (workload variants that each "
+          "change one property) instead of one workload; --frames and "
+          "--cameras size every cell.");
+// The kvmem policy: unset knobs leave the stream's defaults.
 ABSL_FLAG(double, track_weight, 0, "eval: kvmem recall_policy.track_weight.");
 ABSL_FLAG(double, scene_weight, 0, "eval: kvmem recall_policy.scene_weight.");
 ABSL_FLAG(double, iou_weight, 0, "eval: kvmem recall_policy.iou_weight.");
-ABSL_FLAG(uint32_t, rebuild_every_blocks, 32,
-          "eval: kvmem tier_policy.rebuild_every_blocks.");
-ABSL_FLAG(uint32_t, groups_per_block, 8,
-          "eval: kvmem index_policy.groups_per_block (token groups recalled "
-          "on their own; 1: whole blocks).");
-ABSL_FLAG(std::string, index_factory, "Flat",
-          "eval: kvmem index_policy.index_factory (Flat, Progressive, or a "
-          "FAISS description such as HNSW32).");
+ABSL_FLAG(uint32_t, rebuild_every_blocks, 0,
+          "eval: kvmem tier_policy.rebuild_every_blocks (0: default).");
+ABSL_FLAG(uint32_t, groups_per_block, 0,
+          "eval: kvmem index_policy.groups_per_block (0: default).");
+ABSL_FLAG(std::string, index_factory, "",
+          "eval: kvmem index_policy.index_factory (empty: default; Flat, "
+          "Progressive, or a FAISS description such as HNSW32).");
+ABSL_FLAG(std::string, score, "",
+          "eval: kvmem recall_policy.score: mass or summed (empty: default).");
 ABSL_FLAG(bool, fixed_blocks, false,
-          "eval: kvmem segments fixed blocks instead of following shots.");
+          "eval: kvmem segments fixed blocks instead of the default.");
+ABSL_FLAG(bool, no_window_lse, false,
+          "eval: the kvmem policy does not send its window's log-sum-exp "
+          "(kvmem estimates it).");
+ABSL_FLAG(std::string, kvmem_variants, "kvmem_summed,kvmem_no_lse",
+          "eval: kvmem variants run beside kvmem, comma-separated: "
+          "kvmem_summed (before per-head scoring), kvmem_no_lse (no window "
+          "log-sum-exp sent), kvmem_blocks (no token groups), "
+          "kvmem_group_mean (each GQA group's mean query, not one vector "
+          "per query head).");
 
 ABSL_DECLARE_FLAG(int, cameras);
 ABSL_DECLARE_FLAG(int, frames);
@@ -106,6 +136,48 @@ bool ParseList(const std::string& text, std::vector<double>* out) {
   return true;
 }
 
+// The generalisation matrix: each cell at --frames (default 600) per
+// camera; the table (or --json) on stdout, matrix.md and matrix.json in
+// --out.
+int RunMatrix(EvalOptions o) {
+  if (!absl::GetFlag(FLAGS_via).empty() && absl::GetFlag(FLAGS_via) != "inproc") {
+    std::fprintf(stderr, "kvmem eval: --matrix runs in process\n");
+    return 2;
+  }
+  o.workload.frames = static_cast<uint32_t>(
+      std::max(2, FlagOr(FLAGS_frames, "frames", 600)));
+  const std::string out_dir = o.out_dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<MatrixResult> m =
+      RunEvalMatrix(MatrixCells(o), [&](int done, int total) {
+        std::fprintf(
+            stderr, "kvmem eval: matrix cell %d/%d, %.0f s\n", done, total,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count());
+      });
+  if (!m.ok()) {
+    std::fprintf(stderr, "kvmem eval: %s\n", m.status().ToString().c_str());
+    return m.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (!out_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    for (const auto& [name, text] :
+         {std::pair<std::string, std::string>{"matrix.md", MatrixTable(*m)},
+          {"matrix.json", MatrixJson(*m)}}) {
+      std::ofstream f(std::filesystem::path(out_dir) / name);
+      f << text;
+      if (!f) {
+        std::fprintf(stderr, "kvmem eval: cannot write %s/%s\n",
+                     out_dir.c_str(), name.c_str());
+        return 1;
+      }
+    }
+  }
+  std::cout << (absl::GetFlag(FLAGS_json) ? MatrixJson(*m) : MatrixTable(*m));
+  return 0;
+}
+
 }  // namespace
 
 int RunEval(const std::vector<std::string>&) {
@@ -119,7 +191,6 @@ int RunEval(const std::vector<std::string>&) {
   w.layers = FlagOr(FLAGS_layers, "layers", w.layers);
   w.kv_heads = FlagOr(FLAGS_kv_heads, "kv_heads", w.kv_heads);
   w.head_dim = FlagOr(FLAGS_head_dim, "head_dim", w.head_dim);
-  w.latent_dim = w.head_dim;
   w.tokens_per_frame =
       FlagOr(FLAGS_tokens_per_frame, "tokens_per_frame", w.tokens_per_frame);
   w.fps = absl::GetFlag(FLAGS_fps);
@@ -149,11 +220,29 @@ int RunEval(const std::vector<std::string>&) {
   w.low_freq_bias = static_cast<float>(absl::GetFlag(FLAGS_low_freq_bias));
   w.query_scale = static_cast<float>(absl::GetFlag(FLAGS_query_scale));
   w.query_every = absl::GetFlag(FLAGS_query_every);
+  w.query_heads_per_kv = absl::GetFlag(FLAGS_query_heads_per_kv);
+  w.head_subspace = static_cast<float>(absl::GetFlag(FLAGS_head_subspace));
+  w.sharp_head_fraction =
+      static_cast<float>(absl::GetFlag(FLAGS_sharp_head_fraction));
+  w.diffuse_scale = static_cast<float>(absl::GetFlag(FLAGS_diffuse_scale));
+  w.lookalike = static_cast<float>(absl::GetFlag(FLAGS_lookalike));
+  const std::string gaps = absl::GetFlag(FLAGS_gaps);
+  if (gaps == "uniform") {
+    w.gaps = VideoWorkloadOptions::Gaps::kUniform;
+  } else if (gaps == "pareto") {
+    w.gaps = VideoWorkloadOptions::Gaps::kPareto;
+  } else if (gaps != "loguniform") {
+    std::fprintf(stderr,
+                 "kvmem eval: --gaps must be loguniform, uniform or pareto, "
+                 "not %s\n",
+                 gaps.c_str());
+    return 2;
+  }
   o.window = FlagOr(FLAGS_hot_window_tokens, "hot_window_tokens", o.window);
   o.frames_per_block =
       FlagOr(FLAGS_frames_per_block, "frames_per_block", o.frames_per_block);
-  o.warm_budget_bytes =
-      FlagOr(FLAGS_warm_budget_bytes, "warm_budget_bytes", o.warm_budget_bytes);
+  o.kvmem.warm_budget_bytes =
+      FlagOr(FLAGS_warm_budget_bytes, "warm_budget_bytes", uint64_t{0});
   o.top_k = FlagOr(FLAGS_top_k, "top_k", o.top_k);
   o.data_dir = FlagOr(FLAGS_data_dir, "data_dir", std::string());
   o.primary_fraction = absl::GetFlag(FLAGS_recall_fraction);
@@ -167,13 +256,34 @@ int RunEval(const std::vector<std::string>&) {
     return 2;
   }
   for (double x : windows) o.extra_windows.push_back(static_cast<uint32_t>(x));
-  o.track_weight = static_cast<float>(absl::GetFlag(FLAGS_track_weight));
-  o.scene_weight = static_cast<float>(absl::GetFlag(FLAGS_scene_weight));
-  o.iou_weight = static_cast<float>(absl::GetFlag(FLAGS_iou_weight));
-  o.rebuild_every_blocks = absl::GetFlag(FLAGS_rebuild_every_blocks);
-  o.shot_segments = !absl::GetFlag(FLAGS_fixed_blocks);
-  o.groups_per_block = absl::GetFlag(FLAGS_groups_per_block);
-  o.index_factory = absl::GetFlag(FLAGS_index_factory);
+  KvmemKnobs& k = o.kvmem;
+  k.track_weight = static_cast<float>(absl::GetFlag(FLAGS_track_weight));
+  k.scene_weight = static_cast<float>(absl::GetFlag(FLAGS_scene_weight));
+  k.iou_weight = static_cast<float>(absl::GetFlag(FLAGS_iou_weight));
+  k.rebuild_every_blocks = absl::GetFlag(FLAGS_rebuild_every_blocks);
+  if (absl::GetFlag(FLAGS_fixed_blocks)) k.segment_mode = 1;
+  k.frames_per_block =
+      FlagOr(FLAGS_frames_per_block, "frames_per_block", uint32_t{0});
+  k.groups_per_block = absl::GetFlag(FLAGS_groups_per_block);
+  k.index_factory = absl::GetFlag(FLAGS_index_factory);
+  const std::string score = absl::GetFlag(FLAGS_score);
+  if (score == "mass" || score == "summed") {
+    k.score = score == "mass" ? 1 : 2;
+  } else if (!score.empty()) {
+    std::fprintf(stderr, "kvmem eval: --score must be mass or summed\n");
+    return 2;
+  }
+  k.window_lse = !absl::GetFlag(FLAGS_no_window_lse);
+  o.kvmem_variants.clear();
+  for (absl::string_view name : absl::StrSplit(
+           absl::GetFlag(FLAGS_kvmem_variants), ',', absl::SkipEmpty())) {
+    absl::StatusOr<KvmemKnobs> v = KvmemVariant(std::string(name), k);
+    if (!v.ok()) {
+      std::fprintf(stderr, "kvmem eval: %s\n", v.status().ToString().c_str());
+      return 2;
+    }
+    o.kvmem_variants.emplace_back(std::string(name), *v);
+  }
   o.out_dir = absl::GetFlag(FLAGS_out);
 
   const std::string via = absl::GetFlag(FLAGS_via);
@@ -197,6 +307,8 @@ int RunEval(const std::vector<std::string>&) {
                  via.c_str());
     return 2;
   }
+
+  if (absl::GetFlag(FLAGS_matrix)) return RunMatrix(o);
 
   // A progress bar on a terminal; elsewhere a line every 5 %.
   std::optional<ProgressBar> bar;

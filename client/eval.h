@@ -18,6 +18,22 @@
 //                       the window: S contains at least one of their tokens.
 //   useless_hit_rate    recalled blocks receiving under 1 % of the mass.
 //   injected tokens, resident and stored bytes, selection latency.
+//   gated_*             kvmem's output when the front end attends to the
+//                       window and to each recalled block apart and mixes
+//                       them with kvmem's estimates: (1 - G) o_window +
+//                       G sum_b gate_b o_b, G = RecallResponse.recalled_mass
+//                       (see eval.cc); beside the joint softmax above.
+//   budget / window violations  recall sets over the budget, or holding
+//                       tokens of the sinks or the hot window.
+// With grouped-query heads (query_heads_per_kv > 1) the oracle attends with
+// every query head and the metrics average over query heads.
+//
+// Reference policies bound what any selection could do at the same budget:
+//   oracle_tokens        the R cold tokens of most true attention mass.
+//   exact_keys_per_head  the R cold tokens of most estimated mass, from the
+//                        per-head softmax of the query kvmem receives (the
+//                        mean of each group's query heads) against the exact
+//                        keys: what a perfect index of every token could do.
 #ifndef KVMEM_CLIENT_EVAL_H_
 #define KVMEM_CLIENT_EVAL_H_
 
@@ -33,6 +49,38 @@
 
 namespace kvmem {
 
+// How one kvmem policy opens its stream and queries it. Zero and empty
+// fields are left unset in the StreamConfig: the stream's defaults apply,
+// as for a newcomer who sends only geometry, window and budget.
+struct KvmemKnobs {
+  int segment_mode = 0;  // 0: default; 1 FIXED; 2 SHOT.
+  uint32_t frames_per_block = 0;
+  uint32_t groups_per_block = 0;
+  std::string index_factory;
+  uint32_t top_k = 0;  // Sent in each request; 0: the stream's default.
+  int score = 0;       // 0: default; 1 MASS; 2 SUMMED.
+  float track_weight = 0, scene_weight = 0, iou_weight = 0;
+  uint32_t rebuild_every_blocks = 0;
+  uint64_t warm_budget_bytes = 0;
+  uint32_t prefetch_blocks = 0;
+  // The front end sends the log-sum-exp of each query over its sinks and
+  // window (RecallRequest.window_lse); else kvmem estimates it.
+  bool window_lse = true;
+  // With grouped-query attention, one query vector per query head (what
+  // the front end attends with); else each group's mean.
+  bool query_heads = true;
+};
+
+// kvmem before per-head scoring, as this evaluation ran it: summed logits,
+// shot blocks of at most 4 frames, 8 token groups, top_k 16, FAISS Flat,
+// tier moves (16 MiB warm, prefetch 2, rebuilds every 32 blocks).
+KvmemKnobs SummedKnobs();
+// The knobs of a named variant of `base`: kvmem_summed (SummedKnobs),
+// kvmem_no_lse (no window log-sum-exp sent), kvmem_blocks (no token
+// groups), kvmem_group_mean (each GQA group's mean query, one vector).
+absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
+                                        const KvmemKnobs& base);
+
 struct EvalOptions {
   VideoWorkloadOptions workload;
   uint32_t window = 2048;  // W, tokens.
@@ -41,18 +89,15 @@ struct EvalOptions {
   double primary_fraction = 0.3;  // The configuration the summary reports.
   // Extra windows swept at the primary fraction (besides `window`).
   std::vector<uint32_t> extra_windows;
+  // The baselines' grid blocks and mean_key_topk's k.
   uint32_t frames_per_block = 4;
   uint32_t top_k = 16;
-  // kvmem's configured policy.
-  bool shot_segments = true;
-  uint32_t groups_per_block = 8;       // Token groups per block (1: none).
-  std::string index_factory = "Flat";  // kvmem's index kind.
-  float track_weight = 0;
-  float scene_weight = 0;
-  float iou_weight = 0;
-  uint32_t rebuild_every_blocks = 32;
-  uint64_t warm_budget_bytes = 16ull << 20;
-  uint32_t prefetch_blocks = 2;
+  // The `kvmem` policy; and variants run beside it, each its own stream.
+  KvmemKnobs kvmem;
+  std::vector<std::pair<std::string, KvmemKnobs>> kvmem_variants = {
+      {"kvmem_summed", SummedKnobs()}};
+  // The reference policies oracle_tokens and exact_keys_per_head.
+  bool references = true;
   // Where kvmem runs: empty = in process (RocksDB in data_dir, or a temp dir
   // when empty); otherwise a kvmem-server target.
   std::string server;
@@ -85,6 +130,12 @@ struct PolicySummary {
   // median bucket's p99, out of latency_buckets.
   uint32_t latency_spike_buckets = 0, latency_buckets = 0;
   uint64_t degraded_blocks = 0;
+  // kvmem policies: the output with gates (see the top of this file),
+  // and the sets' tokens against the budget.
+  double gated_output_cosine = 0, gated_output_rel_error = 0;
+  double budget_used = 0;  // Mean tokens recalled / R.
+  uint64_t budget_violations = 0, window_violations = 0;
+  double estimated_mass = 0;  // Mean RecallResponse.recalled_mass.
 };
 
 struct ConfigSummary {
@@ -109,6 +160,9 @@ struct QueryRow {
   int8_t reid = -1;  // -1: not a counted probe; 0 missed; 1 found.
   uint32_t units = 0, useless = 0;  // Recalled blocks; those under 1 %.
   uint32_t degraded = 0;            // Recalled blocks held as int8.
+  float gated_cosine = 0, gated_rel_error = 0;  // With gates (kvmem).
+  float estimated_mass = 0;
+  uint8_t violations = 0;  // Bit 0: over the budget; bit 1: in the window.
 };
 
 // Memory of the primary configuration after a frame, summed over cameras,
@@ -152,10 +206,38 @@ std::string EvalTable(const EvalResult& result);  // Markdown table.
 // Exposed for tests: the oracle's attention for one query over `tokens`
 // tokens of `cam`, per head [layer*kv_heads + head][token], and the output
 // per head [head][head_dim].
+// q_heads[j] is query head j of every KV head, [kv_head][head_dim] (kv
+// heads = layers x kv_heads of the stream); probs and outputs are per query
+// head, index kv_head * q_heads.size() + j.
 void OracleAttention(const CameraTokens& cam, uint64_t tokens,
-                     const std::vector<float>& q, uint32_t heads,
-                     uint32_t head_dim, std::vector<std::vector<float>>* probs,
+                     const std::vector<std::vector<float>>& q_heads,
+                     uint32_t kv_heads, uint32_t head_dim,
+                     std::vector<std::vector<float>>* probs,
                      std::vector<std::vector<double>>* outputs);
+
+// --- The generalisation matrix (`kvmem eval --matrix`) ---
+// Workload variants that each change one property of a base workload
+// (heads, identities, geometry, RoPE, frame size, gaps, query sharpness),
+// plus one that changes them all; each runs every policy at R = 30 % of W.
+struct MatrixCell {
+  std::string name;
+  std::string change;  // What differs from the base, in words.
+  EvalOptions options;
+};
+std::vector<MatrixCell> MatrixCells(const EvalOptions& base);
+
+struct MatrixResult {
+  std::vector<std::string> cells, changes;
+  std::vector<ConfigSummary> summaries;  // Per cell, at the primary budget.
+  std::vector<double> seconds;           // Per cell.
+  double total_seconds = 0;
+};
+// Runs the cells one after the other; on_cell(i, n) after each.
+absl::StatusOr<MatrixResult> RunEvalMatrix(
+    const std::vector<MatrixCell>& cells,
+    const std::function<void(int, int)>& on_cell);
+std::string MatrixTable(const MatrixResult& m);
+std::string MatrixJson(const MatrixResult& m);
 
 }  // namespace kvmem
 

@@ -1,14 +1,13 @@
 #include "client/eval_policies.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "engine/memory_engine.h"
-#include "server/proto_convert.h"
-#include "storage/rocks_cold_store.h"
+#include "engine/dot.h"
 
 namespace kvmem {
 
@@ -65,7 +64,7 @@ class FullPolicy : public EvalPolicy {
     return absl::OkStatus();
   }
   absl::Status Select(const WorkloadQuery&, const CameraTokens& cam,
-                      Selection* out) override {
+                      const QueryOracle&, Selection* out) override {
     out->everything = true;
     out->recalled = ClipMerge({{0, cam.tokens}}, cam.sink_tokens,
                               b_.WindowStart(cam.tokens));
@@ -90,7 +89,7 @@ class StreamingLlmPolicy : public EvalPolicy {
     return absl::OkStatus();
   }
   absl::Status Select(const WorkloadQuery&, const CameraTokens& cam,
-                      Selection* out) override {
+                      const QueryOracle&, Selection* out) override {
     const uint64_t ws = b_.WindowStart(cam.tokens);
     out->recalled = ClipMerge({{ws > b_.recall ? ws - b_.recall : 0, ws}},
                               cam.sink_tokens, ws);
@@ -141,7 +140,7 @@ class WindowLruPolicy : public EvalPolicy {
     return absl::OkStatus();
   }
   absl::Status Select(const WorkloadQuery&, const CameraTokens& cam,
-                      Selection* out) override {
+                      const QueryOracle&, Selection* out) override {
     for (uint64_t blk : lru_) {
       out->units.push_back(GridBlock(b_, blk, cam.sink_tokens));
     }
@@ -199,7 +198,7 @@ class H2oPolicy : public EvalPolicy {
     return absl::OkStatus();
   }
   absl::Status Select(const WorkloadQuery&, const CameraTokens& cam,
-                      Selection* out) override {
+                      const QueryOracle&, Selection* out) override {
     std::vector<uint64_t> sorted = pool_;
     std::sort(sorted.begin(), sorted.end());
     out->recalled = SpansOf(sorted);
@@ -265,7 +264,7 @@ class MeanKeyTopkPolicy : public EvalPolicy {
     return absl::OkStatus();
   }
   absl::Status Select(const WorkloadQuery& q, const CameraTokens& cam,
-                      Selection* out) override {
+                      const QueryOracle&, Selection* out) override {
     const uint64_t ws = b_.WindowStart(cam.tokens);
     std::vector<std::pair<double, uint64_t>> scored;
     for (uint64_t blk = 0; blk < sealed_ && (blk + 1) * b_.block_tokens <= ws;
@@ -302,171 +301,120 @@ class MeanKeyTopkPolicy : public EvalPolicy {
   uint64_t recalled_now_ = 0;
 };
 
-class KvmemPolicy : public EvalPolicy {
+// The r positions of [lo, hi) with the largest score, as sorted spans.
+std::vector<Span> TopTokens(const std::vector<double>& score, uint64_t lo,
+                            uint64_t hi, uint32_t r) {
+  std::vector<uint64_t> pos;
+  for (uint64_t p = lo; p < hi; ++p) pos.push_back(p);
+  if (pos.size() > r) {
+    std::nth_element(pos.begin(), pos.begin() + r, pos.end(),
+                     [&](uint64_t a, uint64_t b) {
+                       return score[a] != score[b] ? score[a] > score[b]
+                                                   : a > b;
+                     });
+    pos.resize(r);
+  }
+  std::sort(pos.begin(), pos.end());
+  return SpansOf(pos);
+}
+
+// Holds every token (it must, to choose among them) and attends to the R
+// cold ones a score ranks first.
+class TopTokensPolicy : public EvalPolicy {
  public:
-  KvmemPolicy(const PolicyBudget& b, KvmemBackend* backend, std::string id)
-      : b_(b), backend_(backend), id_(std::move(id)) {}
-  const char* name() const override { return "kvmem"; }
-  absl::Status OnFrame(const WorkloadFrame& frame,
-                       const CameraTokens& cam) override {
-    absl::Status s = backend_->Append(id_, frame.frame);
-    if (!s.ok()) return s;
-    // Stats are sampled every few frames: they scan the stream's blocks.
-    if (frame.frame.header.frame_index() % 8 == 0) {
-      v1::StreamStats st;
-      s = backend_->Stats(id_, &st);
-      if (!s.ok()) return s;
-      stored_ = st.warm().bytes() + st.cold().bytes() + st.degraded().bytes() +
-                st.summary_bytes();
-      stats_ = st;
-    }
-    (void)cam;
+  explicit TopTokensPolicy(const PolicyBudget& b) : b_(b) {}
+  absl::Status OnFrame(const WorkloadFrame&, const CameraTokens&) override {
     return absl::OkStatus();
   }
   absl::Status Select(const WorkloadQuery& q, const CameraTokens& cam,
-                      Selection* out) override {
-    v1::RecallRequest req;
-    req.set_stream_id(id_);
-    *req.mutable_query() = {q.q.begin(), q.q.end()};
-    req.mutable_budget()->set_max_tokens(b_.recall);
-    req.mutable_budget()->set_top_k(b_.top_k);
-    *req.mutable_signals() = q.signals;
-    v1::RecallResponse resp;
-    absl::Status s = backend_->Recall(id_, req, &resp);
-    if (!s.ok()) return s;
-    std::vector<Span> spans;
-    for (const v1::RecalledBlock& blk : resp.blocks()) {
-      const Span whole{blk.first_token_position(), blk.end_token_position()};
-      out->units.push_back(whole);
-      out->degraded_blocks += blk.degraded();
-      if (blk.token_offsets().empty()) {
-        spans.push_back(whole);
-        continue;
-      }
-      // Offsets are in append order; the workload's positions have no gaps.
-      if (whole.size() != blk.token_count()) {
-        return absl::InternalError(absl::StrCat(
-            "block ", blk.block_id(), " has position gaps; eval needs none"));
-      }
-      for (uint32_t off : blk.token_offsets()) {
-        spans.push_back({whole.begin + off, whole.begin + off + 1});
-      }
-    }
-    out->recalled = ClipMerge(std::move(spans), cam.sink_tokens,
-                              b_.WindowStart(cam.tokens));
+                      const QueryOracle& oracle, Selection* out) override {
+    const std::vector<double>& score = Score(q, cam, oracle);
+    out->recalled = TopTokens(score, cam.sink_tokens,
+                              std::max<uint64_t>(cam.sink_tokens,
+                                                 b_.WindowStart(cam.tokens)),
+                              b_.recall);
     recalled_now_ = Total(out->recalled);
     return absl::OkStatus();
   }
   uint64_t ResidentTokens(const CameraTokens& cam) const override {
     return BaseResident(b_, cam) + recalled_now_;
   }
-  uint64_t StoredBytes(const CameraTokens&) const override { return stored_; }
-  const v1::StreamStats& stats() const { return stats_; }
+  uint64_t StoredBytes(const CameraTokens& cam) const override {
+    return cam.tokens * b_.bytes_per_token;
+  }
 
- private:
+ protected:
+  // The score of every position so far.
+  virtual const std::vector<double>& Score(const WorkloadQuery& q,
+                                           const CameraTokens& cam,
+                                           const QueryOracle& oracle) = 0;
   PolicyBudget b_;
-  KvmemBackend* backend_;
-  std::string id_;
-  uint64_t stored_ = 0;
   uint64_t recalled_now_ = 0;
-  v1::StreamStats stats_;
 };
 
-class InProcessBackend : public KvmemBackend {
+class OracleTokensPolicy : public TopTokensPolicy {
  public:
-  explicit InProcessBackend(std::unique_ptr<MemoryEngine> engine)
-      : engine_(std::move(engine)) {}
-  absl::Status Open(const std::string& id,
-                    const v1::StreamConfig& config) override {
-    return engine_->OpenStream(id, FromProto(config)).status();
-  }
-  absl::Status Append(const std::string& id,
-                      const OutgoingFrame& frame) override {
-    Frame f = FrameFromHeader(frame.header);
-    f.payload = frame.payload;
-    return engine_->Append(id, std::move(f)).status();
-  }
-  absl::Status Recall(const std::string& id, const v1::RecallRequest& req,
-                      v1::RecallResponse* resp) override {
-    auto r = engine_->Recall(id, FromProto(req));
-    if (!r.ok()) return r.status();
-    ToProto(*r, resp);
-    return absl::OkStatus();
-  }
-  absl::Status Stats(const std::string& id, v1::StreamStats* out) override {
-    auto s = engine_->GetStats(id);
-    if (!s.ok()) return s.status();
-    ToProto(*s, out);
-    return absl::OkStatus();
-  }
-  void Settle() override { engine_->WaitForBackground(); }
+  using TopTokensPolicy::TopTokensPolicy;
+  const char* name() const override { return "oracle_tokens"; }
 
- private:
-  std::unique_ptr<MemoryEngine> engine_;
+ protected:
+  const std::vector<double>& Score(const WorkloadQuery&, const CameraTokens&,
+                                   const QueryOracle& oracle) override {
+    return *oracle.attention;
+  }
 };
 
-absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
-class GrpcBackend : public KvmemBackend {
+class ExactKeysPerHeadPolicy : public TopTokensPolicy {
  public:
-  explicit GrpcBackend(std::unique_ptr<KvmemClient> client)
-      : client_(std::move(client)) {}
-  ~GrpcBackend() override {
-    for (auto& [id, session] : sessions_) session->Finish();
-  }
-  absl::Status Open(const std::string& id,
-                    const v1::StreamConfig& config) override {
-    std::unique_ptr<SessionClient> session;
-    grpc::Status s = client_->StartSession(id, &config, &session);
-    if (!s.ok()) return FromGrpc(s, "Session " + id);
-    sessions_[id] = std::move(session);
-    return absl::OkStatus();
-  }
-  absl::Status Append(const std::string& id,
-                      const OutgoingFrame& frame) override {
-    v1::AppendAck ack;
-    return FromGrpc(sessions_.at(id)->Append(frame, &ack), "append " + id);
-  }
-  absl::Status Recall(const std::string& id, const v1::RecallRequest& req,
-                      v1::RecallResponse* resp) override {
-    return FromGrpc(sessions_.at(id)->Recall(req, resp), "recall " + id);
-  }
-  absl::Status Stats(const std::string& id, v1::StreamStats* out) override {
-    return FromGrpc(client_->GetStreamStats(id, out), "stats " + id);
+  ExactKeysPerHeadPolicy(const PolicyBudget& b, uint32_t head_dim)
+      : TopTokensPolicy(b), d_(head_dim) {}
+  const char* name() const override { return "exact_keys_per_head"; }
+
+ protected:
+  // Mean over KV heads of the softmax of the query kvmem receives (q)
+  // against the exact keys of every token.
+  const std::vector<double>& Score(const WorkloadQuery& q,
+                                   const CameraTokens& cam,
+                                   const QueryOracle&) override {
+    const size_t n = cam.tokens, heads = cam.per_token / d_;
+    const float inv = 1.0f / std::sqrt(static_cast<float>(d_));
+    score_.assign(n, 0.0);
+    logit_.resize(n);
+    for (size_t h = 0; h < heads; ++h) {
+      double mx = -INFINITY, sum = 0;
+      for (size_t i = 0; i < n; ++i) {
+        logit_[i] =
+            inv * Dot(q.q.data() + h * d_,
+                      cam.keys.data() + i * cam.per_token + h * d_, d_);
+        mx = std::max<double>(mx, logit_[i]);
+      }
+      for (size_t i = 0; i < n; ++i) sum += std::exp(logit_[i] - mx);
+      for (size_t i = 0; i < n; ++i) {
+        score_[i] += std::exp(logit_[i] - mx) / (sum * heads);
+      }
+    }
+    return score_;
   }
 
  private:
-  std::unique_ptr<KvmemClient> client_;
-  std::map<std::string, std::unique_ptr<SessionClient>> sessions_;
+  uint32_t d_;
+  std::vector<double> score_;
+  std::vector<float> logit_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvmemBackend>> OpenInProcessBackend(
-    const std::string& data_dir) {
-  RocksColdStoreOptions o;
-  o.path = data_dir;
-  auto store = OpenRocksColdStore(o);
-  if (!store.ok()) return store.status();
-  auto engine = MemoryEngine::Open(std::move(*store));
-  if (!engine.ok()) return engine.status();
-  return std::unique_ptr<KvmemBackend>(
-      std::make_unique<InProcessBackend>(std::move(*engine)));
+uint64_t TotalTokens(const std::vector<Span>& spans) { return Total(spans); }
+uint64_t BaseResidentTokens(const PolicyBudget& b, const CameraTokens& cam) {
+  return BaseResident(b, cam);
 }
 
-absl::StatusOr<std::unique_ptr<KvmemBackend>> OpenGrpcBackend(
-    const std::string& target) {
-  auto client = KvmemClient::Connect(target);
-  if (!client->WaitForReady(std::chrono::seconds(10))) {
-    return absl::UnavailableError(
-        absl::StrCat("kvmem-server at ", target, " is not reachable"));
-  }
-  return std::unique_ptr<KvmemBackend>(
-      std::make_unique<GrpcBackend>(std::move(client)));
+std::unique_ptr<EvalPolicy> MakeOracleTokensPolicy(const PolicyBudget& b) {
+  return std::make_unique<OracleTokensPolicy>(b);
+}
+std::unique_ptr<EvalPolicy> MakeExactKeysPerHeadPolicy(const PolicyBudget& b,
+                                                       uint32_t head_dim) {
+  return std::make_unique<ExactKeysPerHeadPolicy>(b, head_dim);
 }
 
 std::unique_ptr<EvalPolicy> MakeFullPolicy(const PolicyBudget& b) {
@@ -483,15 +431,6 @@ std::unique_ptr<EvalPolicy> MakeH2oPolicy(const PolicyBudget& b) {
 }
 std::unique_ptr<EvalPolicy> MakeMeanKeyTopkPolicy(const PolicyBudget& b) {
   return std::make_unique<MeanKeyTopkPolicy>(b);
-}
-
-absl::StatusOr<std::unique_ptr<EvalPolicy>> MakeKvmemPolicy(
-    const PolicyBudget& b, KvmemBackend* backend, const std::string& stream_id,
-    const v1::StreamConfig& config) {
-  absl::Status s = backend->Open(stream_id, config);
-  if (!s.ok()) return s;
-  return std::unique_ptr<EvalPolicy>(
-      std::make_unique<KvmemPolicy>(b, backend, stream_id));
 }
 
 }  // namespace kvmem

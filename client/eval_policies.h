@@ -15,7 +15,8 @@
 //                  query . mean key, up to R tokens (InfLLM / ReKV style: no
 //                  heat, no semantic signals).
 //   kvmem          the real engine (in process, or a kvmem-server over gRPC)
-//                  with its configured policy.
+//                  with its configured policy (and variants: kvmem_*).
+//   oracle_tokens, exact_keys_per_head  reference selections (eval.h).
 //
 // Blocks of the baselines are a fixed grid of frames_per_block frames.
 // Thread safety: one thread drives all policies.
@@ -67,6 +68,23 @@ struct Selection {
   std::vector<Span> recalled;    // Sorted, disjoint, outside sinks and window.
   std::vector<Span> units;       // Recalled blocks (for useless-hit counts).
   uint32_t degraded_blocks = 0;  // kvmem: recalled blocks held as int8.
+  // kvmem: each recalled block's tokens and gate weight (parallel to
+  // units), and the set's estimated share of attention (< 0: none).
+  std::vector<std::vector<Span>> unit_spans;
+  std::vector<float> unit_gates;
+  float estimated_mass = -1;
+  // kvmem: the set as returned broke the budget (bit 0) or held hot-window
+  // tokens (bit 1); `recalled` is clipped either way.
+  uint8_t violations = 0;
+  // When >= 0, the selection's own time (kvmem: the recall call, without
+  // the front end's window log-sum-exp), else the runner times Select.
+  float latency_us = -1;
+};
+
+// What the runner knows of a query besides the workload: the oracle's
+// attention per token (mean over query heads), for oracle_tokens.
+struct QueryOracle {
+  const std::vector<double>* attention = nullptr;
 };
 
 class EvalPolicy {
@@ -77,7 +95,7 @@ class EvalPolicy {
   virtual absl::Status OnFrame(const WorkloadFrame& frame,
                                const CameraTokens& cam) = 0;
   virtual absl::Status Select(const WorkloadQuery& q, const CameraTokens& cam,
-                              Selection* out) = 0;
+                              const QueryOracle& oracle, Selection* out) = 0;
   // The attention (oracle probabilities averaged over heads, whole stream)
   // and the mass of what the policy attended; policies that learn from
   // their own attention (h2o, window_lru) use it.
@@ -119,10 +137,36 @@ std::unique_ptr<EvalPolicy> MakeStreamingLlmPolicy(const PolicyBudget& b);
 std::unique_ptr<EvalPolicy> MakeWindowLruPolicy(const PolicyBudget& b);
 std::unique_ptr<EvalPolicy> MakeH2oPolicy(const PolicyBudget& b);
 std::unique_ptr<EvalPolicy> MakeMeanKeyTopkPolicy(const PolicyBudget& b);
-// The stream is opened on `backend` (not owned) as `stream_id` with config.
+std::unique_ptr<EvalPolicy> MakeOracleTokensPolicy(const PolicyBudget& b);
+// head_dim: of the workload's KV heads (cam.per_token / head_dim of them).
+std::unique_ptr<EvalPolicy> MakeExactKeysPerHeadPolicy(const PolicyBudget& b,
+                                                       uint32_t head_dim);
+
+// How the kvmem policy queries its stream (eval.h's KvmemKnobs).
+struct KvmemRequestOptions {
+  uint32_t top_k = 0;        // 0: the stream's default.
+  bool send_budget = true;   // Else max_tokens 0: the stream's default.
+  bool window_lse = true;    // Send the sinks + window log-sum-exp.
+  bool query_heads = false;  // One vector per query head, not the mean.
+  uint32_t head_dim = 0;
+};
+// The stream is opened on `backend` (not owned) as `stream_id` with config;
+// `name` is the policy's.
 absl::StatusOr<std::unique_ptr<EvalPolicy>> MakeKvmemPolicy(
-    const PolicyBudget& b, KvmemBackend* backend, const std::string& stream_id,
-    const v1::StreamConfig& config);
+    const std::string& name, const PolicyBudget& b, KvmemBackend* backend,
+    const std::string& stream_id, const v1::StreamConfig& config,
+    const KvmemRequestOptions& request);
+
+// The natural log of sum over the sinks and the hot window of exp(q . k /
+// sqrt(head_dim)), per query vector and KV head: what a front end sends as
+// RecallRequest.window_lse. q_vectors[j] is [kv_head][head_dim].
+std::vector<float> WindowLogSumExp(
+    const std::vector<std::vector<float>>& q_vectors, const CameraTokens& cam,
+    uint64_t window_start, uint32_t head_dim);
+
+// Tokens in spans; sinks + window bounded by what exists.
+uint64_t TotalTokens(const std::vector<Span>& spans);
+uint64_t BaseResidentTokens(const PolicyBudget& b, const CameraTokens& cam);
 
 // Sorted, disjoint spans of a sorted list of positions.
 std::vector<Span> SpansOf(const std::vector<uint64_t>& sorted_positions);

@@ -59,6 +59,44 @@ void AddScaled(std::vector<float>* acc, const std::vector<float>& v, float k) {
   for (size_t i = 0; i < acc->size(); ++i) (*acc)[i] += k * v[i];
 }
 
+// `count` orthonormal vectors of length n: Gram-Schmidt on gen(0), gen(1)...
+template <typename Gen>
+std::vector<std::vector<float>> Orthonormal(size_t n, uint32_t count,
+                                            Gen gen) {
+  std::vector<std::vector<float>> basis;
+  for (uint32_t i = 0; i < count; ++i) {
+    std::vector<float> v = gen(i);
+    for (const auto& u : basis) {
+      double dot = 0;
+      for (size_t j = 0; j < n; ++j) dot += static_cast<double>(u[j]) * v[j];
+      AddScaled(&v, u, static_cast<float>(-dot));
+    }
+    Normalize(&v);
+    basis.push_back(std::move(v));
+  }
+  return basis;
+}
+
+// The rows of a (rows x n) restricted to a random rank-dimensional subspace
+// of R^n, rescaled by sqrt(n / rank) so their norms stay about the same.
+std::vector<float> ProjectRows(const std::vector<float>& a, size_t rows,
+                               size_t n, size_t rank, uint64_t seed) {
+  const auto u = Orthonormal(n, static_cast<uint32_t>(rank), [&](uint32_t i) {
+    return Gaussian(Mix(seed + i), n, 1.0f);
+  });
+  const float gain = static_cast<float>(std::sqrt(double(n) / rank));
+  std::vector<float> out(rows * n, 0.0f);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = a.data() + r * n;
+    float* dst = out.data() + r * n;
+    for (const auto& uk : u) {
+      const float c = gain * Dot(row, uk.data(), n);
+      for (size_t j = 0; j < n; ++j) dst[j] += c * uk[j];
+    }
+  }
+  return out;
+}
+
 double LogUniform(std::mt19937_64& rng, double lo, double hi) {
   std::uniform_real_distribution<double> u(std::log(lo), std::log(hi));
   return std::exp(u(rng));
@@ -86,6 +124,8 @@ struct VideoWorkload::Impl {
   // Projections per (layer, head): A (keys and queries) and B (values),
   // head_dim x latent_dim, row-major.
   std::vector<std::vector<float>> a, b;
+  // Logit scale of each query head, [layer][kv_head][query head of group].
+  std::vector<float> qscale;
   std::vector<float> scene_proj;           // scene_dim x latent_dim
   std::vector<double> theta;               // RoPE frequency per dimension pair.
   std::vector<std::vector<Shot>> shots;    // Per camera.
@@ -102,6 +142,35 @@ struct VideoWorkload::Impl {
     return *(it - 1);
   }
 };
+
+namespace {
+// Orthonormal latent directions the workload needs: the sink, the places,
+// the objects and, with look-alike identities, one per object class.
+uint32_t EntityDirections(const VideoWorkloadOptions& o) {
+  return 1 + o.places + o.objects + (o.lookalike > 0 ? o.object_classes : 0);
+}
+
+// The next absence of an object, in seconds.
+double DrawGap(const VideoWorkloadOptions& o, std::mt19937_64& rng) {
+  using Gaps = VideoWorkloadOptions::Gaps;
+  if (o.gaps == Gaps::kUniform) {
+    return std::uniform_real_distribution<double>(o.gap_min_s,
+                                                  o.gap_max_s)(rng);
+  }
+  if (o.gaps == Gaps::kPareto) {
+    // Inverse CDF of Pareto(scale gap_min_s, shape alpha), capped.
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    return std::min(o.gap_max_s,
+                    o.gap_min_s / std::pow(1 - u, 1 / o.gap_pareto_alpha));
+  }
+  return LogUniform(rng, o.gap_min_s, o.gap_max_s);
+}
+}  // namespace
+
+uint32_t VideoWorkload::latent_dim() const {
+  return o_.latent_dim != 0 ? o_.latent_dim
+                            : std::max(o_.head_dim, EntityDirections(o_));
+}
 
 std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
   if (o.cameras < 1 || o.cameras > 64) return "--cameras must be in [1, 64]";
@@ -124,9 +193,30 @@ std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
       o.places_per_camera > o.places) {
     return "--places_per_camera must be in [1, --places]";
   }
-  if (1 + o.places + o.objects > o.latent_dim) {
-    return absl::StrCat("1 + --places + --objects (", 1 + o.places + o.objects,
-                        ") must be at most --latent_dim (", o.latent_dim, ")");
+  const uint32_t entities = EntityDirections(o);
+  if (o.latent_dim != 0 && entities > o.latent_dim) {
+    return absl::StrCat("1 + --places + --objects",
+                        o.lookalike > 0 ? " + --object_classes" : "", " (",
+                        entities, ") must be at most --latent_dim (",
+                        o.latent_dim, ")");
+  }
+  if (o.query_heads_per_kv < 1 || o.query_heads_per_kv > 64) {
+    return "--query_heads_per_kv must be in [1, 64]";
+  }
+  if (!(o.head_subspace > 0 && o.head_subspace <= 1)) {
+    return "--head_subspace must be in (0, 1]";
+  }
+  if (!(o.sharp_head_fraction >= 0 && o.sharp_head_fraction <= 1)) {
+    return "--sharp_head_fraction must be in [0, 1]";
+  }
+  if (!(o.diffuse_scale > 0 && std::isfinite(o.diffuse_scale))) {
+    return "--diffuse_scale must be > 0";
+  }
+  if (!(o.lookalike >= 0 && o.lookalike < 1) || o.object_classes < 1) {
+    return "--lookalike must be in [0, 1) and --object_classes >= 1";
+  }
+  if (!(o.gap_pareto_alpha > 0 && std::isfinite(o.gap_pareto_alpha))) {
+    return "--gap_pareto_alpha must be > 0";
   }
   if (!(o.shot_min_s > 0 && o.shot_max_s >= o.shot_min_s && o.visit_min_s > 0 &&
         o.visit_max_s >= o.visit_min_s && o.gap_min_s > 0 &&
@@ -152,23 +242,26 @@ std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
 VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
     : o_(options), impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  const size_t L = o_.latent_dim, d = o_.head_dim;
+  const size_t L = latent_dim(), d = o_.head_dim;
   // Orthonormal entity directions: the first columns of a random orthogonal
   // matrix (Gram-Schmidt on Gaussian vectors).
-  std::vector<std::vector<float>> basis;
-  for (uint32_t i = 0; i < 1 + o_.places + o_.objects; ++i) {
-    std::vector<float> v = Gaussian(Seed(o_.seed, kBasis, i), L, 1.0f);
-    for (const auto& u : basis) {
-      double dot = 0;
-      for (size_t j = 0; j < L; ++j) dot += static_cast<double>(u[j]) * v[j];
-      AddScaled(&v, u, static_cast<float>(-dot));
-    }
-    Normalize(&v);
-    basis.push_back(std::move(v));
-  }
+  const std::vector<std::vector<float>> basis =
+      Orthonormal(L, EntityDirections(o_), [&](uint32_t i) {
+        return Gaussian(Seed(o_.seed, kBasis, i), L, 1.0f);
+      });
   m.sink = basis[0];
   m.place.assign(basis.begin() + 1, basis.begin() + 1 + o_.places);
-  m.object.assign(basis.begin() + 1 + o_.places, basis.end());
+  m.object.assign(basis.begin() + 1 + o_.places,
+                  basis.begin() + 1 + o_.places + o_.objects);
+  if (o_.lookalike > 0) {
+    // Objects of a class share a prototype: cosine `lookalike` between them.
+    const auto* proto = &basis[1 + o_.places + o_.objects];
+    for (uint32_t ob = 0; ob < o_.objects; ++ob) {
+      for (auto& e : m.object[ob]) e *= std::sqrt(1 - o_.lookalike);
+      AddScaled(&m.object[ob], proto[ob % o_.object_classes],
+                std::sqrt(o_.lookalike));
+    }
+  }
   for (uint32_t s = 0; s < o_.tokens_per_frame; ++s) {
     m.patch.push_back(Gaussian(Seed(o_.seed, kPatch, 0, s), L, 1.0f));
     Normalize(&m.patch.back());
@@ -191,16 +284,33 @@ VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
   for (size_t i = 0; i < pairs; ++i) {
     m.theta.push_back(std::pow(o_.rope_base, -2.0 * i / d));
   }
+  // Entries of variance 1/head_dim keep |A x| ~ |x|, so a query of scale s
+  // against its own token's key has a logit of about s whatever the shapes.
   const size_t heads = static_cast<size_t>(o_.layers) * o_.kv_heads;
+  const float sigma = static_cast<float>(1 / std::sqrt(d));
+  const size_t rank = std::max<size_t>(
+      1, static_cast<size_t>(std::lround(o_.head_subspace * L)));
   for (size_t lh = 0; lh < heads; ++lh) {
-    std::vector<float> a = Gaussian(Seed(o_.seed, kProject, 0, lh), d * L,
-                                    static_cast<float>(1 / std::sqrt(L)));
+    std::vector<float> a =
+        Gaussian(Seed(o_.seed, kProject, 0, lh), d * L, sigma);
+    if (rank < L) {  // This head sees a random subspace of the latent.
+      a = ProjectRows(a, d, L, rank, Seed(o_.seed, kProject, 2, lh));
+    }
     for (size_t r = 0; r < d; ++r)
       for (size_t c = 0; c < L; ++c) a[r * L + c] *= gain[r / 2];
     m.a.push_back(std::move(a));
-    m.b.push_back(Gaussian(Seed(o_.seed, kProject, 1, lh), d * L,
-                           static_cast<float>(1 / std::sqrt(L))));
+    m.b.push_back(Gaussian(Seed(o_.seed, kProject, 1, lh), d * L, sigma));
   }
+  // Query heads: a seeded sharp_head_fraction of them are sharp.
+  const size_t qheads = heads * o_.query_heads_per_kv;
+  std::vector<size_t> order(qheads);
+  for (size_t i = 0; i < qheads; ++i) order[i] = i;
+  std::mt19937_64 head_rng(Seed(o_.seed, kProject, 3));
+  std::shuffle(order.begin(), order.end(), head_rng);
+  const size_t sharp = static_cast<size_t>(
+      std::lround(o_.sharp_head_fraction * static_cast<double>(qheads)));
+  m.qscale.assign(qheads, o_.query_scale * o_.diffuse_scale);
+  for (size_t i = 0; i < sharp; ++i) m.qscale[order[i]] = o_.query_scale;
   m.scene_proj = Gaussian(Seed(o_.seed, kScene, 0), o_.scene_dim * L, 1.0f);
 
   // Shots per camera: each camera cuts among its own places, revisiting them.
@@ -251,8 +361,7 @@ VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
         ++m.walks;
         t = static_cast<double>(end) / o_.fps + o_.gap_min_s;  // Walking over.
       } else {
-        t = static_cast<double>(end) / o_.fps +
-            LogUniform(rng, o_.gap_min_s, o_.gap_max_s);
+        t = static_cast<double>(end) / o_.fps + DrawGap(o_, rng);
       }
     }
   }
@@ -302,7 +411,7 @@ std::vector<std::pair<int, const Visit*>> InView(
 
 WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   const Impl& m = *impl_;
-  const size_t L = o_.latent_dim, d = o_.head_dim, T = o_.tokens_per_frame;
+  const size_t L = latent_dim(), d = o_.head_dim, T = o_.tokens_per_frame;
   WorkloadFrame out;
   uint64_t shot_serial = 0;
   const Shot& shot = m.ShotAt(camera, f, &shot_serial);
@@ -444,60 +553,77 @@ void VideoWorkload::FrameKV(const WorkloadFrame& frame,
 std::vector<WorkloadQuery> VideoWorkload::Queries(
     uint32_t camera, uint64_t f, const WorkloadFrame& frame) const {
   const Impl& m = *impl_;
-  const size_t L = o_.latent_dim, d = o_.head_dim, T = o_.tokens_per_frame;
+  const size_t L = latent_dim(), d = o_.head_dim, T = o_.tokens_per_frame;
   const uint64_t position = (f + 1) * T;
   std::mt19937_64 rng(Seed(o_.seed, kQuery, camera, f));
-  auto make_q = [&](std::vector<float> x) {
-    for (auto& e : x) e *= 1.0f - o_.sink_pull;
-    AddScaled(&x, m.sink, o_.sink_pull);
-    Normalize(&x);
-    std::vector<float> q;
-    q.reserve(summary_dim());
-    const float scale = o_.query_scale * std::sqrt(static_cast<float>(d));
-    for (const auto& a : m.a) {
-      std::vector<float> y(d, 0.0f);
-      for (size_t r = 0; r < d; ++r) {
-        for (size_t c = 0; c < L; ++c) y[r] += a[r * L + c] * x[c];
-        y[r] *= scale;
+  const uint32_t g = o_.query_heads_per_kv;
+  // Query head j of every KV head reads latent xs[j] (pulled toward the
+  // sinks) at its own logit scale; q is the mean over each group.
+  auto make_q = [&](std::vector<std::vector<float>> xs, WorkloadQuery* q) {
+    q->q_heads.clear();
+    for (uint32_t j = 0; j < g; ++j) {
+      std::vector<float>& x = xs[j];
+      for (auto& e : x) e *= 1.0f - o_.sink_pull;
+      AddScaled(&x, m.sink, o_.sink_pull);
+      Normalize(&x);
+      std::vector<float> qj;
+      qj.reserve(summary_dim());
+      for (size_t lh = 0; lh < m.a.size(); ++lh) {
+        const std::vector<float>& a = m.a[lh];
+        const float scale =
+            m.qscale[lh * g + j] * std::sqrt(static_cast<float>(d));
+        std::vector<float> y(d, 0.0f);
+        for (size_t r = 0; r < d; ++r) {
+          for (size_t c = 0; c < L; ++c) y[r] += a[r * L + c] * x[c];
+          y[r] *= scale;
+        }
+        for (size_t i = 0; i < d / 2; ++i) {
+          const double ang = static_cast<double>(position) * m.theta[i];
+          const float cs = static_cast<float>(std::cos(ang));
+          const float sn = static_cast<float>(std::sin(ang));
+          const float a0 = y[2 * i], a1 = y[2 * i + 1];
+          y[2 * i] = a0 * cs - a1 * sn;
+          y[2 * i + 1] = a0 * sn + a1 * cs;
+        }
+        qj.insert(qj.end(), y.begin(), y.end());
       }
-      for (size_t i = 0; i < d / 2; ++i) {
-        const double ang = static_cast<double>(position) * m.theta[i];
-        const float cs = static_cast<float>(std::cos(ang));
-        const float sn = static_cast<float>(std::sin(ang));
-        const float a0 = y[2 * i], a1 = y[2 * i + 1];
-        y[2 * i] = a0 * cs - a1 * sn;
-        y[2 * i + 1] = a0 * sn + a1 * cs;
-      }
-      q.insert(q.end(), y.begin(), y.end());
+      q->q_heads.push_back(std::move(qj));
     }
-    return q;
+    q->q.assign(summary_dim(), 0.0f);
+    for (const auto& qj : q->q_heads) AddScaled(&q->q, qj, 1.0f / g);
   };
   std::vector<WorkloadQuery> out;
   if (f % o_.query_every == 0) {
     // A frame query: a random token of the frame, re-derived from its key's
     // latent (its key without RoPE is not kept, so rebuild from the frame's
     // content: the place or object the token shows).
+    // With grouped-query heads, each query head of a group reads its own
+    // random token.
     std::uniform_int_distribution<size_t> slot(0, T - 1);
-    const size_t s = slot(rng);
-    std::vector<float> x;
-    const int ob = frame.token_object[s];
-    if (ob >= 0) {
-      x = m.object[ob];
-      for (auto& e : x) e *= 0.85f;
-      AddScaled(&x, m.part[(T - 1 - s) % o_.object_tokens], 0.3f);
-    } else if (ob == -2) {
-      x = m.sink;
-    } else {
-      x = m.place[frame.place];
-      for (auto& e : x) e *= 0.85f;
-      AddScaled(&x, m.patch[s], 0.35f);
+    std::vector<std::vector<float>> xs;
+    for (uint32_t j = 0; j < g; ++j) {
+      const size_t s = slot(rng);
+      std::vector<float> x;
+      const int ob = frame.token_object[s];
+      if (ob >= 0) {
+        x = m.object[ob];
+        for (auto& e : x) e *= 0.85f;
+        AddScaled(&x, m.part[(T - 1 - s) % o_.object_tokens], 0.3f);
+      } else if (ob == -2) {
+        x = m.sink;
+      } else {
+        x = m.place[frame.place];
+        for (auto& e : x) e *= 0.85f;
+        AddScaled(&x, m.patch[s], 0.35f);
+      }
+      Normalize(&x);
+      xs.push_back(std::move(x));
     }
-    Normalize(&x);
     WorkloadQuery q;
     q.kind = QueryKind::kFrame;
     q.frame = f;
     q.position = position;
-    q.q = make_q(std::move(x));
+    make_q(std::move(xs), &q);
     q.signals = frame.frame.header.signals();
     out.push_back(std::move(q));
   }
@@ -525,7 +651,7 @@ std::vector<WorkloadQuery> VideoWorkload::Queries(
       q.frame = f;
       q.position = position;
       q.object = static_cast<int>(ob);
-      q.q = make_q(m.object[ob]);
+      make_q(std::vector<std::vector<float>>(g, m.object[ob]), &q);
       for (const auto& det : frame.frame.header.signals().detections()) {
         if (det.track_id() == ob + 1u) *q.signals.add_detections() = det;
       }

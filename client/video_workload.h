@@ -52,7 +52,7 @@ struct VideoWorkloadOptions {
   uint32_t layers = 2;
   uint32_t kv_heads = 4;
   uint32_t head_dim = 64;
-  uint32_t latent_dim = 64;
+  uint32_t latent_dim = 0;  // 0: max(head_dim, the entities' directions).
   uint32_t places = 10;
   uint32_t places_per_camera = 5;
   uint32_t objects = 24;
@@ -70,6 +70,29 @@ struct VideoWorkloadOptions {
   float frame_noise = 0.08f;  // Frame-to-frame change of a token's latent.
   uint32_t query_every = 1;   // Frames between frame queries.
   uint32_t scene_dim = 32;
+  // --- Properties the generalisation matrix varies one at a time ---
+  // Grouped-query attention: query heads per KV head. Query head j of every
+  // KV head looks at its own token of the frame (frame queries), so the
+  // heads of a group attend to different things; the oracle attends with
+  // each query head.
+  uint32_t query_heads_per_kv = 1;
+  // Share of the latent each KV head's projection sees (a random subspace
+  // per layer and head, rescaled to keep key norms): 1 = every head sees
+  // everything (heads alike); lower = heads match on different features.
+  float head_subspace = 1.0f;
+  // Share of query heads that are sharp (logit scale query_scale); the rest
+  // are diffuse, at diffuse_scale * query_scale.
+  float sharp_head_fraction = 1.0f;
+  float diffuse_scale = 1.0f;
+  // Look-alike identities: cosine between objects of one class (object o is
+  // in class o % object_classes); 0 = orthogonal identities.
+  float lookalike = 0.0f;
+  uint32_t object_classes = 3;
+  // Re-entry gaps: log-uniform (default), uniform, or Pareto (heavy tail,
+  // scale gap_min_s, shape gap_pareto_alpha, capped at gap_max_s) in
+  // [gap_min_s, gap_max_s].
+  enum class Gaps { kLogUniform, kUniform, kPareto } gaps = Gaps::kLogUniform;
+  double gap_pareto_alpha = 1.1;
 };
 
 enum class QueryKind { kFrame = 0, kProbe = 1 };
@@ -83,7 +106,13 @@ struct WorkloadQuery {
   // Probe: positions [begin, end) of the object's tokens in earlier visits
   // to this camera (re-identification targets), oldest first.
   std::vector<std::pair<uint64_t, uint64_t>> earlier;
-  std::vector<float> q;  // [layer][kv_head][head_dim], RoPE'd and scaled.
+  // What a front end sends (the kvmem.v1 convention for grouped-query
+  // attention): per KV head the mean of its group's query heads,
+  // [layer][kv_head][head_dim], RoPE'd and scaled.
+  std::vector<float> q;
+  // The query heads themselves, [query_head][layer][kv_head][head_dim]:
+  // what the oracle attends with; query_heads_per_kv vectors.
+  std::vector<std::vector<float>> q_heads;
   v1::FrameSignals signals;
 };
 
@@ -106,6 +135,7 @@ class VideoWorkload {
   // KV bytes of one token (all layers, K and V, fp16).
   uint64_t bytes_per_token() const;
   uint32_t summary_dim() const { return o_.layers * o_.kv_heads * o_.head_dim; }
+  uint32_t latent_dim() const;
 
   // Frame f of camera c (deterministic; any order).
   WorkloadFrame Frame(uint32_t camera, uint64_t f) const;

@@ -19,15 +19,17 @@ class CpuAccelerator final : public Accelerator {
   std::vector<ScoredId> Search(const BlockIndex& index, const float* query,
                                const SearchParams& params,
                                CallCost* cost) override {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<ScoredId> out = index.Search(query, params.k);
-    CallCost c;
-    c.measured_us = MicrosSince(t0);
-    c.searches = 1;
-    absl::MutexLock lock(&mu_);
-    total_ += c;
-    if (cost != nullptr) *cost += c;
+    std::vector<ScoredId> out;
+    Timed(cost, [&] { out = index.Search(query, params.k); });
     return out;
+  }
+
+  bool Scan(const BlockIndex& index, const float* query,
+            const SearchParams& /*params*/, SegmentScan* out,
+            CallCost* cost) override {
+    bool scanned = false;
+    Timed(cost, [&] { scanned = index.ScanSegments(query, out); });
+    return scanned;
   }
 
   AcceleratorStats Stats() const override {
@@ -39,6 +41,19 @@ class CpuAccelerator final : public Accelerator {
   }
 
  private:
+  // Runs one search-like call, timed, and accounts it.
+  template <typename Fn>
+  void Timed(CallCost* cost, Fn fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    CallCost c;
+    c.measured_us = MicrosSince(t0);
+    c.searches = 1;
+    absl::MutexLock lock(&mu_);
+    total_ += c;
+    if (cost != nullptr) *cost += c;
+  }
+
   const std::string name_ = "cpu";
   mutable absl::Mutex mu_;
   CallCost total_ ABSL_GUARDED_BY(mu_);
@@ -58,24 +73,21 @@ class SimAccelerator final : public Accelerator {
   std::vector<ScoredId> Search(const BlockIndex& index, const float* query,
                                const SearchParams& params,
                                CallCost* cost) override {
-    const auto t0 = std::chrono::steady_clock::now();
-    const PriorityGate::Ticket ticket = gate_.Acquire(params.priority);
-    std::vector<ScoredId> out = index.Search(query, params.k);
-    const uint64_t n = index.size();
-    const SimCost s =
-        SearchCost(hw_, n, index.dim(), std::min<uint64_t>(n, params.k));
-    const double service = ArbitrationSeconds() + s.seconds;
-    gate_.Release(service);
-    CallCost c;
-    c.searches = 1;
-    c.measured_us = MicrosSince(t0);
-    c.queue_us = ticket.queue_s * 1e6;
-    c.modelled_us = c.queue_us + service * 1e6;
-    c.dram_bytes = s.dram_bytes;
-    c.energy_uj = s.joules * 1e6;
-    Account(c);
-    if (cost != nullptr) *cost += c;
+    std::vector<ScoredId> out;
+    Modelled(index, params, cost, [&] { out = index.Search(query, params.k); });
     return out;
+  }
+
+  // The engine scores every summary per head in the same streaming pass a
+  // search makes (the per-head vectors are slices of the same summaries),
+  // then refines the k the caller expects: a search's cost.
+  bool Scan(const BlockIndex& index, const float* query,
+            const SearchParams& params, SegmentScan* out,
+            CallCost* cost) override {
+    bool scanned = false;
+    Modelled(index, params, cost,
+             [&] { scanned = index.ScanSegments(query, out); });
+    return scanned;
   }
 
   void Stage(const std::vector<StageItem>& items, const StageParams& params,
@@ -122,6 +134,30 @@ class SimAccelerator final : public Accelerator {
       Account(c);
       if (cost != nullptr) *cost += c;
     }
+  }
+
+  // Runs one search-like call over `index` through the priority queue, and
+  // accounts its measured and modelled cost.
+  template <typename Fn>
+  void Modelled(const BlockIndex& index, const SearchParams& params,
+                CallCost* cost, Fn fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const PriorityGate::Ticket ticket = gate_.Acquire(params.priority);
+    fn();
+    const uint64_t n = index.size();
+    const SimCost s =
+        SearchCost(hw_, n, index.dim(), std::min<uint64_t>(n, params.k));
+    const double service = ArbitrationSeconds() + s.seconds;
+    gate_.Release(service);
+    CallCost c;
+    c.searches = 1;
+    c.measured_us = MicrosSince(t0);
+    c.queue_us = ticket.queue_s * 1e6;
+    c.modelled_us = c.queue_us + service * 1e6;
+    c.dram_bytes = s.dram_bytes;
+    c.energy_uj = s.joules * 1e6;
+    Account(c);
+    if (cost != nullptr) *cost += c;
   }
 
   AcceleratorStats Stats() const override {
@@ -173,6 +209,11 @@ CallCost& CallCost::operator+=(const CallCost& o) {
 
 void Accelerator::Stage(const std::vector<StageItem>&, const StageParams&,
                         CallCost*) {}
+
+bool Accelerator::Scan(const BlockIndex& index, const float* query,
+                       const SearchParams&, SegmentScan* out, CallCost*) {
+  return index.ScanSegments(query, out);
+}
 
 std::unique_ptr<Accelerator> NewCpuAccelerator() {
   return std::make_unique<CpuAccelerator>();

@@ -3,6 +3,8 @@
 // Like faiss::Index, a small required core plus optional extras, with the
 // per-call knobs in a parameters struct:
 //   Search (required)  the top-k block (or group) summaries for one query.
+//   Scan   (optional)  every summary's score per head (per-head recall);
+//                      the default runs BlockIndex::ScanSegments on the host.
 //   Stage  (optional)  move the chosen blocks' KV into near memory for
 //                      injection; the host has no nearer memory, so the
 //                      default does nothing and costs nothing.
@@ -79,6 +81,14 @@ class Accelerator {
                                        const float* query,
                                        const SearchParams& params,
                                        CallCost* cost) = 0;
+
+  // Scores query against every summary of `index` per segment (per KV head
+  // of each indexed layer) into *out; false when the index cannot
+  // (BlockIndex::ScanSegments). params.k: how many candidates the caller
+  // expects to refine exactly afterwards (the modelled refinement stage).
+  virtual bool Scan(const BlockIndex& index, const float* query,
+                    const SearchParams& params, SegmentScan* out,
+                    CallCost* cost);
 
   // Stages the KV of a recall's chosen blocks into near memory.
   virtual void Stage(const std::vector<StageItem>& items,

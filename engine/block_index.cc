@@ -53,6 +53,10 @@ class BlockIndex::Impl {
   virtual std::vector<ScoredId> Search(const float* q, uint32_t k) const = 0;
   virtual uint64_t size() const = 0;
   virtual IndexQuality quality() const { return {}; }
+  virtual bool ScanSegments(const float* /*q*/, uint32_t /*segment_dim*/,
+                            SegmentScan* /*out*/) const {
+    return false;
+  }
 };
 
 namespace {
@@ -90,6 +94,25 @@ class FlatImpl : public BlockIndex::Impl {
     return out;
   }
   uint64_t size() const override { return index_->ntotal; }
+  bool ScanSegments(const float* q, uint32_t segment_dim,
+                    SegmentScan* out) const override {
+    const auto* idmap = static_cast<const faiss::IndexIDMap2*>(index_.get());
+    const auto* flat = static_cast<const faiss::IndexFlatIP*>(idmap->index);
+    const size_t n = idmap->ntotal, dim = idmap->d;
+    const size_t S = dim / segment_dim;
+    const float* xb = flat->get_xb();
+    out->segments = static_cast<uint32_t>(S);
+    out->ids.assign(idmap->id_map.begin(), idmap->id_map.end());
+    out->dots.resize(n * S);
+    out->bound.clear();
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t h = 0; h < S; ++h) {
+        out->dots[h * n + i] = Dot(q + h * segment_dim,
+                                   xb + i * dim + h * segment_dim, segment_dim);
+      }
+    }
+    return true;
+  }
 
  private:
   std::unique_ptr<faiss::Index> index_;
@@ -97,7 +120,13 @@ class FlatImpl : public BlockIndex::Impl {
 
 class ProgressiveImpl : public BlockIndex::Impl {
  public:
-  explicit ProgressiveImpl(uint32_t dim) : index_(dim) {}
+  ProgressiveImpl(uint32_t dim, uint32_t segment_dim)
+      : index_(dim, 0, segment_dim) {}
+  bool ScanSegments(const float* q, uint32_t /*segment_dim*/,
+                    SegmentScan* out) const override {
+    index_.ScanSegments(q, out);
+    return true;
+  }
   void Add(uint64_t id, const float* v) override { index_.Add(id, v); }
   bool Remove(uint64_t id) override { return index_.Remove(id); }
   std::vector<ScoredId> Search(const float* q, uint32_t k) const override {
@@ -288,12 +317,15 @@ absl::Status BlockIndex::ValidateFactory(const std::string& factory,
   return absl::OkStatus();
 }
 
-BlockIndex::BlockIndex(uint32_t dim, const std::string& factory)
-    : dim_(dim), factory_(factory.empty() ? "Flat" : factory) {
+BlockIndex::BlockIndex(uint32_t dim, const std::string& factory,
+                       uint32_t segment_dim)
+    : dim_(dim),
+      segment_dim_(segment_dim == 0 ? dim : segment_dim),
+      factory_(factory.empty() ? "Flat" : factory) {
   if (factory_ == "Flat") {
     impl_ = std::make_unique<FlatImpl>(dim);
   } else if (factory_ == "Progressive") {
-    impl_ = std::make_unique<ProgressiveImpl>(dim);
+    impl_ = std::make_unique<ProgressiveImpl>(dim, segment_dim_);
   } else {
     impl_ = std::make_unique<FaissImpl>(dim, factory_);
   }
@@ -309,6 +341,9 @@ std::vector<ScoredId> BlockIndex::Search(const float* query, uint32_t k) const {
   return impl_->Search(query, k);
 }
 uint64_t BlockIndex::size() const { return impl_->size(); }
+bool BlockIndex::ScanSegments(const float* query, SegmentScan* out) const {
+  return impl_->ScanSegments(query, segment_dim_, out);
+}
 IndexQuality BlockIndex::quality() const { return impl_->quality(); }
 
 }  // namespace kvmem

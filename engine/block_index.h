@@ -38,6 +38,20 @@ struct ScoredId {
   float score;
 };
 
+// Inner products of one query with every vector of an index, per segment:
+// vectors and query split into equal runs of segment_dim floats (one per KV
+// head of each indexed layer), the score of a vector per segment. The
+// per-head recall scoring (engine/mass_estimate.h) reads these.
+struct SegmentScan {
+  uint32_t segments = 0;
+  std::vector<uint64_t> ids;  // The index's vectors, in its own order.
+  // [segment][vector]: head-major, so loops over the vectors vectorise.
+  std::vector<float> dots;
+  // [vector]: every dot of vector i lies within bound[i] of its exact value;
+  // empty when the dots are exact.
+  std::vector<float> bound;
+};
+
 // Recall@k of an approximate index against exact search, sampled.
 struct IndexQuality {
   uint64_t samples = 0;  // Searches checked against exact.
@@ -56,8 +70,10 @@ class BlockIndex {
   // True for kinds that always return the exact top-k.
   static bool IsExact(const std::string& factory);
 
-  // REQUIRES: dim > 0 and ValidateFactory(factory, dim) is OK.
-  explicit BlockIndex(uint32_t dim, const std::string& factory = "Flat");
+  // REQUIRES: dim > 0 and ValidateFactory(factory, dim) is OK;
+  // segment_dim (0: dim) divides dim.
+  explicit BlockIndex(uint32_t dim, const std::string& factory = "Flat",
+                      uint32_t segment_dim = 0);
   ~BlockIndex();
   BlockIndex(const BlockIndex&) = delete;
   BlockIndex& operator=(const BlockIndex&) = delete;
@@ -71,6 +87,14 @@ class BlockIndex {
   // floats), best first.
   std::vector<ScoredId> Search(const float* query, uint32_t k) const;
 
+  // Scores query (dim() floats) against every vector, per segment of
+  // segment_dim() floats: exact for "Flat", int8 with a proven bound for
+  // "Progressive" (its first stage, run per segment; exact fp32 when
+  // segment_dim is not a multiple of 4). Returns false, writing nothing, for
+  // FAISS approximate kinds, which cannot score every vector cheaply.
+  bool ScanSegments(const float* query, SegmentScan* out) const;
+  uint32_t segment_dim() const { return segment_dim_; }
+
   uint32_t dim() const { return dim_; }
   uint64_t size() const;
   const std::string& factory() const { return factory_; }
@@ -80,6 +104,7 @@ class BlockIndex {
 
  private:
   uint32_t dim_;
+  uint32_t segment_dim_;
   std::string factory_;
   std::unique_ptr<Impl> impl_;
 };

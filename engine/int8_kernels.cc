@@ -31,6 +31,20 @@ void ScalarKernel(const uint8_t* packed, size_t nblocks, size_t groups,
   }
 }
 
+void ScalarSegmentKernel(const uint8_t* packed, size_t nblocks,
+                         size_t seg_groups, size_t segments, const int8_t* hi,
+                         const int8_t* lo, int32_t* out) {
+  const size_t groups = seg_groups * segments;
+  for (size_t b = 0; b < nblocks; ++b) {
+    for (size_t s = 0; s < segments; ++s) {
+      ScalarKernel(packed + (b * groups + s * seg_groups) * 4 * kInt8Lanes, 1,
+                   seg_groups, hi + s * seg_groups * 4,
+                   lo == nullptr ? nullptr : lo + s * seg_groups * 4,
+                   out + (b * segments + s) * kInt8Lanes);
+    }
+  }
+}
+
 #if defined(__x86_64__)
 // One group of 4 dimensions of 8 vectors: (c + 128) . d as 8 int32 sums of
 // 16-bit pair sums weighted by w (pairs of u8 x s7 products cannot
@@ -79,6 +93,59 @@ __attribute__((target("avx2"))) void Avx2KernelT(const uint8_t* packed,
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kInt8Lanes),
                         _mm256_add_epi32(acc0, acc1));
+  }
+}
+
+// The segment form: the same sums, restarted at every segment boundary.
+template <bool kTwoTerms>
+__attribute__((target("avx2"))) void Avx2SegmentKernelT(
+    const uint8_t* packed, size_t nblocks, size_t seg_groups, size_t segments,
+    const int8_t* hi, const int8_t* lo, int32_t* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i whi = kTwoTerms ? _mm256_set1_epi16(kQueryHiWeight) : ones;
+  const size_t groups = seg_groups * segments;
+  for (size_t b = 0; b < nblocks; ++b) {
+    const uint8_t* p = packed + b * groups * 4 * kInt8Lanes;
+    for (size_t s = 0; s < segments; ++s) {
+      __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+      const size_t g0 = s * seg_groups, g1 = g0 + seg_groups;
+      size_t g = g0;
+      for (; g + 2 <= g1; g += 2) {
+        const __m256i c0 = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
+        const __m256i c1 = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(p + (g + 1) * 4 * kInt8Lanes));
+        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
+        acc1 = _mm256_add_epi32(acc1, GroupDot(c1, hi + g * 4 + 4, whi));
+        if (kTwoTerms) {
+          acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
+          acc1 = _mm256_add_epi32(acc1, GroupDot(c1, lo + g * 4 + 4, ones));
+        }
+      }
+      if (g < g1) {
+        const __m256i c0 = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
+        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
+        if (kTwoTerms) {
+          acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
+        }
+      }
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(out + (b * segments + s) * kInt8Lanes),
+          _mm256_add_epi32(acc0, acc1));
+    }
+  }
+}
+
+void Avx2SegmentKernel(const uint8_t* packed, size_t nblocks,
+                       size_t seg_groups, size_t segments, const int8_t* hi,
+                       const int8_t* lo, int32_t* out) {
+  if (lo == nullptr) {
+    Avx2SegmentKernelT<false>(packed, nblocks, seg_groups, segments, hi,
+                              nullptr, out);
+  } else {
+    Avx2SegmentKernelT<true>(packed, nblocks, seg_groups, segments, hi, lo,
+                             out);
   }
 }
 
@@ -238,10 +305,11 @@ std::vector<Int8KernelInfo> Detect() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2")) {
-    k.push_back({"avx2", &Avx2Kernel, &Avx2Select});
+    k.push_back({"avx2", &Avx2Kernel, &Avx2Select, &Avx2SegmentKernel});
   }
 #endif
-  k.push_back({"scalar", &ScalarKernel, &ScalarSelect});
+  k.push_back(
+      {"scalar", &ScalarKernel, &ScalarSelect, &ScalarSegmentKernel});
   return k;
 }
 

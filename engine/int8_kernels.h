@@ -76,10 +76,22 @@ using SurvivorSelector = float (*)(const BoundInputs& in, uint32_t k,
                                    SelectScratch* scratch,
                                    std::vector<Survivor>* out);
 
+// Per-segment scores (per-head recall, progressive_search.h): the groups of
+// each packed block split into `segments` runs of seg_groups groups (one per
+// KV head of each indexed layer); writes nblocks * segments * 8 raw sums,
+// out[(block * segments + s) * 8 + lane], each the raw sum of Int8BlockKernel
+// restricted to segment s, against the query d = 64 * hi + lo (or hi alone
+// when lo is null).
+using Int8SegmentKernel = void (*)(const uint8_t* packed, size_t nblocks,
+                                   size_t seg_groups, size_t segments,
+                                   const int8_t* hi, const int8_t* lo,
+                                   int32_t* out);
+
 struct Int8KernelInfo {
   std::string name;
   Int8BlockKernel fn;
   SurvivorSelector select;
+  Int8SegmentKernel segments;
 };
 
 // Kernels this CPU can run, best first ("avx2" when present, "scalar").

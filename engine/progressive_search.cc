@@ -72,10 +72,31 @@ struct Scratch {
   std::vector<Survivor> cand;
 };
 
+// Norms of the residual x - s c and of the codes c over [begin, end),
+// rounded up a little like Quantize's.
+void SegmentNorms(const float* x, const int8_t* c, float s, size_t begin,
+                  size_t end, float* residual, float* code_norm) {
+  double r2 = 0, c2 = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const double e = double(x[i]) - double(s) * c[i];
+    r2 += e * e;
+    c2 += double(c[i]) * c[i];
+  }
+  *residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
+  *code_norm = static_cast<float>(std::sqrt(c2) * (1 + 1e-6));
+}
+
 }  // namespace
 
-ProgressiveIndex::ProgressiveIndex(uint32_t dim, uint32_t max_candidates)
-    : dim_(dim), groups_((dim + 3) / 4), max_candidates_(max_candidates) {}
+ProgressiveIndex::ProgressiveIndex(uint32_t dim, uint32_t max_candidates,
+                                   uint32_t segment_dim)
+    : dim_(dim),
+      groups_((dim + 3) / 4),
+      max_candidates_(max_candidates),
+      segment_dim_(segment_dim == 0 ? dim : segment_dim),
+      segments_(dim / (segment_dim == 0 ? dim : segment_dim)),
+      seg_enorm_(segments_),
+      seg_cnorm_(segments_) {}
 
 void ProgressiveIndex::Add(uint64_t id, const float* vec) {
   const size_t r = ids_.size();
@@ -99,6 +120,13 @@ void ProgressiveIndex::Add(uint64_t id, const float* vec) {
   scale_[r] = s;
   enorm_[r] = residual;
   cnorm_[r] = s * code_norm;
+  for (uint32_t h = 0; h < segments_; ++h) {
+    float e = 0, c = 0;
+    SegmentNorms(vec, codes.data(), s, h * segment_dim_,
+                 (h + 1) * segment_dim_, &e, &c);
+    seg_enorm_[h].push_back(e);
+    seg_cnorm_[h].push_back(s * c);
+  }
 }
 
 bool ProgressiveIndex::Remove(uint64_t id) {
@@ -114,7 +142,15 @@ bool ProgressiveIndex::Remove(uint64_t id) {
     scale_[r] = scale_[last];
     enorm_[r] = enorm_[last];
     cnorm_[r] = cnorm_[last];
+    for (uint32_t h = 0; h < segments_; ++h) {
+      seg_enorm_[h][r] = seg_enorm_[h][last];
+      seg_cnorm_[h][r] = seg_cnorm_[h][last];
+    }
     row_[ids_[r]] = r;
+  }
+  for (uint32_t h = 0; h < segments_; ++h) {
+    seg_enorm_[h].pop_back();
+    seg_cnorm_[h].pop_back();
   }
   for (uint32_t g = 0; g < groups_; ++g) std::fill_n(Lane(last, g), 4, 128);
   scale_[last] = 0;
@@ -204,6 +240,74 @@ std::vector<ScoredId> ProgressiveIndex::Search(const float* query, uint32_t k,
   out.resize(keep);
   if (stats != nullptr) *stats = st;
   return out;
+}
+
+void ProgressiveIndex::ScanSegments(const float* query,
+                                    SegmentScan* out) const {
+  const size_t n = ids_.size(), S = segments_, sd = segment_dim_;
+  out->segments = segments_;
+  out->ids = ids_;
+  out->dots.resize(n * S);
+  out->bound.clear();
+  if (n == 0) return;
+  if (sd % 4 != 0) {  // Segments straddle the kernel's groups: fp32.
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t h = 0; h < S; ++h) {
+        out->dots[h * n + i] =
+            Dot(query + h * sd, full_.data() + i * dim_ + h * sd, sd);
+      }
+    }
+    return;
+  }
+  thread_local Scratch sc;
+  thread_local std::vector<float> t, qnorm, fnorm;
+  thread_local std::vector<int32_t> offset;
+  // As Search: 13-bit queries from kTwoTermMinDim, where their second
+  // multiply-add costs less than the exact rescoring it saves.
+  const bool two_terms = sd >= kTwoTermMinDim && sd <= kMaxTwoTermDim;
+  sc.query.assign(groups_ * 4, 0);
+  sc.query_lo.assign(groups_ * 4, 0);
+  t.resize(S);
+  qnorm.resize(S);
+  fnorm.resize(S);
+  offset.resize(S);
+  for (size_t h = 0; h < S; ++h) {
+    const float* q = query + h * sd;
+    t[h] = QuantizeQuery(q, sd, two_terms, sc.query.data() + h * sd,
+                         sc.query_lo.data() + h * sd, &offset[h], &fnorm[h]);
+    double q2 = 0;
+    for (size_t j = 0; j < sd; ++j) q2 += double(q[j]) * q[j];
+    qnorm[h] = static_cast<float>(std::sqrt(q2) * (1 + 1e-6));
+  }
+  const size_t nblocks = (n + kInt8Lanes - 1) / kInt8Lanes;
+  sc.raw.resize(nblocks * S * kInt8Lanes);
+  ActiveInt8Kernel().segments(packed_.data(), nblocks, sd / 4, S,
+                              sc.query.data(),
+                              two_terms ? sc.query_lo.data() : nullptr,
+                              sc.raw.data());
+  // Scores and bounds, segment by segment; the lane loops vectorise.
+  out->bound.assign(n, 0.0f);
+  float* bound = out->bound.data();
+  const float* scale = scale_.data();
+  for (size_t h = 0; h < S; ++h) {
+    float* dots = out->dots.data() + h * n;
+    const float th = t[h], qn = qnorm[h], fn = fnorm[h];
+    const int32_t off = offset[h];
+    const float* enorm = seg_enorm_[h].data();
+    const float* cnorm = seg_cnorm_[h].data();
+    for (size_t b = 0; b < nblocks; ++b) {
+      const int32_t* raw = sc.raw.data() + (b * S + h) * kInt8Lanes;
+      const size_t i0 = b * kInt8Lanes, lanes = std::min(kInt8Lanes, n - i0);
+      for (size_t l = 0; l < lanes; ++l) {
+        const size_t i = i0 + l;
+        const float approx =
+            th * scale[i] * static_cast<float>(raw[l] - off);
+        dots[i] = approx;
+        bound[i] = std::max(bound[i], qn * enorm[i] + fn * cnorm[i] +
+                                          1e-4f * std::fabs(approx));
+      }
+    }
+  }
 }
 
 }  // namespace kvmem

@@ -42,16 +42,27 @@ struct ProgressiveStats {
   bool exact = true;        // The bound held within max_candidates.
 };
 
+// Segments (per-head scoring, BlockIndex::ScanSegments): with segment_dim a
+// multiple of 4, each segment is a run of whole 4-dimension groups, so the
+// segment kernel scores every segment of every vector in the same pass over
+// the same codes. The query is quantised per segment (13 bits, its own unit
+// t_h), and each vector keeps the norms of its residual and codes per
+// segment, so every segment's score has its own proven bound:
+//   |q_h.x_ih - t_h s_i (d_h.c_ih)| <= |q_h| |e_ih| + |f_h| s_i |c_ih|.
 class ProgressiveIndex {
  public:
   // max_candidates: at most this many vectors rescored at full precision
-  // (0: no cap, always exact).
-  explicit ProgressiveIndex(uint32_t dim, uint32_t max_candidates = 0);
+  // (0: no cap, always exact). segment_dim (0: dim) must divide dim.
+  explicit ProgressiveIndex(uint32_t dim, uint32_t max_candidates = 0,
+                            uint32_t segment_dim = 0);
 
   void Add(uint64_t id, const float* vec);
   bool Remove(uint64_t id);
   std::vector<ScoredId> Search(const float* query, uint32_t k,
                                ProgressiveStats* stats = nullptr) const;
+  // Every vector's score per segment (int8 with bounds; exact fp32 when
+  // segment_dim is not a multiple of 4).
+  void ScanSegments(const float* query, SegmentScan* out) const;
 
   uint32_t dim() const { return dim_; }
   uint64_t size() const { return ids_.size(); }
@@ -66,12 +77,15 @@ class ProgressiveIndex {
   uint32_t dim_;
   uint32_t groups_;  // ceil(dim / 4).
   uint32_t max_candidates_;
+  uint32_t segment_dim_, segments_;
   std::vector<uint64_t> ids_;
   std::vector<float> full_;      // [n][dim]
   std::vector<uint8_t> packed_;  // Codes + 128, packed (int8_kernels.h).
   std::vector<float> scale_;     // s_i
   std::vector<float> enorm_;     // |e_i|, the rounding residual's norm
   std::vector<float> cnorm_;     // s_i |c_i|
+  std::vector<std::vector<float>> seg_enorm_;  // [segment][row] |e_ih|
+  std::vector<std::vector<float>> seg_cnorm_;  // [segment][row] s_i |c_ih|
   std::unordered_map<uint64_t, size_t> row_;  // id -> row
 };
 

@@ -17,23 +17,49 @@ std::vector<RecalledBlock> PlanBudgetedRecall(
     chosen.push_back(b);
     if (used == max_tokens) break;
   }
-  AssignGateWeights(&chosen, gate_scale);
+  AssignGateWeights(&chosen, gate_scale, ScoreMode::kSummed);
   return chosen;
 }
 
-void AssignGateWeights(std::vector<RecalledBlock>* blocks, float gate_scale) {
-  if (blocks->empty()) return;
-  double top = -INFINITY;
-  for (const auto& b : *blocks)
-    top = std::max<double>(top, b.priority / gate_scale);
-  double sum = 0;
-  for (auto& b : *blocks) {
-    const double e = std::exp(b.priority / gate_scale - top);
-    b.gate_weight = static_cast<float>(e);
-    sum += e;
+uint64_t FillBudget(const std::vector<FillUnit>& ranked, uint32_t max_tokens,
+                    uint32_t top_k, FillState* state,
+                    std::vector<size_t>* taken) {
+  for (size_t i = 0; i < ranked.size() && state->used < max_tokens; ++i) {
+    const FillUnit& u = ranked[i];
+    if (u.tokens == 0 || state->used + u.tokens > max_tokens) continue;
+    const bool known = std::find(state->blocks.begin(), state->blocks.end(),
+                                 u.block) != state->blocks.end();
+    if (!known) {
+      if (top_k > 0 && state->blocks.size() >= top_k) continue;
+      state->blocks.push_back(u.block);
+    }
+    state->used += u.tokens;
+    taken->push_back(i);
   }
-  for (auto& b : *blocks)
-    b.gate_weight = static_cast<float>(b.gate_weight / sum);
+  return state->used;
+}
+
+void AssignGateWeights(std::vector<RecalledBlock>* blocks, float temperature,
+                       ScoreMode mode) {
+  if (blocks->empty()) return;
+  std::vector<double> x;
+  x.reserve(blocks->size());
+  for (const auto& b : *blocks) {
+    const double v = mode == ScoreMode::kMass
+                         ? (b.mass > 0 ? std::log(double(b.mass)) : -INFINITY)
+                         : double(b.priority);
+    x.push_back(v / temperature);
+  }
+  const double top = *std::max_element(x.begin(), x.end());
+  if (!std::isfinite(top)) {  // Every block has zero mass.
+    for (auto& b : *blocks) b.gate_weight = 1.0f / blocks->size();
+    return;
+  }
+  double sum = 0;
+  for (double& v : x) sum += (v = std::exp(v - top));
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    (*blocks)[i].gate_weight = static_cast<float>(x[i] / sum);
+  }
 }
 
 }  // namespace kvmem

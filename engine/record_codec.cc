@@ -8,8 +8,9 @@
 namespace kvmem {
 namespace {
 
-constexpr uint8_t kConfigVersion = 3;  // 1: without tier/recall/shot fields;
-                                       // 2: without groups_per_block.
+constexpr uint8_t kConfigVersion = 4;  // 1: without tier/recall/shot fields;
+                                       // 2: without groups_per_block;
+                                       // 3: without the score mode.
 constexpr uint8_t kStateVersion = 1;
 constexpr uint8_t kBlockVersion = 3;  // 1: info and summary only; 2: no groups.
 
@@ -120,6 +121,7 @@ std::string EncodeConfig(const StreamConfig& c) {
     w.F32(v);
   }
   w.U32(c.groups_per_block);
+  w.U32(static_cast<uint32_t>(c.weights.score));
   return w.Take();
 }
 
@@ -161,7 +163,14 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
          r.F32(&c.weights.iou) && r.F32(&c.weights.scene);
     t.replacement = static_cast<Replacement>(replacement);
   }
-  if (ok && version >= 3) ok = r.U32(&c.groups_per_block);
+  if (ok && version >= 3) {
+    ok = r.U32(&c.groups_per_block);
+  } else {
+    c.groups_per_block = 1;  // Its blocks have no token groups.
+  }
+  uint32_t score = 0;
+  if (ok && version >= 4) ok = r.U32(&score);
+  c.weights.score = static_cast<ScoreMode>(score);
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());
   c.segment_mode = static_cast<SegmentMode>(mode);
   c.geometry.dtype = static_cast<DType>(dtype);

@@ -55,17 +55,21 @@ Stream::~Stream() {
 
 Stream::Indexes Stream::NewIndexes() const {
   Indexes ix;
-  ix.all = std::make_unique<BlockIndex>(summary_dim_, config_.index_factory);
-  // With one indexed layer, the per-layer index would copy `all`.
-  for (size_t i = 0;
-       config_.indexed_layers.size() > 1 && i < config_.indexed_layers.size();
-       ++i) {
+  // Segments of head_dim: score MASS scans them per KV head.
+  const uint32_t hd = config_.geometry.head_dim;
+  ix.all =
+      std::make_unique<BlockIndex>(summary_dim_, config_.index_factory, hd);
+  // Per-layer indexes serve SUMMED's per-layer recall (MASS scores layers
+  // from the same scan); with one indexed layer they would copy `all`.
+  const bool per_layer = config_.weights.score == ScoreMode::kSummed &&
+                         config_.indexed_layers.size() > 1;
+  for (size_t i = 0; per_layer && i < config_.indexed_layers.size(); ++i) {
     ix.layers.push_back(
-        std::make_unique<BlockIndex>(layer_dim_, config_.index_factory));
+        std::make_unique<BlockIndex>(layer_dim_, config_.index_factory, hd));
   }
   if (config_.groups_per_block > 1) {
     ix.groups =
-        std::make_unique<BlockIndex>(summary_dim_, config_.index_factory);
+        std::make_unique<BlockIndex>(summary_dim_, config_.index_factory, hd);
   }
   return ix;
 }
@@ -197,6 +201,7 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
     open_payloads_.push_back(std::move(frame.payload));
     latest_signals_ = std::move(frame.signals);
   }
+  SnapshotOpenBlock();
   return absl::OkStatus();
 }
 
@@ -355,7 +360,26 @@ void Stream::InstallBlock(BlockEntry entry) {
     track_blocks_[t.track_id].push_back(rec.info.id);
   }
   if (entry.warm) AddWarm(entry.warm->allocated_bytes(), false);
+  const uint32_t per = UnitsPerBlock();
+  unit_tokens_.resize((rec.info.id + 1) * per, 0);
+  if (per == 1) {
+    unit_tokens_[rec.info.id] = rec.info.token_count;
+  } else {
+    for (uint8_t g : rec.token_group) {
+      if (g < per) ++unit_tokens_[rec.info.id * per + g];
+    }
+  }
   blocks_.push_back(std::move(entry));
+}
+
+void Stream::SnapshotOpenBlock() {
+  if (config_.weights.score != ScoreMode::kMass) return;
+  const uint64_t tokens = open_summary_.tokens();
+  std::vector<float> mean;
+  if (tokens > 0) mean = open_summary_.Mean();
+  absl::MutexLock lock(&mu_);
+  open_mean_ = std::move(mean);
+  open_mean_tokens_ = static_cast<uint32_t>(tokens);
 }
 
 void Stream::AddWarm(int64_t bytes, bool staged) {
@@ -439,6 +463,7 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
     if (cut == Segmenter::Cut::kShot) counters_.shot_cuts += 1;
     for (BlockEntry& e : sealed) InstallBlock(std::move(e));
   }
+  SnapshotOpenBlock();
   latest_signals_ = std::move(frame.signals);
   blocks_since_rebuild_ += sealed.size();
   AppendResult result{next.last_frame, !sealed.empty()};
@@ -485,6 +510,7 @@ absl::Status Stream::Close() {
     state_ = next;
     for (BlockEntry& e : sealed) InstallBlock(std::move(e));
   }
+  SnapshotOpenBlock();
   return EnforceBudgets();
 }
 

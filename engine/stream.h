@@ -151,7 +151,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
     // Token groups (groups_per_block > 1): id = block * kGroupStride + group.
     std::unique_ptr<BlockIndex> groups;
   };
-  static constexpr uint64_t kGroupStride = 256;
+  static constexpr uint32_t kGroupShift = 8;
+  static constexpr uint64_t kGroupStride = uint64_t{1} << kGroupShift;
   // `so_far` plus the sampled recall of ix's searching indexes.
   static IndexQuality RetiredQuality(const Indexes& ix,
                                      const IndexQuality& so_far);
@@ -251,6 +252,44 @@ class Stream : public std::enable_shared_from_this<Stream> {
   Accelerator& accel() const {
     return env_.accel != nullptr ? *env_.accel : SharedCpuAccelerator();
   }
+  // --- mass recall (stream_mass.cc) ---
+  // Score MASS: scans the candidate index (token groups, or blocks) once per
+  // query vector, estimates each candidate's attention mass per head
+  // (mass_estimate.h), refines exactly the candidates that can reach the
+  // budget, and fills r->blocks (or, with q.per_layer, one set per indexed
+  // layer in r->layer_sets) within r->budget_tokens and r->top_k.
+  void RecallByMass(const RecallQuery& q, size_t eligible,
+                    RecallResult* r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // One recall set of the mass recall: the candidates `rows` (ids of
+  // `unit` ids: block * UnitStride() + group) ranked by the estimate's
+  // density over head range `range`.
+  struct MassRows;
+  LayerRecallSet FillByMass(const RecallQuery& q, size_t eligible,
+                            const MassRows& rows, size_t range,
+                            const RecallResult& r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Candidate rows for index kinds that cannot scan (FAISS approximate):
+  // the index's top results for the mean query plus the hot window's
+  // units, scored exactly from their summaries.
+  void PoolScans(const RecallQuery& q, const std::vector<float>& mean_query,
+                 size_t eligible, uint32_t budget, CallCost* cost,
+                 std::vector<SegmentScan>* scans) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Recall units: token groups (groups_per_block > 1) or whole blocks.
+  uint32_t UnitShift() const { return index_groups() ? kGroupShift : 0; }
+  uint32_t UnitsPerBlock() const {
+    return index_groups() ? config_.groups_per_block : 1;
+  }
+  bool index_groups() const { return config_.groups_per_block > 1; }
+  const float* UnitSummary(uint64_t unit) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Exact per-head dots of a unit's summary with each of the `vectors`
+  // query vectors: out[vector * heads + head].
+  void UnitDots(uint64_t unit, const float* query, uint32_t vectors,
+                float* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Records the open block's mean key for the window estimate (score MASS).
+  void SnapshotOpenBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+
   // Stages a planned recall's KV through the accelerator (cost into
   // r->accel).
   void StageRecall(RecallResult* r, uint32_t priority) const;
@@ -294,6 +333,12 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::map<uint64_t, TrackHistory> tracks_ ABSL_GUARDED_BY(mu_);
   // Which blocks show each track (ascending ids), for semantic candidates.
   std::map<uint64_t, std::vector<uint64_t>> track_blocks_ ABSL_GUARDED_BY(mu_);
+  // Tokens of each recall unit, [block * UnitsPerBlock() + group]: read
+  // for every scanned candidate, so kept compact.
+  std::vector<uint32_t> unit_tokens_ ABSL_GUARDED_BY(mu_);
+  // The open block's mean key and tokens (score MASS's window estimate).
+  std::vector<float> open_mean_ ABSL_GUARDED_BY(mu_);
+  uint32_t open_mean_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t warm_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t stage_bytes_ ABSL_GUARDED_BY(mu_) = 0;

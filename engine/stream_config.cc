@@ -1,5 +1,6 @@
 #include "engine/stream_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <type_traits>
@@ -39,7 +40,8 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          tiers.rebuild_every_blocks == o.tiers.rebuild_every_blocks &&
          tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
          weights.model == o.weights.model && weights.track == o.weights.track &&
-         weights.iou == o.weights.iou && weights.scene == o.weights.scene;
+         weights.iou == o.weights.iou && weights.scene == o.weights.scene &&
+         weights.score == o.weights.score;
 }
 
 absl::Status ValidateEngineStreamId(absl::string_view id) {
@@ -92,14 +94,28 @@ StreamConfig WithDefaults(const StreamConfig& config) {
       c.indexed_layers.push_back(l);
     }
   }
-  if (c.index_factory.empty()) c.index_factory = "Flat";
-  if (c.groups_per_block == 0) c.groups_per_block = 1;
-  if (c.default_top_k == 0) c.default_top_k = kDefaultTopK;
+  if (c.index_factory.empty()) c.index_factory = "Progressive";
+  if (c.groups_per_block == 0) {
+    // About one group per kTokensPerGroup tokens of a full block: enough
+    // that an object's few tokens over the block's frames get a group of
+    // their own instead of a share of the background's mean.
+    uint64_t tokens = static_cast<uint64_t>(c.frames_per_block) *
+                      c.geometry.max_tokens_per_frame;
+    if (c.max_tokens_per_block > 0) {
+      tokens = std::min<uint64_t>(tokens, c.max_tokens_per_block);
+    }
+    c.groups_per_block = static_cast<uint32_t>(std::clamp<uint64_t>(
+        (tokens + kTokensPerGroup - 1) / kTokensPerGroup, 1,
+        kMaxGroupsPerBlock));
+  }
   if (c.default_max_tokens == 0) {
     c.default_max_tokens = c.hot_window_tokens / 5;
     if (c.default_max_tokens == 0) c.default_max_tokens = 1;
   }
   if (c.gate_temperature == 0.0f) c.gate_temperature = 1.0f;
+  if (c.weights.score == ScoreMode::kUnspecified) {
+    c.weights.score = ScoreMode::kMass;
+  }
   return c;
 }
 
@@ -156,7 +172,7 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
                   CheckRange("config.block_policy.frames_per_block",
                              config.frames_per_block, 1, 4096),
                   CheckRange("config.recall_defaults.top_k",
-                             config.default_top_k, 1, kMaxTopK)}) {
+                             config.default_top_k, 0, kMaxTopK)}) {
     if (!st.ok()) return st;
   }
   if (DTypeBytes(g.dtype) == 0) {
@@ -209,6 +225,12 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.recall_defaults.gate_temperature is ",
                      config.gate_temperature, "; must be finite and > 0"));
+  }
+  if (config.weights.score != ScoreMode::kMass &&
+      config.weights.score != ScoreMode::kSummed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.recall_policy.score is ",
+        static_cast<uint32_t>(config.weights.score), "; use MASS or SUMMED"));
   }
   if (config.segment_mode != SegmentMode::kFixed &&
       config.segment_mode != SegmentMode::kShot) {

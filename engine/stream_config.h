@@ -13,8 +13,11 @@ namespace kvmem {
 
 inline constexpr uint32_t kDefaultFramesPerBlock = 4;
 inline constexpr uint32_t kDefaultShotMaxFrames = 32;
-inline constexpr uint32_t kDefaultTopK = 8;
 inline constexpr uint32_t kMaxTopK = 4096;
+// Default token groups: about one per this many tokens of a full block.
+inline constexpr uint32_t kTokensPerGroup = 16;
+// Query vectors one recall may carry (kvmem.v1.RecallRequest.query).
+inline constexpr uint32_t kMaxQueryVectors = 64;
 inline constexpr size_t kMaxStreamIdBytes = 128;
 
 // OK when id is 1..128 bytes of [A-Za-z0-9._:-]; otherwise INVALID_ARGUMENT

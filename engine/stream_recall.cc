@@ -1,8 +1,11 @@
-// Stream: the recall planner's stream side. Candidates come from the index
-// (the model signal: query vs block summaries) and from the query's track ids
-// (the semantic signal); each is scored
+// Stream: the recall planner's stream side: validation, the hot window, and
+// score SUMMED (kvmem before per-head scoring, kept for comparison).
+// Score MASS, the default, is in stream_mass.cc. With SUMMED, candidates come
+// from the index (query . summary, raw logits summed over layers and heads)
+// and from the query's track ids (the semantic signal); each is scored
 //   priority = model_weight * score / sqrt(head_dim) + semantic
-// and the plan takes the top-k by priority, then fills the token budget.
+// and the plan takes the best by priority (at most top_k blocks when set),
+// then fills the token budget.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,6 +72,8 @@ std::vector<RecalledBlock> Stream::RankCandidates(
     // results that top_k eligible ones survive the filter. With semantic
     // weights, a wider model pool lets them reorder it.
     const uint64_t pool = static_cast<uint64_t>(top_k) * (semantic ? 4 : 1);
+    // top_k is at least 1 here: Recall passes the budget's worth without a
+    // cap (every block holds a token at least).
     const uint32_t k = static_cast<uint32_t>(
         std::min<uint64_t>(pool, eligible) + (blocks_.size() - eligible));
     for (const ScoredId& h :
@@ -173,20 +178,25 @@ std::vector<RecalledBlock> Stream::RecallGroups(
                                               : a.gid > b.gid;
             });
   // Fill the budget with groups, at most top_k distinct blocks.
+  std::vector<FillUnit> units;
+  units.reserve(ranked.size());
+  for (const Candidate& c : ranked) {
+    const uint64_t b = c.gid / kGroupStride;
+    units.push_back(
+        {b, unit_tokens_[b * UnitsPerBlock() + c.gid % kGroupStride]});
+  }
+  FillState fill;
+  std::vector<size_t> taken;
+  FillBudget(units, max_tokens, top_k, &fill, &taken);
   std::vector<RecalledBlock> chosen;
   std::unordered_map<uint64_t, size_t> slot;  // Block -> index in chosen.
-  uint64_t used = 0;
-  for (const Candidate& c : ranked) {
-    if (used >= max_tokens) break;
+  for (size_t i : taken) {
+    const Candidate& c = ranked[i];
     const uint64_t b = c.gid / kGroupStride;
     const uint8_t g = static_cast<uint8_t>(c.gid % kGroupStride);
     const BlockRecord& rec = blocks_[b].rec;
-    uint32_t size = 0;
-    for (uint8_t tg : rec.token_group) size += tg == g;
-    if (size == 0 || used + size > max_tokens) continue;
     auto it = slot.find(b);
     if (it == slot.end()) {
-      if (chosen.size() >= top_k) continue;
       RecalledBlock r;
       r.block = rec.info;
       r.block.tier = TierOf(blocks_[b]);
@@ -201,13 +211,12 @@ std::vector<RecalledBlock> Stream::RecallGroups(
     for (uint32_t t = 0; t < rec.token_group.size(); ++t) {
       if (rec.token_group[t] == g) r.token_offsets.push_back(t);
     }
-    used += size;
   }
   for (RecalledBlock& r : chosen) {
     std::sort(r.token_offsets.begin(), r.token_offsets.end());
     if (r.token_offsets.size() == r.block.token_count) r.token_offsets.clear();
   }
-  AssignGateWeights(&chosen, config_.gate_temperature);
+  AssignGateWeights(&chosen, config_.gate_temperature, ScoreMode::kSummed);
   return chosen;
 }
 
@@ -270,12 +279,27 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
         "query is empty; stream \"", id_, "\" expects ", summary_dim_,
         " floats ([indexed_layer][kv_head][head_dim])"));
   }
-  if (q.query.size() != summary_dim_) {
+  if (q.query.size() % summary_dim_ != 0 ||
+      q.query.size() / summary_dim_ > kMaxQueryVectors) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "query has ", q.query.size(), " floats; stream \"", id_, "\" expects ",
-        summary_dim_, " ([indexed_layer][kv_head][head_dim])"));
+        "query has ", q.query.size(), " floats; stream \"", id_,
+        "\" expects n x ", summary_dim_,
+        " (n query vectors of [indexed_layer][kv_head][head_dim], n in [1, ",
+        kMaxQueryVectors, "])"));
   }
+  const uint32_t vectors = static_cast<uint32_t>(q.query.size() / summary_dim_);
+  const uint32_t heads = summary_dim_ / config_.geometry.head_dim;
   KVMEM_RETURN_IF_ERROR(CheckFinite("query", q.query));
+  if (!q.window_lse.empty()) {
+    if (q.window_lse.size() != static_cast<size_t>(vectors) * heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "window_lse has ", q.window_lse.size(), " floats; with ", vectors,
+          " query vector(s) stream \"", id_, "\" expects ",
+          static_cast<size_t>(vectors) * heads,
+          " ([query vector][indexed_layer][kv_head]) or none"));
+    }
+    KVMEM_RETURN_IF_ERROR(CheckFinite("window_lse", q.window_lse));
+  }
   KVMEM_RETURN_IF_ERROR(ValidateSignals("signals", q.signals));
   if (!(q.window_fraction >= 0.0f && q.window_fraction <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("budget.window_fraction is ",
@@ -284,6 +308,7 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   }
   RecallResult result;
   result.top_k = q.top_k == 0 ? config_.default_top_k : q.top_k;
+  result.query_vectors = vectors;
   if (q.max_tokens > 0) {
     result.budget_tokens = q.max_tokens;
   } else if (q.window_fraction > 0) {
@@ -302,9 +327,27 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
         "budget.max_tokens is ", q.max_tokens, "; must be at most ", 1u << 24));
   }
 
+  const bool mass = config_.weights.score == ScoreMode::kMass;
+  // SUMMED scores the mean of the query vectors (its scores are linear).
+  std::vector<float> mean_query;
+  if (!mass) {
+    mean_query.assign(q.query.begin(), q.query.begin() + summary_dim_);
+    for (uint32_t j = 1; j < vectors; ++j) {
+      for (uint32_t i = 0; i < summary_dim_; ++i) {
+        mean_query[i] += q.query[j * summary_dim_ + i];
+      }
+    }
+    for (float& x : mean_query) x /= static_cast<float>(vectors);
+  }
+  // Without a cap on blocks, SUMMED asks the index for the budget's worth
+  // (every block holds a token at least).
+  const uint32_t rank_k =
+      result.top_k > 0 ? result.top_k
+                       : std::min<uint32_t>(result.budget_tokens, kMaxTopK);
   std::vector<std::vector<RecalledBlock>> ranked;  // One list per set.
   std::vector<uint32_t> set_layers;
   bool grouped = false;  // ranked[0] is already the plan (token groups).
+  bool planned = false;  // result holds the sets already (score MASS).
   uint64_t now_frame;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -322,25 +365,28 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
       in_window += blocks_[i].rec.disk != DiskForm::kNone;
     }
     result.candidates = index_.all->size() - in_window;
-    if (!q.per_layer && index_.groups != nullptr) {
+    if (mass) {
+      planned = true;
+      RecallByMass(q, eligible, &result);
+    } else if (!q.per_layer && index_.groups != nullptr) {
       grouped = true;
-      ranked.push_back(RecallGroups(
-          q.query.data(), q.signals, eligible, result.top_k,
-          result.budget_tokens, q.priority, &result.accel, &result.search_us));
+      ranked.push_back(RecallGroups(mean_query.data(), q.signals, eligible,
+                                    rank_k, result.budget_tokens, q.priority,
+                                    &result.accel, &result.search_us));
     } else if (!q.per_layer) {
       ranked.push_back(RankCandidates(
-          *index_.all, q.query.data(), 0, summary_dim_, q.signals, eligible,
-          result.top_k, q.priority, &result.accel, &result.search_us));
+          *index_.all, mean_query.data(), 0, summary_dim_, q.signals, eligible,
+          rank_k, q.priority, &result.accel, &result.search_us));
     } else {
       for (size_t li = 0; li < config_.indexed_layers.size(); ++li) {
         uint32_t us = 0;
         // One indexed layer: its index is the all-layers one.
         const BlockIndex& layer =
             index_.layers.empty() ? *index_.all : *index_.layers[li];
-        ranked.push_back(RankCandidates(layer, q.query.data() + li * layer_dim_,
-                                        li * layer_dim_, layer_dim_, q.signals,
-                                        eligible, result.top_k, q.priority,
-                                        &result.accel, &us));
+        ranked.push_back(RankCandidates(
+            layer, mean_query.data() + li * layer_dim_, li * layer_dim_,
+            layer_dim_, q.signals, eligible, rank_k, q.priority,
+            &result.accel, &us));
         result.search_us += us;
         set_layers.push_back(config_.indexed_layers[li]);
       }
@@ -348,6 +394,18 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   }
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<std::pair<uint64_t, uint64_t>> feedback;
+  if (planned) {  // Score MASS planned under the lock; count and feed back.
+    auto account = [&](const std::vector<RecalledBlock>& blocks,
+                       uint32_t tokens) {
+      for (const auto& b : blocks) feedback.emplace_back(b.block.id, now_frame);
+      recalled_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
+      recalled_tokens_.fetch_add(tokens, std::memory_order_relaxed);
+    };
+    account(result.blocks, result.total_tokens);
+    for (const LayerRecallSet& set : result.layer_sets) {
+      account(set.blocks, set.total_tokens);
+    }
+  }
   for (size_t i = 0; i < ranked.size(); ++i) {
     LayerRecallSet set;
     set.blocks = grouped ? std::move(ranked[i])
@@ -367,7 +425,7 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
       result.total_tokens = set.total_tokens;
     }
   }
-  result.plan_us = MicrosSince(t1);
+  if (!planned) result.plan_us = MicrosSince(t1);
   StageRecall(&result, q.priority);
   AccountAccel(result.accel);
   if (recalls_.fetch_add(1, std::memory_order_relaxed) % 16 == 15) {

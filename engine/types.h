@@ -38,12 +38,16 @@ struct TierConfig {
   uint32_t rebuild_every_seconds = 0;
 };
 
+// How recall scores candidates; see kvmem.v1.ScoreMode.
+enum class ScoreMode : uint32_t { kUnspecified = 0, kMass = 1, kSummed = 2 };
+
 // Weights of the recall signals; see kvmem.v1.RecallPolicy.
 struct RecallWeights {
   float model = 0;  // 0: 1.
   float track = 0;
   float iou = 0;
   float scene = 0;
+  ScoreMode score = ScoreMode::kUnspecified;  // Unspecified: kMass.
 };
 
 struct StreamConfig {
@@ -55,8 +59,8 @@ struct StreamConfig {
   uint32_t max_tokens_per_block = 0;     // 0: no limit.
   std::vector<uint32_t> indexed_layers;  // Empty: all layers.
   std::string index_factory;             // Empty: "Flat".
-  uint32_t groups_per_block = 0;         // 0: 1 (the block's mean only).
-  uint32_t default_top_k = 0;            // 0: default.
+  uint32_t groups_per_block = 0;  // 0: ~1 per 16 block tokens; 1: none.
+  uint32_t default_top_k = 0;            // 0: no cap on blocks.
   uint32_t default_max_tokens = 0;       // 0: 20 % of the hot window.
   float gate_temperature = 0.0f;         // 0: 1.0.
   std::map<std::string, std::string> labels;
@@ -115,7 +119,11 @@ struct AppendResult {
 };
 
 struct RecallQuery {
+  // n query vectors of summary_dim floats each, back to back.
   std::vector<float> query;
+  // Empty, or n x (indexed layers x kv_heads) log-sum-exps of each vector
+  // over what the front end holds (see kvmem.v1.RecallRequest.window_lse).
+  std::vector<float> window_lse;
   uint32_t top_k = 0;                   // 0: stream default.
   uint32_t max_tokens = 0;              // 0: stream default.
   uint64_t current_token_position = 0;  // 0: newest appended token.
@@ -146,6 +154,7 @@ struct RecalledBlock {
   float priority = 0;        // Combined score the plan ranks by.
   float semantic_score = 0;  // Weighted semantic part of priority.
   float gate_weight = 0;
+  float mass = 0;  // Score mass: estimated attention share of its tokens.
   bool was_staged = false;
   // Offsets (append order within the block) of the tokens chosen, sorted;
   // empty means every token of the block.
@@ -170,7 +179,10 @@ struct RecallResult {
   uint32_t total_tokens = 0;
   uint32_t candidates = 0;
   uint32_t budget_tokens = 0;
-  uint32_t top_k = 0;
+  uint32_t top_k = 0;  // 0: no cap.
+  uint32_t query_vectors = 0;
+  float recalled_mass = 0;        // Score mass: sum of the sets' mass.
+  bool window_estimated = false;  // Score mass: no window_lse was given.
   uint32_t search_us = 0;
   uint32_t plan_us = 0;
   uint32_t total_us = 0;

@@ -36,6 +36,7 @@ StreamConfig FromProto(const v1::StreamConfig& p) {
   c.weights.track = p.recall_policy().track_weight();
   c.weights.iou = p.recall_policy().iou_weight();
   c.weights.scene = p.recall_policy().scene_weight();
+  c.weights.score = static_cast<ScoreMode>(p.recall_policy().score());
   return c;
 }
 
@@ -54,6 +55,7 @@ FrameSignals FromProto(const v1::FrameSignals& p) {
 RecallQuery FromProto(const v1::RecallRequest& p) {
   RecallQuery q;
   q.query.assign(p.query().begin(), p.query().end());
+  q.window_lse.assign(p.window_lse().begin(), p.window_lse().end());
   q.top_k = p.budget().top_k();
   q.max_tokens = p.budget().max_tokens();
   q.current_token_position = p.current_token_position();
@@ -112,6 +114,7 @@ void ToProto(const StreamConfig& c, v1::StreamConfig* p) {
   r->set_track_weight(c.weights.track);
   r->set_iou_weight(c.weights.iou);
   r->set_scene_weight(c.weights.scene);
+  r->set_score(static_cast<v1::ScoreMode>(c.weights.score));
 }
 
 namespace {
@@ -198,6 +201,7 @@ void ToProto(const RecalledBlock& b, v1::RecalledBlock* out) {
   out->set_semantic_score(b.semantic_score);
   out->set_gate_weight(b.gate_weight);
   out->set_was_staged(b.was_staged);
+  out->set_mass(b.mass);
   out->mutable_token_offsets()->Assign(b.token_offsets.begin(),
                                        b.token_offsets.end());
 }
@@ -215,6 +219,9 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
   p->set_candidates(r.candidates);
   p->set_budget_tokens(r.budget_tokens);
   p->set_top_k(r.top_k);
+  p->set_recalled_mass(r.recalled_mass);
+  p->set_window_estimated(r.window_estimated);
+  p->set_query_vectors(r.query_vectors);
   p->mutable_timing()->set_search_us(r.search_us);
   p->mutable_timing()->set_plan_us(r.plan_us);
   p->mutable_timing()->set_total_us(r.total_us);

@@ -55,6 +55,10 @@ inline StreamConfig TestConfig(const TestGeometry& g, uint32_t window,
   c.hot_window_tokens = window;
   c.frames_per_block = frames_per_block;
   c.indexed_layers = {2, 0};
+  // StreamModel's oracle ranks whole blocks by the summed score; score
+  // MASS and token groups have their own oracles and tests.
+  c.weights.score = ScoreMode::kSummed;
+  c.groups_per_block = 1;
   return c;
 }
 

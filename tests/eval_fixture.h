@@ -27,7 +27,7 @@ inline EvalOptions SmallEval() {
   w.max_objects_per_frame = 3;
   o.window = 256;
   o.recall_fractions = {0.3};
-  o.rebuild_every_blocks = 8;
+  o.kvmem.rebuild_every_blocks = 8;
   return o;
 }
 

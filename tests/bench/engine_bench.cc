@@ -264,6 +264,8 @@ void BM_StreamRecall(benchmark::State& state) {
   c.frames_per_block = 1;
   c.indexed_layers = {0};
   c.index_factory = state.range(1) ? "Progressive" : "Flat";
+  // Arg 2: 1 per-head mass (the default), 2 the summed score.
+  c.weights.score = static_cast<ScoreMode>(state.range(2));
   // Every block stays warm: picking a demotion victim scans all blocks,
   // which at one demotion per append would dominate the build.
   c.tiers.warm_budget_bytes = 0;
@@ -306,7 +308,8 @@ void BM_StreamRecall(benchmark::State& state) {
   state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
   state.counters["ram_per_block"] = per_block;
   state.counters["beyond_summary"] = per_block - 128 * sizeof(float);
-  state.SetLabel(c.index_factory);
+  state.SetLabel(c.index_factory +
+                 (c.weights.score == ScoreMode::kMass ? " mass" : " summed"));
   engine.reset();
   std::filesystem::remove_all(dir);
 }
@@ -334,10 +337,14 @@ void BM_CallMetrics(benchmark::State& state) {
 BENCHMARK(BM_CallMetrics)->Threads(1)->Threads(2);
 
 BENCHMARK(BM_StreamRecall)
-    ->Args({1000, 1})
-    ->Args({10000, 1})
-    ->Args({100000, 1})
-    ->Args({10000, 0})
+    ->Args({1000, 1, 1})
+    ->Args({10000, 1, 1})
+    ->Args({100000, 1, 1})
+    ->Args({10000, 0, 1})
+    ->Args({1000, 1, 2})
+    ->Args({10000, 1, 2})
+    ->Args({100000, 1, 2})
+    ->Args({10000, 0, 2})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RecallPlanner)->Arg(64)->Arg(1024);
 BENCHMARK(BM_Segmenter);

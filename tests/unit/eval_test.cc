@@ -27,7 +27,7 @@ TEST(EvalOracleTest, MatchesDirectSoftmaxAttention) {
   for (auto& x : q) x = 2 * g(rng);
   std::vector<std::vector<float>> probs;
   std::vector<std::vector<double>> outs;
-  OracleAttention(cam, n, q, heads, d, &probs, &outs);
+  OracleAttention(cam, n, {q}, heads, d, &probs, &outs);
   for (uint32_t h = 0; h < heads; ++h) {
     // Direct: logits q.k / sqrt(d), softmax, weighted sum of values.
     std::vector<double> logit(n);
@@ -63,7 +63,9 @@ TEST(EvalTest, FullKvIsExactAndEveryPolicyReportsMetrics) {
   ASSERT_EQ(r->configs.size(), 1u);
   EXPECT_EQ(r->policy_names,
             (std::vector<std::string>{"full", "streaming_llm", "window_lru",
-                                      "h2o", "mean_key_topk", "kvmem"}));
+                                      "h2o", "mean_key_topk", "kvmem",
+                                      "kvmem_summed", "oracle_tokens",
+                                      "exact_keys_per_head"}));
   const PolicySummary& full = Policy(*r, "full");
   EXPECT_GT(full.queries, 200u);
   EXPECT_NEAR(full.mass_recalled, 1.0, 1e-5);

@@ -44,13 +44,13 @@ TEST(RecallPlannerTest, NeverExceedsBudget) {
 
 TEST(RecallPlannerTest, GateWeightsAreTemperedSoftmax) {
   std::vector<RecalledBlock> blocks = {Block(0, 1, 2.0f), Block(1, 1, 0.0f)};
-  AssignGateWeights(&blocks, 2.0f);
+  AssignGateWeights(&blocks, 2.0f, ScoreMode::kSummed);
   const double e = std::exp(1.0);  // exp(2/2) vs exp(0/2)
   EXPECT_NEAR(blocks[0].gate_weight, e / (e + 1), 1e-6);
   EXPECT_NEAR(blocks[1].gate_weight, 1 / (e + 1), 1e-6);
   // Large scores do not overflow.
   std::vector<RecalledBlock> big = {Block(0, 1, 1e6f), Block(1, 1, 1e6f - 1)};
-  AssignGateWeights(&big, 1.0f);
+  AssignGateWeights(&big, 1.0f, ScoreMode::kSummed);
   EXPECT_NEAR(big[0].gate_weight + big[1].gate_weight, 1.0, 1e-6);
   EXPECT_GT(big[0].gate_weight, big[1].gate_weight);
 }

@@ -50,8 +50,9 @@ TEST(RecordCodecTest, ReadsVersionOneConfigs) {
   c.hot_window_tokens = 64;
   std::string v1 = EncodeConfig(c);
   // Version 2 appended 3 x 4 bytes (shots), 4 x 8 + 5 x 4 (tiers) and
-  // 4 x 4 (weights) after the version 1 fields; version 3, 4 (groups).
-  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4));
+  // 4 x 4 (weights) after the version 1 fields; version 3, 4 (groups);
+  // version 4, 4 (score mode).
+  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4));
   v1[0] = 1;
   auto decoded = DecodeConfig(v1);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -69,11 +70,14 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   c.hot_window_tokens = 64;
   c.groups_per_block = 9;
   std::string v2 = EncodeConfig(c);
-  v2.resize(v2.size() - 4);  // Version 3 appended groups_per_block.
+  // Version 3 appended groups_per_block, version 4 the score mode.
+  v2.resize(v2.size() - 8);
   v2[0] = 2;
   auto config = DecodeConfig(v2);
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->groups_per_block, 0u);
+  EXPECT_EQ(config->groups_per_block, 1u);  // Its blocks have no groups.
+  EXPECT_EQ(config->weights.score, ScoreMode::kUnspecified);
+  EXPECT_EQ(WithDefaults(*config).weights.score, ScoreMode::kMass);
   EXPECT_EQ(config->hot_window_tokens, 64u);
 
   BlockRecord b;

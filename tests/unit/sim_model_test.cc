@@ -165,6 +165,7 @@ TEST(SimModelTest, SimBackendRecallsAsTheCpuAndAddsModelledCost) {
     RecallQuery q;
     q.query = testing::RandomQuery(rng, dim);
     q.max_tokens = 40;
+    q.top_k = 8;
     auto a = cpu->Recall("cam", q);
     auto b = sim->Recall("cam", q);
     ASSERT_TRUE(a.ok() && b.ok());

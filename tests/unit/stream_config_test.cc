@@ -21,7 +21,11 @@ TEST(StreamConfigTest, DefaultsAndSizes) {
   EXPECT_EQ(c.frames_per_block, kDefaultFramesPerBlock);
   EXPECT_EQ(c.indexed_layers, (std::vector<uint32_t>{0, 1, 2, 3}));
   EXPECT_EQ(c.default_max_tokens, 256u / 5);
-  EXPECT_EQ(c.index_factory, "Flat");
+  EXPECT_EQ(c.index_factory, "Progressive");
+  // About one token group per 16 tokens of a full block: 4 x 32 / 16.
+  EXPECT_EQ(c.groups_per_block, 8u);
+  EXPECT_EQ(c.weights.score, ScoreMode::kMass);
+  EXPECT_EQ(c.default_top_k, 0u);  // No cap: the token budget is the limit.
   EXPECT_EQ(SummaryDim(c), 4u * 2 * 64);
   // 4 layers x (K+V) x 2 heads x 10 tokens x 64 dims x 2 bytes.
   EXPECT_EQ(FramePayloadBytes(c.geometry, 10), 4u * 2 * 2 * 10 * 64 * 2);

@@ -1,0 +1,78 @@
+#include "engine/mass_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/dot.h"
+#include "engine/fast_exp.h"
+
+namespace kvmem {
+namespace {
+
+constexpr float kNone = -std::numeric_limits<float>::infinity();
+
+}  // namespace
+
+MassEstimate EstimateMass(const MassInputs& in) {
+  const size_t n = in.n, H = in.heads, J = in.scans.size();
+  MassEstimate est;
+  est.heads = in.heads;
+  est.vectors = static_cast<uint32_t>(J);
+  est.log_norm.assign(J * H, kNone);
+  est.density.assign(in.ranges.size(), std::vector<float>(n, 0.0f));
+  est.slack.assign(n, 0.0f);
+  // An additive mask (-inf where nothing is counted), so the per-head
+  // loops have no branches.
+  thread_local std::vector<float> e, mask;
+  e.resize(n);
+  mask.resize(n);
+  for (size_t c = 0; c < n; ++c) mask[c] = in.counted[c] > 0 ? 0.0f : kNone;
+  const ExpKernelInfo& kernel = ActiveExpKernel();
+  for (size_t j = 0; j < J; ++j) {
+    const SegmentScan& scan = *in.scans[j];
+    for (size_t h = 0; h < H; ++h) {
+      const float* dots = scan.dots.data() + h * n;
+      const float window = in.window_lse[j * H + h];
+      // The head's largest term, so the exps cannot overflow.
+      float mx = kernel.max_scaled(dots, mask.data(), in.logit_scale, n, window);
+      if (mx == kNone) mx = 0;  // Nothing counted: mass 0.
+      const float sum =
+          std::exp(window - mx) + kernel.exp_dot(dots, in.logit_scale, mx,
+                                                 in.counted, e.data(), n);
+      if (!(sum > 0)) continue;
+      est.log_norm[j * H + h] = mx + std::log(sum);
+      for (size_t r = 0; r < in.ranges.size(); ++r) {
+        const auto [h0, h1] = in.ranges[r];
+        if (h < h0 || h >= h1) continue;
+        Axpy(1.0f / (sum * static_cast<float>(J * (h1 - h0))), e.data(),
+             est.density[r].data(), n);
+      }
+    }
+    if (!scan.bound.empty()) {  // slack holds the largest bound, in logits.
+      for (size_t c = 0; c < n; ++c) {
+        est.slack[c] = std::max(est.slack[c], scan.bound[c] * in.logit_scale);
+      }
+    }
+  }
+  ExpInPlace(est.slack.data(), n);
+  return est;
+}
+
+float CandidateDensity(const MassEstimate& est, const float* dots, uint32_t h0,
+                       uint32_t h1, float logit_scale) {
+  const size_t H = est.heads;
+  double acc = 0;
+  for (size_t j = 0; j < est.vectors; ++j) {
+    for (size_t h = h0; h < h1; ++h) {
+      const float norm = est.log_norm[j * H + h];
+      if (norm == -std::numeric_limits<float>::infinity()) continue;
+      acc += std::exp(static_cast<double>(dots[j * H + h]) * logit_scale -
+                      norm);
+    }
+  }
+  return static_cast<float>(acc /
+                            (static_cast<double>(est.vectors) * (h1 - h0)));
+}
+
+}  // namespace kvmem

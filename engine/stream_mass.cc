@@ -1,0 +1,462 @@
+// Stream: recall by estimated attention mass per head (score MASS; the
+// formula is in mass_estimate.h and kvmem.v1.ScoreMode).
+//
+// One recall: scan the candidate index once per query vector (every unit's
+// score per head: int8 with proven bounds on Progressive, exact on Flat),
+// estimate every unit's attention mass per token with each head's softmax
+// normaliser, find the lowest lower bound that could still be needed to fill
+// the budget, rescore exactly the units whose upper bound reaches it, rank
+// those by priority = model_weight * ln(mass per token) + semantic, fill the
+// budget, and fill what is left with the best remaining units that fit.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include "engine/dot.h"
+#include "engine/mass_estimate.h"
+#include "engine/recall_planner.h"
+#include "engine/signals.h"
+#include "engine/stream.h"
+#include "engine/stream_config.h"
+
+namespace kvmem {
+namespace {
+
+uint32_t MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::steady_clock::now() - t0)
+          .count());
+}
+
+// Keeps the best units by key until they hold `need` tokens; Threshold()
+// is then the largest key t such that the units keyed >= t hold at least
+// `need` tokens (-inf while all seen hold fewer). One pass; the heap only
+// changes when a unit beats the current threshold.
+class KeyThreshold {
+ public:
+  explicit KeyThreshold(uint64_t need) : need_(need) {}
+  void Add(float key, uint32_t tokens) {
+    if (held_ >= need_ && key <= heap_.front().first) return;
+    heap_.emplace_back(key, tokens);
+    std::push_heap(heap_.begin(), heap_.end(), Greater);
+    held_ += tokens;
+    // Drop the weakest while the others still hold enough.
+    while (held_ - heap_.front().second >= need_) {
+      held_ -= heap_.front().second;
+      std::pop_heap(heap_.begin(), heap_.end(), Greater);
+      heap_.pop_back();
+    }
+  }
+  float Threshold() const {
+    return held_ >= need_ ? heap_.front().first
+                          : -std::numeric_limits<float>::infinity();
+  }
+
+ private:
+  static bool Greater(const std::pair<float, uint32_t>& a,
+                      const std::pair<float, uint32_t>& b) {
+    return a.first > b.first;
+  }
+  const uint64_t need_;
+  uint64_t held_ = 0;
+  std::vector<std::pair<float, uint32_t>> heap_;  // Min-heap by key.
+};
+
+}  // namespace
+
+// The scanned candidates, shared by the sets of one recall.
+struct Stream::MassRows {
+  const std::vector<SegmentScan>* scans = nullptr;
+  std::vector<uint32_t> tokens;
+  std::vector<CandidateRole> role;
+  std::vector<float> counted;  // MassInputs::counted.
+  std::vector<float> recallable;  // 1 for kRecall rows, else 0.
+  MassEstimate est;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  std::vector<float> mean_query;  // The vectors' mean (scores, semantics).
+  bool exact = true;              // The scans' dots are exact.
+};
+
+const float* Stream::UnitSummary(uint64_t unit) const {
+  const BlockRecord& rec = blocks_[unit >> UnitShift()].rec;
+  return index_groups()
+             ? rec.group_summaries.data() + (unit & (kGroupStride - 1)) * summary_dim_
+             : rec.summary.data();
+}
+
+void Stream::UnitDots(uint64_t unit, const float* query, uint32_t vectors,
+                      float* out) const {
+  const uint32_t hd = config_.geometry.head_dim, heads = summary_dim_ / hd;
+  const float* s = UnitSummary(unit);
+  for (uint32_t j = 0; j < vectors; ++j) {
+    const float* q = query + static_cast<size_t>(j) * summary_dim_;
+    for (uint32_t h = 0; h < heads; ++h) {
+      out[j * heads + h] = Dot(q + h * hd, s + h * hd, hd);
+    }
+  }
+}
+
+void Stream::PoolScans(const RecallQuery& q,
+                       const std::vector<float>& mean_query, size_t eligible,
+                       uint32_t budget, CallCost* cost,
+                       std::vector<SegmentScan>* scans) const {
+  const BlockIndex& index = index_groups() ? *index_.groups : *index_.all;
+  const uint32_t shift = UnitShift();
+  std::vector<uint64_t> rows;
+  std::vector<bool> seen;
+  // Every unit of the blocks in the window (for the window estimate), then
+  // the index's best for the mean query.
+  for (size_t b = eligible; b < blocks_.size(); ++b) {
+    if (blocks_[b].rec.disk == DiskForm::kNone) continue;
+    for (uint32_t g = 0; g < UnitsPerBlock(); ++g) {
+      if (unit_tokens_[b * UnitsPerBlock() + g] > 0) {
+        rows.push_back((b << shift) + g);
+      }
+    }
+  }
+  const size_t window_rows = rows.size();
+  const uint32_t k = static_cast<uint32_t>(std::min<uint64_t>(
+      index.size(), std::max<uint64_t>(256, budget) + window_rows));
+  for (const ScoredId& h :
+       accel().Search(index, mean_query.data(), {k, q.priority}, cost)) {
+    if ((h.id >> shift) < eligible) rows.push_back(h.id);
+  }
+  const uint32_t heads = summary_dim_ / config_.geometry.head_dim;
+  for (size_t j = 0; j < scans->size(); ++j) {
+    SegmentScan& s = (*scans)[j];
+    s.segments = heads;
+    s.ids = rows;
+    s.bound.clear();
+    s.dots.resize(rows.size() * heads);
+    std::vector<float> one(heads);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      UnitDots(rows[i], q.query.data() + j * summary_dim_, 1, one.data());
+      for (uint32_t h = 0; h < heads; ++h) s.dots[h * rows.size() + i] = one[h];
+    }
+  }
+}
+
+void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
+                          RecallResult* r) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint32_t hd = config_.geometry.head_dim;
+  const uint32_t heads = summary_dim_ / hd;
+  const uint32_t vectors = static_cast<uint32_t>(q.query.size() / summary_dim_);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const BlockIndex& index = index_groups() ? *index_.groups : *index_.all;
+  const uint32_t shift = UnitShift();
+  const uint64_t mask = (uint64_t{1} << shift) - 1;
+  r->query_vectors = vectors;
+  r->window_estimated = q.window_lse.empty();
+
+  // Per-thread, so a recall allocates little once warm.
+  thread_local MassRows rows;
+  rows.exact = true;
+  rows.mean_query.assign(q.query.begin(), q.query.begin() + summary_dim_);
+  for (uint32_t j = 1; j < vectors; ++j) {
+    Axpy(1.0f, q.query.data() + j * summary_dim_, rows.mean_query.data(),
+         summary_dim_);
+  }
+  if (vectors > 1) {
+    for (float& x : rows.mean_query) x /= static_cast<float>(vectors);
+  }
+  thread_local std::vector<SegmentScan> scans;
+  scans.resize(vectors);
+  // The modelled refinement: about the units that fill the budget.
+  const SearchParams params{
+      static_cast<uint32_t>(std::min<uint64_t>(index.size(), 64)),
+      q.priority};
+  bool scanned = true;
+  for (uint32_t j = 0; j < vectors && scanned; ++j) {
+    scanned = accel().Scan(index, q.query.data() + j * summary_dim_, params,
+                           &scans[j], &r->accel);
+  }
+  if (!scanned) {
+    PoolScans(q, rows.mean_query, eligible, r->budget_tokens, &r->accel,
+              &scans);
+  }
+  r->search_us = MicrosSince(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+
+  const size_t n = scans[0].ids.size();
+  rows.scans = &scans;
+  rows.tokens.resize(n);
+  rows.role.resize(n);
+  rows.counted.resize(n);
+  rows.recallable.resize(n);
+  const bool front_window = !q.window_lse.empty();
+  const uint64_t per_block = UnitsPerBlock();
+  const uint64_t* ids = scans[0].ids.data();
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t b = ids[i] >> shift;
+    const uint32_t tokens = unit_tokens_[b * per_block + (ids[i] & mask)];
+    const CandidateRole role = b < eligible    ? CandidateRole::kRecall
+                               : front_window ? CandidateRole::kIgnore
+                                              : CandidateRole::kWindow;
+    rows.tokens[i] = tokens;
+    rows.role[i] = role;
+    rows.counted[i] =
+        role == CandidateRole::kIgnore ? 0.0f : static_cast<float>(tokens);
+    rows.recallable[i] = role == CandidateRole::kRecall ? 1.0f : 0.0f;
+  }
+  for (const SegmentScan& s : scans) rows.exact &= s.bound.empty();
+  // What attention reads besides the candidates: the front end's window, or
+  // the open block as its mean key stands for it (the sealed blocks in the
+  // window are kWindow rows).
+  std::vector<float> window(static_cast<size_t>(vectors) * heads,
+                            -std::numeric_limits<float>::infinity());
+  if (front_window) {
+    window = q.window_lse;
+  } else if (open_mean_tokens_ > 0) {
+    const float log_tokens = std::log(static_cast<float>(open_mean_tokens_));
+    for (uint32_t j = 0; j < vectors; ++j) {
+      const float* qj = q.query.data() + j * summary_dim_;
+      for (uint32_t h = 0; h < heads; ++h) {
+        window[j * heads + h] =
+            log_tokens + scale * Dot(qj + h * hd, open_mean_.data() + h * hd, hd);
+      }
+    }
+  }
+  MassInputs in;
+  in.heads = heads;
+  in.logit_scale = scale;
+  in.n = n;
+  in.counted = rows.counted.data();
+  for (const SegmentScan& s : scans) in.scans.push_back(&s);
+  in.window_lse = window.data();
+  const uint32_t kv = config_.geometry.kv_heads;
+  if (q.per_layer) {
+    for (uint32_t li = 0; li < heads / kv; ++li) {
+      in.ranges.emplace_back(li * kv, (li + 1) * kv);
+    }
+  } else {
+    in.ranges.emplace_back(0, heads);
+  }
+  rows.ranges = in.ranges;
+  rows.est = EstimateMass(in);
+
+  for (size_t ri = 0; ri < rows.ranges.size(); ++ri) {
+    LayerRecallSet set = FillByMass(q, eligible, rows, ri, *r);
+    float mass = 0;
+    for (const RecalledBlock& b : set.blocks) mass += b.mass;
+    if (q.per_layer) {
+      set.layer = config_.indexed_layers[ri];
+      r->recalled_mass += mass / static_cast<float>(rows.ranges.size());
+      r->layer_sets.push_back(std::move(set));
+    } else {
+      r->recalled_mass = mass;
+      r->blocks = std::move(set.blocks);
+      r->total_tokens = set.total_tokens;
+    }
+  }
+  r->plan_us = MicrosSince(t1);
+}
+
+LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
+                                  const MassRows& rows, size_t range,
+                                  const RecallResult& r) const {
+  const std::vector<SegmentScan>& scans = *rows.scans;
+  const std::vector<uint64_t>& ids = scans[0].ids;
+  const std::vector<float>& density = rows.est.density[range];
+  const auto [h0, h1] = rows.ranges[range];
+  const uint32_t shift = UnitShift();
+  const uint64_t mask = (uint64_t{1} << shift) - 1;
+  const uint32_t heads = summary_dim_ / config_.geometry.head_dim;
+  const uint32_t vectors = static_cast<uint32_t>(scans.size());
+  const float scale =
+      1.0f / std::sqrt(static_cast<float>(config_.geometry.head_dim));
+  const RecallWeights& w = config_.weights;
+  const bool semantic = w.track > 0 || w.iou > 0 || w.scene > 0;
+  // Ranking works on value = density * exp(semantic / model_weight), which
+  // orders units as priority = model_weight * ln(density) + semantic does,
+  // with no log per unit. (model_weight 0 ranks by the semantic score.)
+  // Semantic scores of blocks are known up front for the query's track
+  // candidates, computed for others once they are ranked exactly.
+  std::unordered_map<uint64_t, float> block_semantic;
+  auto semantic_of = [&](uint64_t b) {
+    auto [it, fresh] = block_semantic.try_emplace(b, 0.0f);
+    if (fresh) {
+      it->second = SemanticScore(MatchSignals(blocks_[b].rec, q.signals), w);
+    }
+    return it->second;
+  };
+  auto known_semantic = [&](uint64_t b) {
+    if (!semantic) return 0.0f;
+    auto it = block_semantic.find(b);
+    return it == block_semantic.end() ? 0.0f : it->second;
+  };
+  auto value_of = [&](float d, float sem) {
+    if (w.model <= 0) return std::exp(sem);
+    return sem == 0 ? d : d * std::exp(sem / w.model);
+  };
+  if (semantic) {
+    for (size_t b : TrackCandidates(q.signals, eligible)) semantic_of(b);
+  }
+
+  // The lowest lower bound that could still be needed to fill the budget;
+  // only units whose upper bound reaches it can be among the first taken.
+  // Bounds of each unit's value (-1 for units that are not recallable).
+  const size_t n = ids.size();
+  thread_local std::vector<float> lower, upper;
+  lower.resize(n);
+  upper.resize(n);
+  const float* slack = rows.est.slack.data();
+  const float* on = rows.recallable.data();
+  for (size_t i = 0; i < n; ++i) {  // Branch-free: it vectorises.
+    lower[i] = on[i] * (density[i] / slack[i]) + (on[i] - 1.0f);
+    upper[i] = on[i] * (density[i] * slack[i]) + (on[i] - 1.0f);
+  }
+  if (semantic) {
+    for (size_t i = 0; i < n; ++i) {
+      if (upper[i] < 0) continue;
+      const float sem = known_semantic(ids[i] >> shift);
+      lower[i] = value_of(lower[i], sem);
+      upper[i] = value_of(upper[i], sem);
+    }
+  }
+  // The threshold over a sample of the units is at most the threshold over
+  // all of them, so units whose upper bound is below it cannot matter; the
+  // exact threshold then comes from the units left, which are few.
+  KeyThreshold sample(r.budget_tokens);
+  for (size_t i = 0; i < n; i += 16) {
+    if (upper[i] >= 0) sample.Add(lower[i], rows.tokens[i]);
+  }
+  const float floor = std::max(sample.Threshold(), 0.0f);
+  KeyThreshold threshold(r.budget_tokens);
+  thread_local std::vector<std::pair<uint32_t, float>> pending;  // Row, upper.
+  pending.clear();
+  for (size_t i0 = 0; i0 < n; i0 += 16) {  // Most runs of 16 skip at once.
+    const size_t i1 = std::min(n, i0 + 16);
+    float top = upper[i0];
+    for (size_t i = i0 + 1; i < i1; ++i) top = std::max(top, upper[i]);
+    if (!(top >= floor)) continue;
+    for (size_t i = i0; i < i1; ++i) {
+      if (!(upper[i] >= floor)) continue;
+      threshold.Add(lower[i], rows.tokens[i]);
+      pending.emplace_back(static_cast<uint32_t>(i), upper[i]);
+    }
+  }
+  const float theta = threshold.Threshold();
+
+  struct Ranked {
+    size_t row;
+    float density, value;
+  };
+  std::vector<Ranked> first;
+  std::vector<float> dots(static_cast<size_t>(vectors) * heads);
+  std::vector<bool> ranked(ids.size(), false);
+  for (const auto& [i, upper] : pending) {
+    if (upper < theta) continue;
+    const uint64_t b = ids[i] >> shift;
+    ranked[i] = true;
+    float d = density[i];
+    if (!rows.exact) {
+      UnitDots(ids[i], q.query.data(), vectors, dots.data());
+      d = CandidateDensity(rows.est, dots.data(), h0, h1, scale);
+    }
+    first.push_back({i, d, value_of(d, semantic ? semantic_of(b) : 0.0f)});
+  }
+  auto better = [&](const Ranked& a, const Ranked& b) {
+    return a.value != b.value ? a.value > b.value : ids[a.row] > ids[b.row];
+  };
+  std::sort(first.begin(), first.end(), better);
+
+  // Fill: the ranked units, then what still fits from the rest, best first.
+  FillState fill;
+  std::vector<Ranked> taken;
+  std::vector<FillUnit> units;
+  for (const Ranked& x : first) {
+    units.push_back({ids[x.row] >> shift, rows.tokens[x.row]});
+  }
+  std::vector<size_t> picked;
+  FillBudget(units, r.budget_tokens, r.top_k, &fill, &picked);
+  for (size_t p : picked) taken.push_back(first[p]);
+  // Skipped units leave a gap smaller than the largest unit; the rest of
+  // the candidates that fit it, by their scanned estimate.
+  std::vector<Ranked> rest;
+  if (fill.used < r.budget_tokens) {
+    const uint64_t left = r.budget_tokens - fill.used;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (rows.role[i] != CandidateRole::kRecall || ranked[i] ||
+          rows.tokens[i] > left) {
+        continue;
+      }
+      rest.push_back(
+          {i, density[i], value_of(density[i], known_semantic(ids[i] >> shift))});
+    }
+  }
+  while (fill.used < r.budget_tokens && !rest.empty()) {
+    const uint64_t left = r.budget_tokens - fill.used;
+    // What no longer fits never will: the budget only shrinks.
+    rest.erase(std::remove_if(rest.begin(), rest.end(),
+                              [&](const Ranked& x) {
+                                return rows.tokens[x.row] > left;
+                              }),
+               rest.end());
+    size_t best = rest.size();
+    for (size_t i = 0; i < rest.size(); ++i) {
+      const uint64_t b = ids[rest[i].row] >> shift;
+      const bool fits =
+          r.top_k == 0 || fill.blocks.size() < r.top_k ||
+          std::find(fill.blocks.begin(), fill.blocks.end(), b) !=
+              fill.blocks.end();
+      if (fits && (best == rest.size() || better(rest[i], rest[best]))) {
+        best = i;
+      }
+    }
+    if (best == rest.size()) break;
+    const std::vector<FillUnit> one = {
+        {ids[rest[best].row] >> shift, rows.tokens[rest[best].row]}};
+    FillBudget(one, r.budget_tokens, r.top_k, &fill, &picked);
+    taken.push_back(rest[best]);
+    rest[best] = rest.back();
+    rest.pop_back();
+  }
+
+  // One RecalledBlock per block, in the order blocks were first taken.
+  LayerRecallSet set;
+  std::unordered_map<uint64_t, size_t> slot;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> groups;
+  for (const Ranked& x : taken) {
+    const uint64_t unit = ids[x.row], b = unit >> shift;
+    auto it = slot.find(b);
+    if (it == slot.end()) {
+      const BlockEntry& e = blocks_[b];
+      RecalledBlock rb;
+      rb.block = e.rec.info;
+      rb.block.tier = TierOf(e);
+      rb.score = Dot(rows.mean_query.data(), UnitSummary(unit), summary_dim_);
+      rb.semantic_score = known_semantic(b);
+      rb.priority = w.model * std::log(x.density) + rb.semantic_score;
+      rb.was_staged = e.staged;
+      it = slot.emplace(b, set.blocks.size()).first;
+      set.blocks.push_back(std::move(rb));
+    }
+    RecalledBlock& rb = set.blocks[it->second];
+    rb.mass += x.density * static_cast<float>(rows.tokens[x.row]);
+    groups[b].push_back(static_cast<uint32_t>(unit & mask));
+    set.total_tokens += rows.tokens[x.row];
+  }
+  if (index_groups()) {
+    for (RecalledBlock& rb : set.blocks) {
+      const std::vector<uint32_t>& chosen = groups[rb.block.id];
+      const BlockRecord& rec = blocks_[rb.block.id].rec;
+      for (uint32_t t = 0; t < rec.token_group.size(); ++t) {
+        if (std::find(chosen.begin(), chosen.end(), rec.token_group[t]) !=
+            chosen.end()) {
+          rb.token_offsets.push_back(t);
+        }
+      }
+      if (rb.token_offsets.size() == rb.block.token_count) {
+        rb.token_offsets.clear();
+      }
+    }
+  }
+  AssignGateWeights(&set.blocks, config_.gate_temperature, ScoreMode::kMass);
+  return set;
+}
+
+}  // namespace kvmem
