@@ -70,6 +70,12 @@ struct BenchReport {
   double inproc_recall_at_k = 0;   // Progressive vs flat top-k overlap.
   double inproc_candidates = 0;    // Mean vectors rescored in fp32.
   Latency wide_inproc, wide_flat;  // inproc_wide_dim; count 0 when skipped.
+  // In process, a stream of inproc_vectors one-frame blocks (summaries of
+  // inproc_dim, 64-dim heads) on the Progressive index, recalled with the
+  // default budget: by per-head attention mass (score MASS, the default)
+  // and by the summed score (SUMMED, before), queries alternating.
+  Latency stream_mass, stream_summed;
+  std::string cpu;  // /proc/cpuinfo's model name.
   // References.
   double storage_put_mb_per_s = 0;
   double raw_stream_mb_per_s = 0;

@@ -132,13 +132,18 @@ std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
         "\"stored_bytes_peak\": %d, \"recall_p50_us\": %.1f, "
         "\"recall_p99_us\": %.1f, \"recall_p999_us\": %.1f, \"queries\": %d, "
         "\"degraded_blocks_recalled\": %d, \"latency_spike_buckets\": %d, "
-        "\"latency_buckets\": %d}",
+        "\"latency_buckets\": %d, \"gated_output_cosine\": %.5f, "
+        "\"gated_output_rel_error\": %.4f, \"estimated_mass\": %.4f, "
+        "\"budget_used\": %.3f, \"budget_violations\": %d, "
+        "\"window_violations\": %d}",
         p.mass_recalled, p.cold_mass_recalled, p.cold_mass_recalled_frame,
         p.cold_mass_recalled_probe, p.output_cosine, p.output_rel_error,
         p.reid_success, p.reid_probes, p.useless_hit_rate,
         p.injected_tokens_mean, p.resident_bytes_peak, p.stored_bytes_peak,
         p.recall_p50_us, p.recall_p99_us, p.recall_p999_us, p.queries,
-        p.degraded_blocks, p.latency_spike_buckets, p.latency_buckets);
+        p.degraded_blocks, p.latency_spike_buckets, p.latency_buckets,
+        p.gated_output_cosine, p.gated_output_rel_error, p.estimated_mass,
+        p.budget_used, p.budget_violations, p.window_violations);
   };
   s += "  \"policies\": {\n";
   for (size_t i = 0; i < c.policies.size(); ++i) {

@@ -9,7 +9,7 @@
 namespace kvmem {
 namespace {
 
-constexpr float kLow = -87.3f, kHigh = 88.7f;
+constexpr float kLow = -87.3f, kHigh = 88.0f;
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f,
@@ -48,8 +48,8 @@ float ScalarExpDot(const float* x, float scale, float shift,
   return static_cast<float>(sum);
 }
 
-float ScalarMaxScaled(const float* x, const float* mask, float scale,
-                      size_t n, float init) {
+float ScalarMaxScaled(const float* x, const float* mask, float scale, size_t n,
+                      float init) {
   float m = init;
   for (size_t i = 0; i < n; ++i) m = std::max(m, x[i] * scale + mask[i]);
   return m;
@@ -60,10 +60,11 @@ __attribute__((target("avx2,fma"))) inline __m256 Exp8(__m256 in) {
   const __m256 low = _mm256_set1_ps(kLow), high = _mm256_set1_ps(kHigh);
   const __m256 keep = _mm256_cmp_ps(in, low, _CMP_GE_OQ);  // -inf, NaN: 0.
   const __m256 v = _mm256_min_ps(_mm256_max_ps(in, low), high);
-  const __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(
-      v, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
-  const __m256 r = _mm256_fnmadd_ps(
-      k, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), v));
+  const __m256 k = _mm256_floor_ps(
+      _mm256_fmadd_ps(v, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
+  const __m256 r =
+      _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo),
+                       _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), v));
   __m256 p = _mm256_set1_ps(kP0);
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
@@ -85,8 +86,7 @@ __attribute__((target("avx2,fma"))) float Avx2ExpDot(const float* x,
   __m256 acc = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 e =
-        Exp8(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), s, b));
+    const __m256 e = Exp8(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), s, b));
     _mm256_storeu_ps(out + i, e);
     acc = _mm256_fmadd_ps(e, _mm256_loadu_ps(weight + i), acc);
   }

@@ -35,11 +35,12 @@ MassEstimate EstimateMass(const MassInputs& in) {
       const float* dots = scan.dots.data() + h * n;
       const float window = in.window_lse[j * H + h];
       // The head's largest term, so the exps cannot overflow.
-      float mx = kernel.max_scaled(dots, mask.data(), in.logit_scale, n, window);
+      float mx =
+          kernel.max_scaled(dots, mask.data(), in.logit_scale, n, window);
       if (mx == kNone) mx = 0;  // Nothing counted: mass 0.
       const float sum =
-          std::exp(window - mx) + kernel.exp_dot(dots, in.logit_scale, mx,
-                                                 in.counted, e.data(), n);
+          std::exp(window - mx) +
+          kernel.exp_dot(dots, in.logit_scale, mx, in.counted, e.data(), n);
       if (!(sum > 0)) continue;
       est.log_norm[j * H + h] = mx + std::log(sum);
       for (size_t r = 0; r < in.ranges.size(); ++r) {
@@ -59,20 +60,30 @@ MassEstimate EstimateMass(const MassInputs& in) {
   return est;
 }
 
-float CandidateDensity(const MassEstimate& est, const float* dots, uint32_t h0,
-                       uint32_t h1, float logit_scale) {
-  const size_t H = est.heads;
-  double acc = 0;
-  for (size_t j = 0; j < est.vectors; ++j) {
-    for (size_t h = h0; h < h1; ++h) {
-      const float norm = est.log_norm[j * H + h];
-      if (norm == -std::numeric_limits<float>::infinity()) continue;
-      acc += std::exp(static_cast<double>(dots[j * H + h]) * logit_scale -
-                      norm);
+void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
+                        uint32_t h0, uint32_t h1, float logit_scale,
+                        float* out) {
+  const size_t H = est.heads, J = est.vectors, w = h1 - h0;
+  thread_local std::vector<float> z;
+  z.resize(m * J * w);
+  for (size_t c = 0; c < m; ++c) {
+    for (size_t j = 0; j < J; ++j) {
+      const float* d = dots + (c * J + j) * H;
+      const float* norm = est.log_norm.data() + j * H;
+      float* zc = z.data() + (c * J + j) * w;
+      // A head with nothing counted has log_norm -inf: its exp is 0.
+      for (size_t h = h0; h < h1; ++h) {
+        zc[h - h0] = norm[h] == kNone ? kNone : d[h] * logit_scale - norm[h];
+      }
     }
   }
-  return static_cast<float>(acc /
-                            (static_cast<double>(est.vectors) * (h1 - h0)));
+  ExpInPlace(z.data(), z.size());
+  const float k = 1.0f / static_cast<float>(J * w);
+  for (size_t c = 0; c < m; ++c) {
+    double acc = 0;
+    for (size_t i = 0; i < J * w; ++i) acc += z[c * J * w + i];
+    out[c] = static_cast<float>(acc) * k;
+  }
 }
 
 }  // namespace kvmem

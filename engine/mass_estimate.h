@@ -67,10 +67,12 @@ struct MassEstimate {
 // scans.size() * heads values; ranges are within [0, heads) and non-empty.
 MassEstimate EstimateMass(const MassInputs& in);
 
-// A candidate's density over heads [h0, h1) from its exact dots,
-// dots[vector * heads + head], with the normaliser of `est`.
-float CandidateDensity(const MassEstimate& est, const float* dots,
-                       uint32_t h0, uint32_t h1, float logit_scale);
+// The densities over heads [h0, h1) of m candidates from their exact dots,
+// dots[(candidate * vectors + vector) * heads + head], with the normaliser
+// of `est`, into out[candidate].
+void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
+                        uint32_t h0, uint32_t h1, float logit_scale,
+                        float* out);
 
 }  // namespace kvmem
 

@@ -104,9 +104,9 @@ StreamConfig WithDefaults(const StreamConfig& config) {
     if (c.max_tokens_per_block > 0) {
       tokens = std::min<uint64_t>(tokens, c.max_tokens_per_block);
     }
-    c.groups_per_block = static_cast<uint32_t>(std::clamp<uint64_t>(
-        (tokens + kTokensPerGroup - 1) / kTokensPerGroup, 1,
-        kMaxGroupsPerBlock));
+    c.groups_per_block = static_cast<uint32_t>(
+        std::clamp<uint64_t>((tokens + kTokensPerGroup - 1) / kTokensPerGroup,
+                             1, kMaxDefaultGroups));
   }
   if (c.default_max_tokens == 0) {
     c.default_max_tokens = c.hot_window_tokens / 5;
@@ -146,6 +146,7 @@ StreamConfig WithServerDefaults(const StreamConfig& requested,
   fill(&c.tiers.stage_budget_bytes, d.tiers.stage_budget_bytes);
   fill(&c.tiers.rebuild_every_blocks, d.tiers.rebuild_every_blocks);
   fill(&c.tiers.rebuild_every_seconds, d.tiers.rebuild_every_seconds);
+  fill(&c.weights.score, d.weights.score);
   return c;
 }
 

@@ -14,8 +14,12 @@ namespace kvmem {
 inline constexpr uint32_t kDefaultFramesPerBlock = 4;
 inline constexpr uint32_t kDefaultShotMaxFrames = 32;
 inline constexpr uint32_t kMaxTopK = 4096;
-// Default token groups: about one per this many tokens of a full block.
-inline constexpr uint32_t kTokensPerGroup = 16;
+// Default token groups: about one per this many tokens of a full block, at
+// most kMaxDefaultGroups (k-means on the append path: 1.5 ms for a block of
+// 512 tokens into 32 groups over 512 summary dims, kvmem_engine_bench
+// BM_TokenGroups).
+inline constexpr uint32_t kTokensPerGroup = 8;
+inline constexpr uint32_t kMaxDefaultGroups = 32;
 // Query vectors one recall may carry (kvmem.v1.RecallRequest.query).
 inline constexpr uint32_t kMaxQueryVectors = 64;
 inline constexpr size_t kMaxStreamIdBytes = 128;

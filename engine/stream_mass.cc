@@ -20,9 +20,13 @@
 #include "engine/signals.h"
 #include "engine/stream.h"
 #include "engine/stream_config.h"
+#include "engine/token_groups.h"
 
 namespace kvmem {
 namespace {
+
+// Tracks of a query that anchor a recall (re-identification).
+constexpr size_t kAnchorTracks = 8;
 
 uint32_t MicrosSince(std::chrono::steady_clock::time_point t0) {
   return static_cast<uint32_t>(
@@ -72,7 +76,7 @@ struct Stream::MassRows {
   const std::vector<SegmentScan>* scans = nullptr;
   std::vector<uint32_t> tokens;
   std::vector<CandidateRole> role;
-  std::vector<float> counted;  // MassInputs::counted.
+  std::vector<float> counted;     // MassInputs::counted.
   std::vector<float> recallable;  // 1 for kRecall rows, else 0.
   MassEstimate est;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
@@ -82,9 +86,9 @@ struct Stream::MassRows {
 
 const float* Stream::UnitSummary(uint64_t unit) const {
   const BlockRecord& rec = blocks_[unit >> UnitShift()].rec;
-  return index_groups()
-             ? rec.group_summaries.data() + (unit & (kGroupStride - 1)) * summary_dim_
-             : rec.summary.data();
+  return index_groups() ? rec.group_summaries.data() +
+                              (unit & (kGroupStride - 1)) * summary_dim_
+                        : rec.summary.data();
 }
 
 void Stream::UnitDots(uint64_t unit, const float* query, uint32_t vectors,
@@ -167,8 +171,7 @@ void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
   scans.resize(vectors);
   // The modelled refinement: about the units that fill the budget.
   const SearchParams params{
-      static_cast<uint32_t>(std::min<uint64_t>(index.size(), 64)),
-      q.priority};
+      static_cast<uint32_t>(std::min<uint64_t>(index.size(), 64)), q.priority};
   bool scanned = true;
   for (uint32_t j = 0; j < vectors && scanned; ++j) {
     scanned = accel().Scan(index, q.query.data() + j * summary_dim_, params,
@@ -193,7 +196,7 @@ void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
   for (size_t i = 0; i < n; ++i) {
     const uint64_t b = ids[i] >> shift;
     const uint32_t tokens = unit_tokens_[b * per_block + (ids[i] & mask)];
-    const CandidateRole role = b < eligible    ? CandidateRole::kRecall
+    const CandidateRole role = b < eligible   ? CandidateRole::kRecall
                                : front_window ? CandidateRole::kIgnore
                                               : CandidateRole::kWindow;
     rows.tokens[i] = tokens;
@@ -216,7 +219,8 @@ void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
       const float* qj = q.query.data() + j * summary_dim_;
       for (uint32_t h = 0; h < heads; ++h) {
         window[j * heads + h] =
-            log_tokens + scale * Dot(qj + h * hd, open_mean_.data() + h * hd, hd);
+            log_tokens +
+            scale * Dot(qj + h * hd, open_mean_.data() + h * hd, hd);
       }
     }
   }
@@ -317,52 +321,126 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
       upper[i] = value_of(upper[i], sem);
     }
   }
-  // The threshold over a sample of the units is at most the threshold over
-  // all of them, so units whose upper bound is below it cannot matter; the
-  // exact threshold then comes from the units left, which are few.
-  KeyThreshold sample(r.budget_tokens);
-  for (size_t i = 0; i < n; i += 16) {
-    if (upper[i] >= 0) sample.Add(lower[i], rows.tokens[i]);
-  }
-  const float floor = std::max(sample.Threshold(), 0.0f);
-  KeyThreshold threshold(r.budget_tokens);
+  // theta: the largest value such that the units whose lower bound reaches
+  // it hold the budget. Only units whose upper bound reaches theta can be
+  // among the first taken. To avoid a heap over every unit: guess a floor
+  // from a 1/16 sample (its best units holding 1/16 of the budget), take
+  // the units whose upper bound reaches the floor, and compute theta over
+  // them; that is exact when theta >= floor (every unit whose lower bound
+  // reaches theta is then among them). Otherwise the floor is the sample's
+  // threshold for the whole budget, which is never above theta.
   thread_local std::vector<std::pair<uint32_t, float>> pending;  // Row, upper.
-  pending.clear();
-  for (size_t i0 = 0; i0 < n; i0 += 16) {  // Most runs of 16 skip at once.
-    const size_t i1 = std::min(n, i0 + 16);
-    float top = upper[i0];
-    for (size_t i = i0 + 1; i < i1; ++i) top = std::max(top, upper[i]);
-    if (!(top >= floor)) continue;
-    for (size_t i = i0; i < i1; ++i) {
-      if (!(upper[i] >= floor)) continue;
-      threshold.Add(lower[i], rows.tokens[i]);
-      pending.emplace_back(static_cast<uint32_t>(i), upper[i]);
+  auto threshold_over = [&](float floor) {
+    KeyThreshold threshold(r.budget_tokens);
+    pending.clear();
+    for (size_t i0 = 0; i0 < n; i0 += 16) {  // Most runs of 16 skip at once.
+      const size_t i1 = std::min(n, i0 + 16);
+      float top = upper[i0];
+      for (size_t i = i0 + 1; i < i1; ++i) top = std::max(top, upper[i]);
+      if (!(top >= floor)) continue;
+      for (size_t i = i0; i < i1; ++i) {
+        if (!(upper[i] >= floor)) continue;
+        threshold.Add(lower[i], rows.tokens[i]);
+        pending.emplace_back(static_cast<uint32_t>(i), upper[i]);
+      }
     }
+    return threshold.Threshold();
+  };
+  KeyThreshold guess((r.budget_tokens + 15) / 16), safe(r.budget_tokens);
+  for (size_t i = 0; i < n; i += 16) {
+    if (upper[i] < 0) continue;
+    guess.Add(lower[i], rows.tokens[i]);
+    safe.Add(lower[i], rows.tokens[i]);
   }
-  const float theta = threshold.Threshold();
+  const float floor = std::max(guess.Threshold(), 0.0f);
+  float theta = threshold_over(floor);
+  if (!(theta >= floor))
+    theta = threshold_over(std::max(safe.Threshold(), 0.0f));
 
   struct Ranked {
     size_t row;
     float density, value;
   };
   std::vector<Ranked> first;
-  std::vector<float> dots(static_cast<size_t>(vectors) * heads);
   std::vector<bool> ranked(ids.size(), false);
   for (const auto& [i, upper] : pending) {
     if (upper < theta) continue;
-    const uint64_t b = ids[i] >> shift;
     ranked[i] = true;
-    float d = density[i];
-    if (!rows.exact) {
-      UnitDots(ids[i], q.query.data(), vectors, dots.data());
-      d = CandidateDensity(rows.est, dots.data(), h0, h1, scale);
+    first.push_back({i, density[i], 0.0f});
+  }
+  if (!rows.exact) {  // Exact densities of the survivors.
+    // Their summaries lie in their block records, scattered: ask for all
+    // of them before reading any.
+    for (const Ranked& x : first) {
+      const char* p = reinterpret_cast<const char*>(UnitSummary(ids[x.row]));
+      for (size_t b = 0; b < summary_dim_ * sizeof(float); b += 64) {
+        __builtin_prefetch(p + b);
+      }
     }
-    first.push_back({i, d, value_of(d, semantic ? semantic_of(b) : 0.0f)});
+    thread_local std::vector<float> dots, exact;
+    dots.resize(first.size() * vectors * heads);
+    exact.resize(first.size());
+    for (size_t k = 0; k < first.size(); ++k) {
+      UnitDots(ids[first[k].row], q.query.data(), vectors,
+               dots.data() + k * vectors * heads);
+    }
+    CandidateDensities(rows.est, dots.data(), first.size(), h0, h1, scale,
+                       exact.data());
+    for (size_t k = 0; k < first.size(); ++k) first[k].density = exact[k];
+  }
+  for (Ranked& x : first) {
+    x.value =
+        value_of(x.density, semantic ? semantic_of(ids[x.row] >> shift) : 0.0f);
   }
   auto better = [&](const Ranked& a, const Ranked& b) {
     return a.value != b.value ? a.value > b.value : ids[a.row] > ids[b.row];
   };
   std::sort(first.begin(), first.end(), better);
+
+  // Re-identification anchors (track weight > 0): each track the query
+  // shows has the best unit of its most recent recallable block taken
+  // first, so an object that re-enters brings back where it was last seen
+  // even where attention alone would not (RoPE decay, look-alikes).
+  if (w.track > 0 && !q.signals.detections.empty()) {
+    std::vector<uint64_t> anchor_blocks;
+    for (const Detection& d : q.signals.detections) {
+      if (anchor_blocks.size() >= kAnchorTracks) break;
+      auto it = track_blocks_.find(d.track_id);
+      if (it == track_blocks_.end()) continue;
+      for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) {
+        if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
+        if (std::find(anchor_blocks.begin(), anchor_blocks.end(), *b) ==
+            anchor_blocks.end()) {
+          anchor_blocks.push_back(*b);
+        }
+        break;
+      }
+    }
+    std::vector<size_t> best(anchor_blocks.size(), n);
+    for (size_t i = 0; i < n && !anchor_blocks.empty(); ++i) {
+      if (rows.role[i] != CandidateRole::kRecall) continue;
+      const auto a = std::find(anchor_blocks.begin(), anchor_blocks.end(),
+                               ids[i] >> shift);
+      if (a == anchor_blocks.end()) continue;
+      size_t& k = best[a - anchor_blocks.begin()];
+      if (k == n || density[i] > density[k]) k = i;
+    }
+    std::vector<Ranked> front;
+    for (size_t k : best) {
+      if (k == n) continue;
+      auto in_first = std::find_if(first.begin(), first.end(),
+                                   [&](const Ranked& x) { return x.row == k; });
+      if (in_first != first.end()) {
+        front.push_back(*in_first);
+        first.erase(in_first);
+      } else {
+        ranked[k] = true;
+        front.push_back({k, density[k],
+                         value_of(density[k], semantic_of(ids[k] >> shift))});
+      }
+    }
+    first.insert(first.begin(), front.begin(), front.end());
+  }
 
   // Fill: the ranked units, then what still fits from the rest, best first.
   FillState fill;
@@ -384,25 +462,23 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
           rows.tokens[i] > left) {
         continue;
       }
-      rest.push_back(
-          {i, density[i], value_of(density[i], known_semantic(ids[i] >> shift))});
+      rest.push_back({i, density[i],
+                      value_of(density[i], known_semantic(ids[i] >> shift))});
     }
   }
   while (fill.used < r.budget_tokens && !rest.empty()) {
     const uint64_t left = r.budget_tokens - fill.used;
     // What no longer fits never will: the budget only shrinks.
-    rest.erase(std::remove_if(rest.begin(), rest.end(),
-                              [&](const Ranked& x) {
-                                return rows.tokens[x.row] > left;
-                              }),
+    rest.erase(std::remove_if(
+                   rest.begin(), rest.end(),
+                   [&](const Ranked& x) { return rows.tokens[x.row] > left; }),
                rest.end());
     size_t best = rest.size();
     for (size_t i = 0; i < rest.size(); ++i) {
       const uint64_t b = ids[rest[i].row] >> shift;
-      const bool fits =
-          r.top_k == 0 || fill.blocks.size() < r.top_k ||
-          std::find(fill.blocks.begin(), fill.blocks.end(), b) !=
-              fill.blocks.end();
+      const bool fits = r.top_k == 0 || fill.blocks.size() < r.top_k ||
+                        std::find(fill.blocks.begin(), fill.blocks.end(), b) !=
+                            fill.blocks.end();
       if (fits && (best == rest.size() || better(rest[i], rest[best]))) {
         best = i;
       }
@@ -416,39 +492,46 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
     rest.pop_back();
   }
 
-  // One RecalledBlock per block, in the order blocks were first taken.
+  // One RecalledBlock per block, in the order blocks were first taken
+  // (fill.blocks); `slots` finds a block's place by binary search.
   LayerRecallSet set;
-  std::unordered_map<uint64_t, size_t> slot;
-  std::unordered_map<uint64_t, std::vector<uint32_t>> groups;
+  set.blocks.resize(fill.blocks.size());
+  std::vector<std::pair<uint64_t, uint32_t>> slots;
+  slots.reserve(fill.blocks.size());
+  for (uint32_t k = 0; k < fill.blocks.size(); ++k) {
+    slots.emplace_back(fill.blocks[k], k);
+  }
+  std::sort(slots.begin(), slots.end());
+  std::vector<uint64_t> chosen(fill.blocks.size(), 0);  // Group masks.
+  std::vector<bool> started(fill.blocks.size(), false);
+  static_assert(kMaxGroupsPerBlock <= 64, "a group mask has 64 bits");
   for (const Ranked& x : taken) {
     const uint64_t unit = ids[x.row], b = unit >> shift;
-    auto it = slot.find(b);
-    if (it == slot.end()) {
+    const uint32_t k =
+        std::lower_bound(slots.begin(), slots.end(), std::make_pair(b, 0u))
+            ->second;
+    RecalledBlock& rb = set.blocks[k];
+    if (!started[k]) {  // Its best-ranked unit scores the block.
+      started[k] = true;
       const BlockEntry& e = blocks_[b];
-      RecalledBlock rb;
       rb.block = e.rec.info;
       rb.block.tier = TierOf(e);
       rb.score = Dot(rows.mean_query.data(), UnitSummary(unit), summary_dim_);
       rb.semantic_score = known_semantic(b);
       rb.priority = w.model * std::log(x.density) + rb.semantic_score;
       rb.was_staged = e.staged;
-      it = slot.emplace(b, set.blocks.size()).first;
-      set.blocks.push_back(std::move(rb));
     }
-    RecalledBlock& rb = set.blocks[it->second];
     rb.mass += x.density * static_cast<float>(rows.tokens[x.row]);
-    groups[b].push_back(static_cast<uint32_t>(unit & mask));
+    chosen[k] |= uint64_t{1} << (unit & mask);
     set.total_tokens += rows.tokens[x.row];
   }
   if (index_groups()) {
-    for (RecalledBlock& rb : set.blocks) {
-      const std::vector<uint32_t>& chosen = groups[rb.block.id];
+    for (size_t k = 0; k < set.blocks.size(); ++k) {
+      RecalledBlock& rb = set.blocks[k];
       const BlockRecord& rec = blocks_[rb.block.id].rec;
+      rb.token_offsets.reserve(rec.token_group.size());
       for (uint32_t t = 0; t < rec.token_group.size(); ++t) {
-        if (std::find(chosen.begin(), chosen.end(), rec.token_group[t]) !=
-            chosen.end()) {
-          rb.token_offsets.push_back(t);
-        }
+        if (chosen[k] >> rec.token_group[t] & 1) rb.token_offsets.push_back(t);
       }
       if (rb.token_offsets.size() == rb.block.token_count) {
         rb.token_offsets.clear();

@@ -77,7 +77,7 @@ bool ScalarText(const toml::node& v, std::string* out) {
 }
 
 // [stream_defaults] keys: the policy fields of StreamConfig.
-enum class Kind { kU32, kU64, kF32, kStr, kSegment, kReplacement };
+enum class Kind { kU32, kU64, kF32, kStr, kSegment, kReplacement, kScore };
 struct DefaultKey {
   const char* name;
   Kind kind;
@@ -101,6 +101,7 @@ const DefaultKey kDefaultKeys[] = {
     {"cold_budget_bytes", Kind::kU64, KVMEM_FIELD(tiers.cold_budget_bytes)},
     {"storage_cap_bytes", Kind::kU64, KVMEM_FIELD(tiers.storage_cap_bytes)},
     {"replacement", Kind::kReplacement, KVMEM_FIELD(tiers.replacement)},
+    {"score", Kind::kScore, KVMEM_FIELD(weights.score)},
     {"heat_half_life_frames", Kind::kU32,
      KVMEM_FIELD(tiers.heat_half_life_frames)},
     {"prefetch_blocks", Kind::kU32, KVMEM_FIELD(tiers.prefetch_blocks)},
@@ -119,6 +120,11 @@ const char* SegmentName(SegmentMode m) {
 }
 const char* ReplacementName(Replacement r) {
   return r == Replacement::kLru ? "lru" : r == Replacement::kHeat ? "heat" : "";
+}
+const char* ScoreName(ScoreMode m) {
+  return m == ScoreMode::kMass     ? "mass"
+         : m == ScoreMode::kSummed ? "summed"
+                                   : "";
 }
 
 // The field's value as a TOML literal; "" when it is zero (unset).
@@ -148,6 +154,10 @@ std::string FieldToml(const DefaultKey& k, const StreamConfig& config) {
     }
     case Kind::kReplacement: {
       const char* n = ReplacementName(*static_cast<Replacement*>(p));
+      return *n ? Quote(n) : "";
+    }
+    case Kind::kScore: {
+      const char* n = ScoreName(*static_cast<ScoreMode*>(p));
       return *n ? Quote(n) : "";
     }
   }
@@ -212,6 +222,17 @@ absl::Status SetField(const DefaultKey& k, const toml::node& v,
         *static_cast<Replacement*>(p) = Replacement::kHeat;
       } else {
         return bad("\"lru\" or \"heat\"");
+      }
+      return absl::OkStatus();
+    }
+    case Kind::kScore: {
+      const auto s = v.value_exact<std::string>();
+      if (s && *s == "mass") {
+        *static_cast<ScoreMode*>(p) = ScoreMode::kMass;
+      } else if (s && *s == "summed") {
+        *static_cast<ScoreMode*>(p) = ScoreMode::kSummed;
+      } else {
+        return bad("\"mass\" or \"summed\"");
       }
       return absl::OkStatus();
     }
@@ -371,6 +392,11 @@ std::string EffectiveConfigToml(const StreamConfig& stream_defaults) {
       out << k.name << " = " << v << "\n";
     } else if (std::strcmp(k.name, "default_max_tokens") == 0) {
       out << "# " << k.name << " = 0  (20 % of hot_window_tokens)\n";
+    } else if (std::strcmp(k.name, "groups_per_block") == 0) {
+      out << "# " << k.name << " = 0  (about one per " << kTokensPerGroup
+          << " tokens of a full block, at most " << kMaxDefaultGroups << ")\n";
+    } else if (std::strcmp(k.name, "default_top_k") == 0) {
+      out << "# " << k.name << " = 0  (no cap: the token budget limits)\n";
     } else {
       const std::string b = FieldToml(k, builtin);
       out << "# " << k.name << " = " << (b.empty() ? "0" : b) << "\n";

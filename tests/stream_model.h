@@ -7,7 +7,9 @@
 #define KVMEM_TESTS_STREAM_MODEL_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@ struct OracleHit {
   uint64_t block_id;
   double score;
   uint32_t tokens;
+  double mass = 0;  // MassRecall: the block's estimated attention share.
 };
 
 class StreamModel {
@@ -71,6 +74,8 @@ class StreamModel {
   size_t summary_dim() const {
     return layers_.size() * g_.kv_heads * g_.head_dim;
   }
+  // Indexed layers x KV heads: the heads of a query vector.
+  size_t heads() const { return layers_.size() * g_.kv_heads; }
 
   // [first_frame, end_frame) of each sealed block.
   std::vector<std::pair<size_t, size_t>> BlockRanges() const {
@@ -137,6 +142,97 @@ class StreamModel {
       used += h.tokens;
       chosen.push_back(h);
       if (used == max_tokens) break;
+    }
+    return chosen;
+  }
+
+  // Score MASS over whole blocks (engine/mass_estimate.h, computed here
+  // directly in double): `vectors` query vectors back to back; window_lse
+  // (vectors x heads) as the front end sends it, or empty for kvmem's
+  // estimate from the blocks overlapping the window and the open block.
+  // Ranked by mass per token (newer first on ties), the budget filled in
+  // that order, at most top_k blocks (0: no cap). Heads [h0, h1) of the
+  // summary's (h1 0: all): one indexed layer's for a per-layer set.
+  // *densities (optional) receives every recallable block's mass per token.
+  std::vector<OracleHit> MassRecall(
+      const std::vector<float>& q, const std::vector<float>& window_lse,
+      uint32_t top_k, uint32_t max_tokens, size_t h0 = 0, size_t h1 = 0,
+      std::map<uint64_t, double>* densities = nullptr) const {
+    const size_t dim = summary_dim(), hd = g_.head_dim, heads = dim / hd;
+    if (h1 == 0) h1 = heads;
+    const size_t vectors = q.size() / dim;
+    const uint64_t window_start = next_pos_ > window_ ? next_pos_ - window_ : 0;
+    struct Unit {
+      uint64_t block;
+      bool recallable;
+      uint32_t tokens;
+      std::vector<double> mean;
+    };
+    std::vector<Unit> units;
+    const auto ranges = BlockRanges();
+    auto add = [&](size_t first, size_t end, uint64_t id) {
+      std::vector<const FloatFrame*> kv;
+      uint32_t tokens = 0;
+      for (size_t f = first; f < end; ++f) {
+        kv.push_back(&frames_[f].kv);
+        tokens += frames_[f].kv.tokens;
+      }
+      const ModelFrame& last = frames_[end - 1];
+      units.push_back({id, last.first_pos + last.kv.tokens <= window_start,
+                       tokens, MeanKey(g_, kv, layers_)});
+    };
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      add(ranges[b].first, ranges[b].second, b);
+    }
+    const size_t sealed_end = ranges.empty() ? 0 : ranges.back().second;
+    if (window_lse.empty() && sealed_end < frames_.size()) {
+      add(sealed_end, frames_.size(), UINT64_MAX);  // The open block.
+    }
+    const double inv = 1.0 / std::sqrt(double(hd));
+    std::vector<double> density(units.size(), 0.0);
+    for (size_t j = 0; j < vectors; ++j) {
+      for (size_t h = h0; h < h1; ++h) {
+        auto logit = [&](const Unit& u) {
+          double z = 0;
+          for (size_t k = 0; k < hd; ++k) {
+            z += double(q[j * dim + h * hd + k]) * u.mean[h * hd + k];
+          }
+          return z * inv;
+        };
+        double sum = window_lse.empty()
+                         ? 0.0
+                         : std::exp(double(window_lse[j * heads + h]));
+        for (const Unit& u : units) {
+          if (u.recallable || window_lse.empty()) {
+            sum += u.tokens * std::exp(logit(u));
+          }
+        }
+        for (size_t i = 0; i < units.size(); ++i) {
+          density[i] += std::exp(logit(units[i])) / sum / (vectors * (h1 - h0));
+        }
+      }
+    }
+    if (densities != nullptr) {
+      for (size_t i = 0; i < units.size(); ++i) {
+        if (units[i].recallable) (*densities)[units[i].block] = density[i];
+      }
+    }
+    std::vector<size_t> order;
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (units[i].recallable) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return density[a] != density[b] ? density[a] > density[b]
+                                      : units[a].block > units[b].block;
+    });
+    std::vector<OracleHit> chosen;
+    uint64_t used = 0;
+    for (size_t i : order) {
+      const Unit& u = units[i];
+      if (used + u.tokens > max_tokens) continue;
+      if (top_k > 0 && chosen.size() >= top_k) break;
+      used += u.tokens;
+      chosen.push_back({u.block, density[i], u.tokens, density[i] * u.tokens});
     }
     return chosen;
   }

@@ -26,6 +26,10 @@ inline v1::StreamConfig WireConfig(const TestGeometry& g, uint32_t window,
   c.set_hot_window_tokens(window);
   c.mutable_block_policy()->set_frames_per_block(frames_per_block);
   for (uint32_t l : indexed) c.mutable_index_policy()->add_indexed_layers(l);
+  // Whole blocks on an exact index, so StreamModel's oracles apply; the
+  // score is the default (per-head mass: StreamModel::MassRecall).
+  c.mutable_index_policy()->set_groups_per_block(1);
+  c.mutable_index_policy()->set_index_factory("Flat");
   return c;
 }
 

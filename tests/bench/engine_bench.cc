@@ -25,6 +25,7 @@
 #include "engine/record_codec.h"
 #include "engine/segmenter.h"
 #include "engine/stream_config.h"
+#include "engine/token_groups.h"
 #include "server/metrics.h"
 #include "storage/rocks_cold_store.h"
 #include "tests/test_util.h"
@@ -313,6 +314,96 @@ void BM_StreamRecall(benchmark::State& state) {
   engine.reset();
   std::filesystem::remove_all(dir);
 }
+
+// Token groups of one sealed block (k-means on the append path): arg 0
+// tokens, arg 1 groups, over 2 indexed layers x 4 KV heads x 64 dims.
+void BM_TokenGroups(benchmark::State& state) {
+  StreamConfig c;
+  c.geometry = {2, 4, 64, DType::kFp16, 4096};
+  c.hot_window_tokens = 64;
+  const uint32_t tokens = static_cast<uint32_t>(state.range(0));
+  std::mt19937_64 rng(3);
+  const std::string frame = Fp16Of(rng, 2 * 2 * 4 * tokens * 64);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        BuildTokenGroups(WithDefaults(c), {frame}, {tokens},
+                         static_cast<uint32_t>(state.range(1))));
+  }
+}
+BENCHMARK(BM_TokenGroups)
+    ->Args({128, 8})
+    ->Args({128, 16})
+    ->Args({512, 32})
+    ->Args({512, 64})
+    ->Unit(benchmark::kMicrosecond);
+
+// Recall in the evaluation's shape (kvmem eval's default workload): 2
+// layers x 4 KV heads x 64 dims, both layers indexed, 32 tokens per frame,
+// 4-frame blocks with arg 1 token groups each (arg 0 blocks: 225 is a
+// 5-minute camera), a 2048-token window and a 614-token budget; arg 2 the
+// score (1 mass, 2 summed). Random keys: the cost, not the quality.
+void BM_EvalShapedRecall(benchmark::State& state) {
+  const uint64_t blocks = state.range(0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "kvmem-engine-bench-evalshape";
+  std::filesystem::remove_all(dir);
+  RocksColdStoreOptions so;
+  so.path = dir.string();
+  auto engine = *MemoryEngine::Open(*OpenRocksColdStore(so));
+  StreamConfig c;
+  c.geometry = {2, 4, 64, DType::kFp16, 32};
+  c.hot_window_tokens = 2048;
+  c.frames_per_block = 4;
+  c.groups_per_block = static_cast<uint32_t>(state.range(1));
+  c.default_max_tokens = 614;
+  c.weights.score = static_cast<ScoreMode>(state.range(2));
+  if (!engine->OpenStream("cam", c).ok()) {
+    state.SkipWithError("OpenStream failed");
+    return;
+  }
+  std::mt19937_64 rng(7);
+  const uint64_t frames = blocks * 4 + 2048 / 32;
+  for (uint64_t i = 0; i < frames; ++i) {
+    Frame f;
+    f.index = i;
+    f.first_token_position = i * 32;
+    f.token_count = 32;
+    f.payload = Fp16Of(rng, 2 * 2 * 4 * 32 * 64);
+    if (!engine->Append("cam", std::move(f)).ok()) {
+      state.SkipWithError("Append failed");
+      return;
+    }
+  }
+  engine->WaitForBackground();
+  std::vector<std::vector<float>> queries;
+  for (int i = 0; i < 64; ++i)
+    queries.push_back(testing::RandomQuery(rng, 512));
+  std::vector<double> us;
+  size_t i = 0;
+  for (auto _ : state) {
+    RecallQuery q;
+    q.query = queries[i++ % queries.size()];
+    for (float& x : q.query) x *= 3;  // Logits of a few units, as queries.
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = engine->Recall("cam", q);
+    us.push_back(std::chrono::duration<double, std::micro>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count());
+    if (!r.ok()) state.SkipWithError("Recall failed");
+  }
+  std::sort(us.begin(), us.end());
+  state.counters["p50_us"] = us[us.size() / 2];
+  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  state.SetLabel(c.weights.score == ScoreMode::kMass ? "mass" : "summed");
+  engine.reset();
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_EvalShapedRecall)
+    ->Args({225, 8, 1})
+    ->Args({225, 16, 1})
+    ->Args({225, 8, 2})
+    ->Args({225, 16, 2})
+    ->Unit(benchmark::kMicrosecond);
 
 // What server metrics add to every call (ServerMetrics::OnCallDone, run by
 // the interceptor) and to every recall (ObserveRecall): compare with the

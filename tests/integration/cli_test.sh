@@ -54,7 +54,7 @@ assert int(stats["degraded"]["blocks"]) > 0, stats
 rec = json.load(open(f"{d}/recall.json"))
 assert rec["top_k"] == 4, rec
 assert len(rec["blocks"]) >= 1, rec
-assert sum(b["token_count"] for b in rec["blocks"]) == rec["total_tokens"] <= rec["budget_tokens"], rec
+assert sum(len(b.get("token_offsets", [])) or b["token_count"] for b in rec["blocks"]) == rec["total_tokens"] <= rec["budget_tokens"], rec
 print("cli json checks passed")
 PY
 
@@ -72,7 +72,8 @@ python3 - "$tmp" "$(command -v gnuplot || true)" <<'PY'
 import json, os, sys
 d, gnuplot = sys.argv[1], sys.argv[2]
 ev = json.load(open(f"{d}/eval.json"))
-names = ["full", "streaming_llm", "window_lru", "h2o", "mean_key_topk", "kvmem"]
+names = ["full", "streaming_llm", "window_lru", "h2o", "mean_key_topk", "kvmem",
+         "kvmem_summed", "kvmem_no_lse", "oracle_tokens", "exact_keys_per_head"]
 keys = ["mass_recalled", "cold_mass_recalled", "output_cosine", "reid_success",
         "useless_hit_rate", "resident_bytes_peak", "stored_bytes_peak", "recall_p99_us"]
 assert sorted(ev["policies"]) == sorted(names), ev["policies"].keys()

@@ -73,7 +73,8 @@ warm_budget_bytes = 1048576
   EXPECT_THAT(r.output, HasSubstr("\nreplacement = \"lru\"\n"));
   EXPECT_THAT(r.output, HasSubstr("\nwarm_budget_bytes = 1048576\n"));
   // Unset defaults appear as comments with the built-in value.
-  EXPECT_THAT(r.output, HasSubstr("\n# index_factory = \"Flat\"\n"));
+  EXPECT_THAT(r.output, HasSubstr("\n# index_factory = \"Progressive\"\n"));
+  EXPECT_THAT(r.output, HasSubstr("\n# score = \"mass\"\n"));
   // Untouched flags keep their defaults.
   EXPECT_THAT(r.output, HasSubstr("\nlisten = \"127.0.0.1:50551\"\n"));
 

@@ -67,33 +67,49 @@ class ServerTest : public ::testing::Test {
     return testing::WireConfig(g, kWindow, kFpb, {1, 2});
   }
 
-  // Runs `n` random queries through `client` and checks each against the
-  // oracle; returns the responses for later comparison.
+  // Runs `n` random queries through `client` (one to three query vectors,
+  // with the front end's window log-sum-exp or kvmem's estimate) and checks
+  // each against the oracle; returns the responses for later comparison.
   std::vector<v1::RecallResponse> CheckRecalls(KvmemClient& client,
                                                const std::string& id,
                                                const StreamModel& model,
                                                uint64_t seed, int n) {
     std::mt19937_64 rng(seed);
+    std::normal_distribution<float> lse(4.0f, 2.0f);
+    const size_t heads = model.heads();
     std::vector<v1::RecallResponse> out;
     size_t returned = 0;
     for (int i = 0; i < n; ++i) {
       v1::RecallRequest req;
       req.set_stream_id(id);
-      const auto q = testing::RandomQuery(rng, model.summary_dim());
-      for (float x : q) req.add_query(x);
-      req.mutable_budget()->set_top_k(1 + i % 8);
+      std::vector<float> q, window;
+      for (int j = 0; j <= i % 3; ++j) {
+        for (float x : testing::RandomQuery(rng, model.summary_dim())) {
+          q.push_back(4 * x);
+        }
+      }
+      if (i % 2 == 0) {
+        for (size_t k = 0; k < q.size() / model.summary_dim() * heads; ++k) {
+          window.push_back(lse(rng));
+        }
+      }
+      req.mutable_query()->Assign(q.begin(), q.end());
+      req.mutable_window_lse()->Assign(window.begin(), window.end());
+      req.mutable_budget()->set_top_k(i % 3 == 2 ? 2 : 0);
       req.mutable_budget()->set_max_tokens(20 + 17 * i);
       v1::RecallResponse resp;
       grpc::Status s = client.Recall(req, &resp);
       EXPECT_TRUE(s.ok()) << s.error_message();
-      const auto want = model.Recall(q, 1 + i % 8, 20 + 17 * i);
+      const auto want =
+          model.MassRecall(q, window, i % 3 == 2 ? 2 : 0, 20 + 17 * i);
       EXPECT_EQ(resp.blocks_size(), static_cast<int>(want.size()));
+      EXPECT_EQ(resp.query_vectors(), 1u + i % 3);
+      EXPECT_EQ(resp.window_estimated(), window.empty());
       uint32_t tokens = 0;
       for (int j = 0;
            j < resp.blocks_size() && j < static_cast<int>(want.size()); ++j) {
         EXPECT_EQ(resp.blocks(j).block_id(), want[j].block_id);
-        EXPECT_NEAR(resp.blocks(j).score(), want[j].score,
-                    1e-4 * std::max(1.0, std::abs(want[j].score)));
+        EXPECT_NEAR(resp.blocks(j).mass(), want[j].mass, 1e-4 * want[j].mass);
         tokens += resp.blocks(j).token_count();
       }
       EXPECT_LE(tokens, 20u + 17 * i);

@@ -22,8 +22,8 @@ TEST(StreamConfigTest, DefaultsAndSizes) {
   EXPECT_EQ(c.indexed_layers, (std::vector<uint32_t>{0, 1, 2, 3}));
   EXPECT_EQ(c.default_max_tokens, 256u / 5);
   EXPECT_EQ(c.index_factory, "Progressive");
-  // About one token group per 16 tokens of a full block: 4 x 32 / 16.
-  EXPECT_EQ(c.groups_per_block, 8u);
+  // About one token group per 8 tokens of a full block: 4 x 32 / 8.
+  EXPECT_EQ(c.groups_per_block, 16u);
   EXPECT_EQ(c.weights.score, ScoreMode::kMass);
   EXPECT_EQ(c.default_top_k, 0u);  // No cap: the token budget is the limit.
   EXPECT_EQ(SummaryDim(c), 4u * 2 * 64);

@@ -32,7 +32,8 @@ from kvmem.messages import (AcceleratorStats, AppendAck,  # noqa: E402
                             LayerRecallSet, OpenStreamResponse, PayloadLayout,
                             PolicyStats, RecallBudget, RecallDefaults,
                             RecalledBlock, RecallPolicy, RecallResponse,
-                            RecallTiming, ReplacementPolicy, SegmentMode,
+                            RecallTiming, ReplacementPolicy, ScoreMode,
+                            SegmentMode,
                             StreamConfig, StreamGeometry, StreamStats, Tier,
                             TierPolicy, TierStats)
 from kvmem.client import (STREAM_ID_HEADER, Client, FetchedBlock,  # noqa: E402
@@ -47,6 +48,7 @@ __all__ = [
     "PermissionDeniedError", "PolicyStats", "RecallBudget", "RecallDefaults",
     "RecallPolicy", "RecallResponse", "RecallTiming", "RecalledBlock",
     "ReplacementPolicy", "ResourceExhaustedError", "STREAM_ID_HEADER",
+    "ScoreMode",
     "SegmentMode", "Session", "StreamConfig", "StreamGeometry", "StreamStats",
     "Tier", "TierPolicy", "TierStats", "UnauthenticatedError",
     "UnavailableError", "bf16_to_float32", "connect", "decode_kv",

@@ -94,12 +94,14 @@ def _frame_messages(header: "types_pb.FrameHeader", payload: bytes,
 def _recall_request(stream_id: str, query, *, top_k: int, max_tokens: int,
                     window_fraction: float, current_token_position: int,
                     signals: Optional[FrameSignals], per_layer: bool,
-                    priority: int) -> "pb.RecallRequest":
+                    priority: int, window_lse=None) -> "pb.RecallRequest":
     q = np.asarray(query, dtype=np.float32).ravel()
     req = pb.RecallRequest(stream_id=stream_id,
                            current_token_position=current_token_position,
                            per_layer=per_layer, priority=priority)
     req.query.extend(q.tolist())
+    if window_lse is not None:
+        req.window_lse.extend(np.asarray(window_lse, dtype=np.float32).ravel().tolist())
     req.budget.top_k = top_k
     req.budget.max_tokens = max_tokens
     req.budget.window_fraction = window_fraction
@@ -342,17 +344,22 @@ class Client:
     def recall(self, stream_id: str, query, *, top_k: int = 0, max_tokens: int = 0,
                window_fraction: float = 0.0, current_token_position: int = 0,
                signals: Optional[FrameSignals] = None, per_layer: bool = False,
-               priority: int = 0, timeout: Optional[float] = None) -> RecallResponse:
+               priority: int = 0, window_lse=None,
+               timeout: Optional[float] = None) -> RecallResponse:
         """The budgeted recall set for a query.
 
-        query: summary_dim floats, [indexed_layer][kv_head][head_dim] (any
-        array of that many elements; sent as fp32). Zero budget fields take
-        the stream's defaults.
+        query: one or more query vectors of summary_dim floats each,
+        [indexed_layer][kv_head][head_dim] (any array of n * summary_dim
+        elements, e.g. shape (n, summary_dim); sent as fp32). window_lse:
+        optional, n * (indexed layers x kv_heads) log-sum-exps of each vector
+        over what the front end holds (kvmem.v1.RecallRequest.window_lse).
+        Zero budget fields take the stream's defaults.
         """
         req = _recall_request(stream_id, query, top_k=top_k, max_tokens=max_tokens,
                               window_fraction=window_fraction,
                               current_token_position=current_token_position,
-                              signals=signals, per_layer=per_layer, priority=priority)
+                              signals=signals, per_layer=per_layer, priority=priority,
+                              window_lse=window_lse)
         return from_proto(RecallResponse,
                           self._call(self._stub.Recall, req, stream_id, timeout))
 
@@ -530,12 +537,13 @@ class Session:
     def recall(self, query, *, top_k: int = 0, max_tokens: int = 0,
                window_fraction: float = 0.0, current_token_position: int = 0,
                signals: Optional[FrameSignals] = None, per_layer: bool = False,
-               priority: int = 0) -> RecallResponse:
+               priority: int = 0, window_lse=None) -> RecallResponse:
         """Client.recall over the session."""
         req = _recall_request("", query, top_k=top_k, max_tokens=max_tokens,
                               window_fraction=window_fraction,
                               current_token_position=current_token_position,
-                              signals=signals, per_layer=per_layer, priority=priority)
+                              signals=signals, per_layer=per_layer, priority=priority,
+                              window_lse=window_lse)
         resp = self._exchange(pb.SessionRequest(recall=req), wait=True)
         return from_proto(RecallResponse, resp.recall)
 

@@ -47,6 +47,15 @@ class ReplacementPolicy(enum.IntEnum):
     HEAT = 2
 
 
+class ScoreMode(enum.IntEnum):
+    """How recall scores candidates: MASS (estimated attention mass per KV
+    head, the default) or SUMMED (raw logits summed over heads)."""
+
+    UNSPECIFIED = 0
+    MASS = 1
+    SUMMED = 2
+
+
 class Tier(enum.IntEnum):
     UNSPECIFIED = 0
     WARM = 1
@@ -69,6 +78,7 @@ PROTO_ENUMS: dict[type, str] = {
     DType: "DType",
     SegmentMode: "SegmentMode",
     ReplacementPolicy: "ReplacementPolicy",
+    ScoreMode: "ScoreMode",
     Tier: "Tier",
     PayloadLayout: "PayloadLayout",
 }
@@ -121,6 +131,7 @@ class RecallPolicy:
     track_weight: float = 0.0
     iou_weight: float = 0.0
     scene_weight: float = 0.0
+    score: ScoreMode = ScoreMode.UNSPECIFIED
 
 
 @dataclass
@@ -191,6 +202,7 @@ class RecalledBlock:
     priority: float = 0.0
     semantic_score: float = 0.0
     token_offsets: list[int] = field(default_factory=list)
+    mass: float = 0.0
 
     @property
     def recalled_tokens(self) -> int:
@@ -235,6 +247,9 @@ class RecallResponse:
     top_k: int = 0
     timing: RecallTiming = field(default_factory=RecallTiming)
     layer_sets: list[LayerRecallSet] = field(default_factory=list)
+    recalled_mass: float = 0.0
+    window_estimated: bool = False
+    query_vectors: int = 0
 
     @property
     def block_ids(self) -> list[int]:

@@ -23,12 +23,17 @@ HOT_WINDOW = 16
 TOKENS = [8, 5, 8, 3, 1, 8, 7, 2, 6, 4]  # Per frame; FIXED blocks of 2 frames.
 
 
-def config(dtype=kvmem.DType.FP16, hot_window=HOT_WINDOW) -> kvmem.StreamConfig:
+def config(dtype=kvmem.DType.FP16, hot_window=HOT_WINDOW,
+           score=kvmem.ScoreMode.SUMMED) -> kvmem.StreamConfig:
+    """Whole blocks (no token groups), so summary() is what is indexed; the
+    summed score by default, which these tests rank by."""
     return kvmem.StreamConfig(
         geometry=kvmem.StreamGeometry(layers=LAYERS, kv_heads=HEADS, head_dim=DIM,
                                       dtype=dtype, max_tokens_per_frame=MAX_TOKENS),
         hot_window_tokens=hot_window,
-        block_policy=kvmem.BlockPolicy(frames_per_block=2, mode=kvmem.SegmentMode.FIXED))
+        block_policy=kvmem.BlockPolicy(frames_per_block=2, mode=kvmem.SegmentMode.FIXED),
+        index_policy=kvmem.IndexPolicy(groups_per_block=1),
+        recall_policy=kvmem.RecallPolicy(score=score))
 
 
 def frames(seed: int, tokens=TOKENS, dtype=np.float16) -> list[np.ndarray]:
@@ -125,6 +130,43 @@ class RealServerTest(unittest.TestCase):
                               layers=[2, 0], max_chunk_bytes=100)
         self.assertEqual(b.kv.shape, (2, 2, HEADS, TOKENS[2] + TOKENS[3], DIM))
         np.testing.assert_array_equal(b.kv, np.concatenate(fs[2:4], axis=3)[[2, 0]])
+
+    def test_mass_recall_with_query_vectors_and_window(self):
+        # Score MASS (the default) on an exact index: the per-head softmax
+        # estimate computed here with numpy, for two query vectors and the
+        # front end's window log-sum-exps.
+        cfg = config(score=kvmem.ScoreMode.MASS)
+        cfg.index_policy.index_factory = "Flat"
+        fs = self._stream("mass", seed=4, cfg=cfg)
+        rng = np.random.default_rng(5)
+        queries = 3 * rng.standard_normal((2, LAYERS * HEADS * DIM)).astype(np.float32)
+        window = rng.normal(3.0, 1.0, (2, LAYERS * HEADS)).astype(np.float32)
+        starts = np.concatenate([[0], np.cumsum(TOKENS)])
+        end = int(starts[-1])
+        eligible = [b for b in range(5) if starts[2 * b + 2] <= end - HOT_WINDOW]
+        tokens = {b: TOKENS[2 * b] + TOKENS[2 * b + 1] for b in eligible}
+        mean = {b: summary(fs[2 * b:2 * b + 2]).reshape(LAYERS * HEADS, DIM)
+                for b in eligible}
+        density = {b: 0.0 for b in eligible}
+        for q, w in zip(queries.reshape(2, LAYERS * HEADS, DIM), window):
+            z = {b: (mean[b] * q).sum(axis=1) / np.sqrt(DIM) for b in eligible}
+            norm = np.exp(w.astype(np.float64)) + sum(tokens[b] * np.exp(z[b])
+                                                      for b in eligible)
+            for b in eligible:
+                density[b] += float(np.mean(np.exp(z[b]) / norm)) / 2
+        ranked = sorted(eligible, key=lambda b: -density[b])
+
+        r = self.client.recall("mass", queries, max_tokens=1000, window_lse=window)
+        self.assertEqual(r.query_vectors, 2)
+        self.assertFalse(r.window_estimated)
+        self.assertEqual(r.block_ids, ranked)
+        for blk in r.blocks:
+            want = density[blk.block_id] * tokens[blk.block_id]
+            self.assertAlmostEqual(blk.mass, want, delta=1e-4 * want)
+            self.assertAlmostEqual(blk.gate_weight, blk.mass / r.recalled_mass,
+                                   places=5)
+        with self.assertRaises(kvmem.InvalidArgumentError):
+            self.client.recall("mass", queries, window_lse=window[0])
 
     def test_recall_budgets_and_scores(self):
         fs = self._stream("rc", seed=2)

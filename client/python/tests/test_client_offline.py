@@ -41,7 +41,8 @@ class MirrorTest(unittest.TestCase):
                     service_pb2.DESCRIPTOR.enum_types_by_name[name]
                 prefix = {"DType": "DTYPE_", "PayloadLayout": "PAYLOAD_LAYOUT_",
                           "SegmentMode": "SEGMENT_MODE_", "Tier": "TIER_",
-                          "ReplacementPolicy": "REPLACEMENT_POLICY_"}[name]
+                          "ReplacementPolicy": "REPLACEMENT_POLICY_",
+                          "ScoreMode": "SCORE_MODE_"}[name]
                 self.assertEqual({prefix + m.name: int(m) for m in cls},
                                  {v.name: v.number for v in proto.values})
 

@@ -1,0 +1,253 @@
+// Recall by estimated attention mass (score MASS) through a real engine over
+// RocksDB, against StreamModel::MassRecall, the formula computed directly:
+// the same blocks in the same order with the same masses, with the front
+// end's window log-sum-exp and with kvmem's own estimate, one or several
+// query vectors, per-layer sets; on the exact (Flat) and the int8-bounded
+// (Progressive) index. Budgets, windows, gates and token groups.
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "engine/memory_engine.h"
+#include "engine/stream_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine_fixture.h"
+
+namespace kvmem {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::StreamModel;
+
+constexpr uint32_t kFpb = 3, kWindow = 40;
+
+StreamConfig MassConfig(const testing::TestGeometry& g,
+                        const std::string& index) {
+  StreamConfig c = testing::TestConfig(g, kWindow, kFpb);
+  c.weights.score = ScoreMode::kMass;
+  c.index_factory = index;
+  return c;
+}
+
+std::vector<float> Scaled(std::vector<float> v, float k) {
+  for (float& x : v) x *= k;
+  return v;
+}
+
+class MassRecallTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MassRecallTest, MatchesTheFormulaComputedDirectly) {
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", MassConfig(g, GetParam())).ok());
+  StreamModel model(g, kFpb, kWindow, {2, 0});
+  std::mt19937_64 rng(21);
+  // 61 frames of 4 tokens: 20 sealed blocks of 12 tokens and an open one.
+  for (uint64_t f = 0; f < 61; ++f) {
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f)).ok());
+  }
+  const size_t dim = model.summary_dim(), heads = dim / g.head_dim;
+  // Progressive computes each head's normaliser from its int8 scores
+  // (within their proven bound), so its masses are close, not equal.
+  const double tol = GetParam() == "Flat" ? 1e-4 : 2e-2;
+  std::normal_distribution<float> lse(4.0f, 2.0f);
+  size_t compared = 0;
+  for (int i = 0; i < 40; ++i) {
+    const uint32_t vectors = 1 + i % 3;
+    RecallQuery q;
+    for (uint32_t j = 0; j < vectors; ++j) {
+      const auto v = Scaled(testing::RandomQuery(rng, dim), 4.0f);
+      q.query.insert(q.query.end(), v.begin(), v.end());
+    }
+    if (i % 2 == 0) {  // The front end's window; else kvmem's estimate.
+      for (size_t k = 0; k < vectors * heads; ++k)
+        q.window_lse.push_back(lse(rng));
+    }
+    q.top_k = i % 4 == 1 ? 2 : 0;
+    q.max_tokens = 10 + 9 * i;
+    auto got = e->Recall("s", q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::map<uint64_t, double> density;
+    const auto want = model.MassRecall(q.query, q.window_lse, q.top_k,
+                                       q.max_tokens, 0, 0, &density);
+    EXPECT_EQ(got->query_vectors, vectors);
+    EXPECT_EQ(got->window_estimated, q.window_lse.empty());
+    uint32_t tokens = 0;
+    double mass = 0, gates = 0, true_mass = 0, want_mass = 0;
+    for (const RecalledBlock& b : got->blocks) {
+      ASSERT_TRUE(density.count(b.block.id))
+          << "not recallable: " << b.block.id;
+      true_mass += density[b.block.id] * b.block.token_count;
+      EXPECT_NEAR(b.mass, density[b.block.id] * b.block.token_count,
+                  tol * b.mass + 1e-12);
+      EXPECT_TRUE(b.token_offsets.empty());
+      tokens += b.block.token_count;
+      mass += b.mass;
+      gates += b.gate_weight;
+    }
+    for (const auto& h : want) want_mass += h.mass;
+    if (GetParam() == "Flat") {  // Exact: the formula's very blocks.
+      ASSERT_EQ(got->blocks.size(), want.size()) << "query " << i;
+      for (size_t j = 0; j < want.size(); ++j) {
+        EXPECT_EQ(got->blocks[j].block.id, want[j].block_id)
+            << "query " << i << " rank " << j;
+      }
+    } else {  // Close blocks may swap; the set holds as much mass.
+      EXPECT_GE(true_mass, 0.99 * want_mass) << "query " << i;
+    }
+    // Gates at temperature 1: each block's share of the set's mass.
+    for (const RecalledBlock& b : got->blocks) {
+      EXPECT_NEAR(b.gate_weight, b.mass / mass, 1e-5);
+    }
+    if (!want.empty()) {
+      EXPECT_NEAR(gates, 1.0, 1e-5);
+    }
+    EXPECT_NEAR(got->recalled_mass, mass, 1e-5 * mass + 1e-12);
+    EXPECT_LE(tokens, q.max_tokens);
+    EXPECT_EQ(tokens, got->total_tokens);
+    if (q.top_k > 0) {
+      EXPECT_LE(got->blocks.size(), q.top_k);
+    }
+    compared += got->blocks.size();
+  }
+  EXPECT_GT(compared, 50u);
+}
+
+TEST_P(MassRecallTest, PerLayerSetsScoreEachLayersHeads) {
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", MassConfig(g, GetParam())).ok());
+  StreamModel model(g, kFpb, kWindow, {2, 0});
+  std::mt19937_64 rng(22);
+  for (uint64_t f = 0; f < 40; ++f) {
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f)).ok());
+  }
+  const size_t dim = model.summary_dim(), kv = g.kv_heads;
+  const double tol = GetParam() == "Flat" ? 1e-4 : 2e-2;
+  for (int i = 0; i < 10; ++i) {
+    RecallQuery q;
+    q.query = Scaled(testing::RandomQuery(rng, dim), 4.0f);
+    q.window_lse.assign(dim / g.head_dim, 3.0f);
+    q.max_tokens = 30;
+    q.per_layer = true;
+    auto got = e->Recall("s", q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->layer_sets.size(), 2u);
+    for (size_t li = 0; li < 2; ++li) {
+      EXPECT_EQ(got->layer_sets[li].layer, li == 0 ? 2u : 0u);
+      const auto want = model.MassRecall(q.query, q.window_lse, 0, 30, li * kv,
+                                         (li + 1) * kv);
+      const auto& set = got->layer_sets[li].blocks;
+      double got_mass = 0, want_mass = 0;
+      for (const auto& b : set) got_mass += b.mass;
+      for (const auto& h : want) want_mass += h.mass;
+      EXPECT_NEAR(got_mass, want_mass, tol * want_mass + 1e-12);
+      if (GetParam() == "Flat") {
+        ASSERT_EQ(set.size(), want.size()) << "query " << i << " layer " << li;
+        for (size_t j = 0; j < want.size(); ++j) {
+          EXPECT_EQ(set[j].block.id, want[j].block_id);
+          EXPECT_NEAR(set[j].mass, want[j].mass, tol * want[j].mass + 1e-12);
+        }
+      }
+    }
+    EXPECT_TRUE(got->blocks.empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Indexes, MassRecallTest,
+                         ::testing::Values("Flat", "Progressive"));
+
+TEST(MassRecallGroupsTest, FillsTheBudgetOutsideTheWindow) {
+  // Token groups of unequal sizes: the set never exceeds the budget, never
+  // holds window tokens, and stops only when no unrecalled group fits what
+  // is left.
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = MassConfig(g, "Progressive");
+  c.groups_per_block = 0;  // The default: about one per 8 tokens.
+  c.hot_window_tokens = 48;
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  ASSERT_EQ((*e->GetStats("s")).config.groups_per_block, 6u);  // 3 x 16 / 8.
+  StreamModel model(g, kFpb, 48, {2, 0});
+  std::mt19937_64 rng(23);
+  std::uniform_int_distribution<uint32_t> tokens(1, 16);
+  for (uint64_t f = 0; f < 90; ++f) {
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(model.AddFrame(rng, tokens(rng)), f))
+            .ok());
+  }
+  const uint64_t window_start = model.next_pos() - 48;
+  for (int i = 0; i < 30; ++i) {
+    RecallQuery q;
+    q.query = Scaled(testing::RandomQuery(rng, model.summary_dim()), 3.0f);
+    q.max_tokens = 5 + 17 * i;
+    auto r = e->Recall("s", q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    uint32_t used = 0;
+    std::set<std::pair<uint64_t, uint32_t>> taken;
+    for (const RecalledBlock& b : r->blocks) {
+      EXPECT_LE(b.block.end_token_position, window_start);
+      used += RecalledTokens(b);
+      for (uint32_t t : b.token_offsets) {
+        EXPECT_LT(t, b.block.token_count);
+        taken.emplace(b.block.id, t);
+      }
+    }
+    EXPECT_EQ(used, r->total_tokens);
+    ASSERT_LE(used, q.max_tokens) << "query " << i;
+    // What is left is smaller than every token group not taken.
+    const auto stats = *e->GetStats("s");
+    uint64_t eligible_tokens = 0;
+    for (uint64_t id = 0; id < stats.sealed_blocks; ++id) {
+      const BlockInfo info = *(*e->Find("s"))->GetBlock(id);
+      if (info.end_token_position <= window_start) {
+        eligible_tokens += info.token_count;
+      }
+    }
+    if (eligible_tokens >= q.max_tokens + 16) {
+      EXPECT_GT(used + 16, q.max_tokens) << "query " << i;
+    }
+  }
+}
+
+TEST(MassRecallValidationTest, QueryVectorsAndWindowSumsAreChecked) {
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", MassConfig(g, "Progressive")).ok());
+  const size_t dim = 2 * g.kv_heads * g.head_dim;
+  std::mt19937_64 rng(24);
+  RecallQuery q;
+  q.query = testing::RandomQuery(rng, dim + 3);
+  auto r = e->Recall("s", q);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("query has 67 floats"));
+  q.query.assign(dim * 65, 0.5f);
+  r = e->Recall("s", q);
+  EXPECT_THAT(r.status().message(), HasSubstr("n in [1, 64]"));
+  q.query = testing::RandomQuery(rng, 2 * dim);
+  q.window_lse.assign(3, 1.0f);
+  r = e->Recall("s", q);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("window_lse has 3 floats"));
+  EXPECT_THAT(r.status().message(), HasSubstr("expects 8"));
+  q.window_lse.assign(8, 1.0f);
+  q.window_lse[5] = NAN;
+  r = e->Recall("s", q);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("window_lse"));
+  q.window_lse[5] = 1.0f;
+  r = e->Recall("s", q);
+  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->query_vectors, 2u);
+}
+
+}  // namespace
+}  // namespace kvmem
