@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -103,12 +102,13 @@ ABSL_FLAG(bool, fixed_blocks, false,
 ABSL_FLAG(bool, no_window_lse, false,
           "eval: the kvmem policy does not send its window's log-sum-exp "
           "(kvmem estimates it).");
-ABSL_FLAG(std::string, kvmem_variants, "kvmem_summed,kvmem_no_lse",
+ABSL_FLAG(std::string, kvmem_variants,
+          "kvmem_summed,kvmem_no_lse,kvmem_per_head",
           "eval: kvmem variants run beside kvmem, comma-separated: "
           "kvmem_summed (before per-head scoring), kvmem_no_lse (no window "
           "log-sum-exp sent), kvmem_blocks (no token groups), "
           "kvmem_group_mean (each GQA group's mean query, not one vector "
-          "per query head).");
+          "per query head), kvmem_per_head (a recall set per KV head).");
 
 ABSL_DECLARE_FLAG(int, cameras);
 ABSL_DECLARE_FLAG(int, frames);
@@ -159,22 +159,19 @@ int RunMatrix(EvalOptions o) {
     std::fprintf(stderr, "kvmem eval: %s\n", m.status().ToString().c_str());
     return m.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  std::vector<std::string> files;
   if (!out_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(out_dir, ec);
-    for (const auto& [name, text] :
-         {std::pair<std::string, std::string>{"matrix.md", MatrixTable(*m)},
-          {"matrix.json", MatrixJson(*m)}}) {
-      std::ofstream f(std::filesystem::path(out_dir) / name);
-      f << text;
-      if (!f) {
-        std::fprintf(stderr, "kvmem eval: cannot write %s/%s\n",
-                     out_dir.c_str(), name.c_str());
-        return 1;
-      }
+    if (absl::Status s = WriteMatrixReport(out_dir, *m, &files); !s.ok()) {
+      std::fprintf(stderr, "kvmem eval: %s\n", s.ToString().c_str());
+      return 1;
     }
   }
-  std::cout << (absl::GetFlag(FLAGS_json) ? MatrixJson(*m) : MatrixTable(*m));
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << MatrixJson(*m);
+  } else {
+    std::cout << MatrixTable(*m);
+    for (const auto& f : files) std::printf("wrote %s\n", f.c_str());
+  }
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <ostream>
 
 #include "absl/strings/str_cat.h"
@@ -124,11 +125,13 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
     k.groups_per_block = 1;
   } else if (name == "kvmem_group_mean") {
     k.query_heads = false;
+  } else if (name == "kvmem_per_head") {
+    k.per_head = true;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown kvmem variant \"", name,
-        "\"; use kvmem_summed, kvmem_no_lse, kvmem_blocks or "
-        "kvmem_group_mean"));
+        "\"; use kvmem_summed, kvmem_no_lse, kvmem_blocks, kvmem_group_mean "
+        "or kvmem_per_head"));
   }
   return k;
 }
@@ -207,6 +210,8 @@ void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
     const std::vector<float>& p = t.probs[qh];
     const size_t kvh = qh / t.group;
     const float* values = cam.values.data() + kvh * d;
+    const std::vector<Span>& recalled =
+        sel.head_recalled.empty() ? sel.recalled : sel.head_recalled[kvh];
     auto attend = [&](const std::vector<Span>& spans, double* m) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       *m = 0;
@@ -221,7 +226,7 @@ void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
     if (sel.everything) {
       y = ref;
     } else {
-      attend(sel.recalled, &m);
+      attend(recalled, &m);
       m += t.base_mass[qh];
       for (size_t j = 0; j < d; ++j) {
         y[j] = (t.base_out[qh][j] + acc[j]) / std::max(m, 1e-30);
@@ -257,6 +262,32 @@ void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
     row->gated_rel_error = static_cast<float>(grel / t.query_heads);
     row->estimated_mass = sel.estimated_mass;
   }
+}
+
+// The cold mass the best shared set of R tokens holds (by mean attention
+// over query heads) and the best set per query head (each head's own R),
+// both averaged over query heads, added to *per_head and *shared; the cold
+// mass in all to *pool.
+void OracleSets(const QueryTruth& t, uint64_t n, const PolicyBudget& b,
+                uint64_t sink_tokens, double* per_head, double* shared,
+                double* pool) {
+  const uint64_t lo = std::min<uint64_t>(sink_tokens, n);
+  const uint64_t hi = std::max(lo, b.WindowStart(n));
+  if (hi <= lo) return;
+  *pool += t.prefix[hi] - t.prefix[lo];
+  const size_t r = std::min<uint64_t>(b.recall, hi - lo);
+  std::vector<double> v;
+  auto top_sum = [&](const auto& score) {
+    v.assign(score.begin() + lo, score.begin() + hi);
+    std::nth_element(v.begin(), v.begin() + (r - 1), v.end(),
+                     std::greater<double>());
+    return std::accumulate(v.begin(), v.begin() + r, 0.0);
+  };
+  if (r == 0) return;
+  *shared += top_sum(t.pbar);
+  double heads = 0;
+  for (const auto& p : t.probs) heads += top_sum(p);
+  *per_head += heads / t.probs.size();
 }
 
 // Summary of one configuration's policy over its rows.
@@ -431,7 +462,9 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
         req.send_budget = ki != 0;  // kvmem: the stream's default budget.
         req.window_lse = knobs.window_lse;
         req.query_heads = knobs.query_heads;
+        req.per_head = knobs.per_head;
         req.head_dim = w.head_dim;
+        req.kv_heads = w.kv_heads;
         auto k = MakeKvmemPolicy(name, c.budget, backend.get(), id,
                                  KvmemConfig(knobs, w, window, c.budget.recall),
                                  req);
@@ -468,6 +501,7 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
   std::vector<std::vector<uint64_t>> resident_peak(
       configs.size(), std::vector<uint64_t>(num_policies, 0));
   auto stored_peak = resident_peak;
+  double per_head_hit = 0, shared_hit = 0, cold_pool = 0;
   QueryTruth t;
   t.query_heads = kv_heads * group;
   t.group = group;
@@ -509,6 +543,8 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
         }
         QueryOracle oracle;
         oracle.attention = &t.pbar;
+        OracleSets(t, n, configs[result.primary].budget, ct.sink_tokens,
+                   &per_head_hit, &shared_hit, &cold_pool);
         uint32_t base_window = UINT32_MAX;
         for (size_t ci = 0; ci < configs.size(); ++ci) {
           Config& cfg = configs[ci];
@@ -557,9 +593,26 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
             row.latency_us = !timed ? 0.0f : sel.latency_us >= 0 ? sel.latency_us : us;
             row.cold_total = static_cast<float>(cold_total);
             double hit = 0;
-            for (const Span& sp : sel.recalled) {
-              hit += Sum(t.prefix, sp.begin, sp.end);
-              row.injected += static_cast<uint32_t>(sp.size());
+            if (sel.head_recalled.empty()) {
+              for (const Span& sp : sel.recalled) {
+                hit += Sum(t.prefix, sp.begin, sp.end);
+                row.injected += static_cast<uint32_t>(sp.size());
+              }
+            } else {  // Each query head reads its KV head's own set.
+              uint64_t tokens = 0;
+              for (uint32_t qh = 0; qh < t.query_heads; ++qh) {
+                for (const Span& sp : sel.head_recalled[qh / group]) {
+                  for (uint64_t i = sp.begin; i < sp.end; ++i) {
+                    hit += t.probs[qh][i];
+                  }
+                }
+              }
+              hit /= t.query_heads;
+              for (const auto& set : sel.head_recalled) {
+                for (const Span& sp : set) tokens += sp.size();
+              }
+              row.injected =
+                  static_cast<uint32_t>(tokens / sel.head_recalled.size());
             }
             row.cold_hit = static_cast<float>(hit);
             ScoreOutputs(t, ct, sel, &row);
@@ -638,6 +691,10 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
       cs.policies.push_back(ps);
     }
     result.configs.push_back(std::move(cs));
+  }
+  if (cold_pool > 0) {
+    result.oracle_shared_cold_mass = shared_hit / cold_pool;
+    result.oracle_per_head_cold_mass = per_head_hit / cold_pool;
   }
   result.frames = w.frames;
   for (const auto& c : cam) result.tokens += c.tokens;

@@ -69,6 +69,8 @@ struct KvmemKnobs {
   // With grouped-query attention, one query vector per query head (what
   // the front end attends with); else each group's mean.
   bool query_heads = true;
+  // A recall set per KV head (RecallRequest.per_head) instead of one set.
+  bool per_head = false;
 };
 
 // kvmem before per-head scoring, as this evaluation ran it: summed logits,
@@ -77,7 +79,8 @@ struct KvmemKnobs {
 KvmemKnobs SummedKnobs();
 // The knobs of a named variant of `base`: kvmem_summed (SummedKnobs),
 // kvmem_no_lse (no window log-sum-exp sent), kvmem_blocks (no token
-// groups), kvmem_group_mean (each GQA group's mean query, one vector).
+// groups), kvmem_group_mean (each GQA group's mean query, one vector),
+// kvmem_per_head (a set per KV head).
 absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
                                         const KvmemKnobs& base);
 
@@ -186,6 +189,11 @@ struct EvalResult {
   std::string kvmem_path;  // "in-process" or the server target.
   std::vector<std::string> files;
   std::vector<std::string> notes;  // Targets missed, skipped plots.
+  // Shared or per-head recall sets, at the oracle (primary configuration):
+  // the cold mass of the R cold tokens of most attention averaged over query
+  // heads (one set for every head, as kvmem returns) against each query
+  // head's own R best (a set per head), pooled over queries.
+  double oracle_shared_cold_mass = 0, oracle_per_head_cold_mass = 0;
   // With record_kvmem_sets: per query of the primary config, in run order,
   // the token spans kvmem recalled.
   std::vector<std::vector<Span>> kvmem_sets;
@@ -237,7 +245,14 @@ absl::StatusOr<MatrixResult> RunEvalMatrix(
     const std::vector<MatrixCell>& cells,
     const std::function<void(int, int)>& on_cell);
 std::string MatrixTable(const MatrixResult& m);
+// Every cell's `policies` (as the default run's JSON) and a `summary` per
+// cell: kvmem against the references and the goals.
 std::string MatrixJson(const MatrixResult& m);
+// matrix.md, matrix.json, matrix.csv and (through gnuplot) matrix.png in
+// out_dir; the paths written go to *files.
+absl::Status WriteMatrixReport(const std::string& out_dir,
+                               const MatrixResult& m,
+                               std::vector<std::string>* files);
 
 }  // namespace kvmem
 

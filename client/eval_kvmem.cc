@@ -86,6 +86,7 @@ class KvmemPolicy : public EvalPolicy {
       *req.mutable_window_lse() = {lse.begin(), lse.end()};
     }
     if (request_.send_budget) req.mutable_budget()->set_max_tokens(b_.recall);
+    req.set_per_head(request_.per_head);
     req.mutable_budget()->set_top_k(request_.top_k);
     *req.mutable_signals() = q.signals;
     v1::RecallResponse resp;
@@ -95,8 +96,9 @@ class KvmemPolicy : public EvalPolicy {
     out->latency_us = std::chrono::duration<float, std::micro>(
                           std::chrono::steady_clock::now() - t0)
                           .count();
-    std::vector<Span> spans;
     const uint64_t lo = cam.sink_tokens;
+    if (request_.per_head) return PerHeadSets(resp, cam, ws, out);
+    std::vector<Span> spans;
     for (const v1::RecalledBlock& blk : resp.blocks()) {
       const Span whole{blk.first_token_position(), blk.end_token_position()};
       out->units.push_back(whole);
@@ -136,6 +138,39 @@ class KvmemPolicy : public EvalPolicy {
   uint64_t StoredBytes(const CameraTokens&) const override { return stored_; }
 
  private:
+  // A set per KV head: each head's spans (clipped), and their union.
+  absl::Status PerHeadSets(const v1::RecallResponse& resp,
+                           const CameraTokens& cam, uint64_t ws,
+                           Selection* out) {
+    const size_t heads = cam.per_token / request_.head_dim;
+    out->head_recalled.assign(heads, {});
+    std::vector<Span> all;
+    for (const v1::LayerRecallSet& set : resp.layer_sets()) {
+      const size_t h = set.layer() * request_.kv_heads + set.kv_head();
+      if (h >= heads) return absl::InternalError("layer set beyond the heads");
+      std::vector<Span> spans;
+      for (const v1::RecalledBlock& blk : set.blocks()) {
+        const Span whole{blk.first_token_position(), blk.end_token_position()};
+        if (blk.token_offsets().empty()) {
+          spans.push_back(whole);
+        } else {
+          for (uint32_t off : blk.token_offsets()) {
+            spans.push_back({whole.begin + off, whole.begin + off + 1});
+          }
+        }
+      }
+      for (const Span& sp : spans) {
+        if (sp.end > ws) out->violations |= 2;
+      }
+      if (TotalTokens(spans) > b_.recall) out->violations |= 1;
+      out->head_recalled[h] = ClipMerge(spans, cam.sink_tokens, ws);
+      all.insert(all.end(), spans.begin(), spans.end());
+    }
+    out->recalled = ClipMerge(std::move(all), cam.sink_tokens, ws);
+    recalled_now_ = TotalTokens(out->recalled);
+    return absl::OkStatus();
+  }
+
   std::string name_;
   PolicyBudget b_;
   KvmemBackend* backend_;

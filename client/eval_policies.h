@@ -79,6 +79,9 @@ struct Selection {
   // When >= 0, the selection's own time (kvmem: the recall call, without
   // the front end's window log-sum-exp), else the runner times Select.
   float latency_us = -1;
+  // kvmem with per-head sets: the tokens each KV head ([layer][kv_head])
+  // attends besides sinks and window; `recalled` is then their union.
+  std::vector<std::vector<Span>> head_recalled;
 };
 
 // What the runner knows of a query besides the workload: the oracle's
@@ -148,7 +151,9 @@ struct KvmemRequestOptions {
   bool send_budget = true;   // Else max_tokens 0: the stream's default.
   bool window_lse = true;    // Send the sinks + window log-sum-exp.
   bool query_heads = false;  // One vector per query head, not the mean.
+  bool per_head = false;     // A recall set per KV head.
   uint32_t head_dim = 0;
+  uint32_t kv_heads = 0;     // Per layer (per_head sets' index).
 };
 // The stream is opened on `backend` (not owned) as `stream_id` with config;
 // `name` is the policy's.

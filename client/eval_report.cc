@@ -119,9 +119,11 @@ std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
       "  \"window_tokens\": %d, \"recall_tokens\": %d, \"recall_fraction\": "
       "%g, \"kvmem_path\": \"%s\", \"kvmem_blocks\": %d, "
       "\"index_rebuilds\": %d, \"rebuild_periods_per_camera\": %.1f, "
-      "\"seconds\": %.1f,\n",
+      "\"seconds\": %.1f,\n  \"oracle_shared_cold_mass\": %.4f, "
+      "\"oracle_per_head_cold_mass\": %.4f,\n",
       c.window, c.recall, c.fraction, r.kvmem_path, c.kvmem_blocks,
-      c.kvmem_rebuilds, r.rebuild_periods, r.seconds);
+      c.kvmem_rebuilds, r.rebuild_periods, r.seconds,
+      r.oracle_shared_cold_mass, r.oracle_per_head_cold_mass);
   auto policy_json = [](const PolicySummary& p) {
     return absl::StrFormat(
         "{\"mass_recalled\": %.4f, \"cold_mass_recalled\": %.4f, "

@@ -236,6 +236,8 @@ void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
     for (uint32_t li = 0; li < heads / kv; ++li) {
       in.ranges.emplace_back(li * kv, (li + 1) * kv);
     }
+  } else if (q.per_head) {
+    for (uint32_t h = 0; h < heads; ++h) in.ranges.emplace_back(h, h + 1);
   } else {
     in.ranges.emplace_back(0, heads);
   }
@@ -246,8 +248,10 @@ void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
     LayerRecallSet set = FillByMass(q, eligible, rows, ri, *r);
     float mass = 0;
     for (const RecalledBlock& b : set.blocks) mass += b.mass;
-    if (q.per_layer) {
-      set.layer = config_.indexed_layers[ri];
+    if (q.per_layer || q.per_head) {
+      const uint32_t h0 = rows.ranges[ri].first;
+      set.layer = config_.indexed_layers[h0 / kv];
+      set.kv_head = q.per_head ? h0 % kv : 0;
       r->recalled_mass += mass / static_cast<float>(rows.ranges.size());
       r->layer_sets.push_back(std::move(set));
     } else {

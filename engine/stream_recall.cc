@@ -301,6 +301,12 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     KVMEM_RETURN_IF_ERROR(CheckFinite("window_lse", q.window_lse));
   }
   KVMEM_RETURN_IF_ERROR(ValidateSignals("signals", q.signals));
+  if (q.per_head && (q.per_layer || config_.weights.score != ScoreMode::kMass)) {
+    return absl::InvalidArgumentError(
+        q.per_layer ? "per_head and per_layer are both set; ask for one"
+                    : absl::StrCat("per_head needs score MASS; stream \"", id_,
+                                   "\" scores SUMMED"));
+  }
   if (!(q.window_fraction >= 0.0f && q.window_fraction <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("budget.window_fraction is ",
                                                    q.window_fraction,

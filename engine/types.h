@@ -129,6 +129,7 @@ struct RecallQuery {
   uint64_t current_token_position = 0;  // 0: newest appended token.
   float window_fraction = 0;            // Budget as a fraction of the window.
   bool per_layer = false;
+  bool per_head = false;  // Score mass: a set per indexed layer and KV head.
   FrameSignals signals;
   // Served first when recalls of several streams contend for the
   // accelerator (the sim's queue); higher first.
@@ -170,6 +171,7 @@ inline uint32_t RecalledTokens(const RecalledBlock& b) {
 
 struct LayerRecallSet {
   uint32_t layer = 0;
+  uint32_t kv_head = 0;  // per_head sets.
   std::vector<RecalledBlock> blocks;
   uint32_t total_tokens = 0;
 };

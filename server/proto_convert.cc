@@ -61,6 +61,7 @@ RecallQuery FromProto(const v1::RecallRequest& p) {
   q.current_token_position = p.current_token_position();
   q.window_fraction = p.budget().window_fraction();
   q.per_layer = p.per_layer();
+  q.per_head = p.per_head();
   q.priority = p.priority();
   q.signals = FromProto(p.signals());
   return q;
@@ -212,6 +213,7 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
   for (const LayerRecallSet& set : r.layer_sets) {
     v1::LayerRecallSet* out = p->add_layer_sets();
     out->set_layer(set.layer);
+    out->set_kv_head(set.kv_head);
     out->set_total_tokens(set.total_tokens);
     for (const RecalledBlock& b : set.blocks) ToProto(b, out->add_blocks());
   }

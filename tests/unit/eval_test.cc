@@ -3,6 +3,7 @@
 // window cannot re-identify an object whose earlier visit left it).
 #include "client/eval.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -104,6 +105,67 @@ TEST(EvalTest, StreamingLlmCannotReidentifyAfterAGapBeyondItsWindow) {
   EXPECT_EQ(s.reid_success, 0.0);
   EXPECT_EQ(Policy(*r, "full").reid_success, 1.0);
   EXPECT_GT(Policy(*r, "kvmem").reid_success, 0.5);
+}
+
+TEST(EvalTest, ReferencesBoundEverySharedSet) {
+  // oracle_tokens takes the R cold tokens of most attention: no set of R
+  // tokens shared by every head holds more. With one query head per KV
+  // head, the query kvmem receives is the oracle's, so exact_keys_per_head
+  // picks the same tokens.
+  auto r = RunEval(SmallEval());
+  ASSERT_TRUE(r.ok()) << r.status();
+  const PolicySummary& oracle = Policy(*r, "oracle_tokens");
+  EXPECT_NEAR(Policy(*r, "exact_keys_per_head").cold_mass_recalled,
+              oracle.cold_mass_recalled, 1e-6);
+  for (const auto& p : r->configs[r->primary].policies) {
+    if (p.name == "full" || p.name == "kvmem_per_head") continue;
+    EXPECT_LE(p.cold_mass_recalled, oracle.cold_mass_recalled + 1e-6) << p.name;
+  }
+  // A set per head can hold more than any shared set.
+  EXPECT_GE(r->oracle_per_head_cold_mass, r->oracle_shared_cold_mass);
+  EXPECT_NEAR(r->oracle_shared_cold_mass, oracle.cold_mass_recalled, 1e-6);
+  // kvmem keeps its budget and its window, and its gates are reported.
+  const PolicySummary& k = Policy(*r, "kvmem");
+  EXPECT_EQ(k.budget_violations, 0u);
+  EXPECT_EQ(k.window_violations, 0u);
+  EXPECT_GT(k.gated_output_cosine, 0.5);
+  EXPECT_GT(k.estimated_mass, 0.0);
+  EXPECT_LE(k.budget_used, 1.0);
+}
+
+TEST(EvalMatrixTest, CellsChangeOnePropertyAndReportEveryPolicy) {
+  EvalOptions base = SmallEval();
+  base.workload.frames = 120;
+  std::vector<MatrixCell> cells = MatrixCells(base);
+  ASSERT_GE(cells.size(), 14u);
+  EXPECT_EQ(cells[0].name, "base");
+  // Every cell but the last differs from the base in its workload alone.
+  for (const MatrixCell& c : cells) {
+    EXPECT_EQ(c.options.window, base.window) << c.name;
+    EXPECT_EQ(c.options.recall_fractions,
+              std::vector<double>{base.primary_fraction});
+  }
+  EXPECT_EQ(cells[4].name, "gqa_4x32");
+  EXPECT_EQ(cells[4].options.workload.query_heads_per_kv, 4u);
+  // Two cells through the runner: one table row and JSON summary each.
+  const std::vector<MatrixCell> two = {cells[0], cells[4]};
+  auto m = RunEvalMatrix(two, nullptr);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->summaries.size(), 2u);
+  const std::string table = MatrixTable(*m), json = MatrixJson(*m);
+  EXPECT_NE(table.find("| base |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| gqa_4x32 |"), std::string::npos) << table;
+  EXPECT_NE(json.find("\"summary\""), std::string::npos);
+  EXPECT_NE(json.find("\"kvmem_vs_exact_keys_per_head\""), std::string::npos);
+  // The GQA cell also runs kvmem with each group's mean query.
+  EXPECT_TRUE(std::any_of(
+      m->summaries[1].policies.begin(), m->summaries[1].policies.end(),
+      [](const PolicySummary& p) { return p.name == "kvmem_group_mean"; }));
+  for (const ConfigSummary& c : m->summaries) {
+    for (const auto& p : c.policies) {
+      EXPECT_EQ(p.budget_violations + p.window_violations, 0u) << p.name;
+    }
+  }
 }
 
 }  // namespace

@@ -160,6 +160,47 @@ TEST_P(MassRecallTest, PerLayerSetsScoreEachLayersHeads) {
   }
 }
 
+TEST_P(MassRecallTest, PerHeadSetsScoreOneHeadEach) {
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", MassConfig(g, GetParam())).ok());
+  StreamModel model(g, kFpb, kWindow, {2, 0});
+  std::mt19937_64 rng(25);
+  for (uint64_t f = 0; f < 40; ++f) {
+    ASSERT_TRUE(e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f)).ok());
+  }
+  const double tol = GetParam() == "Flat" ? 1e-4 : 2e-2;
+  RecallQuery q;
+  q.query = Scaled(testing::RandomQuery(rng, model.summary_dim()), 4.0f);
+  q.window_lse.assign(model.heads(), 3.0f);
+  q.max_tokens = 30;
+  q.per_head = true;
+  auto got = e->Recall("s", q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->layer_sets.size(), model.heads());  // 2 layers x 2 heads.
+  for (size_t h = 0; h < model.heads(); ++h) {
+    const LayerRecallSet& set = got->layer_sets[h];
+    EXPECT_EQ(set.layer, h < g.kv_heads ? 2u : 0u);
+    EXPECT_EQ(set.kv_head, h % g.kv_heads);
+    const auto want = model.MassRecall(q.query, q.window_lse, 0, 30, h, h + 1);
+    double got_mass = 0, want_mass = 0;
+    for (const auto& b : set.blocks) got_mass += b.mass;
+    for (const auto& w : want) want_mass += w.mass;
+    EXPECT_NEAR(got_mass, want_mass, tol * want_mass + 1e-12) << "head " << h;
+    EXPECT_LE(set.total_tokens, 30u);
+    if (GetParam() == "Flat") {
+      ASSERT_EQ(set.blocks.size(), want.size()) << "head " << h;
+      for (size_t j = 0; j < want.size(); ++j) {
+        EXPECT_EQ(set.blocks[j].block.id, want[j].block_id);
+      }
+    }
+  }
+  q.per_layer = true;
+  EXPECT_EQ(e->Recall("s", q).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Indexes, MassRecallTest,
                          ::testing::Values("Flat", "Progressive"));
 
@@ -247,6 +288,14 @@ TEST(MassRecallValidationTest, QueryVectorsAndWindowSumsAreChecked) {
   r = e->Recall("s", q);
   EXPECT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->query_vectors, 2u);
+  // Per-head sets need the mass score.
+  StreamConfig summed = MassConfig(g, "Progressive");
+  summed.weights.score = ScoreMode::kSummed;
+  ASSERT_TRUE(e->OpenStream("summed", summed).ok());
+  q.per_head = true;
+  r = e->Recall("summed", q);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("per_head needs score MASS"));
 }
 
 }  // namespace

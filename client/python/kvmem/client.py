@@ -94,11 +94,12 @@ def _frame_messages(header: "types_pb.FrameHeader", payload: bytes,
 def _recall_request(stream_id: str, query, *, top_k: int, max_tokens: int,
                     window_fraction: float, current_token_position: int,
                     signals: Optional[FrameSignals], per_layer: bool,
-                    priority: int, window_lse=None) -> "pb.RecallRequest":
+                    priority: int, window_lse=None,
+                    per_head: bool = False) -> "pb.RecallRequest":
     q = np.asarray(query, dtype=np.float32).ravel()
     req = pb.RecallRequest(stream_id=stream_id,
                            current_token_position=current_token_position,
-                           per_layer=per_layer, priority=priority)
+                           per_layer=per_layer, priority=priority, per_head=per_head)
     req.query.extend(q.tolist())
     if window_lse is not None:
         req.window_lse.extend(np.asarray(window_lse, dtype=np.float32).ravel().tolist())
@@ -344,7 +345,7 @@ class Client:
     def recall(self, stream_id: str, query, *, top_k: int = 0, max_tokens: int = 0,
                window_fraction: float = 0.0, current_token_position: int = 0,
                signals: Optional[FrameSignals] = None, per_layer: bool = False,
-               priority: int = 0, window_lse=None,
+               priority: int = 0, window_lse=None, per_head: bool = False,
                timeout: Optional[float] = None) -> RecallResponse:
         """The budgeted recall set for a query.
 
@@ -353,13 +354,14 @@ class Client:
         elements, e.g. shape (n, summary_dim); sent as fp32). window_lse:
         optional, n * (indexed layers x kv_heads) log-sum-exps of each vector
         over what the front end holds (kvmem.v1.RecallRequest.window_lse).
-        Zero budget fields take the stream's defaults.
+        per_head: a set per indexed layer and KV head, in layer_sets. Zero
+        budget fields take the stream's defaults.
         """
         req = _recall_request(stream_id, query, top_k=top_k, max_tokens=max_tokens,
                               window_fraction=window_fraction,
                               current_token_position=current_token_position,
                               signals=signals, per_layer=per_layer, priority=priority,
-                              window_lse=window_lse)
+                              window_lse=window_lse, per_head=per_head)
         return from_proto(RecallResponse,
                           self._call(self._stub.Recall, req, stream_id, timeout))
 
@@ -537,13 +539,14 @@ class Session:
     def recall(self, query, *, top_k: int = 0, max_tokens: int = 0,
                window_fraction: float = 0.0, current_token_position: int = 0,
                signals: Optional[FrameSignals] = None, per_layer: bool = False,
-               priority: int = 0, window_lse=None) -> RecallResponse:
+               priority: int = 0, window_lse=None,
+               per_head: bool = False) -> RecallResponse:
         """Client.recall over the session."""
         req = _recall_request("", query, top_k=top_k, max_tokens=max_tokens,
                               window_fraction=window_fraction,
                               current_token_position=current_token_position,
                               signals=signals, per_layer=per_layer, priority=priority,
-                              window_lse=window_lse)
+                              window_lse=window_lse, per_head=per_head)
         resp = self._exchange(pb.SessionRequest(recall=req), wait=True)
         return from_proto(RecallResponse, resp.recall)
 

@@ -234,6 +234,7 @@ class LayerRecallSet:
     layer: int = 0
     blocks: list[RecalledBlock] = field(default_factory=list)
     total_tokens: int = 0
+    kv_head: int = 0
 
 
 @dataclass
