@@ -98,7 +98,10 @@ ABSL_FLAG(std::string, index_factory, "",
 ABSL_FLAG(std::string, score, "",
           "eval: kvmem recall_policy.score: mass or summed (empty: default).");
 ABSL_FLAG(bool, fixed_blocks, false,
-          "eval: kvmem segments fixed blocks instead of the default.");
+          "eval: kvmem segments fixed blocks (the default).");
+ABSL_FLAG(bool, shot_blocks, false,
+          "eval: kvmem blocks follow shots (at most --frames_per_block "
+          "frames).");
 ABSL_FLAG(bool, no_window_lse, false,
           "eval: the kvmem policy does not send its window's log-sum-exp "
           "(kvmem estimates it).");
@@ -140,12 +143,13 @@ bool ParseList(const std::string& text, std::vector<double>* out) {
 // camera; the table (or --json) on stdout, matrix.md and matrix.json in
 // --out.
 int RunMatrix(EvalOptions o) {
-  if (!absl::GetFlag(FLAGS_via).empty() && absl::GetFlag(FLAGS_via) != "inproc") {
+  if (!absl::GetFlag(FLAGS_via).empty() &&
+      absl::GetFlag(FLAGS_via) != "inproc") {
     std::fprintf(stderr, "kvmem eval: --matrix runs in process\n");
     return 2;
   }
-  o.workload.frames = static_cast<uint32_t>(
-      std::max(2, FlagOr(FLAGS_frames, "frames", 600)));
+  o.workload.frames =
+      static_cast<uint32_t>(std::max(2, FlagOr(FLAGS_frames, "frames", 600)));
   const std::string out_dir = o.out_dir;
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<MatrixResult> m =
@@ -259,6 +263,7 @@ int RunEval(const std::vector<std::string>&) {
   k.iou_weight = static_cast<float>(absl::GetFlag(FLAGS_iou_weight));
   k.rebuild_every_blocks = absl::GetFlag(FLAGS_rebuild_every_blocks);
   if (absl::GetFlag(FLAGS_fixed_blocks)) k.segment_mode = 1;
+  if (absl::GetFlag(FLAGS_shot_blocks)) k.segment_mode = 2;
   k.frames_per_block =
       FlagOr(FLAGS_frames_per_block, "frames_per_block", uint32_t{0});
   k.groups_per_block = absl::GetFlag(FLAGS_groups_per_block);

@@ -81,21 +81,32 @@ std::string EvalTable(const EvalResult& r) {
       absl::StrFormat("W = %d tokens, R = %d tokens (%.0f %% of W)\n\n",
                       c.window, c.recall, 100 * c.fraction);
   s += "| policy | mass recalled | cold mass recalled (frame / probe) | "
-       "output cosine | output rel. error | reid success | useless hits | "
-       "injected tokens | resident peak MiB | stored peak MiB | recall p50 / "
-       "p99 / p999 us |\n";
+       "output cosine | output rel. error (gated) | reid success | useless "
+       "hits | injected tokens | resident peak MiB | stored peak MiB | recall "
+       "p50 / p99 / p999 us |\n";
   s += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : c.policies) {
+    const std::string gated =
+        p.gated_output_cosine > 0
+            ? absl::StrFormat(" (%.3f)", p.gated_output_rel_error)
+            : "";
     absl::StrAppendFormat(
         &s,
-        "| %s | %.3f | **%.3f** (%.3f / %.3f) | %.4f | %.3f | **%.3f** "
+        "| %s | %.3f | **%.3f** (%.3f / %.3f) | %.4f | %.3f%s | **%.3f** "
         "(%d probes) | %.3f | %.0f | %s | %s | %.0f / %.0f / %.0f |\n",
         p.name, p.mass_recalled, p.cold_mass_recalled,
         p.cold_mass_recalled_frame, p.cold_mass_recalled_probe, p.output_cosine,
-        p.output_rel_error, p.reid_success, p.reid_probes, p.useless_hit_rate,
-        p.injected_tokens_mean, MiB(p.resident_bytes_peak),
+        p.output_rel_error, gated, p.reid_success, p.reid_probes,
+        p.useless_hit_rate, p.injected_tokens_mean, MiB(p.resident_bytes_peak),
         MiB(p.stored_bytes_peak), p.recall_p50_us, p.recall_p99_us,
         p.recall_p999_us);
+  }
+  if (r.oracle_shared_cold_mass > 0) {
+    absl::StrAppendFormat(
+        &s,
+        "\nAt the oracle, one set of R tokens shared by every head holds %.3f "
+        "of the cold mass; a set of R tokens per query head, %.3f.\n",
+        r.oracle_shared_cold_mass, r.oracle_per_head_cold_mass);
   }
   return s;
 }
@@ -122,8 +133,8 @@ std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
       "\"seconds\": %.1f,\n  \"oracle_shared_cold_mass\": %.4f, "
       "\"oracle_per_head_cold_mass\": %.4f,\n",
       c.window, c.recall, c.fraction, r.kvmem_path, c.kvmem_blocks,
-      c.kvmem_rebuilds, r.rebuild_periods, r.seconds,
-      r.oracle_shared_cold_mass, r.oracle_per_head_cold_mass);
+      c.kvmem_rebuilds, r.rebuild_periods, r.seconds, r.oracle_shared_cold_mass,
+      r.oracle_per_head_cold_mass);
   auto policy_json = [](const PolicySummary& p) {
     return absl::StrFormat(
         "{\"mass_recalled\": %.4f, \"cold_mass_recalled\": %.4f, "
