@@ -35,6 +35,16 @@ const PolicySummary* BestKvmem(const ConfigSummary& c) {
   return best;
 }
 
+// The policies a cell's row and summary read; ok() when all are there.
+struct CellView {
+  const PolicySummary *kvmem, *best, *exact, *oracle, *mean_key;
+  bool ok() const { return kvmem && best && exact && oracle && mean_key; }
+};
+CellView View(const ConfigSummary& c) {
+  return {Find(c, "kvmem"), BestKvmem(c), Find(c, "exact_keys_per_head"),
+          Find(c, "oracle_tokens"), Find(c, "mean_key_topk")};
+}
+
 }  // namespace
 
 std::vector<MatrixCell> MatrixCells(const EvalOptions& base) {
@@ -67,12 +77,11 @@ std::vector<MatrixCell> MatrixCells(const EvalOptions& base) {
       [](W* w) { w->head_subspace = 0.5f; });
   add("lookalikes", "identities of a class at cosine 0.6",
       [](W* w) { w->lookalike = 0.6f; });
-  add("gqa_4x32", "4 KV heads x 32 dims, 4 query heads per KV head",
-      [](W* w) {
-        w->kv_heads = 4;
-        w->head_dim = 32;
-        w->query_heads_per_kv = 4;
-      });
+  add("gqa_4x32", "4 KV heads x 32 dims, 4 query heads per KV head", [](W* w) {
+    w->kv_heads = 4;
+    w->head_dim = 32;
+    w->query_heads_per_kv = 4;
+  });
   add("gqa_8x128", "8 KV heads x 128 dims, 2 query heads per KV head",
       [](W* w) {
         w->kv_heads = 8;
@@ -81,7 +90,8 @@ std::vector<MatrixCell> MatrixCells(const EvalOptions& base) {
       });
   add("rope_1e4", "RoPE base 1e4", [](W* w) { w->rope_base = 1e4; });
   add("rope_5e5", "RoPE base 5e5", [](W* w) { w->rope_base = 5e5; });
-  add("frame_24", "24 tokens per frame", [](W* w) { w->tokens_per_frame = 24; });
+  add("frame_24", "24 tokens per frame",
+      [](W* w) { w->tokens_per_frame = 24; });
   add("frame_128", "128 tokens per frame",
       [](W* w) { w->tokens_per_frame = 128; });
   add("gaps_uniform", "re-entry gaps uniform in [5, 240] s",
@@ -123,7 +133,8 @@ absl::StatusOr<MatrixResult> RunEvalMatrix(
     m.changes.push_back(cells[i].change);
     m.summaries.push_back(r->configs[r->primary]);
     m.seconds.push_back(r->seconds);
-    if (on_cell) on_cell(static_cast<int>(i + 1), static_cast<int>(cells.size()));
+    if (on_cell)
+      on_cell(static_cast<int>(i + 1), static_cast<int>(cells.size()));
   }
   m.total_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -143,13 +154,10 @@ std::string MatrixTable(const MatrixResult& m) {
        "violations | p99 us | s |\n";
   s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < m.cells.size(); ++i) {
-    const ConfigSummary& c = m.summaries[i];
-    const PolicySummary* k = Find(c, "kvmem");
-    const PolicySummary* best = BestKvmem(c);
-    const PolicySummary* e = Find(c, "exact_keys_per_head");
-    const PolicySummary* o = Find(c, "oracle_tokens");
-    const PolicySummary* mk = Find(c, "mean_key_topk");
-    if (k == nullptr || e == nullptr || o == nullptr || mk == nullptr) continue;
+    const CellView v = View(m.summaries[i]);
+    if (!v.ok()) continue;
+    const PolicySummary *k = v.kvmem, *best = v.best, *e = v.exact,
+                        *o = v.oracle, *mk = v.mean_key;
     absl::StrAppendFormat(
         &s,
         "| %s | **%.3f** | %s %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f "
@@ -171,12 +179,10 @@ std::string MatrixTable(const MatrixResult& m) {
 std::string MatrixJson(const MatrixResult& m) {
   std::string s = "{\n  \"summary\": [\n";
   for (size_t i = 0; i < m.cells.size(); ++i) {
-    const ConfigSummary& c = m.summaries[i];
-    const PolicySummary* k = Find(c, "kvmem");
-    const PolicySummary* best = BestKvmem(c);
-    const PolicySummary* e = Find(c, "exact_keys_per_head");
-    const PolicySummary* mk = Find(c, "mean_key_topk");
-    if (k == nullptr || e == nullptr || mk == nullptr) continue;
+    const CellView v = View(m.summaries[i]);
+    if (!v.ok()) continue;
+    const PolicySummary *k = v.kvmem, *best = v.best, *e = v.exact,
+                        *mk = v.mean_key;
     const double vs_exact = Ratio(k->cold_mass_recalled, e->cold_mass_recalled);
     const double vs_mean = Ratio(k->cold_mass_recalled, mk->cold_mass_recalled);
     absl::StrAppendFormat(

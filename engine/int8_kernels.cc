@@ -57,42 +57,51 @@ __attribute__((target("avx2"))) inline __m256i GroupDot(__m256i c,
   return _mm256_madd_epi16(_mm256_maddubs_epi16(c, _mm256_set1_epi32(q)), w);
 }
 
+// The 8 lanes' sums over groups [g0, g1) of one packed block.
+template <bool kTwoTerms>
+__attribute__((target("avx2"))) inline __m256i GroupRun(const uint8_t* p,
+                                                        size_t g0, size_t g1,
+                                                        const int8_t* hi,
+                                                        const int8_t* lo) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i whi = kTwoTerms ? _mm256_set1_epi16(kQueryHiWeight) : ones;
+  // Two accumulators hide the add latency.
+  __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+  size_t g = g0;
+  for (; g + 2 <= g1; g += 2) {
+    const __m256i c0 = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
+    const __m256i c1 = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(p + (g + 1) * 4 * kInt8Lanes));
+    acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
+    acc1 = _mm256_add_epi32(acc1, GroupDot(c1, hi + g * 4 + 4, whi));
+    if (kTwoTerms) {
+      acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
+      acc1 = _mm256_add_epi32(acc1, GroupDot(c1, lo + g * 4 + 4, ones));
+    }
+  }
+  if (g < g1) {
+    const __m256i c0 = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
+    acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
+    if (kTwoTerms) {
+      acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
+    }
+  }
+  return _mm256_add_epi32(acc0, acc1);
+}
+
 template <bool kTwoTerms>
 __attribute__((target("avx2"))) void Avx2KernelT(const uint8_t* packed,
                                                  size_t nblocks, size_t groups,
                                                  const int8_t* hi,
                                                  const int8_t* lo,
                                                  int32_t* out) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i whi = kTwoTerms ? _mm256_set1_epi16(kQueryHiWeight) : ones;
-  const size_t stride = groups * 4 * kInt8Lanes;
   for (size_t b = 0; b < nblocks; ++b) {
-    const uint8_t* p = packed + b * stride;
-    // Two accumulators hide the add latency.
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-    size_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
-      const __m256i c0 = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
-      const __m256i c1 = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(p + (g + 1) * 4 * kInt8Lanes));
-      acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
-      acc1 = _mm256_add_epi32(acc1, GroupDot(c1, hi + g * 4 + 4, whi));
-      if (kTwoTerms) {
-        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
-        acc1 = _mm256_add_epi32(acc1, GroupDot(c1, lo + g * 4 + 4, ones));
-      }
-    }
-    for (; g < groups; ++g) {
-      const __m256i c0 = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
-      acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
-      if (kTwoTerms) {
-        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
-      }
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kInt8Lanes),
-                        _mm256_add_epi32(acc0, acc1));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(out + b * kInt8Lanes),
+        GroupRun<kTwoTerms>(packed + b * groups * 4 * kInt8Lanes, 0, groups, hi,
+                            lo));
   }
 }
 
@@ -101,45 +110,20 @@ template <bool kTwoTerms>
 __attribute__((target("avx2"))) void Avx2SegmentKernelT(
     const uint8_t* packed, size_t nblocks, size_t seg_groups, size_t segments,
     const int8_t* hi, const int8_t* lo, int32_t* out) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i whi = kTwoTerms ? _mm256_set1_epi16(kQueryHiWeight) : ones;
   const size_t groups = seg_groups * segments;
   for (size_t b = 0; b < nblocks; ++b) {
     const uint8_t* p = packed + b * groups * 4 * kInt8Lanes;
     for (size_t s = 0; s < segments; ++s) {
-      __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-      const size_t g0 = s * seg_groups, g1 = g0 + seg_groups;
-      size_t g = g0;
-      for (; g + 2 <= g1; g += 2) {
-        const __m256i c0 = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
-        const __m256i c1 = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(p + (g + 1) * 4 * kInt8Lanes));
-        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
-        acc1 = _mm256_add_epi32(acc1, GroupDot(c1, hi + g * 4 + 4, whi));
-        if (kTwoTerms) {
-          acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
-          acc1 = _mm256_add_epi32(acc1, GroupDot(c1, lo + g * 4 + 4, ones));
-        }
-      }
-      if (g < g1) {
-        const __m256i c0 = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
-        acc0 = _mm256_add_epi32(acc0, GroupDot(c0, hi + g * 4, whi));
-        if (kTwoTerms) {
-          acc0 = _mm256_add_epi32(acc0, GroupDot(c0, lo + g * 4, ones));
-        }
-      }
       _mm256_storeu_si256(
           reinterpret_cast<__m256i*>(out + (b * segments + s) * kInt8Lanes),
-          _mm256_add_epi32(acc0, acc1));
+          GroupRun<kTwoTerms>(p, s * seg_groups, (s + 1) * seg_groups, hi, lo));
     }
   }
 }
 
-void Avx2SegmentKernel(const uint8_t* packed, size_t nblocks,
-                       size_t seg_groups, size_t segments, const int8_t* hi,
-                       const int8_t* lo, int32_t* out) {
+void Avx2SegmentKernel(const uint8_t* packed, size_t nblocks, size_t seg_groups,
+                       size_t segments, const int8_t* hi, const int8_t* lo,
+                       int32_t* out) {
   if (lo == nullptr) {
     Avx2SegmentKernelT<false>(packed, nblocks, seg_groups, segments, hi,
                               nullptr, out);
@@ -308,8 +292,7 @@ std::vector<Int8KernelInfo> Detect() {
     k.push_back({"avx2", &Avx2Kernel, &Avx2Select, &Avx2SegmentKernel});
   }
 #endif
-  k.push_back(
-      {"scalar", &ScalarKernel, &ScalarSelect, &ScalarSegmentKernel});
+  k.push_back({"scalar", &ScalarKernel, &ScalarSelect, &ScalarSegmentKernel});
   return k;
 }
 

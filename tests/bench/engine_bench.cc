@@ -242,6 +242,45 @@ uint64_t HeapInUse() {
   return m.uordblks + m.hblkhd;
 }
 
+// Appends `frames` frames of `tokens` random fp16 tokens (`values` KV
+// values each) to stream "cam"; false (with the benchmark's error set)
+// when an append fails.
+bool AppendRandomFrames(benchmark::State& state, MemoryEngine* engine,
+                        uint64_t frames, uint32_t tokens, size_t values,
+                        std::mt19937_64& rng) {
+  for (uint64_t i = 0; i < frames; ++i) {
+    Frame f;
+    f.index = i;
+    f.first_token_position = i * tokens;
+    f.token_count = tokens;
+    f.payload = Fp16Of(rng, values);
+    if (!engine->Append("cam", std::move(f)).ok()) {
+      state.SkipWithError("Append failed");
+      return false;
+    }
+  }
+  return true;
+}
+
+// Recalls on stream "cam", one query from next() per iteration, timed one
+// by one: p50_us and p99_us counters.
+template <typename Next>
+void TimeRecalls(benchmark::State& state, MemoryEngine* engine, Next next) {
+  std::vector<double> us;
+  for (auto _ : state) {
+    const RecallQuery q = next();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = engine->Recall("cam", q);
+    us.push_back(std::chrono::duration<double, std::micro>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count());
+    if (!r.ok()) state.SkipWithError("Recall failed");
+  }
+  std::sort(us.begin(), us.end());
+  state.counters["p50_us"] = us[us.size() / 2];
+  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+}
+
 // Engine-level Recall over a stream of N sealed blocks (one 4-token frame
 // per block, summary dim 128: one indexed layer of 2 heads x 64), index
 // Flat (arg 1 = 0) or Progressive (1). Counters: RAM per block beyond the
@@ -276,37 +315,21 @@ void BM_StreamRecall(benchmark::State& state) {
   }
   std::mt19937_64 rng(6);
   const uint64_t heap0 = HeapInUse();
-  for (uint64_t i = 0; i < n + 16; ++i) {
-    Frame f;
-    f.index = i;
-    f.first_token_position = i * 4;
-    f.token_count = 4;
-    f.payload = Fp16Of(rng, 2 * 2 * 2 * 4 * 64);
-    if (!engine->Append("cam", std::move(f)).ok()) {
-      state.SkipWithError("Append failed");
-      return;
-    }
+  if (!AppendRandomFrames(state, engine.get(), n + 16, 4, 2 * 2 * 2 * 4 * 64,
+                          rng)) {
+    return;
   }
   engine->WaitForBackground();
   // Heap growth less the warm payload copies the stats account for.
   const auto stats = engine->GetStats("cam");
   const double per_block =
       (double(HeapInUse()) - double(heap0) - double(stats->warm.bytes)) / n;
-  std::vector<double> us;
-  for (auto _ : state) {
+  TimeRecalls(state, engine.get(), [&] {
     RecallQuery q;
     q.query = testing::RandomQuery(rng, 128);
     q.top_k = 16;
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = engine->Recall("cam", q);
-    us.push_back(std::chrono::duration<double, std::micro>(
-                     std::chrono::steady_clock::now() - t0)
-                     .count());
-    if (!r.ok()) state.SkipWithError("Recall failed");
-  }
-  std::sort(us.begin(), us.end());
-  state.counters["p50_us"] = us[us.size() / 2];
-  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+    return q;
+  });
   state.counters["ram_per_block"] = per_block;
   state.counters["beyond_summary"] = per_block - 128 * sizeof(float);
   state.SetLabel(c.index_factory +
@@ -362,38 +385,23 @@ void BM_EvalShapedRecall(benchmark::State& state) {
     return;
   }
   std::mt19937_64 rng(7);
-  const uint64_t frames = blocks * 4 + 2048 / 32;
-  for (uint64_t i = 0; i < frames; ++i) {
-    Frame f;
-    f.index = i;
-    f.first_token_position = i * 32;
-    f.token_count = 32;
-    f.payload = Fp16Of(rng, 2 * 2 * 4 * 32 * 64);
-    if (!engine->Append("cam", std::move(f)).ok()) {
-      state.SkipWithError("Append failed");
-      return;
-    }
+  if (!AppendRandomFrames(state, engine.get(), blocks * 4 + 2048 / 32, 32,
+                          2 * 2 * 4 * 32 * 64, rng)) {
+    return;
   }
   engine->WaitForBackground();
   std::vector<std::vector<float>> queries;
-  for (int i = 0; i < 64; ++i)
+  for (int i = 0; i < 64; ++i) {
     queries.push_back(testing::RandomQuery(rng, 512));
-  std::vector<double> us;
+    // Logits of a few units, as real queries have.
+    for (float& x : queries.back()) x *= 3;
+  }
   size_t i = 0;
-  for (auto _ : state) {
+  TimeRecalls(state, engine.get(), [&] {
     RecallQuery q;
     q.query = queries[i++ % queries.size()];
-    for (float& x : q.query) x *= 3;  // Logits of a few units, as queries.
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = engine->Recall("cam", q);
-    us.push_back(std::chrono::duration<double, std::micro>(
-                     std::chrono::steady_clock::now() - t0)
-                     .count());
-    if (!r.ok()) state.SkipWithError("Recall failed");
-  }
-  std::sort(us.begin(), us.end());
-  state.counters["p50_us"] = us[us.size() / 2];
-  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+    return q;
+  });
   state.SetLabel(c.weights.score == ScoreMode::kMass ? "mass" : "summed");
   engine.reset();
   std::filesystem::remove_all(dir);

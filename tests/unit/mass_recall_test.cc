@@ -36,24 +36,39 @@ std::vector<float> Scaled(std::vector<float> v, float k) {
   return v;
 }
 
-class MassRecallTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(MassRecallTest, MatchesTheFormulaComputedDirectly) {
-  testing::TempDir dir;
-  const testing::TestGeometry g;
-  auto e = testing::OpenTestEngine(dir.path());
-  ASSERT_TRUE(e->OpenStream("s", MassConfig(g, GetParam())).ok());
-  StreamModel model(g, kFpb, kWindow, {2, 0});
-  std::mt19937_64 rng(21);
-  // 61 frames of 4 tokens: 20 sealed blocks of 12 tokens and an open one.
-  for (uint64_t f = 0; f < 61; ++f) {
-    ASSERT_TRUE(
-        e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f)).ok());
+// A stream on the parameter's index with `frames` frames of 4 random
+// tokens, and its model.
+class MassRecallTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void Fill(uint64_t seed, uint64_t frames) {
+    engine_ = testing::OpenTestEngine(dir_.path());
+    ASSERT_TRUE(engine_->OpenStream("s", MassConfig(g_, GetParam())).ok());
+    rng_.seed(seed);
+    for (uint64_t f = 0; f < frames; ++f) {
+      ASSERT_TRUE(
+          engine_->Append("s", testing::ToFrame(model_.AddFrame(rng_, 4), f))
+              .ok());
+    }
   }
-  const size_t dim = model.summary_dim(), heads = dim / g.head_dim;
   // Progressive computes each head's normaliser from its int8 scores
   // (within their proven bound), so its masses are close, not equal.
-  const double tol = GetParam() == "Flat" ? 1e-4 : 2e-2;
+  double tol() const { return GetParam() == "Flat" ? 1e-4 : 2e-2; }
+
+  testing::TempDir dir_;
+  const testing::TestGeometry g_;
+  std::unique_ptr<MemoryEngine> engine_;
+  StreamModel model_{g_, kFpb, kWindow, {2, 0}};
+  std::mt19937_64 rng_;
+};
+
+TEST_P(MassRecallTest, MatchesTheFormulaComputedDirectly) {
+  // 61 frames of 4 tokens: 20 sealed blocks of 12 tokens and an open one.
+  Fill(21, 61);
+  MemoryEngine* e = engine_.get();
+  const StreamModel& model = model_;
+  std::mt19937_64& rng = rng_;
+  const size_t dim = model.summary_dim(), heads = model.heads();
+  const double tol = this->tol();
   std::normal_distribution<float> lse(4.0f, 2.0f);
   size_t compared = 0;
   for (int i = 0; i < 40; ++i) {
@@ -118,22 +133,16 @@ TEST_P(MassRecallTest, MatchesTheFormulaComputedDirectly) {
 }
 
 TEST_P(MassRecallTest, PerLayerSetsScoreEachLayersHeads) {
-  testing::TempDir dir;
-  const testing::TestGeometry g;
-  auto e = testing::OpenTestEngine(dir.path());
-  ASSERT_TRUE(e->OpenStream("s", MassConfig(g, GetParam())).ok());
-  StreamModel model(g, kFpb, kWindow, {2, 0});
-  std::mt19937_64 rng(22);
-  for (uint64_t f = 0; f < 40; ++f) {
-    ASSERT_TRUE(
-        e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f)).ok());
-  }
-  const size_t dim = model.summary_dim(), kv = g.kv_heads;
-  const double tol = GetParam() == "Flat" ? 1e-4 : 2e-2;
+  Fill(22, 40);
+  MemoryEngine* e = engine_.get();
+  const StreamModel& model = model_;
+  std::mt19937_64& rng = rng_;
+  const size_t dim = model.summary_dim(), kv = g_.kv_heads;
+  const double tol = this->tol();
   for (int i = 0; i < 10; ++i) {
     RecallQuery q;
     q.query = Scaled(testing::RandomQuery(rng, dim), 4.0f);
-    q.window_lse.assign(dim / g.head_dim, 3.0f);
+    q.window_lse.assign(model.heads(), 3.0f);
     q.max_tokens = 30;
     q.per_layer = true;
     auto got = e->Recall("s", q);
@@ -161,16 +170,12 @@ TEST_P(MassRecallTest, PerLayerSetsScoreEachLayersHeads) {
 }
 
 TEST_P(MassRecallTest, PerHeadSetsScoreOneHeadEach) {
-  testing::TempDir dir;
-  const testing::TestGeometry g;
-  auto e = testing::OpenTestEngine(dir.path());
-  ASSERT_TRUE(e->OpenStream("s", MassConfig(g, GetParam())).ok());
-  StreamModel model(g, kFpb, kWindow, {2, 0});
-  std::mt19937_64 rng(25);
-  for (uint64_t f = 0; f < 40; ++f) {
-    ASSERT_TRUE(e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f)).ok());
-  }
-  const double tol = GetParam() == "Flat" ? 1e-4 : 2e-2;
+  Fill(25, 40);
+  MemoryEngine* e = engine_.get();
+  const StreamModel& model = model_;
+  const testing::TestGeometry& g = g_;
+  std::mt19937_64& rng = rng_;
+  const double tol = this->tol();
   RecallQuery q;
   q.query = Scaled(testing::RandomQuery(rng, model.summary_dim()), 4.0f);
   q.window_lse.assign(model.heads(), 3.0f);
