@@ -110,7 +110,6 @@ void Stream::PoolScans(const RecallQuery& q,
   const BlockIndex& index = index_groups() ? *index_.groups : *index_.all;
   const uint32_t shift = UnitShift();
   std::vector<uint64_t> rows;
-  std::vector<bool> seen;
   // Every unit of the blocks in the window (for the window estimate), then
   // the index's best for the mean query.
   for (size_t b = eligible; b < blocks_.size(); ++b) {
