@@ -5,64 +5,19 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "client/video_workload_internal.h"
 #include "engine/dot.h"
 #include "engine/dtype.h"
 
 namespace kvmem {
+
+using namespace video_internal;  // NOLINT: this file's own internals.
+
 namespace {
-
-// SplitMix64: a seed for each (purpose, a, b, c) so any frame can be built in
-// any order with the same result.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-uint64_t Seed(uint64_t seed, uint64_t what, uint64_t a, uint64_t b = 0,
-              uint64_t c = 0) {
-  return Mix(Mix(Mix(Mix(seed ^ what) ^ a) ^ b) ^ c);
-}
-
-enum Purpose : uint64_t {
-  kBasis = 1,
-  kProject,
-  kShots,
-  kVisits,
-  kVisitVec,
-  kShotVec,
-  kNoise,
-  kOcclude,
-  kQuery,
-  kScene,
-  kBox,
-  kPatch,
-};
-
-std::vector<float> Gaussian(uint64_t seed, size_t n, float sigma) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
-void Normalize(std::vector<float>* v) {
-  double n = 0;
-  for (float x : *v) n += static_cast<double>(x) * x;
-  if (n <= 0) return;
-  const float k = static_cast<float>(1.0 / std::sqrt(n));
-  for (auto& x : *v) x *= k;
-}
-
-void AddScaled(std::vector<float>* acc, const std::vector<float>& v, float k) {
-  for (size_t i = 0; i < acc->size(); ++i) (*acc)[i] += k * v[i];
-}
 
 // `count` orthonormal vectors of length n: Gram-Schmidt on gen(0), gen(1)...
 template <typename Gen>
-std::vector<std::vector<float>> Orthonormal(size_t n, uint32_t count,
-                                            Gen gen) {
+std::vector<std::vector<float>> Orthonormal(size_t n, uint32_t count, Gen gen) {
   std::vector<std::vector<float>> basis;
   for (uint32_t i = 0; i < count; ++i) {
     std::vector<float> v = gen(i);
@@ -97,51 +52,48 @@ std::vector<float> ProjectRows(const std::vector<float>& a, size_t rows,
   return out;
 }
 
-double LogUniform(std::mt19937_64& rng, double lo, double hi) {
-  std::uniform_real_distribution<double> u(std::log(lo), std::log(hi));
-  return std::exp(u(rng));
-}
-
-struct Visit {
-  uint32_t camera = 0;
-  uint64_t begin = 0, end = 0;  // Frames [begin, end).
-  uint32_t serial = 0;          // The object's visit number.
-};
-
-struct Shot {
-  uint64_t begin = 0;
-  uint32_t place = 0;
-};
-
 }  // namespace
 
-struct VideoWorkload::Impl {
-  // Latent basis: the sink, the places and the objects are orthonormal
-  // directions (distinct entities do not match by accident); patches, parts,
-  // shots, visits and noise are small random perturbations on top.
-  std::vector<std::vector<float>> place, object, patch, part;
-  std::vector<float> sink;
-  // Projections per (layer, head): A (keys and queries) and B (values),
-  // head_dim x latent_dim, row-major.
-  std::vector<std::vector<float>> a, b;
-  // Logit scale of each query head, [layer][kv_head][query head of group].
-  std::vector<float> qscale;
-  std::vector<float> scene_proj;           // scene_dim x latent_dim
-  std::vector<double> theta;               // RoPE frequency per dimension pair.
-  std::vector<std::vector<Shot>> shots;    // Per camera.
-  std::vector<std::vector<Visit>> visits;  // Per object, in time order.
-  std::vector<std::vector<uint32_t>> places;  // Per camera: its places.
-  uint64_t walks = 0;
+namespace video_internal {
 
-  const Shot& ShotAt(uint32_t camera, uint64_t f, uint64_t* serial) const {
-    const auto& s = shots[camera];
-    auto it = std::upper_bound(
-        s.begin(), s.end(), f,
-        [](uint64_t frame, const Shot& sh) { return frame < sh.begin; });
-    *serial = static_cast<uint64_t>(it - s.begin()) - 1;
-    return *(it - 1);
+std::vector<std::pair<int, const Visit*>> InView(
+    const VideoWorkloadOptions& o,
+    const std::vector<std::vector<Visit>>& visits, uint32_t camera,
+    uint64_t f) {
+  std::vector<std::pair<int, const Visit*>> in;
+  for (uint32_t ob = 0; ob < visits.size(); ++ob) {
+    for (const Visit& v : visits[ob]) {
+      if (v.camera != camera || f < v.begin || f >= v.end) continue;
+      std::mt19937_64 rng(Seed(o.seed, kOcclude, ob, f, camera));
+      const bool edge = f == v.begin;  // Never occluded as it enters.
+      if (edge || std::uniform_real_distribution<double>(0, 1)(rng) >=
+                      o.occlusion_probability) {
+        in.emplace_back(ob, &v);
+      }
+    }
   }
-};
+  std::sort(in.begin(), in.end(), [](const auto& x, const auto& y) {
+    return x.second->begin != y.second->begin
+               ? x.second->begin < y.second->begin
+               : x.first < y.first;
+  });
+  if (in.size() > o.max_objects_per_frame) in.resize(o.max_objects_per_frame);
+  return in;
+}
+
+void Rope(float* y, size_t d, double position,
+          const std::vector<double>& theta) {
+  for (size_t i = 0; i < d / 2; ++i) {
+    const double ang = position * theta[i];
+    const float cs = static_cast<float>(std::cos(ang));
+    const float sn = static_cast<float>(std::sin(ang));
+    const float a0 = y[2 * i], a1 = y[2 * i + 1];
+    y[2 * i] = a0 * cs - a1 * sn;
+    y[2 * i + 1] = a0 * sn + a1 * cs;
+  }
+}
+
+}  // namespace video_internal
 
 namespace {
 // Orthonormal latent directions the workload needs: the sink, the places,
@@ -245,10 +197,9 @@ VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
   const size_t L = latent_dim(), d = o_.head_dim;
   // Orthonormal entity directions: the first columns of a random orthogonal
   // matrix (Gram-Schmidt on Gaussian vectors).
-  const std::vector<std::vector<float>> basis =
-      Orthonormal(L, EntityDirections(o_), [&](uint32_t i) {
-        return Gaussian(Seed(o_.seed, kBasis, i), L, 1.0f);
-      });
+  const std::vector<std::vector<float>> basis = Orthonormal(
+      L, EntityDirections(o_),
+      [&](uint32_t i) { return Gaussian(Seed(o_.seed, kBasis, i), L, 1.0f); });
   m.sink = basis[0];
   m.place.assign(basis.begin() + 1, basis.begin() + 1 + o_.places);
   m.object.assign(basis.begin() + 1 + o_.places,
@@ -378,37 +329,6 @@ uint64_t VideoWorkload::shots(uint32_t camera) const {
 }
 uint64_t VideoWorkload::walks() const { return impl_->walks; }
 
-namespace {
-
-// The objects in view on a camera at a frame (occlusions removed), at most
-// max_objects_per_frame, earliest arrival first; with each one's visit.
-std::vector<std::pair<int, const Visit*>> InView(
-    const VideoWorkloadOptions& o,
-    const std::vector<std::vector<Visit>>& visits, uint32_t camera,
-    uint64_t f) {
-  std::vector<std::pair<int, const Visit*>> in;
-  for (uint32_t ob = 0; ob < visits.size(); ++ob) {
-    for (const Visit& v : visits[ob]) {
-      if (v.camera != camera || f < v.begin || f >= v.end) continue;
-      std::mt19937_64 rng(Seed(o.seed, kOcclude, ob, f, camera));
-      const bool edge = f == v.begin;  // Never occluded as it enters.
-      if (edge || std::uniform_real_distribution<double>(0, 1)(rng) >=
-                      o.occlusion_probability) {
-        in.emplace_back(ob, &v);
-      }
-    }
-  }
-  std::sort(in.begin(), in.end(), [](const auto& x, const auto& y) {
-    return x.second->begin != y.second->begin
-               ? x.second->begin < y.second->begin
-               : x.first < y.first;
-  });
-  if (in.size() > o.max_objects_per_frame) in.resize(o.max_objects_per_frame);
-  return in;
-}
-
-}  // namespace
-
 WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   const Impl& m = *impl_;
   const size_t L = latent_dim(), d = o_.head_dim, T = o_.tokens_per_frame;
@@ -507,15 +427,7 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
           float* y = buf.data() + (h * T + t) * d;
           for (size_t r = 0; r < d; ++r) y[r] = Dot(&p[r * L], x[t].data(), L);
           if (kv == 0) {  // RoPE at the token's absolute position.
-            const double pos = static_cast<double>(pos0 + t);
-            for (size_t i = 0; i < d / 2; ++i) {
-              const double ang = pos * m.theta[i];
-              const float cs = static_cast<float>(std::cos(ang));
-              const float sn = static_cast<float>(std::sin(ang));
-              const float a0 = y[2 * i], a1 = y[2 * i + 1];
-              y[2 * i] = a0 * cs - a1 * sn;
-              y[2 * i + 1] = a0 * sn + a1 * cs;
-            }
+            Rope(y, d, static_cast<double>(pos0 + t), m.theta);
           }
         }
       }
@@ -548,117 +460,6 @@ void VideoWorkload::FrameKV(const WorkloadFrame& frame,
                       out->data() + t * per + (l * H + h) * d);
     }
   }
-}
-
-std::vector<WorkloadQuery> VideoWorkload::Queries(
-    uint32_t camera, uint64_t f, const WorkloadFrame& frame) const {
-  const Impl& m = *impl_;
-  const size_t L = latent_dim(), d = o_.head_dim, T = o_.tokens_per_frame;
-  const uint64_t position = (f + 1) * T;
-  std::mt19937_64 rng(Seed(o_.seed, kQuery, camera, f));
-  const uint32_t g = o_.query_heads_per_kv;
-  // Query head j of every KV head reads latent xs[j] (pulled toward the
-  // sinks) at its own logit scale; q is the mean over each group.
-  auto make_q = [&](std::vector<std::vector<float>> xs, WorkloadQuery* q) {
-    q->q_heads.clear();
-    for (uint32_t j = 0; j < g; ++j) {
-      std::vector<float>& x = xs[j];
-      for (auto& e : x) e *= 1.0f - o_.sink_pull;
-      AddScaled(&x, m.sink, o_.sink_pull);
-      Normalize(&x);
-      std::vector<float> qj;
-      qj.reserve(summary_dim());
-      for (size_t lh = 0; lh < m.a.size(); ++lh) {
-        const std::vector<float>& a = m.a[lh];
-        const float scale =
-            m.qscale[lh * g + j] * std::sqrt(static_cast<float>(d));
-        std::vector<float> y(d, 0.0f);
-        for (size_t r = 0; r < d; ++r) {
-          for (size_t c = 0; c < L; ++c) y[r] += a[r * L + c] * x[c];
-          y[r] *= scale;
-        }
-        for (size_t i = 0; i < d / 2; ++i) {
-          const double ang = static_cast<double>(position) * m.theta[i];
-          const float cs = static_cast<float>(std::cos(ang));
-          const float sn = static_cast<float>(std::sin(ang));
-          const float a0 = y[2 * i], a1 = y[2 * i + 1];
-          y[2 * i] = a0 * cs - a1 * sn;
-          y[2 * i + 1] = a0 * sn + a1 * cs;
-        }
-        qj.insert(qj.end(), y.begin(), y.end());
-      }
-      q->q_heads.push_back(std::move(qj));
-    }
-    q->q.assign(summary_dim(), 0.0f);
-    for (const auto& qj : q->q_heads) AddScaled(&q->q, qj, 1.0f / g);
-  };
-  std::vector<WorkloadQuery> out;
-  if (f % o_.query_every == 0) {
-    // A frame query: a random token of the frame, re-derived from its key's
-    // latent (its key without RoPE is not kept, so rebuild from the frame's
-    // content: the place or object the token shows).
-    // With grouped-query heads, each query head of a group reads its own
-    // random token.
-    std::uniform_int_distribution<size_t> slot(0, T - 1);
-    std::vector<std::vector<float>> xs;
-    for (uint32_t j = 0; j < g; ++j) {
-      const size_t s = slot(rng);
-      std::vector<float> x;
-      const int ob = frame.token_object[s];
-      if (ob >= 0) {
-        x = m.object[ob];
-        for (auto& e : x) e *= 0.85f;
-        AddScaled(&x, m.part[(T - 1 - s) % o_.object_tokens], 0.3f);
-      } else if (ob == -2) {
-        x = m.sink;
-      } else {
-        x = m.place[frame.place];
-        for (auto& e : x) e *= 0.85f;
-        AddScaled(&x, m.patch[s], 0.35f);
-      }
-      Normalize(&x);
-      xs.push_back(std::move(x));
-    }
-    WorkloadQuery q;
-    q.kind = QueryKind::kFrame;
-    q.frame = f;
-    q.position = position;
-    make_q(std::move(xs), &q);
-    q.signals = frame.frame.header.signals();
-    out.push_back(std::move(q));
-  }
-  // Probes: an object enters this camera again after an earlier visit here.
-  for (uint32_t ob = 0; ob < o_.objects; ++ob) {
-    const auto& vs = m.visits[ob];
-    for (size_t i = 0; i < vs.size(); ++i) {
-      if (vs[i].camera != camera || vs[i].begin != f) continue;
-      WorkloadQuery q;
-      for (size_t j = 0; j < i; ++j) {
-        if (vs[j].camera != camera) continue;
-        // Its token positions: the object's slots in each frame of the visit
-        // where it was in view.
-        for (uint64_t g = vs[j].begin; g < vs[j].end; ++g) {
-          const auto in = InView(o_, m.visits, camera, g);
-          for (size_t k = 0; k < in.size(); ++k) {
-            if (in[k].first != static_cast<int>(ob)) continue;
-            const uint64_t hi = g * T + T - k * o_.object_tokens;
-            q.earlier.emplace_back(hi - o_.object_tokens, hi);
-          }
-        }
-      }
-      if (q.earlier.empty()) continue;
-      q.kind = QueryKind::kProbe;
-      q.frame = f;
-      q.position = position;
-      q.object = static_cast<int>(ob);
-      make_q(std::vector<std::vector<float>>(g, m.object[ob]), &q);
-      for (const auto& det : frame.frame.header.signals().detections()) {
-        if (det.track_id() == ob + 1u) *q.signals.add_detections() = det;
-      }
-      out.push_back(std::move(q));
-    }
-  }
-  return out;
 }
 
 }  // namespace kvmem
