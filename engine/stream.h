@@ -258,8 +258,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // (mass_estimate.h), refines exactly the candidates that can reach the
   // budget, and fills r->blocks (or, with q.per_layer, one set per indexed
   // layer in r->layer_sets) within r->budget_tokens and r->top_k.
-  void RecallByMass(const RecallQuery& q, size_t eligible,
-                    RecallResult* r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // mean_query: the mean of q's vectors.
+  void RecallByMass(const RecallQuery& q, const std::vector<float>& mean_query,
+                    size_t eligible, RecallResult* r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // One recall set of the mass recall: the candidates `rows` (ids of
   // `unit` ids: block * UnitStride() + group) ranked by the estimate's
   // density over head range `range`.
@@ -281,8 +283,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
     return index_groups() ? config_.groups_per_block : 1;
   }
   bool index_groups() const { return config_.groups_per_block > 1; }
-  const float* UnitSummary(uint64_t unit) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  const float* UnitSummary(uint64_t unit) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Exact per-head dots of a unit's summary with each of the `vectors`
   // query vectors: out[vector * heads + head].
   void UnitDots(uint64_t unit, const float* query, uint32_t vectors,

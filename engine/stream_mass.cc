@@ -80,8 +80,8 @@ struct Stream::MassRows {
   std::vector<float> recallable;  // 1 for kRecall rows, else 0.
   MassEstimate est;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
-  std::vector<float> mean_query;  // The vectors' mean (scores, semantics).
-  bool exact = true;              // The scans' dots are exact.
+  const std::vector<float>* mean_query = nullptr;  // The vectors' mean.
+  bool exact = true;                               // The scans' dots are exact.
 };
 
 const float* Stream::UnitSummary(uint64_t unit) const {
@@ -142,7 +142,8 @@ void Stream::PoolScans(const RecallQuery& q,
   }
 }
 
-void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
+void Stream::RecallByMass(const RecallQuery& q,
+                          const std::vector<float>& mean_query, size_t eligible,
                           RecallResult* r) const {
   const auto t0 = std::chrono::steady_clock::now();
   const uint32_t hd = config_.geometry.head_dim;
@@ -158,14 +159,7 @@ void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
   // Per-thread, so a recall allocates little once warm.
   thread_local MassRows rows;
   rows.exact = true;
-  rows.mean_query.assign(q.query.begin(), q.query.begin() + summary_dim_);
-  for (uint32_t j = 1; j < vectors; ++j) {
-    Axpy(1.0f, q.query.data() + j * summary_dim_, rows.mean_query.data(),
-         summary_dim_);
-  }
-  if (vectors > 1) {
-    for (float& x : rows.mean_query) x /= static_cast<float>(vectors);
-  }
+  rows.mean_query = &mean_query;
   thread_local std::vector<SegmentScan> scans;
   scans.resize(vectors);
   // The modelled refinement: about the units that fill the budget.
@@ -177,8 +171,7 @@ void Stream::RecallByMass(const RecallQuery& q, size_t eligible,
                            &scans[j], &r->accel);
   }
   if (!scanned) {
-    PoolScans(q, rows.mean_query, eligible, r->budget_tokens, &r->accel,
-              &scans);
+    PoolScans(q, mean_query, eligible, r->budget_tokens, &r->accel, &scans);
   }
   r->search_us = MicrosSince(t0);
   const auto t1 = std::chrono::steady_clock::now();
@@ -519,7 +512,7 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
       const BlockEntry& e = blocks_[b];
       rb.block = e.rec.info;
       rb.block.tier = TierOf(e);
-      rb.score = Dot(rows.mean_query.data(), UnitSummary(unit), summary_dim_);
+      rb.score = Dot(rows.mean_query->data(), UnitSummary(unit), summary_dim_);
       rb.semantic_score = known_semantic(b);
       rb.priority = w.model * std::log(x.density) + rb.semantic_score;
       rb.was_staged = e.staged;

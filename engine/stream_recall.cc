@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "engine/dot.h"
 #include "engine/recall_planner.h"
 #include "engine/signals.h"
 #include "engine/status_macros.h"
@@ -292,16 +293,17 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   KVMEM_RETURN_IF_ERROR(CheckFinite("query", q.query));
   if (!q.window_lse.empty()) {
     if (q.window_lse.size() != static_cast<size_t>(vectors) * heads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "window_lse has ", q.window_lse.size(), " floats; with ", vectors,
-          " query vector(s) stream \"", id_, "\" expects ",
-          static_cast<size_t>(vectors) * heads,
-          " ([query vector][indexed_layer][kv_head]) or none"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("window_lse has ", q.window_lse.size(), " floats; with ",
+                       vectors, " query vector(s) stream \"", id_,
+                       "\" expects ", static_cast<size_t>(vectors) * heads,
+                       " ([query vector][indexed_layer][kv_head]) or none"));
     }
     KVMEM_RETURN_IF_ERROR(CheckFinite("window_lse", q.window_lse));
   }
   KVMEM_RETURN_IF_ERROR(ValidateSignals("signals", q.signals));
-  if (q.per_head && (q.per_layer || config_.weights.score != ScoreMode::kMass)) {
+  if (q.per_head &&
+      (q.per_layer || config_.weights.score != ScoreMode::kMass)) {
     return absl::InvalidArgumentError(
         q.per_layer ? "per_head and per_layer are both set; ask for one"
                     : absl::StrCat("per_head needs score MASS; stream \"", id_,
@@ -334,15 +336,15 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   }
 
   const bool mass = config_.weights.score == ScoreMode::kMass;
-  // SUMMED scores the mean of the query vectors (its scores are linear).
-  std::vector<float> mean_query;
-  if (!mass) {
-    mean_query.assign(q.query.begin(), q.query.begin() + summary_dim_);
-    for (uint32_t j = 1; j < vectors; ++j) {
-      for (uint32_t i = 0; i < summary_dim_; ++i) {
-        mean_query[i] += q.query[j * summary_dim_ + i];
-      }
-    }
+  // The mean of the query vectors: what SUMMED scores (its scores are
+  // linear), and MASS's RecalledBlock.score and candidate pool.
+  std::vector<float> mean_query(q.query.begin(),
+                                q.query.begin() + summary_dim_);
+  for (uint32_t j = 1; j < vectors; ++j) {
+    Axpy(1.0f, q.query.data() + j * summary_dim_, mean_query.data(),
+         summary_dim_);
+  }
+  if (vectors > 1) {
     for (float& x : mean_query) x /= static_cast<float>(vectors);
   }
   // Without a cap on blocks, SUMMED asks the index for the budget's worth
@@ -373,7 +375,7 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     result.candidates = index_.all->size() - in_window;
     if (mass) {
       planned = true;
-      RecallByMass(q, eligible, &result);
+      RecallByMass(q, mean_query, eligible, &result);
     } else if (!q.per_layer && index_.groups != nullptr) {
       grouped = true;
       ranked.push_back(RecallGroups(mean_query.data(), q.signals, eligible,
@@ -389,10 +391,10 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
         // One indexed layer: its index is the all-layers one.
         const BlockIndex& layer =
             index_.layers.empty() ? *index_.all : *index_.layers[li];
-        ranked.push_back(RankCandidates(
-            layer, mean_query.data() + li * layer_dim_, li * layer_dim_,
-            layer_dim_, q.signals, eligible, rank_k, q.priority,
-            &result.accel, &us));
+        ranked.push_back(
+            RankCandidates(layer, mean_query.data() + li * layer_dim_,
+                           li * layer_dim_, layer_dim_, q.signals, eligible,
+                           rank_k, q.priority, &result.accel, &us));
         result.search_us += us;
         set_layers.push_back(config_.indexed_layers[li]);
       }
