@@ -55,5 +55,47 @@ TEST(RecallPlannerTest, GateWeightsAreTemperedSoftmax) {
   EXPECT_GT(big[0].gate_weight, big[1].gate_weight);
 }
 
+TEST(RecallPlannerTest, MassGatesAreSharesOfTheSetsMass) {
+  // gate_b = mass_b^(1/T) / sum over the set of mass^(1/T).
+  std::vector<RecalledBlock> blocks = {Block(0, 1, 0), Block(1, 1, 0),
+                                       Block(2, 1, 0)};
+  blocks[0].mass = 0.3f;
+  blocks[1].mass = 0.1f;
+  blocks[2].mass = 0.0f;  // Underflowed: no share.
+  AssignGateWeights(&blocks, 1.0f, ScoreMode::kMass);
+  EXPECT_NEAR(blocks[0].gate_weight, 0.75, 1e-6);
+  EXPECT_NEAR(blocks[1].gate_weight, 0.25, 1e-6);
+  EXPECT_EQ(blocks[2].gate_weight, 0.0f);
+  AssignGateWeights(&blocks, 2.0f, ScoreMode::kMass);  // Flatter.
+  const double a = std::sqrt(0.3), b = std::sqrt(0.1);
+  EXPECT_NEAR(blocks[0].gate_weight, a / (a + b), 1e-6);
+  EXPECT_NEAR(blocks[0].gate_weight + blocks[1].gate_weight, 1.0, 1e-6);
+  // No mass anywhere: equal weights, still summing to 1.
+  for (auto& x : blocks) x.mass = 0;
+  AssignGateWeights(&blocks, 1.0f, ScoreMode::kMass);
+  for (const auto& x : blocks) EXPECT_NEAR(x.gate_weight, 1.0 / 3, 1e-6);
+}
+
+TEST(RecallPlannerTest, FillBudgetSkipsWhatDoesNotFitAndCapsBlocks) {
+  // Units of blocks 1, 1, 2, 3, 4 with 5, 4, 3, 2, 1 tokens.
+  const std::vector<FillUnit> ranked = {{1, 5}, {1, 4}, {2, 3}, {3, 2}, {4, 1}};
+  FillState all;
+  std::vector<size_t> taken;
+  EXPECT_EQ(FillBudget(ranked, 11, 0, &all, &taken), 11u);
+  // 5 + 4 = 9; 3 would make 12 (skipped); 2 fits (11); then full.
+  EXPECT_EQ(taken, (std::vector<size_t>{0, 1, 3}));
+  EXPECT_EQ(all.blocks, (std::vector<uint64_t>{1, 3}));
+  FillState capped;
+  taken.clear();
+  // At most 2 blocks: block 1's units and block 2's; 3 and 4 are new blocks.
+  EXPECT_EQ(FillBudget(ranked, 100, 2, &capped, &taken), 12u);
+  EXPECT_EQ(taken, (std::vector<size_t>{0, 1, 2}));
+  // A fill continues over further units with its state.
+  const std::vector<FillUnit> more = {{2, 1}, {5, 1}};
+  taken.clear();
+  EXPECT_EQ(FillBudget(more, 100, 2, &capped, &taken), 13u);
+  EXPECT_EQ(taken, (std::vector<size_t>{0}));
+}
+
 }  // namespace
 }  // namespace kvmem
