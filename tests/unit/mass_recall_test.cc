@@ -55,7 +55,7 @@ class MassRecallTest : public ::testing::TestWithParam<std::string> {
   double tol() const { return GetParam() == "Flat" ? 1e-4 : 2e-2; }
 
   testing::TempDir dir_;
-  const testing::TestGeometry g_;
+  const testing::TestGeometry g_{};
   std::unique_ptr<MemoryEngine> engine_;
   StreamModel model_{g_, kFpb, kWindow, {2, 0}};
   std::mt19937_64 rng_;
