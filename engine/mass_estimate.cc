@@ -6,6 +6,7 @@
 
 #include "engine/dot.h"
 #include "engine/fast_exp.h"
+#include "engine/thread_scratch.h"
 
 namespace kvmem {
 namespace {
@@ -24,7 +25,12 @@ MassEstimate EstimateMass(const MassInputs& in) {
   est.slack.assign(n, 0.0f);
   // An additive mask (-inf where nothing is counted), so the per-head
   // loops have no branches.
-  thread_local std::vector<float> e, mask;
+  struct Scratch {
+    std::vector<float> e, mask;
+  };
+  Scratch& scratch = ThreadScratch<Scratch>();
+  std::vector<float>& e = scratch.e;
+  std::vector<float>& mask = scratch.mask;
   e.resize(n);
   mask.resize(n);
   for (size_t c = 0; c < n; ++c) mask[c] = in.counted[c] > 0 ? 0.0f : kNone;
@@ -64,7 +70,10 @@ void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
                         uint32_t h0, uint32_t h1, float logit_scale,
                         float* out) {
   const size_t H = est.heads, J = est.vectors, w = h1 - h0;
-  thread_local std::vector<float> z;
+  struct Scratch {
+    std::vector<float> z;
+  };
+  std::vector<float>& z = ThreadScratch<Scratch>().z;
   z.resize(m * J * w);
   for (size_t c = 0; c < m; ++c) {
     for (size_t j = 0; j < J; ++j) {

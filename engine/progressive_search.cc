@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "engine/dot.h"
+#include "engine/thread_scratch.h"
 
 namespace kvmem {
 namespace {
@@ -177,7 +178,7 @@ std::vector<ScoredId> ProgressiveIndex::Search(const float* query, uint32_t k,
     return out;
   }
   k = static_cast<uint32_t>(std::min<size_t>(k, n));
-  thread_local Scratch sc;
+  Scratch& sc = ThreadScratch<Scratch>();
   const size_t nblocks = (n + kInt8Lanes - 1) / kInt8Lanes;
   // The 13-bit query's second multiply-add pass costs more than the fp32
   // rescoring it saves at dim 128 (kvmem bench: 79-90 vs 88-100 us p50,
@@ -259,9 +260,17 @@ void ProgressiveIndex::ScanSegments(const float* query,
     }
     return;
   }
-  thread_local Scratch sc;
-  thread_local std::vector<float> t, qnorm, fnorm;
-  thread_local std::vector<int32_t> offset;
+  struct ScanScratch {
+    Scratch sc;
+    std::vector<float> t, qnorm, fnorm;
+    std::vector<int32_t> offset;
+  };
+  ScanScratch& scratch = ThreadScratch<ScanScratch>();
+  Scratch& sc = scratch.sc;
+  std::vector<float>& t = scratch.t;
+  std::vector<float>& qnorm = scratch.qnorm;
+  std::vector<float>& fnorm = scratch.fnorm;
+  std::vector<int32_t>& offset = scratch.offset;
   // 13-bit queries at every width: the mass estimate exponentiates scores,
   // so the query's rounding counts more than in a top-k search (kvmem eval,
   // 8 heads x 64 dims: 57 units rescored exactly per recall against 94 with

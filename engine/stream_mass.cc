@@ -20,6 +20,7 @@
 #include "engine/signals.h"
 #include "engine/stream.h"
 #include "engine/stream_config.h"
+#include "engine/thread_scratch.h"
 #include "engine/token_groups.h"
 
 namespace kvmem {
@@ -157,10 +158,15 @@ void Stream::RecallByMass(const RecallQuery& q,
   r->window_estimated = q.window_lse.empty();
 
   // Per-thread, so a recall allocates little once warm.
-  thread_local MassRows rows;
+  struct Scratch {
+    MassRows rows;
+    std::vector<SegmentScan> scans;
+  };
+  Scratch& scratch = ThreadScratch<Scratch>();
+  MassRows& rows = scratch.rows;
   rows.exact = true;
   rows.mean_query = &mean_query;
-  thread_local std::vector<SegmentScan> scans;
+  std::vector<SegmentScan>& scans = scratch.scans;
   scans.resize(vectors);
   // The modelled refinement: about the units that fill the budget.
   const SearchParams params{
@@ -260,6 +266,11 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
                                   const RecallResult& r) const {
   const std::vector<SegmentScan>& scans = *rows.scans;
   const std::vector<uint64_t>& ids = scans[0].ids;
+  struct Scratch {
+    std::vector<float> lower, upper, dots, exact;
+    std::vector<std::pair<uint32_t, float>> pending;  // Row, upper.
+  };
+  Scratch& scratch = ThreadScratch<Scratch>();
   const std::vector<float>& density = rows.est.density[range];
   const auto [h0, h1] = rows.ranges[range];
   const uint32_t shift = UnitShift();
@@ -300,7 +311,8 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
   // only units whose upper bound reaches it can be among the first taken.
   // Bounds of each unit's value (-1 for units that are not recallable).
   const size_t n = ids.size();
-  thread_local std::vector<float> lower, upper;
+  std::vector<float>& lower = scratch.lower;
+  std::vector<float>& upper = scratch.upper;
   lower.resize(n);
   upper.resize(n);
   const float* slack = rows.est.slack.data();
@@ -325,7 +337,7 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
   // them; that is exact when theta >= floor (every unit whose lower bound
   // reaches theta is then among them). Otherwise the floor is the sample's
   // threshold for the whole budget, which is never above theta.
-  thread_local std::vector<std::pair<uint32_t, float>> pending;  // Row, upper.
+  std::vector<std::pair<uint32_t, float>>& pending = scratch.pending;
   auto threshold_over = [&](float floor) {
     KeyThreshold threshold(r.budget_tokens);
     pending.clear();
@@ -373,7 +385,8 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
         __builtin_prefetch(p + b);
       }
     }
-    thread_local std::vector<float> dots, exact;
+    std::vector<float>& dots = scratch.dots;
+    std::vector<float>& exact = scratch.exact;
     dots.resize(first.size() * vectors * heads);
     exact.resize(first.size());
     for (size_t k = 0; k < first.size(); ++k) {

@@ -327,8 +327,9 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     result.budget_tokens = config_.default_max_tokens;
   }
   if (result.top_k > kMaxTopK) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "budget.top_k is ", q.top_k, "; must be in [1, ", kMaxTopK, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("budget.top_k is ", q.top_k,
+                                                   "; must be at most ",
+                                                   kMaxTopK, " (0: no cap)"));
   }
   if (result.budget_tokens > (1u << 24)) {
     return absl::InvalidArgumentError(absl::StrCat(

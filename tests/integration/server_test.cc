@@ -746,6 +746,36 @@ TEST_F(ServerTest, BadInputCatalogue) {
              [](auto* r) { r->mutable_budget()->set_window_fraction(2.0f); });
        },
        StatusCode::INVALID_ARGUMENT, "budget.window_fraction is 2"},
+      {"Recall", "65 query vectors",
+       [&] {
+         return recall([](auto* r) {
+           const auto one = r->query();
+           for (int i = 0; i < 64; ++i) r->mutable_query()->MergeFrom(one);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "n in [1, 64]"},
+      {"Recall", "window_lse of 3 floats",
+       [&] {
+         return recall([](auto* r) {
+           for (int i = 0; i < 3; ++i) r->add_window_lse(1.0f);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "window_lse has 3 floats"},
+      {"Recall", "NaN in window_lse",
+       [&] {
+         return recall([](auto* r) {
+           for (int i = 0; i < 4; ++i) r->add_window_lse(std::nanf(""));
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "window_lse"},
+      {"Recall", "per_head with per_layer",
+       [&] {
+         return recall([](auto* r) {
+           r->set_per_head(true);
+           r->set_per_layer(true);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "per_head and per_layer"},
       {"FetchBlocks", "unknown stream",
        [&] { return fetch([](auto* r) { r->set_stream_id("ghost"); }); },
        StatusCode::NOT_FOUND, "\"ghost\""},
