@@ -34,6 +34,13 @@ MassEstimate EstimateMass(const MassInputs& in) {
   e.resize(n);
   mask.resize(n);
   for (size_t c = 0; c < n; ++c) mask[c] = in.counted[c] > 0 ? 0.0f : kNone;
+  // The ranges each head is in, so per-head ranges cost heads, not heads^2.
+  std::vector<std::vector<uint32_t>> ranges_of(H);
+  for (uint32_t r = 0; r < in.ranges.size(); ++r) {
+    for (uint32_t h = in.ranges[r].first; h < in.ranges[r].second; ++h) {
+      ranges_of[h].push_back(r);
+    }
+  }
   const ExpKernelInfo& kernel = ActiveExpKernel();
   for (size_t j = 0; j < J; ++j) {
     const SegmentScan& scan = *in.scans[j];
@@ -49,9 +56,8 @@ MassEstimate EstimateMass(const MassInputs& in) {
           kernel.exp_dot(dots, in.logit_scale, mx, in.counted, e.data(), n);
       if (!(sum > 0)) continue;
       est.log_norm[j * H + h] = mx + std::log(sum);
-      for (size_t r = 0; r < in.ranges.size(); ++r) {
+      for (uint32_t r : ranges_of[h]) {
         const auto [h0, h1] = in.ranges[r];
-        if (h < h0 || h >= h1) continue;
         Axpy(1.0f / (sum * static_cast<float>(J * (h1 - h0))), e.data(),
              est.density[r].data(), n);
       }

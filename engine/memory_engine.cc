@@ -47,8 +47,10 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
   absl::MutexLock lock(&engine->mu_);
   for (const StreamRecord& r : records) {
     KVMEM_ASSIGN_OR_RETURN(StreamConfig stored, DecodeConfig(r.config));
-    // Records written by older versions lack newer fields: their defaults
-    // apply, exactly as for a new stream that leaves them unset.
+    // Records written by older versions lack newer fields: the decoder
+    // gives the fields whose meaning would change the stream's behaviour
+    // what the stream had (groups_per_block 1, score SUMMED); the engine's
+    // defaults fill the rest, as for a new stream that leaves them unset.
     const StreamConfig config = WithDefaults(stored);
     KVMEM_ASSIGN_OR_RETURN(StreamState state, DecodeState(r.state));
     KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));

@@ -86,7 +86,7 @@ class ProgressiveIndex {
   std::vector<float> cnorm_;     // s_i |c_i|
   std::vector<std::vector<float>> seg_enorm_;  // [segment][row] |e_ih|
   std::vector<std::vector<float>> seg_cnorm_;  // [segment][row] s_i |c_ih|
-  std::unordered_map<uint64_t, size_t> row_;  // id -> row
+  std::unordered_map<uint64_t, size_t> row_;   // id -> row
 };
 
 }  // namespace kvmem

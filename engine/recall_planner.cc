@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace kvmem {
 
@@ -21,17 +22,24 @@ std::vector<RecalledBlock> PlanBudgetedRecall(
   return chosen;
 }
 
+float MassRankValue(float density, float semantic, float model_weight) {
+  if (semantic == 0 || !(density > 0)) return density;
+  const double v =
+      double(density) * std::exp(double(semantic) / double(model_weight));
+  return static_cast<float>(
+      std::min(v, double(std::numeric_limits<float>::max())));
+}
+
 uint64_t FillBudget(const std::vector<FillUnit>& ranked, uint32_t max_tokens,
                     uint32_t top_k, FillState* state,
                     std::vector<size_t>* taken) {
   for (size_t i = 0; i < ranked.size() && state->used < max_tokens; ++i) {
     const FillUnit& u = ranked[i];
     if (u.tokens == 0 || state->used + u.tokens > max_tokens) continue;
-    const bool known = std::find(state->blocks.begin(), state->blocks.end(),
-                                 u.block) != state->blocks.end();
-    if (!known) {
+    if (state->known.count(u.block) == 0) {
       if (top_k > 0 && state->blocks.size() >= top_k) continue;
       state->blocks.push_back(u.block);
+      state->known.insert(u.block);
     }
     state->used += u.tokens;
     taken->push_back(i);

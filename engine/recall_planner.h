@@ -5,6 +5,7 @@
 #define KVMEM_ENGINE_RECALL_PLANNER_H_
 
 #include <cstdint>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/types.h"
@@ -34,8 +35,18 @@ struct FillUnit {
 // so a fill can continue over further units (same max_tokens and top_k).
 struct FillState {
   uint64_t used = 0;
-  std::vector<uint64_t> blocks;  // Distinct blocks taken, in order.
+  std::vector<uint64_t> blocks;        // Distinct blocks taken, in order.
+  std::unordered_set<uint64_t> known;  // The same blocks, to look up.
 };
+// The value score MASS ranks units by: density * exp(semantic /
+// model_weight), which orders them as model_weight * ln(density) + semantic
+// does, with no log per unit. Density 0 stays 0 whatever the bonus (ln 0 =
+// -inf; never 0 x inf = NaN, which would break a sort), negative density
+// (not recallable) is returned as it is, and values beyond float's range
+// saturate at its largest (semantics then outweigh attention by e^88 or
+// more) instead of becoming inf. REQUIRES: model_weight > 0.
+float MassRankValue(float density, float semantic, float model_weight);
+
 uint64_t FillBudget(const std::vector<FillUnit>& ranked, uint32_t max_tokens,
                     uint32_t top_k, FillState* state,
                     std::vector<size_t>* taken);

@@ -168,7 +168,10 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
   } else {
     c.groups_per_block = 1;  // Its blocks have no token groups.
   }
-  uint32_t score = 0;
+  // Streams from before version 4 keep the score they were created with:
+  // SUMMED, the only one there was (their ranking and gates do not change
+  // under them on an upgrade).
+  uint32_t score = static_cast<uint32_t>(ScoreMode::kSummed);
   if (ok && version >= 4) ok = r.U32(&score);
   c.weights.score = static_cast<ScoreMode>(score);
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());

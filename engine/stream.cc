@@ -201,7 +201,9 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
     open_payloads_.push_back(std::move(frame.payload));
     latest_signals_ = std::move(frame.signals);
   }
-  SnapshotOpenBlock();
+  OpenMean open = OpenBlockMean();
+  absl::MutexLock lock(&mu_);
+  PublishOpenMean(std::move(open));
   return absl::OkStatus();
 }
 
@@ -372,14 +374,17 @@ void Stream::InstallBlock(BlockEntry entry) {
   blocks_.push_back(std::move(entry));
 }
 
-void Stream::SnapshotOpenBlock() {
-  if (config_.weights.score != ScoreMode::kMass) return;
-  const uint64_t tokens = open_summary_.tokens();
-  std::vector<float> mean;
-  if (tokens > 0) mean = open_summary_.Mean();
-  absl::MutexLock lock(&mu_);
-  open_mean_ = std::move(mean);
-  open_mean_tokens_ = static_cast<uint32_t>(tokens);
+Stream::OpenMean Stream::OpenBlockMean() const {
+  OpenMean m;
+  if (config_.weights.score != ScoreMode::kMass) return m;
+  m.tokens = static_cast<uint32_t>(open_summary_.tokens());
+  if (m.tokens > 0) m.mean = open_summary_.Mean();
+  return m;
+}
+
+void Stream::PublishOpenMean(OpenMean m) {
+  open_mean_ = std::move(m.mean);
+  open_mean_tokens_ = m.tokens;
 }
 
 void Stream::AddWarm(int64_t bytes, bool staged) {
@@ -457,13 +462,14 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
     return committed;
   }
   if (full) ResetOpenBlock();
+  OpenMean open = OpenBlockMean();
   {
     absl::MutexLock lock(&mu_);
     state_ = next;
     if (cut == Segmenter::Cut::kShot) counters_.shot_cuts += 1;
     for (BlockEntry& e : sealed) InstallBlock(std::move(e));
+    PublishOpenMean(std::move(open));
   }
-  SnapshotOpenBlock();
   latest_signals_ = std::move(frame.signals);
   blocks_since_rebuild_ += sealed.size();
   AppendResult result{next.last_frame, !sealed.empty()};
@@ -509,8 +515,8 @@ absl::Status Stream::Close() {
     absl::MutexLock lock(&mu_);
     state_ = next;
     for (BlockEntry& e : sealed) InstallBlock(std::move(e));
+    PublishOpenMean(OpenMean{});  // The open block is empty now.
   }
-  SnapshotOpenBlock();
   return EnforceBudgets();
 }
 

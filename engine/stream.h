@@ -257,7 +257,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // query vector, estimates each candidate's attention mass per head
   // (mass_estimate.h), refines exactly the candidates that can reach the
   // budget, and fills r->blocks (or, with q.per_layer, one set per indexed
-  // layer in r->layer_sets) within r->budget_tokens and r->top_k.
+  // layer, with q.per_head one per indexed layer and KV head, in
+  // r->layer_sets) within r->budget_tokens and r->top_k. The caller has
+  // checked kMaxScoresPerRecall.
   // mean_query: the mean of q's vectors.
   void RecallByMass(const RecallQuery& q, const std::vector<float>& mean_query,
                     size_t eligible, RecallResult* r) const
@@ -288,8 +290,16 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // query vectors: out[vector * heads + head].
   void UnitDots(uint64_t unit, const float* query, uint32_t vectors,
                 float* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Records the open block's mean key for the window estimate (score MASS).
-  void SnapshotOpenBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // The open block's mean key and tokens, for the window estimate (score
+  // MASS; empty otherwise). Published under mu_ in the same critical section
+  // as the blocks sealed from the open block, so a recall never counts the
+  // same tokens as a sealed block and in the open block's mean.
+  struct OpenMean {
+    std::vector<float> mean;
+    uint32_t tokens = 0;
+  };
+  OpenMean OpenBlockMean() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  void PublishOpenMean(OpenMean m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Stages a planned recall's KV through the accelerator (cost into
   // r->accel).

@@ -22,6 +22,12 @@ inline constexpr uint32_t kTokensPerGroup = 8;
 inline constexpr uint32_t kMaxDefaultGroups = 32;
 // Query vectors one recall may carry (kvmem.v1.RecallRequest.query).
 inline constexpr uint32_t kMaxQueryVectors = 64;
+// Scores one MASS recall may compute: query vectors x heads (indexed layers
+// x KV heads) x recall units in the index. Each is a float held during the
+// recall (2^25: 128 MiB), so this bounds a recall's memory and time; above
+// it Recall answers RESOURCE_EXHAUSTED. 64 vectors x 8 heads reach it at
+// 65,536 units (4,096 blocks of 16 token groups).
+inline constexpr uint64_t kMaxScoresPerRecall = uint64_t{1} << 25;
 inline constexpr size_t kMaxStreamIdBytes = 128;
 
 // OK when id is 1..128 bytes of [A-Za-z0-9._:-]; otherwise INVALID_ARGUMENT

@@ -29,6 +29,10 @@ namespace {
 // Tracks of a query that anchor a recall (re-identification).
 constexpr size_t kAnchorTracks = 8;
 
+// Per-thread scratch is kept between recalls up to this many floats (32 MiB);
+// a larger recall frees its scratch when it is done.
+constexpr uint64_t kKeepScratchFloats = uint64_t{1} << 23;
+
 uint32_t MicrosSince(std::chrono::steady_clock::time_point t0) {
   return static_cast<uint32_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(
@@ -258,6 +262,11 @@ void Stream::RecallByMass(const RecallQuery& q,
       r->total_tokens = set.total_tokens;
     }
   }
+  rows.scans = nullptr;
+  rows.mean_query = nullptr;
+  if (uint64_t{vectors} * heads * n > kKeepScratchFloats) {
+    ReleaseThreadScratch<Scratch>();
+  }
   r->plan_us = MicrosSince(t1);
 }
 
@@ -283,9 +292,11 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
   const bool semantic = w.track > 0 || w.iou > 0 || w.scene > 0;
   // Ranking works on value = density * exp(semantic / model_weight), which
   // orders units as priority = model_weight * ln(density) + semantic does,
-  // with no log per unit. (model_weight 0 ranks by the semantic score.)
-  // Semantic scores of blocks are known up front for the query's track
-  // candidates, computed for others once they are ranked exactly.
+  // with no log per unit (model_weight > 0: 0 is defaulted to 1).
+  // Semantic scores are known up front wherever they can be above 0, so
+  // the bounds below hold: for the query's track candidates (tracks and IoU
+  // are 0 elsewhere), and for every eligible block when the scene term
+  // counts (any block's scene can match).
   std::unordered_map<uint64_t, float> block_semantic;
   auto semantic_of = [&](uint64_t b) {
     auto [it, fresh] = block_semantic.try_emplace(b, 0.0f);
@@ -300,10 +311,12 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
     return it == block_semantic.end() ? 0.0f : it->second;
   };
   auto value_of = [&](float d, float sem) {
-    if (w.model <= 0) return std::exp(sem);
-    return sem == 0 ? d : d * std::exp(sem / w.model);
+    return MassRankValue(d, sem, w.model);
   };
-  if (semantic) {
+  if (w.scene > 0 && !q.signals.scene_embedding.empty()) {
+    block_semantic.reserve(eligible);
+    for (size_t b = 0; b < eligible; ++b) semantic_of(b);
+  } else if (semantic) {
     for (size_t b : TrackCandidates(q.signals, eligible)) semantic_of(b);
   }
 
@@ -475,30 +488,18 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
                       value_of(density[i], known_semantic(ids[i] >> shift))});
     }
   }
-  while (fill.used < r.budget_tokens && !rest.empty()) {
-    const uint64_t left = r.budget_tokens - fill.used;
-    // What no longer fits never will: the budget only shrinks.
-    rest.erase(std::remove_if(
-                   rest.begin(), rest.end(),
-                   [&](const Ranked& x) { return rows.tokens[x.row] > left; }),
-               rest.end());
-    size_t best = rest.size();
-    for (size_t i = 0; i < rest.size(); ++i) {
-      const uint64_t b = ids[rest[i].row] >> shift;
-      const bool fits = r.top_k == 0 || fill.blocks.size() < r.top_k ||
-                        std::find(fill.blocks.begin(), fill.blocks.end(), b) !=
-                            fill.blocks.end();
-      if (fits && (best == rest.size() || better(rest[i], rest[best]))) {
-        best = i;
-      }
+  // Taking the best unit that fits, again and again, is one pass in rank
+  // order: a unit that does not fit never will (the tokens left only
+  // shrink, and a block not taken once top_k are cannot be taken later).
+  if (!rest.empty()) {
+    std::sort(rest.begin(), rest.end(), better);
+    units.clear();
+    for (const Ranked& x : rest) {
+      units.push_back({ids[x.row] >> shift, rows.tokens[x.row]});
     }
-    if (best == rest.size()) break;
-    const std::vector<FillUnit> one = {
-        {ids[rest[best].row] >> shift, rows.tokens[rest[best].row]}};
-    FillBudget(one, r.budget_tokens, r.top_k, &fill, &picked);
-    taken.push_back(rest[best]);
-    rest[best] = rest.back();
-    rest.pop_back();
+    picked.clear();
+    FillBudget(units, r.budget_tokens, r.top_k, &fill, &picked);
+    for (size_t p : picked) taken.push_back(rest[p]);
   }
 
   // One RecalledBlock per block, in the order blocks were first taken
@@ -548,6 +549,9 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
     }
   }
   AssignGateWeights(&set.blocks, config_.gate_temperature, ScoreMode::kMass);
+  if (scratch.dots.size() + 2 * n > kKeepScratchFloats) {
+    ReleaseThreadScratch<Scratch>();
+  }
   return set;
 }
 

@@ -375,6 +375,15 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     }
     result.candidates = index_.all->size() - in_window;
     if (mass) {
+      const BlockIndex& units = index_groups() ? *index_.groups : *index_.all;
+      const uint64_t scores = uint64_t{vectors} * heads * units.size();
+      if (scores > kMaxScoresPerRecall) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "recall would score ", vectors, " query vectors x ", heads,
+            " heads x ", units.size(), " units of stream \"", id_,
+            "\" = ", scores, " scores; at most ", kMaxScoresPerRecall,
+            " per recall: send fewer query vectors"));
+      }
       planned = true;
       RecallByMass(q, mean_query, eligible, &result);
     } else if (!q.per_layer && index_.groups != nullptr) {

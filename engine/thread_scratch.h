@@ -8,7 +8,9 @@
 // the thread exits.
 //
 // Use a distinct type per call site (a local struct is fine): two sites that
-// name the same T share one object.
+// name the same T share one object. A site that may grow its buffers far
+// beyond their usual size calls ReleaseThreadScratch<T>() afterwards, so a
+// rare large call does not leave every thread holding its peak.
 #ifndef KVMEM_ENGINE_THREAD_SCRATCH_H_
 #define KVMEM_ENGINE_THREAD_SCRATCH_H_
 
@@ -17,10 +19,21 @@
 namespace kvmem {
 
 template <typename T>
+std::unique_ptr<T>& ThreadScratchSlot() {
+  thread_local std::unique_ptr<T> slot;
+  return slot;
+}
+
+template <typename T>
 T& ThreadScratch() {
-  thread_local std::unique_ptr<T> scratch;
-  if (scratch == nullptr) scratch = std::make_unique<T>();
-  return *scratch;
+  std::unique_ptr<T>& slot = ThreadScratchSlot<T>();
+  if (slot == nullptr) slot = std::make_unique<T>();
+  return *slot;
+}
+
+template <typename T>
+void ReleaseThreadScratch() {
+  ThreadScratchSlot<T>().reset();
 }
 
 }  // namespace kvmem

@@ -58,8 +58,8 @@ struct StreamConfig {
   float shot_similarity_threshold = 0;   // 0: 0.8.
   uint32_t max_tokens_per_block = 0;     // 0: no limit.
   std::vector<uint32_t> indexed_layers;  // Empty: all layers.
-  std::string index_factory;             // Empty: "Flat".
-  uint32_t groups_per_block = 0;  // 0: ~1 per 16 block tokens; 1: none.
+  std::string index_factory;             // Empty: "Progressive".
+  uint32_t groups_per_block = 0;         // 0: ~1 per 8 block tokens; 1: none.
   uint32_t default_top_k = 0;            // 0: no cap on blocks.
   uint32_t default_max_tokens = 0;       // 0: 20 % of the hot window.
   float gate_temperature = 0.0f;         // 0: 1.0.

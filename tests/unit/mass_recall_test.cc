@@ -305,5 +305,133 @@ TEST(MassRecallValidationTest, QueryVectorsAndWindowSumsAreChecked) {
   EXPECT_THAT(r.status().message(), HasSubstr("per_head needs score MASS"));
 }
 
+// A recall holds a float per query vector, head and unit: past
+// kMaxScoresPerRecall it is refused with the figures, not run. 4 layers x
+// 1,024 KV heads of 1 dim: 4,096 heads, so 64 vectors score 2^18 per unit
+// and 3 blocks of 64 token groups (192 units) pass the limit.
+TEST(MassRecallValidationTest, ScoresPerRecallAreBounded) {
+  testing::TempDir dir;
+  const testing::TestGeometry g{4, 1024, 1, DType::kFp16};
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = testing::TestConfig(g, 16, 4);
+  c.indexed_layers = {};  // All 4.
+  c.weights.score = ScoreMode::kMass;
+  c.groups_per_block = 64;
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  std::mt19937_64 rng(25);
+  for (uint64_t f = 0; f < 13; ++f) {
+    ASSERT_TRUE(
+        e->Append("s", testing::FrameOf(testing::RandomFrame(rng, g, 16), f,
+                                        g.dtype))
+            .ok());
+  }
+  ASSERT_EQ((*e->GetStats("s")).sealed_blocks, 3u);
+  const size_t dim = 4 * 1024;
+  RecallQuery q;
+  q.query = testing::RandomQuery(rng, 64 * dim);
+  auto r = e->Recall("s", q);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("recall would score 64 query vectors x 4096 heads x "
+                        "192 units"));
+  EXPECT_THAT(r.status().message(), HasSubstr("send fewer query vectors"));
+  q.query.resize(42 * dim);  // 42 x 4096 x 192 < 2^25.
+  r = e->Recall("s", q);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->query_vectors, 42u);
+  EXPECT_GT(r->total_tokens, 0u);
+}
+
+// Semantic weights far above the model weight (exp(semantic / model)
+// leaves float's range), and a window log-sum-exp so large that every
+// candidate's estimated mass is 0: the ranking's 0 x inf case
+// (MassRankValue, tested on its own in recall_planner_test). The set is
+// still filled, anchored on the query's track, with equal gates and no NaN.
+TEST(MassRecallSemanticsTest, HugeSemanticWeightsStayOrdered) {
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = MassConfig(g, "Progressive");
+  c.weights.model = 1e-3f;
+  c.weights.track = 1e6f;
+  c.weights.scene = 1e6f;
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  StreamModel model(g, kFpb, kWindow, {2, 0});
+  std::mt19937_64 rng(26);
+  for (uint64_t f = 0; f < 60; ++f) {
+    FrameSignals s;
+    s.detections.push_back(
+        {f < 9 ? 7u : 100u + f, 0u, 0.1f, 0.1f, 0.5f, 0.5f, 0.9f});
+    s.scene_embedding = {1.0f, float(f % 5), 0.5f};
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f, s)).ok());
+  }
+  for (int i = 0; i < 5; ++i) {
+    RecallQuery q;
+    // Large logits: most units' estimated mass underflows to 0.
+    q.query = Scaled(testing::RandomQuery(rng, model.summary_dim()), 40.0f);
+    q.max_tokens = 40;
+    if (i % 2 == 1) q.window_lse.assign(g.kv_heads * 2, 1e4f);
+    q.signals.detections.push_back({7u, 0u, 0.1f, 0.1f, 0.5f, 0.5f, 0.9f});
+    q.signals.scene_embedding = {1.0f, float(i), 0.5f};
+    auto r = e->Recall("s", q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_FALSE(r->blocks.empty());
+    double gates = 0;
+    for (const RecalledBlock& b : r->blocks) {
+      EXPECT_FALSE(std::isnan(b.priority)) << "block " << b.block.id;
+      EXPECT_FALSE(std::isnan(b.mass));
+      EXPECT_TRUE(std::isfinite(b.gate_weight));
+      gates += b.gate_weight;
+    }
+    EXPECT_NEAR(gates, 1.0, 1e-5);
+    if (!q.window_lse.empty()) {
+      EXPECT_EQ(r->recalled_mass, 0.0f);
+      EXPECT_FLOAT_EQ(r->blocks[0].gate_weight, 1.0f / r->blocks.size());
+    }
+    // Track 7 was seen in the first 9 frames (blocks 0-2): anchored first.
+    EXPECT_LT(r->blocks[0].block.id, 3u);
+  }
+}
+
+// A scene term can lift any block, not only the query's tracks: the one
+// block whose scene matches the query's is found even where its attention
+// mass alone would not let it survive the bounds (with a budget of one
+// block, the scan keeps only the few best by mass).
+TEST(MassRecallSemanticsTest, SceneMatchOutsideTheMassTopIsRecalled) {
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = MassConfig(g, "Progressive");
+  c.weights.scene = 30;
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  StreamModel model(g, kFpb, kWindow, {2, 0});
+  std::mt19937_64 rng(27);
+  for (uint64_t f = 0; f < 60; ++f) {
+    FrameSignals s;
+    s.scene_embedding =
+        f / kFpb == 2 ? std::vector<float>{0, 1} : std::vector<float>{1, 0};
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f, s)).ok());
+  }
+  int top_by_mass = 0;
+  for (int i = 0; i < 10; ++i) {
+    RecallQuery q;
+    q.query = Scaled(testing::RandomQuery(rng, model.summary_dim()), 3.0f);
+    q.max_tokens = kFpb * 4;  // One block.
+    auto plain = e->Recall("s", q);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_EQ(plain->blocks.size(), 1u);
+    top_by_mass += plain->blocks[0].block.id == 2;
+    q.signals.scene_embedding = {0, 1};
+    auto r = e->Recall("s", q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->blocks.size(), 1u) << "query " << i;
+    EXPECT_EQ(r->blocks[0].block.id, 2u) << "query " << i;
+    EXPECT_FLOAT_EQ(r->blocks[0].semantic_score, 30.0f);
+  }
+  EXPECT_LE(top_by_mass, 2);  // Mass alone rarely picks block 2.
+}
+
 }  // namespace
 }  // namespace kvmem

@@ -1,6 +1,7 @@
 #include "engine/recall_planner.h"
 
 #include <cmath>
+#include <limits>
 
 #include "gtest/gtest.h"
 
@@ -95,6 +96,41 @@ TEST(RecallPlannerTest, FillBudgetSkipsWhatDoesNotFitAndCapsBlocks) {
   taken.clear();
   EXPECT_EQ(FillBudget(more, 100, 2, &capped, &taken), 13u);
   EXPECT_EQ(taken, (std::vector<size_t>{0}));
+}
+
+// MASS ranks by density * exp(semantic / model_weight): the order of
+// model_weight * ln(density) + semantic while it is in float's range, never
+// NaN (a NaN key breaks std::sort's ordering), 0 for density 0.
+TEST(RecallPlannerTest, MassRankValueOrdersLikePriorityAndNeverNaN) {
+  const float kMax = std::numeric_limits<float>::max();
+  // In range: the same order as the priority.
+  const float d[] = {1e-6f, 1e-3f, 0.02f, 0.5f};
+  const float sem[] = {0.0f, 0.3f, 2.0f, 7.5f};
+  const float model[] = {0.25f, 1.0f, 3.0f};
+  for (float m : model) {
+    for (float d1 : d) {
+      for (float s1 : sem) {
+        for (float d2 : d) {
+          for (float s2 : sem) {
+            const double p1 = m * std::log(d1) + s1, p2 = m * std::log(d2) + s2;
+            if (std::abs(p1 - p2) < 1e-4) continue;
+            EXPECT_EQ(MassRankValue(d1, s1, m) > MassRankValue(d2, s2, m),
+                      p1 > p2)
+                << d1 << " " << s1 << " vs " << d2 << " " << s2 << " m " << m;
+          }
+        }
+      }
+    }
+  }
+  // exp(1e9) overflows: saturates, finite, above every value in range.
+  EXPECT_EQ(MassRankValue(1e-3f, 1e6f, 1e-3f), kMax);
+  EXPECT_GT(MassRankValue(1e-3f, 1e6f, 1e-3f), MassRankValue(0.9f, 50, 1));
+  // Density 0 stays 0 (ln 0 = -inf), not 0 x inf = NaN.
+  EXPECT_EQ(MassRankValue(0.0f, 1e6f, 1e-3f), 0.0f);
+  EXPECT_EQ(MassRankValue(0.0f, 3.0f, 1.0f), 0.0f);
+  // Not recallable (-1) stays below every recallable unit.
+  EXPECT_EQ(MassRankValue(-1.0f, 1e6f, 1e-3f), -1.0f);
+  EXPECT_EQ(MassRankValue(0.25f, 0.0f, 1.0f), 0.25f);
 }
 
 }  // namespace

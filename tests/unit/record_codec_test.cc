@@ -76,8 +76,8 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   auto config = DecodeConfig(v2);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->groups_per_block, 1u);  // Its blocks have no groups.
-  EXPECT_EQ(config->weights.score, ScoreMode::kUnspecified);
-  EXPECT_EQ(WithDefaults(*config).weights.score, ScoreMode::kMass);
+  EXPECT_EQ(config->weights.score, ScoreMode::kSummed);  // What it had.
+  EXPECT_EQ(WithDefaults(*config).weights.score, ScoreMode::kSummed);
   EXPECT_EQ(config->hot_window_tokens, 64u);
 
   BlockRecord b;
@@ -93,6 +93,28 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   EXPECT_EQ(back->last_hit_frame, 11u);
   EXPECT_TRUE(back->group_summaries.empty());
   EXPECT_TRUE(back->token_group.empty());
+}
+
+// Version 3 had token groups but one score: its streams keep SUMMED, while
+// a version 4 record that left the score unset gets the default (MASS).
+TEST(RecordCodecTest, ReadsVersionThreeConfigsAsSummed) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.groups_per_block = 9;
+  std::string v3 = EncodeConfig(c);
+  auto v4 = DecodeConfig(v3);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(WithDefaults(*v4).weights.score, ScoreMode::kMass);
+  v3.resize(v3.size() - 4);  // Version 4 appended the score mode.
+  v3[0] = 3;
+  auto config = DecodeConfig(v3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->groups_per_block, 9u);
+  const StreamConfig filled = WithDefaults(*config);
+  EXPECT_EQ(filled.weights.score, ScoreMode::kSummed);
+  EXPECT_TRUE(ValidateStreamConfig(filled).ok())
+      << ValidateStreamConfig(filled);
 }
 
 TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {
