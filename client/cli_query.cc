@@ -146,8 +146,14 @@ int RunStats(const std::vector<std::string>&) {
     std::printf("%s\n", ToJson(list).c_str());
     return 0;
   }
-  if (list.streams_size() == 0) std::printf("no streams\n");
+  if (list.streams_size() == 0 && list.quarantined_size() == 0) {
+    std::printf("no streams\n");
+  }
   for (const auto& st : list.streams()) PrintStatsHuman(st);
+  for (const auto& q : list.quarantined()) {
+    std::printf("stream %s: QUARANTINED (%s) %s\n", q.stream_id().c_str(),
+                q.code().c_str(), q.reason().c_str());
+  }
   return 0;
 }
 

@@ -4,8 +4,19 @@
 //   "Flat"         exact inner product (FAISS IndexFlatIP under IndexIDMap2).
 //   "Progressive"  exact: int8 scoring with a proven error bound, fp32
 //                  rescoring of the survivors (progressive_search.h).
-//   anything else  a FAISS index_factory description with inner-product
-//                  metric ("HNSW32", "SQ8", "IVF64,Flat", ...): approximate.
+//   approximate    FAISS indexes with inner-product metric, from an
+//                  allow-list (anything else is INVALID_ARGUMENT, because
+//                  FAISS accepts descriptions it then crashes on, e.g. NSG
+//                  with SIGFPE at its first build):
+//                    HNSW<M> or HNSW<M>,Flat   4 <= M <= 64
+//                    SQ4, SQ6, SQ8, SQfp16     scalar quantizers
+//                    PQ<m>[x<bits>]            m divides every index dim,
+//                                              1 <= bits <= 8 (default 8)
+//                    IVF<n>,<Flat|SQ..|PQ..>   1 <= n <= 1024
+//                  Centroids and codebooks of a stream's indexes are at
+//                  most kMaxFixedIndexBytes, and a new config's indexes are
+//                  probe-built (64 vectors, as the first build) before it is
+//                  accepted, every exception an answer.
 //                  Search is exact until 64 vectors are in (or enough to
 //                  train on); then the FAISS index is built from a copy of the
 //                  vectors and grows by incremental adds. Removed vectors are
@@ -64,13 +75,18 @@ struct IndexQuality {
 
 class BlockIndex {
  public:
+  // Centroid and codebook bytes a stream's approximate indexes may hold.
+  static constexpr uint64_t kMaxFixedIndexBytes = 64ull << 20;
+
   // INVALID_ARGUMENT naming the factory when it is not "Flat",
-  // "Progressive" or a FAISS description FAISS accepts for dim.
-  static absl::Status ValidateFactory(const std::string& factory, uint32_t dim);
+  // "Progressive" or an allowed FAISS kind (see above) that builds at every
+  // dimension in dims (the dimensions of all of one stream's indexes).
+  static absl::Status ValidateFactory(const std::string& factory,
+                                      const std::vector<uint32_t>& dims);
   // True for kinds that always return the exact top-k.
   static bool IsExact(const std::string& factory);
 
-  // REQUIRES: dim > 0 and ValidateFactory(factory, dim) is OK;
+  // REQUIRES: dim > 0 and ValidateFactory(factory, {dim, ...}) is OK;
   // segment_dim (0: dim) divides dim.
   explicit BlockIndex(uint32_t dim, const std::string& factory = "Flat",
                       uint32_t segment_dim = 0);

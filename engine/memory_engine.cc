@@ -1,6 +1,7 @@
 #include "engine/memory_engine.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/notification.h"
 #include "engine/record_codec.h"
 #include "engine/status_macros.h"
@@ -17,7 +18,17 @@ MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store,
       background_(std::make_unique<Executor>(options.background_threads)) {}
 
 MemoryEngine::~MemoryEngine() {
+  if (ack_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&ack_mu_);
+      stopping_ = true;
+    }
+    ack_thread_.join();
+  }
   background_.reset();  // Finish queued tier moves before streams go.
+  // Shutdown: the final record; never from an Open that failed, whose
+  // refusal must stay reproducible.
+  if (opened_) RecordAcknowledged().IgnoreError();
   absl::MutexLock lock(&mu_);
   streams_.clear();
 }
@@ -39,13 +50,9 @@ void MemoryEngine::WaitForBackground() {
   done.WaitForNotification();
 }
 
-absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
-    std::unique_ptr<ColdStore> store, const EngineOptions& options) {
-  std::unique_ptr<MemoryEngine> engine(
-      new MemoryEngine(std::move(store), options));
-  KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
-  absl::MutexLock lock(&engine->mu_);
-  for (const StreamRecord& r : records) {
+absl::StatusOr<std::unique_ptr<Stream>> MemoryEngine::RecoverOne(
+    const StreamRecord& r) {
+  try {
     KVMEM_ASSIGN_OR_RETURN(StreamConfig stored, DecodeConfig(r.config));
     // Records written by older versions lack newer fields: the decoder
     // gives the fields whose meaning would change the stream's behaviour
@@ -53,13 +60,144 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
     // defaults fill the rest, as for a new stream that leaves them unset.
     const StreamConfig config = WithDefaults(stored);
     KVMEM_ASSIGN_OR_RETURN(StreamState state, DecodeState(r.state));
-    KVMEM_RETURN_IF_ERROR(ValidateStreamConfig(config));
-    KVMEM_ASSIGN_OR_RETURN(
-        std::unique_ptr<Stream> stream,
-        Stream::Recover(r.stream_id, config, state, engine->Env()));
-    engine->streams_[r.stream_id] = std::move(stream);
+    if (absl::Status v = ValidateStreamConfig(config); !v.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "its stored config is refused by this build: ", v.message()));
+    }
+    return Stream::Recover(r.stream_id, config, state, Env());
+  } catch (const std::exception& e) {  // FAISS, allocation.
+    return absl::FailedPreconditionError(
+        absl::StrCat("its indexes failed to build: ", e.what()));
+  }
+}
+
+void MemoryEngine::Quarantine(const std::string& id, absl::Status reason) {
+  const absl::StatusCode code = reason.code() == absl::StatusCode::kDataLoss
+                                    ? absl::StatusCode::kDataLoss
+                                    : absl::StatusCode::kFailedPrecondition;
+  absl::Status st(code, absl::StrCat("stream \"", id,
+                                     "\" is quarantined since recovery: ",
+                                     reason.message(),
+                                     "; DeleteStream removes it"));
+  if (options_.error) options_.error(std::string(st.message()));
+  quarantined_[id] = std::move(st);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
+    std::unique_ptr<ColdStore> store, const EngineOptions& options) {
+  std::unique_ptr<MemoryEngine> engine(
+      new MemoryEngine(std::move(store), options));
+  KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
+  absl::StatusOr<std::map<std::string, uint64_t>> acked =
+      engine->store_->Acknowledged();
+  if (!acked.ok()) {
+    // The record itself is damaged: nothing to compare with, loudly.
+    if (options.strict_recovery) return acked.status();
+    if (options.error) options.error(std::string(acked.status().message()));
+    acked = std::map<std::string, uint64_t>();
+  }
+  {
+    absl::MutexLock lock(&engine->mu_);
+    for (const StreamRecord& r : records) {
+      absl::StatusOr<std::unique_ptr<Stream>> stream = engine->RecoverOne(r);
+      auto ack = acked->find(r.stream_id);
+      const uint64_t want = ack == acked->end() ? 0 : ack->second;
+      if (!stream.ok()) {
+        engine->Quarantine(r.stream_id, stream.status());
+        if (want > 0) engine->quarantined_acks_[r.stream_id] = want;
+        continue;
+      }
+      const uint64_t have = (*stream)->AcknowledgedFrames();
+      if (have < want) {
+        engine->Quarantine(
+            r.stream_id,
+            absl::DataLossError(absl::StrCat(
+                want, " frames were acknowledged and ", have,
+                " recovered: frames ", have, "..", want - 1,
+                " were lost from the write-ahead log")));
+        engine->quarantined_acks_[r.stream_id] = want;
+        continue;
+      }
+      engine->streams_[r.stream_id] = *std::move(stream);
+    }
+    for (const auto& [id, want] : *acked) {
+      if (want == 0 || engine->streams_.count(id) ||
+          engine->quarantined_.count(id)) {
+        continue;
+      }
+      engine->Quarantine(
+          id, absl::DataLossError(absl::StrCat(
+                  want, " frames were acknowledged and the stream is missing "
+                        "from storage: its records were lost from the "
+                        "write-ahead log")));
+      engine->quarantined_acks_[id] = want;
+    }
+    if (options.strict_recovery && !engine->quarantined_.empty()) {
+      const absl::Status& first = engine->quarantined_.begin()->second;
+      return absl::Status(
+          first.code(),
+          absl::StrCat("strict recovery: ", engine->quarantined_.size(),
+                       " stream(s) cannot be served as acknowledged; first: ",
+                       first.message()));
+    }
+  }
+  {
+    absl::MutexLock control(&engine->control_mu_);
+    engine->last_record_ = *std::move(acked);
+  }
+  engine->opened_ = true;
+  if (options.acknowledge_interval_ms > 0) {
+    engine->ack_thread_ = std::thread([e = engine.get()] {
+      e->AcknowledgeLoop();
+    });
   }
   return engine;
+}
+
+std::map<std::string, uint64_t> MemoryEngine::AcknowledgedNow(
+    const std::string* except) const {
+  std::vector<std::shared_ptr<Stream>> streams;
+  std::map<std::string, uint64_t> out;
+  {
+    absl::MutexLock lock(&mu_);
+    out = quarantined_acks_;
+    for (const auto& [id, s] : streams_) streams.push_back(s);
+  }
+  for (const auto& s : streams) {
+    const uint64_t n = s->AcknowledgedFrames();
+    if (n > 0) out[s->id()] = n;
+  }
+  if (except != nullptr) out.erase(*except);
+  return out;
+}
+
+absl::Status MemoryEngine::WriteAcknowledged(const std::string* except) {
+  std::map<std::string, uint64_t> now = AcknowledgedNow(except);
+  if (now == last_record_) return absl::OkStatus();
+  KVMEM_RETURN_IF_ERROR(store_->RecordAcknowledged(now));
+  last_record_ = std::move(now);
+  return absl::OkStatus();
+}
+
+absl::Status MemoryEngine::RecordAcknowledged() {
+  absl::MutexLock control(&control_mu_);
+  return WriteAcknowledged(nullptr);
+}
+
+void MemoryEngine::AcknowledgeLoop() {
+  absl::MutexLock lock(&ack_mu_);
+  while (!stopping_) {
+    ack_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                             absl::Milliseconds(options_.acknowledge_interval_ms));
+    if (stopping_) break;
+    ack_mu_.Unlock();
+    absl::Status st = RecordAcknowledged();
+    if (!st.ok() && options_.warn) {
+      options_.warn(absl::StrCat("acknowledgement record not written: ",
+                                 st.message()));
+    }
+    ack_mu_.Lock();
+  }
 }
 
 absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
@@ -71,6 +209,9 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   std::shared_ptr<Stream> existing;
   {
     absl::MutexLock lock(&mu_);
+    if (auto q = quarantined_.find(id); q != quarantined_.end()) {
+      return q->second;
+    }
     auto it = streams_.find(id);
     if (it != streams_.end()) existing = it->second;
   }
@@ -106,6 +247,9 @@ absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Find(
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) {
+    if (auto q = quarantined_.find(id); q != quarantined_.end()) {
+      return q->second;
+    }
     return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
   }
   return it->second;
@@ -119,17 +263,31 @@ absl::StatusOr<StreamStats> MemoryEngine::CloseStream(const std::string& id) {
 
 absl::Status MemoryEngine::DeleteStream(const std::string& id) {
   absl::MutexLock control(&control_mu_);
-  KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream, Find(id));
-  // Marked first, so calls already holding the stream answer NOT_FOUND
-  // instead of reading records while they are removed.
-  stream->MarkDeleted(true);
-  absl::Status s = store_->DeleteStream(id);
+  KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
+  bool quarantined;
+  {
+    absl::MutexLock lock(&mu_);
+    quarantined = quarantined_.count(id) > 0;
+  }
+  std::shared_ptr<Stream> stream;
+  if (!quarantined) {
+    KVMEM_ASSIGN_OR_RETURN(stream, Find(id));
+    // Marked first, so calls already holding the stream answer NOT_FOUND
+    // instead of reading records while they are removed.
+    stream->MarkDeleted(true);
+  }
+  // The record forgets the stream before the store does: a crash in
+  // between leaves a stream nobody vouches for, never a false loss.
+  absl::Status s = WriteAcknowledged(&id);
+  if (s.ok()) s = store_->DeleteStream(id);
   if (!s.ok()) {
-    stream->MarkDeleted(false);  // Nothing was removed; keep serving it.
+    if (stream) stream->MarkDeleted(false);  // Nothing removed; keep serving.
     return s;
   }
   absl::MutexLock lock(&mu_);
   streams_.erase(id);
+  quarantined_.erase(id);
+  quarantined_acks_.erase(id);
   return absl::OkStatus();
 }
 
@@ -172,6 +330,13 @@ std::vector<std::shared_ptr<Stream>> MemoryEngine::StreamsWithPrefix(
        ++it) {
     out.push_back(it->second);
   }
+  return out;
+}
+
+std::vector<QuarantinedStream> MemoryEngine::Quarantined() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<QuarantinedStream> out;
+  for (const auto& [id, st] : quarantined_) out.push_back({id, st});
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -43,6 +44,23 @@ struct EngineOptions {
   // the built-in defaults (WithServerDefaults; kvmem-server's
   // [stream_defaults]).
   StreamConfig stream_defaults;
+  // Recovery (see Open): false salvages (a stream that fails to recover,
+  // or recovers fewer frames than were acknowledged, is quarantined and the
+  // others serve); true refuses to open instead.
+  bool strict_recovery = false;
+  // Milliseconds between acknowledgement records (ColdStore::
+  // RecordAcknowledged); 0 records only on DeleteStream and shutdown.
+  uint32_t acknowledge_interval_ms = 1000;
+  // Errors the engine raises (a quarantined stream); may be empty.
+  std::function<void(const std::string&)> error;
+};
+
+// A stored stream that could not be served after recovery.
+struct QuarantinedStream {
+  std::string stream_id;
+  // Why: DATA_LOSS (acknowledged frames missing, undecodable records) or
+  // FAILED_PRECONDITION (a config or index this build cannot serve).
+  absl::Status reason;
 };
 
 struct OpenStreamResult {
@@ -52,8 +70,14 @@ struct OpenStreamResult {
 
 class MemoryEngine {
  public:
-  // Takes ownership of store and recovers every stream it holds. Fails with
-  // DATA_LOSS when a stored record cannot be decoded.
+  // Takes ownership of store and recovers every stream it holds, checking
+  // each against the store's acknowledgement record. A stream that fails to
+  // recover (undecodable records, a config or index this build refuses, an
+  // exception from FAISS), that recovers fewer frames than were
+  // acknowledged, or that was acknowledged and is missing, is quarantined:
+  // its calls answer its reason (DATA_LOSS or FAILED_PRECONDITION) and
+  // DeleteStream removes it; options.error is told. With
+  // options.strict_recovery, any of these fails Open instead.
   static absl::StatusOr<std::unique_ptr<MemoryEngine>> Open(
       std::unique_ptr<ColdStore> store, const EngineOptions& options = {});
   ~MemoryEngine();
@@ -76,6 +100,10 @@ class MemoryEngine {
   absl::StatusOr<std::shared_ptr<Stream>> Find(const std::string& id) const;
 
   size_t stream_count() const;
+  std::vector<QuarantinedStream> Quarantined() const;
+  // Writes the acknowledgement record now (the engine does every
+  // options.acknowledge_interval_ms, and at DeleteStream and shutdown).
+  absl::Status RecordAcknowledged();
   // The live streams whose id starts with prefix ("" for all), without
   // computing their stats: cheap enough for per-append admission checks.
   std::vector<std::shared_ptr<Stream>> StreamsWithPrefix(
@@ -90,6 +118,16 @@ class MemoryEngine {
  private:
   MemoryEngine(std::unique_ptr<ColdStore> store, const EngineOptions& options);
   StreamEnv Env();
+  // Recovers one stored stream; any failure (or exception) is the status.
+  absl::StatusOr<std::unique_ptr<Stream>> RecoverOne(const StreamRecord& r);
+  void Quarantine(const std::string& id, absl::Status reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record as it should be now; without `except`.
+  std::map<std::string, uint64_t> AcknowledgedNow(const std::string* except)
+      const;
+  absl::Status WriteAcknowledged(const std::string* except)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
+  void AcknowledgeLoop();
 
   std::unique_ptr<ColdStore> store_;
   const EngineOptions options_;
@@ -104,6 +142,16 @@ class MemoryEngine {
   // Guards the map only; never held across storage I/O.
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Status> quarantined_ ABSL_GUARDED_BY(mu_);
+  // Acknowledged frames of quarantined streams, kept in the record so the
+  // loss stays visible until the stream is deleted.
+  std::map<std::string, uint64_t> quarantined_acks_ ABSL_GUARDED_BY(mu_);
+  // The last record written (control_mu_): unchanged maps are not rewritten.
+  std::map<std::string, uint64_t> last_record_ ABSL_GUARDED_BY(control_mu_);
+  absl::Mutex ack_mu_;
+  bool stopping_ ABSL_GUARDED_BY(ack_mu_) = false;
+  std::thread ack_thread_;
+  bool opened_ = false;  // Open succeeded: the record may be rewritten.
 };
 
 }  // namespace kvmem

@@ -47,6 +47,11 @@ Stream::Stream(const std::string& id, const StreamConfig& config,
   index_ = NewIndexes();
 }
 
+uint64_t Stream::AcknowledgedFrames() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return static_cast<uint64_t>(state_.last_frame + 1);
+}
+
 Stream::~Stream() {
   absl::MutexLock lock(&mu_);
   AddWarm(-static_cast<int64_t>(warm_bytes_), false);

@@ -127,6 +127,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // precision (degradation does not shrink it): what quotas count. O(1).
   uint64_t RetainedPayloadBytes() const;
 
+  // Frames acknowledged so far: the last durable frame + 1 (0 when none).
+  uint64_t AcknowledgedFrames() const;
+
   const std::string& id() const { return id_; }
   const StreamConfig& config() const { return config_; }
 

@@ -214,10 +214,8 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
         "config.index_policy.groups_per_block is ", config.groups_per_block,
         "; must be in [0, ", kMaxGroupsPerBlock, "]"));
   }
-  if (absl::Status f = BlockIndex::ValidateFactory(
-          config.index_factory,
-          static_cast<uint32_t>(config.indexed_layers.size()) * g.kv_heads *
-              g.head_dim);
+  if (absl::Status f =
+          BlockIndex::ValidateFactory(config.index_factory, IndexDims(config));
       !f.ok()) {
     return f;
   }
@@ -304,6 +302,19 @@ uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count) {
 uint32_t SummaryDim(const StreamConfig& config) {
   return static_cast<uint32_t>(EffectiveIndexedLayers(config).size()) *
          config.geometry.kv_heads * config.geometry.head_dim;
+}
+
+std::vector<uint32_t> IndexDims(const StreamConfig& config) {
+  const StreamConfig c = WithDefaults(config);
+  const uint32_t summary = SummaryDim(c);
+  std::vector<uint32_t> dims = {summary};
+  // As Stream::NewIndexes builds them.
+  if (c.weights.score == ScoreMode::kSummed && c.indexed_layers.size() > 1) {
+    dims.insert(dims.end(), c.indexed_layers.size(),
+                c.geometry.kv_heads * c.geometry.head_dim);
+  }
+  if (c.groups_per_block > 1) dims.push_back(summary);
+  return dims;
 }
 
 std::vector<uint32_t> EffectiveIndexedLayers(const StreamConfig& config) {

@@ -62,6 +62,11 @@ uint64_t LayerSliceElements(const Geometry& g, uint32_t token_count);
 // Dimension of a block summary (and of a query).
 uint32_t SummaryDim(const StreamConfig& config);
 
+// Dimension of each vector index a stream of this config builds (the
+// summary index, per-layer indexes for SUMMED over several layers, the
+// token-group index), as Stream::NewIndexes does.
+std::vector<uint32_t> IndexDims(const StreamConfig& config);
+
 // Indexed layers after defaults (all layers when the list is empty).
 std::vector<uint32_t> EffectiveIndexedLayers(const StreamConfig& config);
 

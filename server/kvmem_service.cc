@@ -128,6 +128,14 @@ grpc::ServerUnaryReactor* KvMemoryService::ListStreams(
       ToProto(s, p);
       p->set_stream_id(*id);
     }
+    for (const QuarantinedStream& q : engine_->Quarantined()) {
+      const std::optional<std::string> id = c.ClientId(q.stream_id);
+      if (!id) continue;
+      v1::QuarantinedStream* p = resp->add_quarantined();
+      p->set_stream_id(*id);
+      p->set_code(absl::StatusCodeToString(q.reason.code()));
+      p->set_reason(std::string(c.Scrub(q.reason).message()));
+    }
     return absl::OkStatus();
   });
 }

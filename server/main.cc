@@ -68,6 +68,16 @@ ABSL_FLAG(std::string, wal_sync, "interval",
           "interval: every --wal_sync_interval_ms (power loss loses at most "
           "that much); off: when the OS writes back. Under all three an "
           "acknowledged frame survives a crash of kvmem-server (kill -9).");
+ABSL_FLAG(std::string, recovery, "salvage",
+          "What a restart does with stored streams it cannot serve as "
+          "acknowledged (acknowledged frames lost with a corrupt or "
+          "truncated WAL, a config or index this build refuses). salvage: "
+          "start; each such stream is quarantined (its calls answer "
+          "DATA_LOSS or FAILED_PRECONDITION with the reason, ListStreams "
+          "lists it, DeleteStream removes it), logged as an error and "
+          "counted in kvmem_streams{state=\"quarantined\"}. strict: refuse "
+          "to start, and let RocksDB refuse any WAL corruption but a torn "
+          "last record.");
 ABSL_FLAG(int32_t, wal_sync_interval_ms, 200,
           "With --wal_sync=interval: milliseconds between WAL fsyncs (>= 1).");
 ABSL_FLAG(int32_t, rocksdb_write_buffer_mib, 64,
@@ -181,6 +191,12 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
   }
   store_options.wal_sync_interval_ms =
       static_cast<uint32_t>(absl::GetFlag(FLAGS_wal_sync_interval_ms));
+  const std::string recovery = absl::GetFlag(FLAGS_recovery);
+  if (recovery != "salvage" && recovery != "strict") {
+    spdlog::error("--recovery is \"{}\"; must be salvage or strict", recovery);
+    return 2;
+  }
+  store_options.strict_wal = recovery == "strict";
   const int32_t write_mib = absl::GetFlag(FLAGS_rocksdb_write_buffer_mib);
   const int32_t cache_mib = absl::GetFlag(FLAGS_rocksdb_block_cache_mib);
   if (write_mib < 1 || write_mib > 4096 || cache_mib < 1 || cache_mib > 65536) {
@@ -202,6 +218,8 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
   engine_options.global_warm_budget_bytes =
       absl::GetFlag(FLAGS_global_warm_budget_bytes);
   engine_options.warn = [](const std::string& w) { spdlog::warn("{}", w); };
+  engine_options.error = [](const std::string& e) { spdlog::error("{}", e); };
+  engine_options.strict_recovery = recovery == "strict";
   engine_options.stream_defaults = stream_defaults;
   if (const std::string path = absl::GetFlag(FLAGS_accelerator_profile);
       !path.empty()) {
@@ -232,9 +250,12 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
         "frame {}",
         s.stream_id, s.frames, s.sealed_blocks, s.last_durable_frame);
   }
-  spdlog::info("opened {} with {} streams in {:.1f} ms (WAL sync: {})",
-               store_options.path, (*engine)->stream_count(), recover_ms,
-               kvmem::WalSyncName(store_options.wal_sync));
+  spdlog::info(
+      "opened {} with {} streams ({} quarantined) in {:.1f} ms (WAL sync: "
+      "{}, recovery: {})",
+      store_options.path, (*engine)->stream_count(),
+      (*engine)->Quarantined().size(), recover_ms,
+      kvmem::WalSyncName(store_options.wal_sync), recovery);
 
   int workers = absl::GetFlag(FLAGS_worker_threads);
   if (workers <= 0) {

@@ -198,6 +198,8 @@ class MetricsCollector final : public prometheus::Collectable {
         Family("kvmem_streams", "Streams held, by state.", MetricType::Gauge);
     AddValue(&count, {{"state", "open"}}, open);
     AddValue(&count, {{"state", "closed"}}, closed);
+    AddValue(&count, {{"state", "quarantined"}},
+             static_cast<double>(engine_->Quarantined().size()));
     out.push_back(std::move(count));
     for (int i = 0; i < kStreamCounterCount; ++i) {
       const std::string n = kCounters[i].name;

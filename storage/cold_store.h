@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,6 +90,17 @@ class ColdStore {
 
   // Bytes of payloads on disk or in memory, as the store estimates them.
   virtual uint64_t ApproximatePayloadBytes() = 0;
+
+  // The acknowledgement record: per stream, how many frames were
+  // acknowledged (last frame + 1). RecordAcknowledged first makes every
+  // commit that returned so far durable, then replaces the record where a
+  // lost or corrupt write-ahead-log tail cannot take it back, so recovery
+  // can tell a store that lost acknowledged commits from one that did not.
+  virtual absl::Status RecordAcknowledged(
+      const std::map<std::string, uint64_t>& frames) = 0;
+  // The last record (empty when none was made). DATA_LOSS when it exists but
+  // cannot be read.
+  virtual absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() = 0;
 };
 
 // An in-memory ColdStore for engine tests. Not durable.

@@ -127,9 +127,21 @@ class MemColdStore final : public ColdStore {
     return n;
   }
 
+  absl::Status RecordAcknowledged(
+      const std::map<std::string, uint64_t>& frames) override {
+    absl::MutexLock lock(&mu_);
+    acknowledged_ = frames;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override {
+    absl::MutexLock lock(&mu_);
+    return acknowledged_;
+  }
+
  private:
   absl::Mutex mu_;
   std::map<std::string, MemStream> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> acknowledged_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -1,6 +1,14 @@
 #include "storage/rocks_cold_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <filesystem>
 #include <system_error>
 #include <thread>
@@ -33,6 +41,49 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
   if (s.IsCorruption()) return absl::DataLossError(msg);
   return absl::InternalError(msg);
+}
+
+// Replaces dir/name with data: written to a temporary file, fsynced,
+// renamed over the old one, and the directory fsynced, so a crash leaves
+// either the old record or the new one.
+absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
+                              absl::string_view data) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](absl::string_view what) {
+    const int err = errno;
+    const std::string msg =
+        absl::StrCat(what, " ", tmp, ": ", std::strerror(err));
+    return err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(msg)
+                                          : absl::InternalError(msg);
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                        0644);
+  if (fd < 0) return fail("open");
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      absl::Status st = fail("write");
+      ::close(fd);
+      return st;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status st = fail("fsync");
+    ::close(fd);
+    return st;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename");
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
 }
 
 std::string StreamPrefix(absl::string_view stream_id) {
@@ -72,10 +123,10 @@ std::string MetaKey(absl::string_view stream_id, char kind) {
 
 class RocksColdStore final : public ColdStore {
  public:
-  RocksColdStore(std::unique_ptr<rocksdb::DB> db,
+  RocksColdStore(std::unique_ptr<rocksdb::DB> db, std::string path,
                  std::vector<rocksdb::ColumnFamilyHandle*> handles,
                  WalSync wal_sync, uint32_t interval_ms)
-      : db_(std::move(db)), handles_(std::move(handles)) {
+      : db_(std::move(db)), path_(std::move(path)), handles_(std::move(handles)) {
     write_options_.sync = wal_sync == WalSync::kEveryCommit;
     write_options_.disableWAL = false;
     streams_ = handles_[1];
@@ -96,7 +147,7 @@ class RocksColdStore final : public ColdStore {
       }
       syncer_.join();
     }
-    db_->FlushWAL(/*sync=*/true).PermitUncheckedError();
+    SyncedMarker().IgnoreError();  // Not FlushWAL: see SyncedMarker.
     for (auto* h : handles_)
       db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
     db_->Close().PermitUncheckedError();
@@ -233,7 +284,91 @@ class RocksColdStore final : public ColdStore {
     return total;
   }
 
+  absl::Status RecordAcknowledged(
+      const std::map<std::string, uint64_t>& frames) override {
+    // Every commit that returned is in the WAL (manual_wal_flush is off):
+    // made durable first, the record never claims more than the disk holds.
+    if (absl::Status st = SyncedMarker(); !st.ok()) return st;
+    std::string out(kAckMagic);
+    PutU64(&out, frames.size());
+    for (const auto& [id, n] : frames) {
+      PutU64(&out, id.size());
+      out += id;
+      PutU64(&out, n);
+    }
+    PutU64(&out, Fnv64(out));
+    absl::MutexLock lock(&ack_mu_);  // One writer of the temporary file.
+    return WriteFileDurably(path_, kAckFile, out);
+  }
+
+  absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override {
+    std::map<std::string, uint64_t> frames;
+    const std::string file = absl::StrCat(path_, "/", kAckFile);
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return frames;  // Never recorded (a new or pre-v5 store).
+    const std::string data((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+    auto bad = [&](absl::string_view why) {
+      return absl::DataLossError(absl::StrCat(
+          "acknowledgement record ", file, " is unreadable (", why,
+          "): acknowledged frames cannot be verified"));
+    };
+    const size_t magic = sizeof(kAckMagic) - 1;
+    if (data.size() < magic + 16 || data.compare(0, magic, kAckMagic) != 0) {
+      return bad("no header");
+    }
+    absl::string_view body(data.data(), data.size() - 8);
+    size_t pos = data.size() - 8;
+    if (GetU64(data, &pos) != Fnv64(body)) return bad("checksum mismatch");
+    pos = magic;
+    const uint64_t count = GetU64(data, &pos);
+    for (uint64_t i = 0; i < count; ++i) {
+      if (pos + 8 > body.size()) return bad("truncated");
+      const uint64_t len = GetU64(data, &pos);
+      if (len > body.size() || pos + len + 8 > body.size()) {
+        return bad("truncated");
+      }
+      std::string id = data.substr(pos, len);
+      pos += len;
+      frames[std::move(id)] = GetU64(data, &pos);
+    }
+    if (pos != body.size()) return bad("trailing bytes");
+    return frames;
+  }
+
  private:
+  static constexpr char kAckMagic[] = "KVMEM-ACKED-1\n";
+  static constexpr char kAckFile[] = "KVMEM-ACKED";
+
+  static void PutU64(std::string* out, uint64_t v) {
+    for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+  }
+  static uint64_t GetU64(const std::string& in, size_t* pos) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) {
+      v |= static_cast<uint64_t>(static_cast<uint8_t>(in[*pos + i])) << (8 * i);
+    }
+    *pos += 8;
+    return v;
+  }
+  static uint64_t Fnv64(absl::string_view s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+    return h;
+  }
+
+  // Makes every WAL record written so far durable. Not DB::SyncWAL: in
+  // RocksDB 7.8 that syncs a WAL writer even after a write to it failed
+  // (disk full) and trips an assertion that Debian's build keeps
+  // (WritableFileWriter::AssertFalseAndGetStatusForPrevError); a synced
+  // write goes through the write queue, which refuses once the DB has a
+  // background error, and syncs every live WAL when it does run.
+  absl::Status SyncedMarker() {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    return FromRocks(db_->Put(wo, handles_[0], "kvmem-sync", ""), "sync WAL");
+  }
+
   absl::StatusOr<std::string> Get(rocksdb::ColumnFamilyHandle* cf,
                                   const std::string& key,
                                   const std::string& what) {
@@ -254,13 +389,15 @@ class RocksColdStore final : public ColdStore {
                                 absl::Milliseconds(interval_ms));
       if (stopping_) break;
       sync_mu_.Unlock();
-      // SyncWAL fails only on I/O errors, which the next Commit reports.
-      db_->SyncWAL().PermitUncheckedError();
+      // Fails only on I/O errors, which the next Commit reports.
+      SyncedMarker().IgnoreError();
       sync_mu_.Lock();
     }
   }
 
   std::unique_ptr<rocksdb::DB> db_;
+  const std::string path_;
+  absl::Mutex ack_mu_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   absl::Mutex sync_mu_;
   bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
@@ -297,6 +434,9 @@ absl::StatusOr<std::unique_ptr<ColdStore>> OpenRocksColdStore(
   db_options.create_missing_column_families = true;
   db_options.max_background_jobs = 2;
   db_options.manual_wal_flush = false;
+  db_options.wal_recovery_mode =
+      options.strict_wal ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
+                         : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
 
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
@@ -332,7 +472,8 @@ absl::StatusOr<std::unique_ptr<ColdStore>> OpenRocksColdStore(
     return FromRocks(s, absl::StrCat("open RocksDB at ", options.path));
   }
   return std::unique_ptr<ColdStore>(
-      new RocksColdStore(std::unique_ptr<rocksdb::DB>(raw), std::move(handles),
+      new RocksColdStore(std::unique_ptr<rocksdb::DB>(raw), options.path,
+                         std::move(handles),
                          options.wal_sync, options.wal_sync_interval_ms));
 }
 

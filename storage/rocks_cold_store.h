@@ -46,6 +46,11 @@ struct RocksColdStoreOptions {
   uint64_t block_cache_bytes = 64ull << 20;
   // Memtable size per column family (RAM held before a flush to disk).
   uint64_t write_buffer_bytes = 64ull << 20;
+  // WAL recovery: false replays the WAL up to its first damaged record
+  // (RocksDB's point-in-time recovery; the engine then compares each
+  // stream with the acknowledgement record, see ColdStore::Acknowledged);
+  // true fails Open on any damaged record but a torn last one.
+  bool strict_wal = false;
 };
 
 // Opens (creating if missing) the store at options.path.

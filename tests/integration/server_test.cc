@@ -552,14 +552,23 @@ TEST_F(ServerTest, BadInputCatalogue) {
                "HNSW8111111111111111111111111");
          });
        },
-       StatusCode::INVALID_ARGUMENT, "at most 256 (HNSW links per node)"},
+       StatusCode::INVALID_ARGUMENT, "\" is not one of: Flat, Progressive"},
       {"OpenStream", "index_factory \"IVF1000000,Flat\"",
        [&] {
          return with([](auto* c) {
            c->mutable_index_policy()->set_index_factory("IVF1000000,Flat");
          });
        },
-       StatusCode::INVALID_ARGUMENT, "has the number 1000000; at most 65536"},
+       StatusCode::INVALID_ARGUMENT, "(n 1..1024)"},
+      {"OpenStream",
+       "index_factory \"PQ5\" (FAISS threw \"d % M == 0\" and aborted the "
+       "server)",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_index_policy()->set_index_factory("PQ5");
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "sub-quantizers; the count must divide"},
       {"OpenStream", "index_policy.groups_per_block 65",
        [&] {
          return with([](auto* c) {

@@ -97,9 +97,9 @@ TEST(BlockIndexTest, UntrainableYetMeansExact) {
 }
 
 TEST(BlockIndexTest, BadFactoryIsInvalidArgumentNamingIt) {
-  EXPECT_TRUE(BlockIndex::ValidateFactory("HNSW32", kDim).ok());
-  EXPECT_TRUE(BlockIndex::ValidateFactory("Progressive", kDim).ok());
-  const absl::Status s = BlockIndex::ValidateFactory("Bogus42", kDim);
+  EXPECT_TRUE(BlockIndex::ValidateFactory("HNSW32", {kDim}).ok());
+  EXPECT_TRUE(BlockIndex::ValidateFactory("Progressive", {kDim}).ok());
+  const absl::Status s = BlockIndex::ValidateFactory("Bogus42", {kDim});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("\"Bogus42\""), std::string::npos) << s;
 
@@ -110,6 +110,35 @@ TEST(BlockIndexTest, BadFactoryIsInvalidArgumentNamingIt) {
   auto opened = e->OpenStream("cam", c);
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Descriptions FAISS accepts and then crashes on (found from outside: at
+// index dimensions 12 and 6, "d % M == 0" thrown at stream creation, NSG's
+// SIGFPE at the 64th block, PQ1x24's 255 MiB codebook) are refused before
+// anything is built; the allowed kinds validate where they divide.
+TEST(BlockIndexTest, AllowListRefusesKindsThatCrashFaiss) {
+  const std::vector<uint32_t> dims = {12, 6, 6};
+  for (const char* bad :
+       {"PQ4", "PQ12", "IVF2,PQ4", "OPQ4,PQ4", "HNSW4_PQ4", "PQ4x4fs",
+        "IVF4,PQ4x4fs", "NSG8,Flat", "NSG16", "NSG32,Flat", "PQ1x24",
+        "PQ1x27", "HNSW3", "HNSW65", "IVF1025,Flat", "IVF0,Flat", "PQ2x9",
+        "LSH", "PCA4,Flat", "IVF4,Flat,Refine(Flat)", "HNSW8,SQ8", "SQ8 ",
+        "IDMap,Flat", "PQ0", "RFlat"}) {
+    const absl::Status s = BlockIndex::ValidateFactory(bad, dims);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("index_factory"), std::string::npos) << s;
+  }
+  for (const char* good :
+       {"HNSW4", "HNSW64,Flat", "SQ4", "SQ6", "SQ8", "SQfp16", "PQ2", "PQ3x4",
+        "PQ6x1", "IVF1,Flat", "IVF1024,Flat", "IVF4,SQ8", "IVF2,PQ3x4"}) {
+    EXPECT_TRUE(BlockIndex::ValidateFactory(good, dims).ok())
+        << good << ": " << BlockIndex::ValidateFactory(good, dims);
+  }
+  // Centroids over every index of the stream are bounded.
+  const absl::Status big =
+      BlockIndex::ValidateFactory("IVF1024,Flat", {16384, 4096, 4096});
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big.message().find("at most 67108864"), std::string::npos) << big;
 }
 
 TEST(BlockIndexTest, StreamWithHnswRecallsAndReportsSampledRecall) {
