@@ -178,8 +178,13 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
   }
   absl::MutexLock lock(&s->append_mu_);
   KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
-  // Budgets may have shrunk since the blocks were recorded warm.
-  KVMEM_RETURN_IF_ERROR(s->EnforceBudgets());
+  // Budgets may have shrunk since the blocks were recorded warm. A store
+  // that refuses writes (disk full) leaves the blocks where they are: the
+  // next append applies the budgets again.
+  if (absl::Status b = s->EnforceBudgets();
+      !b.ok() && !absl::IsResourceExhausted(b)) {
+    return b;
+  }
   return s;
 }
 

@@ -80,6 +80,14 @@ ABSL_FLAG(std::string, recovery, "salvage",
           "last record.");
 ABSL_FLAG(int32_t, wal_sync_interval_ms, 200,
           "With --wal_sync=interval: milliseconds between WAL fsyncs (>= 1).");
+ABSL_FLAG(int32_t, disk_reserve_mib, -1,
+          "MiB the data dir keeps free. Below it appends answer "
+          "RESOURCE_EXHAUSTED naming the dir while reads, recalls, fetches "
+          "and deletes keep working, and appends resume by themselves when "
+          "space returns; if a write fails on a full disk anyway, the store "
+          "stops writing and reopens once this much is free. -1: twice the "
+          "memtable sizes plus 64 MiB (256 MiB with the defaults); 0: no "
+          "guard.");
 ABSL_FLAG(int32_t, rocksdb_write_buffer_mib, 64,
           "RocksDB memtable size per payload column family, MiB (RAM held "
           "before a flush to disk; metadata families use at most 16).");
@@ -208,6 +216,14 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
   }
   store_options.write_buffer_bytes = static_cast<uint64_t>(write_mib) << 20;
   store_options.block_cache_bytes = static_cast<uint64_t>(cache_mib) << 20;
+  if (const int32_t reserve = absl::GetFlag(FLAGS_disk_reserve_mib);
+      reserve >= 0) {
+    store_options.reserve_bytes = static_cast<uint64_t>(reserve) << 20;
+  } else if (reserve != -1) {
+    spdlog::error("--disk_reserve_mib is {}; must be -1 (auto) or >= 0",
+                  reserve);
+    return 2;
+  }
   auto store = kvmem::OpenRocksColdStore(store_options);
   if (!store.ok()) {
     spdlog::error("{}", store.status().ToString());

@@ -1,10 +1,14 @@
 #include "storage/rocks_cold_store.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -16,9 +20,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "rocksdb/db.h"
 #include "rocksdb/filter_policy.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/table.h"
 #include "rocksdb/utilities/options_util.h"
 #include "rocksdb/write_batch.h"
@@ -121,22 +127,165 @@ std::string MetaKey(absl::string_view stream_id, char kind) {
   return k;
 }
 
+// Told of RocksDB's background errors (a WAL or flush write that hit a full
+// disk): the store stops writing and recovers by reopening, never by
+// RocksDB's own recovery, which in 7.8 can write through a failed WAL
+// writer and abort.
+class ErrorListener final : public rocksdb::EventListener {
+ public:
+  explicit ErrorListener(std::atomic<bool>* failed) : failed_(failed) {}
+  void OnBackgroundError(rocksdb::BackgroundErrorReason,
+                         rocksdb::Status* error) override {
+    if (error != nullptr && !error->ok()) failed_->store(true);
+  }
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status,
+                            bool* auto_recovery) override {
+    *auto_recovery = false;
+  }
+
+ private:
+  std::atomic<bool>* const failed_;
+};
+
+// RocksDB's info LOG, written with plain write(2) whose failures are
+// ignored. RocksDB's own file logger goes through a WritableFileWriter: on
+// a full disk one failed append makes its next log line trip the 7.8
+// assertion above (it is what aborted the server first: the error handler
+// logs the very error that filled the disk). Lines are dropped, never
+// fatal, while the disk is full.
+class PlainFileLogger final : public rocksdb::Logger {
+ public:
+  explicit PlainFileLogger(const std::string& dir) {
+    const std::string path = dir + "/LOG";
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) > (64ull << 20) && !ec) {
+      std::filesystem::rename(path, path + ".old", ec);
+    }
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
+                 0644);
+  }
+  ~PlainFileLogger() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    if (fd_ < 0) return;
+    char line[1024];
+    const absl::Time now = absl::Now();
+    int n = absl::SNPrintF(line, sizeof(line), "%s ",
+                           absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now,
+                                            absl::LocalTimeZone()));
+    const int m = std::vsnprintf(line + n, sizeof(line) - n - 1, format, ap);
+    if (m < 0) return;
+    n = std::min<int>(n + m, sizeof(line) - 2);
+    if (line[n - 1] != '\n') line[n++] = '\n';
+    if (::write(fd_, line, static_cast<size_t>(n)) < 0) {
+      // Full disk: the line is lost, the process is not.
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+struct Db {
+  std::unique_ptr<rocksdb::DB> db;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  bool read_only = false;
+};
+
+// Opens the store's RocksDB read-write, or read-only when asked.
+rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
+                       std::shared_ptr<rocksdb::EventListener> listener,
+                       bool read_only, Db* out) {
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.max_background_jobs = 2;
+  db_options.manual_wal_flush = false;
+  db_options.wal_recovery_mode =
+      options.strict_wal ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
+                         : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  // Index and filter blocks live in the block cache, so the memory of open
+  // SST files is bounded by it instead of growing with their number (the
+  // soak test saw RSS climb with every flush otherwise); L0's stay pinned.
+  table.cache_index_and_filter_blocks = true;
+  table.pin_l0_filter_and_index_blocks_in_cache = true;
+  rocksdb::ColumnFamilyOptions meta_cf;
+  meta_cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  meta_cf.write_buffer_size =
+      std::min<uint64_t>(options.write_buffer_bytes, 16ull << 20);
+  rocksdb::ColumnFamilyOptions payload_cf = meta_cf;
+  payload_cf.enable_blob_files = true;
+  payload_cf.min_blob_size = options.min_blob_size;
+  payload_cf.blob_file_size = 256ull << 20;
+  payload_cf.enable_blob_garbage_collection = true;
+  payload_cf.write_buffer_size = options.write_buffer_bytes;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, meta_cf},
+      {kStreamsCf, meta_cf},
+      {kBlocksCf, meta_cf},
+      {kPayloadsCf, payload_cf},
+      {kFrameMetaCf, meta_cf},
+      {kBlockLayersCf, payload_cf}};
+  db_options.listeners.push_back(std::move(listener));
+  db_options.info_log = std::make_shared<PlainFileLogger>(options.path);
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s =
+      read_only ? rocksdb::DB::OpenForReadOnly(db_options, options.path, cfs,
+                                               &handles, &raw)
+                : rocksdb::DB::Open(db_options, options.path, cfs, &handles,
+                                    &raw);
+  if (!s.ok()) return s;
+  out->db.reset(raw);
+  out->handles = std::move(handles);
+  out->read_only = read_only;
+  return s;
+}
+
+uint64_t FreeBytes(const std::string& path) {
+  struct statvfs st;
+  if (::statvfs(path.c_str(), &st) != 0) return UINT64_MAX;  // Unknown.
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+uint64_t AutoReserve(const RocksColdStoreOptions& o) {
+  // What the memtables can hold (flushed to files while their WAL still
+  // exists), and a margin for compaction and the acknowledgement record.
+  return 2 * o.write_buffer_bytes +
+         4 * std::min<uint64_t>(o.write_buffer_bytes, 16ull << 20) +
+         (64ull << 20);
+}
+
 class RocksColdStore final : public ColdStore {
  public:
-  RocksColdStore(std::unique_ptr<rocksdb::DB> db, std::string path,
-                 std::vector<rocksdb::ColumnFamilyHandle*> handles,
-                 WalSync wal_sync, uint32_t interval_ms)
-      : db_(std::move(db)), path_(std::move(path)), handles_(std::move(handles)) {
-    write_options_.sync = wal_sync == WalSync::kEveryCommit;
-    write_options_.disableWAL = false;
-    streams_ = handles_[1];
-    blocks_ = handles_[2];
-    payloads_ = handles_[3];
-    frame_meta_ = handles_[4];
-    block_layers_ = handles_[5];
-    if (wal_sync == WalSync::kInterval) {
-      syncer_ = std::thread([this, interval_ms] { SyncLoop(interval_ms); });
+  // Opens read-write; on a disk too full to open read-write (RocksDB
+  // replays the WAL into new files), read-only, so stored streams still
+  // serve reads and appends resume once space returns.
+  static absl::StatusOr<std::unique_ptr<ColdStore>> Open(
+      const RocksColdStoreOptions& options) {
+    std::unique_ptr<RocksColdStore> store(new RocksColdStore(options));
+    rocksdb::Status s =
+        OpenDb(options, store->listener_, /*read_only=*/false, &store->db_);
+    if (!s.ok() && (s.IsNoSpace() || (s.IsIOError() && store->Low()))) {
+      const rocksdb::Status first = s;
+      s = OpenDb(options, store->listener_, /*read_only=*/true, &store->db_);
+      if (s.ok()) store->SetError(first.ToString());
     }
+    if (!s.ok()) {
+      return FromRocks(s, absl::StrCat("open RocksDB at ", options.path));
+    }
+    store->Install();
+    if (options.wal_sync == WalSync::kInterval) {
+      store->syncer_ = std::thread([p = store.get()] { p->SyncLoop(); });
+    }
+    return std::unique_ptr<ColdStore>(std::move(store));
   }
 
   ~RocksColdStore() override {
@@ -147,13 +296,13 @@ class RocksColdStore final : public ColdStore {
       }
       syncer_.join();
     }
-    SyncedMarker().IgnoreError();  // Not FlushWAL: see SyncedMarker.
-    for (auto* h : handles_)
-      db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
-    db_->Close().PermitUncheckedError();
+    absl::MutexLock lock(&db_mu_);
+    CloseDb();
   }
 
   absl::Status Commit(const StreamWrite& write) override {
+    if (absl::Status g = WriteGate(/*freeing=*/false); !g.ok()) return g;
+    absl::ReaderMutexLock lock(&db_mu_);
     rocksdb::WriteBatch batch;
     for (uint64_t b : write.delete_block_layers) {
       batch.DeleteRange(block_layers_, NumberedKey(write.stream_id, b),
@@ -187,7 +336,7 @@ class RocksColdStore final : public ColdStore {
     for (const auto& [id, record] : write.blocks) {
       batch.Put(blocks_, NumberedKey(write.stream_id, id), record);
     }
-    return FromRocks(db_->Write(write_options_, &batch), "commit");
+    return Written(db_.db->Write(write_options_, &batch), "commit");
   }
 
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
@@ -221,7 +370,8 @@ class RocksColdStore final : public ColdStore {
     rocksdb::Slice upper_slice(upper);
     rocksdb::ReadOptions ro;
     ro.iterate_upper_bound = &upper_slice;
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, blocks_));
+    absl::ReaderMutexLock lock(&db_mu_);
+    std::unique_ptr<rocksdb::Iterator> it(db_.db->NewIterator(ro, blocks_));
     for (it->Seek(prefix); it->Valid(); it->Next()) {
       const rocksdb::Slice key = it->key();
       if (key.size() != prefix.size() + 8) {
@@ -239,8 +389,9 @@ class RocksColdStore final : public ColdStore {
 
   absl::StatusOr<std::vector<StreamRecord>> ListStreams() override {
     std::vector<StreamRecord> out;
+    absl::ReaderMutexLock lock(&db_mu_);
     std::unique_ptr<rocksdb::Iterator> it(
-        db_->NewIterator(rocksdb::ReadOptions(), streams_));
+        db_.db->NewIterator(rocksdb::ReadOptions(), streams_));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       const std::string key = it->key().ToString();
       const size_t nul = key.find('\0');
@@ -260,6 +411,10 @@ class RocksColdStore final : public ColdStore {
   }
 
   absl::Status DeleteStream(absl::string_view stream_id) override {
+    // Deleting is how space comes back: a few bytes of range tombstones,
+    // allowed below the reserve.
+    if (absl::Status g = WriteGate(/*freeing=*/true); !g.ok()) return g;
+    absl::ReaderMutexLock lock(&db_mu_);
     const std::string begin = StreamPrefix(stream_id);
     std::string end(stream_id);
     end.push_back('\x01');
@@ -268,17 +423,18 @@ class RocksColdStore final : public ColdStore {
          {streams_, blocks_, payloads_, frame_meta_, block_layers_}) {
       batch.DeleteRange(cf, begin, end);
     }
-    return FromRocks(db_->Write(write_options_, &batch), "delete stream");
+    return Written(db_.db->Write(write_options_, &batch), "delete stream");
   }
 
   uint64_t ApproximatePayloadBytes() override {
+    absl::ReaderMutexLock lock(&db_mu_);
     uint64_t total = 0;
     for (const char* prop :
          {"rocksdb.total-blob-file-size", "rocksdb.live-sst-files-size",
           "rocksdb.cur-size-all-mem-tables"}) {
       for (auto* cf : {payloads_, block_layers_}) {
         uint64_t v = 0;
-        if (db_->GetIntProperty(cf, prop, &v)) total += v;
+        if (db_.db->GetIntProperty(cf, prop, &v)) total += v;
       }
     }
     return total;
@@ -364,16 +520,132 @@ class RocksColdStore final : public ColdStore {
   // write goes through the write queue, which refuses once the DB has a
   // background error, and syncs every live WAL when it does run.
   absl::Status SyncedMarker() {
+    if (absl::Status g = WriteGate(/*freeing=*/true); !g.ok()) return g;
+    absl::ReaderMutexLock lock(&db_mu_);
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    return FromRocks(db_->Put(wo, handles_[0], "kvmem-sync", ""), "sync WAL");
+    return Written(db_.db->Put(wo, db_.handles[0], "kvmem-sync", ""),
+                   "sync WAL");
+  }
+
+  // --- disk full ---
+
+  bool Low() const { return FreeBytes(options_.path) < reserve_; }
+
+  // A write that failed on I/O stops further writes until the reopen.
+  absl::Status Written(const rocksdb::Status& s, absl::string_view what) {
+    if (!s.ok() && (s.IsNoSpace() || s.IsIOError())) {
+      failed_.store(true);
+      SetError(s.ToString());
+    }
+    if (s.IsNoSpace()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "data dir ", options_.path, " is full (", what, ": ", s.ToString(),
+          "); writes resume by themselves ", ResumeWhen(),
+          "; reads keep working"));
+    }
+    return FromRocks(s, what);
+  }
+
+  // OK when a write may go to RocksDB now: the store is healthy and (unless
+  // the write frees space) the data dir has its reserve free. A store that
+  // stopped (a failed write, a read-only open) is reopened once the space
+  // is back, at most once a second. Otherwise RESOURCE_EXHAUSTED naming the
+  // data dir: nothing reaches RocksDB, whose 7.8 build asserts when a
+  // failed WAL writer is used again.
+  absl::Status WriteGate(bool freeing) {
+    const uint64_t free = FreeBytes(options_.path);
+    bool stopped;
+    {
+      absl::ReaderMutexLock lock(&db_mu_);
+      stopped = failed_.load() || db_.read_only;
+    }
+    if (stopped && free >= reserve_) {
+      absl::MutexLock lock(&reopen_mu_);
+      const absl::Time now = absl::Now();
+      if (now >= next_reopen_) {
+        next_reopen_ = now + absl::Seconds(1);
+        absl::MutexLock db_lock(&db_mu_);
+        if (failed_.load() || db_.read_only) Reopen();
+        stopped = failed_.load() || db_.read_only;
+      }
+    }
+    if (stopped) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "data dir ", options_.path, " stopped taking writes (", Error(),
+          "); ", free, " bytes free: writes resume by themselves ",
+          ResumeWhen(), "; reads keep working"));
+    }
+    if (!freeing && free < reserve_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "data dir ", options_.path, " has ", free,
+          " bytes free, below its reserve of ", reserve_,
+          " (--disk_reserve_mib): appends are refused until space returns; "
+          "reads keep working"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::string ResumeWhen() const {
+    return reserve_ == 0 ? "when space is freed"
+                         : absl::StrCat("once ", reserve_,
+                                        " bytes are free (--disk_reserve_mib)");
+  }
+
+  // REQUIRES: db_mu_ exclusive.
+  void Reopen() {
+    CloseDb();
+    Db next;
+    rocksdb::Status s = OpenDb(options_, listener_, false, &next);
+    if (!s.ok()) {
+      SetError(s.ToString());
+      s = OpenDb(options_, listener_, true, &next);
+    }
+    if (!s.ok()) {
+      // Not even read-only: keep a closed store that answers errors.
+      SetError(s.ToString());
+      return;
+    }
+    db_ = std::move(next);
+    Install();
+    if (!db_.read_only) failed_.store(false);
+  }
+
+  // REQUIRES: db_mu_ exclusive (or no other user).
+  void CloseDb() {
+    if (db_.db == nullptr) return;
+    // No WAL sync here: after a failed write it is what asserts (above).
+    for (auto* h : db_.handles) {
+      db_.db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    }
+    db_.db->Close().PermitUncheckedError();
+    db_.db.reset();
+    db_.handles.clear();
+  }
+
+  void SetError(std::string e) {
+    absl::MutexLock lock(&error_mu_);
+    last_error_ = std::move(e);
+  }
+  std::string Error() {
+    absl::MutexLock lock(&error_mu_);
+    return last_error_;
+  }
+
+  void Install() {
+    streams_ = db_.handles[1];
+    blocks_ = db_.handles[2];
+    payloads_ = db_.handles[3];
+    frame_meta_ = db_.handles[4];
+    block_layers_ = db_.handles[5];
   }
 
   absl::StatusOr<std::string> Get(rocksdb::ColumnFamilyHandle* cf,
                                   const std::string& key,
                                   const std::string& what) {
     std::string value;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf, key, &value);
+    absl::ReaderMutexLock lock(&db_mu_);
+    rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), cf, key, &value);
     if (s.IsNotFound()) {
       return absl::NotFoundError(absl::StrCat(what, " is not stored"));
     }
@@ -382,7 +654,8 @@ class RocksColdStore final : public ColdStore {
   }
 
   // kInterval: fsyncs the WAL every interval until the store closes.
-  void SyncLoop(uint32_t interval_ms) {
+  void SyncLoop() {
+    const uint32_t interval_ms = options_.wal_sync_interval_ms;
     absl::MutexLock lock(&sync_mu_);
     while (!stopping_) {
       sync_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
@@ -395,10 +668,29 @@ class RocksColdStore final : public ColdStore {
     }
   }
 
-  std::unique_ptr<rocksdb::DB> db_;
+  explicit RocksColdStore(const RocksColdStoreOptions& options)
+      : options_(options),
+        reserve_(options.reserve_bytes == RocksColdStoreOptions::kAutoReserve
+                     ? AutoReserve(options)
+                     : options.reserve_bytes),
+        path_(options.path),
+        listener_(std::make_shared<ErrorListener>(&failed_)) {
+    write_options_.sync = options.wal_sync == WalSync::kEveryCommit;
+  }
+
+  const RocksColdStoreOptions options_;
+  const uint64_t reserve_;
   const std::string path_;
+  std::atomic<bool> failed_{false};
+  const std::shared_ptr<rocksdb::EventListener> listener_;
+  // Shared by every RocksDB call, exclusive for a reopen.
+  absl::Mutex db_mu_;
+  Db db_;
+  absl::Mutex reopen_mu_ ABSL_ACQUIRED_BEFORE(db_mu_);
+  absl::Time next_reopen_ = absl::InfinitePast();
+  absl::Mutex error_mu_;  // A leaf: taken under either of the above.
+  std::string last_error_ ABSL_GUARDED_BY(error_mu_);
   absl::Mutex ack_mu_;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   absl::Mutex sync_mu_;
   bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
   std::thread syncer_;
@@ -429,52 +721,7 @@ absl::StatusOr<std::unique_ptr<ColdStore>> OpenRocksColdStore(
         absl::StrCat("cannot create cold store directory ", options.path, ": ",
                      ec.message()));
   }
-  rocksdb::DBOptions db_options;
-  db_options.create_if_missing = true;
-  db_options.create_missing_column_families = true;
-  db_options.max_background_jobs = 2;
-  db_options.manual_wal_flush = false;
-  db_options.wal_recovery_mode =
-      options.strict_wal ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
-                         : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
-
-  rocksdb::BlockBasedTableOptions table;
-  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
-  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-  // Index and filter blocks live in the block cache, so the memory of open
-  // SST files is bounded by it instead of growing with their number (the
-  // soak test saw RSS climb with every flush otherwise); L0's stay pinned.
-  table.cache_index_and_filter_blocks = true;
-  table.pin_l0_filter_and_index_blocks_in_cache = true;
-  rocksdb::ColumnFamilyOptions meta_cf;
-  meta_cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  meta_cf.write_buffer_size =
-      std::min<uint64_t>(options.write_buffer_bytes, 16ull << 20);
-  rocksdb::ColumnFamilyOptions payload_cf = meta_cf;
-  payload_cf.enable_blob_files = true;
-  payload_cf.min_blob_size = options.min_blob_size;
-  payload_cf.blob_file_size = 256ull << 20;
-  payload_cf.enable_blob_garbage_collection = true;
-  payload_cf.write_buffer_size = options.write_buffer_bytes;
-
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
-      {rocksdb::kDefaultColumnFamilyName, meta_cf},
-      {kStreamsCf, meta_cf},
-      {kBlocksCf, meta_cf},
-      {kPayloadsCf, payload_cf},
-      {kFrameMetaCf, meta_cf},
-      {kBlockLayersCf, payload_cf}};
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* raw = nullptr;
-  rocksdb::Status s =
-      rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
-  if (!s.ok()) {
-    return FromRocks(s, absl::StrCat("open RocksDB at ", options.path));
-  }
-  return std::unique_ptr<ColdStore>(
-      new RocksColdStore(std::unique_ptr<rocksdb::DB>(raw), options.path,
-                         std::move(handles),
-                         options.wal_sync, options.wal_sync_interval_ms));
+  return RocksColdStore::Open(options);
 }
 
 const char* WalSyncName(WalSync w) {

@@ -51,6 +51,14 @@ struct RocksColdStoreOptions {
   // stream with the acknowledgement record, see ColdStore::Acknowledged);
   // true fails Open on any damaged record but a torn last one.
   bool strict_wal = false;
+  // Bytes the data dir keeps free: below them appends are refused with
+  // RESOURCE_EXHAUSTED naming the dir (deletes and reads still work), so
+  // RocksDB never meets a full disk in normal operation; a store whose
+  // writes failed anyway (another process filled the disk) stops writing
+  // and reopens by itself once this much is free. kAutoReserve: twice the
+  // memtable sizes plus 64 MiB; 0: no guard.
+  static constexpr uint64_t kAutoReserve = UINT64_MAX;
+  uint64_t reserve_bytes = kAutoReserve;
 };
 
 // Opens (creating if missing) the store at options.path.
