@@ -159,19 +159,20 @@ void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst) {
   }
 }
 
-int64_t FindNonFinite(const uint8_t* src, size_t n, DType dtype) {
-  // An all-ones exponent is Inf or NaN in every format.
+int64_t FindOutOfRange(const uint8_t* src, size_t n, DType dtype) {
+  // IEEE magnitudes order like their bit patterns without the sign, and
+  // Inf and NaN lie above every finite value: one compare per element.
   const size_t width = DTypeBytes(dtype);
-  uint32_t exp_mask = 0;
+  uint32_t sign = 0, limit = 0;
   switch (dtype) {
     case DType::kFp16:
-      exp_mask = 0x7c00u;
+      sign = 0x8000u, limit = 0x7bffu;  // 65504, the largest finite.
       break;
     case DType::kBf16:
-      exp_mask = 0x7f80u;
+      sign = 0x8000u, limit = 0x4780u;  // 65536.
       break;
     case DType::kFp32:
-      exp_mask = 0x7f800000u;
+      sign = 0x80000000u, limit = 0x47800000u;  // 65536.
       break;
     default:
       return -1;
@@ -179,7 +180,7 @@ int64_t FindNonFinite(const uint8_t* src, size_t n, DType dtype) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t bits = 0;
     std::memcpy(&bits, src + i * width, width);  // Little-endian hosts.
-    if ((bits & exp_mask) == exp_mask) return static_cast<int64_t>(i);
+    if ((bits & ~sign) > limit) return static_cast<int64_t>(i);
   }
   return -1;
 }

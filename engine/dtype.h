@@ -37,8 +37,9 @@ void EncodeFromFloat(const float* src, size_t n, DType dtype, uint8_t* dst);
 // Converts n dtype elements at src to fp32.
 void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst);
 
-// Index of the first NaN or Inf among the n dtype elements at src, or -1.
-int64_t FindNonFinite(const uint8_t* src, size_t n, DType dtype);
+// Index of the first element among the n dtype elements at src that is NaN,
+// Inf, or of magnitude above 65536 (kMaxInputMagnitude), or -1.
+int64_t FindOutOfRange(const uint8_t* src, size_t n, DType dtype);
 
 }  // namespace kvmem
 

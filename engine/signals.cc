@@ -8,9 +8,10 @@ namespace kvmem {
 
 absl::Status CheckFinite(absl::string_view field, const std::vector<float>& v) {
   for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) {
+    if (!(std::fabs(v[i]) <= kMaxInputMagnitude)) {  // NaN fails too.
       return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "] is ", v[i], "; must be finite"));
+          absl::StrCat(field, "[", i, "] is ", v[i],
+                       "; must be finite and in [-65536, 65536]"));
     }
   }
   return absl::OkStatus();
@@ -36,10 +37,10 @@ absl::Status ValidateSignals(absl::string_view field, const FrameSignals& s) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".detections[", i, "] box has min > max"));
     }
-    if (!std::isfinite(d.score)) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".detections[", i,
-                                                     "].score is ", d.score,
-                                                     "; must be finite"));
+    if (!(std::fabs(d.score) <= kMaxInputMagnitude)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".detections[", i, "].score is ", d.score,
+                       "; must be finite and in [-65536, 65536]"));
     }
   }
   if (s.scene_embedding.size() > kMaxSceneEmbeddingDim) {

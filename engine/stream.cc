@@ -177,6 +177,12 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
     s->InstallBlock(std::move(entry));
   }
   absl::MutexLock lock(&s->append_mu_);
+  for (auto it = s->blocks_.rbegin(); it != s->blocks_.rend(); ++it) {
+    if (!it->rec.scene.empty()) {
+      s->scene_dim_ = it->rec.scene.size();
+      break;
+    }
+  }
   KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
   // Budgets may have shrunk since the blocks were recorded warm. A store
   // that refuses writes (disk full) leaves the blocks where they are: the
@@ -203,6 +209,9 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
       KVMEM_ASSIGN_OR_RETURN(frame.signals, DecodeSignals(*meta));
     } else if (!absl::IsNotFound(meta.status())) {
       return meta.status();
+    }
+    if (!frame.signals.scene_embedding.empty()) {
+      scene_dim_ = frame.signals.scene_embedding.size();
     }
     segmenter_.Add(FrameSignature(frame));
     open_summary_.AddFrame(frame.payload, frame.token_count);
@@ -275,20 +284,24 @@ absl::Status Stream::ValidateFrame(const Frame& frame,
         DTypeBytes(g.dtype), " bytes) needs ", want));
   }
   // The indexed layers' keys feed summaries and indexes: a NaN or Inf there
-  // would poison every later score. (Other values are stored as sent.)
+  // would poison every later score, and a huge finite key would overflow
+  // them. (Other values are stored as sent.)
   const size_t width = DTypeBytes(g.dtype);
   const uint64_t slice = LayerSliceElements(g, frame.token_count);
   for (uint32_t layer : EffectiveIndexedLayers(config_)) {
     const auto* k = reinterpret_cast<const uint8_t*>(frame.payload.data()) +
                     2 * slice * width * layer;
-    const int64_t bad = FindNonFinite(k, slice, g.dtype);
+    const int64_t bad = FindOutOfRange(k, slice, g.dtype);
     if (bad >= 0) {
       const uint64_t at = static_cast<uint64_t>(bad);
       const uint64_t per_head = uint64_t{frame.token_count} * g.head_dim;
       return absl::InvalidArgumentError(absl::StrCat(
-          "frame.payload has a NaN or Inf key at layer ", layer, ", kv_head ",
-          at / per_head, ", token ", at % per_head / g.head_dim, ", dim ",
-          at % g.head_dim, "; the keys of indexed layers must be finite"));
+          "frame.payload has a key that is NaN, Inf or beyond +-65536 at "
+          "layer ",
+          layer, ", kv_head ", at / per_head, ", token ",
+          at % per_head / g.head_dim, ", dim ", at % g.head_dim,
+          "; the keys of indexed layers must be finite and in [-65536, "
+          "65536]"));
     }
   }
   return ValidateSignals("frame.signals", frame.signals);
@@ -415,6 +428,13 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
     next = state_;
   }
   KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
+  const size_t scene_dim = frame.signals.scene_embedding.size();
+  if (scene_dim != 0 && scene_dim_ != 0 && scene_dim != scene_dim_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame.signals.scene_embedding has ", scene_dim,
+        " values; stream \"", id_, "\" has had ", scene_dim_,
+        " (one embedding model per stream)"));
+  }
   const std::vector<float> signature =
       segmenter_.shot_mode() ? FrameSignature(frame) : std::vector<float>();
   const Segmenter::Cut cut =
@@ -471,6 +491,7 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
     }
     return committed;
   }
+  if (scene_dim != 0) scene_dim_ = scene_dim;
   if (full) ResetOpenBlock();
   OpenMean open = OpenBlockMean();
   {

@@ -219,11 +219,12 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
       !f.ok()) {
     return f;
   }
-  if (!std::isfinite(config.gate_temperature) ||
-      config.gate_temperature <= 0.0f) {
+  // Below 1e-3 a gate's softmax divides log-masses (down to -104) into
+  // values past float; above 1e6 every gate is uniform anyway.
+  if (!(config.gate_temperature >= 1e-3f && config.gate_temperature <= 1e6f)) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.recall_defaults.gate_temperature is ",
-                     config.gate_temperature, "; must be finite and > 0"));
+                     config.gate_temperature, "; must be in [0.001, 1e6]"));
   }
   if (config.weights.score != ScoreMode::kMass &&
       config.weights.score != ScoreMode::kSummed) {

@@ -528,7 +528,12 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
       rb.block.tier = TierOf(e);
       rb.score = Dot(rows.mean_query->data(), UnitSummary(unit), summary_dim_);
       rb.semantic_score = known_semantic(b);
-      rb.priority = w.model * std::log(x.density) + rb.semantic_score;
+      // A density that underflowed to 0 counts as the smallest float, so
+      // the priority stays finite (ln: -103.3).
+      rb.priority =
+          w.model * std::log(std::max(
+                        x.density, std::numeric_limits<float>::denorm_min())) +
+          rb.semantic_score;
       rb.was_staged = e.staged;
     }
     rb.mass += x.density * static_cast<float>(rows.tokens[x.row]);

@@ -291,6 +291,11 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   const uint32_t vectors = static_cast<uint32_t>(q.query.size() / summary_dim_);
   const uint32_t heads = summary_dim_ / config_.geometry.head_dim;
   KVMEM_RETURN_IF_ERROR(CheckFinite("query", q.query));
+  if (q.current_token_position > (uint64_t{1} << 63)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "current_token_position is ", q.current_token_position,
+        "; must be at most 2^63 (frame positions are at most 2^62)"));
+  }
   if (!q.window_lse.empty()) {
     if (q.window_lse.size() != static_cast<size_t>(vectors) * heads) {
       return absl::InvalidArgumentError(

@@ -10,6 +10,14 @@
 #include "server/status_util.h"
 
 namespace kvmem {
+
+absl::Status BadMessage(uint64_t n, absl::string_view type) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "message ", n, " of this call is not a valid ", type,
+      " (it failed to parse); the call stops there: nothing from it on was "
+      "stored"));
+}
+
 namespace {
 
 class AppendFramesReactor final
@@ -31,9 +39,23 @@ class AppendFramesReactor final
 
  private:
   void Step(bool ok) {
-    absl::Status s =
-        ok ? Handle()
-           : (ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus());
+    absl::Status s;
+    if (!ok && !probed_) {
+      // gRPC reports a message that fails to parse like the end of the
+      // stream. One more read tells them apart: after the end it fails
+      // again; after a bad message it returns the next one.
+      probed_ = true;
+      StartRead(&req_);
+      return;
+    }
+    if (ok && probed_) {
+      s = BadMessage(messages_ + 1, "AppendFramesRequest");
+    } else if (ok) {
+      ++messages_;
+      s = Handle();
+    } else {
+      s = ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus();
+    }
     if (ok && s.ok()) {
       StartRead(&req_);
       return;
@@ -87,6 +109,8 @@ class AppendFramesReactor final
   v1::AppendFramesRequest req_;
   std::string client_id_;  // The caller's name for the stream.
   std::optional<FrameIngest> ingest_;
+  uint64_t messages_ = 0;  // Parsed so far.
+  bool probed_ = false;    // A read failed: the next one tells why.
 };
 
 class FetchBlocksReactor final

@@ -26,6 +26,10 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
 NewSessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
                   uint32_t queue_limit, ServerMetrics* metrics);
 
+// INVALID_ARGUMENT for message n (1-based) of a client stream that failed to
+// parse as `type`.
+absl::Status BadMessage(uint64_t n, absl::string_view type);
+
 grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
     const v1::FetchBlocksRequest& req, uint32_t max_chunk_bytes);

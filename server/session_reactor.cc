@@ -40,21 +40,36 @@ class SessionReactor final
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // The client half-closed (or the call broke).
+    if (!ok || probed_) {
+      // gRPC reports a message that fails to parse like the end of the
+      // stream. One more read tells them apart: after the end (or a broken
+      // call) it fails again; after a bad message it returns the next one.
+      bool probe = false;
       {
         absl::MutexLock lock(&mu_);
-        if (!finish_) {
+        if (!ok && !probed_ && !finish_) {
+          probed_ = probe = true;
+          ++tasks_;  // Reads are issued under a task.
+        } else if (!finish_) {
           absl::Status s =
-              ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus();
+              ok ? BadMessage(messages_ + 1, "SessionRequest")
+                 : (ingest_ ? ingest_->CheckNoPartialFrame()
+                            : absl::OkStatus());
           finish_ = ToGrpcStatus(caller_.Scrub(s));
         }
       }
-      Pump();
+      if (probe) {
+        StartRead(&req_);
+        EndTask();
+      } else {
+        Pump();
+      }
       return;
     }
     {
       absl::MutexLock lock(&mu_);
       ++tasks_;
+      ++messages_;
     }
     // A query touches only RAM (summaries and index), like the unary
     // Recall: it runs inline on this callback thread rather than queueing
@@ -210,6 +225,7 @@ class SessionReactor final
   // which gRPC never delivers while a read is being handled.
   v1::SessionRequest req_;
   std::optional<FrameIngest> ingest_;
+  bool probed_ = false;  // A read failed: the next one tells why.
 
   absl::Mutex mu_;
   std::deque<v1::SessionResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -221,6 +237,7 @@ class SessionReactor final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called.
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone was called.
   std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
+  uint64_t messages_ ABSL_GUARDED_BY(mu_) = 0;  // Parsed so far.
 };
 
 absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
 #include "engine/record_codec.h"
@@ -256,6 +258,142 @@ TEST_F(ReliabilityTest, UnservableStoredStreamIsQuarantinedNotFatal) {
   EXPECT_EQ(list.streams_size(), 1);
   EXPECT_EQ(list.quarantined_size(), 0);
   ASSERT_TRUE(client_->OpenStream("nsg", SummedConfig("HNSW8"), &resp).ok());
+}
+
+// Sends raw messages on a client stream (as a client with its own encoder
+// would: nothing checks them on this side) and returns the final status;
+// *response gets the one response message, if any.
+grpc::Status RawStream(const std::string& target, const std::string& method,
+                       const std::vector<std::string>& messages,
+                       std::vector<std::string>* responses) {
+  grpc::GenericStub stub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&ctx, method, &cq);
+  void* tag;
+  bool ok = false;
+  auto wait = [&] { return cq.Next(&tag, &ok) && ok; };
+  call->StartCall(nullptr);
+  wait();
+  for (const std::string& m : messages) {
+    grpc::Slice slice(m);
+    grpc::ByteBuffer bb(&slice, 1);
+    call->Write(bb, nullptr);
+    if (!wait()) break;
+  }
+  call->WritesDone(nullptr);
+  wait();
+  for (;;) {
+    grpc::ByteBuffer bb;
+    call->Read(&bb, nullptr);
+    if (!wait()) break;
+    std::vector<grpc::Slice> slices;
+    (void)bb.Dump(&slices);
+    std::string out;
+    for (const grpc::Slice& sl : slices) {
+      out.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    }
+    responses->push_back(out);
+  }
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  wait();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// [frame 0, bytes that are no message, frame 1] on AppendFrames and on
+// Session: the call fails with INVALID_ARGUMENT naming the message, not OK
+// with one frame of two, and nothing after the bad message is stored.
+TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
+  ASSERT_TRUE(StartServer());
+  v1::OpenStreamResponse open;
+  ASSERT_TRUE(client_->OpenStream("cam", SummedConfig("Flat"), &open).ok());
+  testing::StreamModel m(SmallGeometry(), 1, 8, {0, 1});
+  std::mt19937_64 rng(3);
+  std::vector<OutgoingFrame> frames;
+  for (uint64_t i = 0; i < 4; ++i) {
+    frames.push_back(testing::ToOutgoing(m.AddFrame(rng, 4), i));
+  }
+  const std::string garbage("\xff\xff\xff\xff\x0f", 5);
+
+  std::vector<std::string> append;
+  for (int f = 0; f < 2; ++f) {
+    ForEachFrameMessage(frames[f], 1 << 20,
+                        [&](v1::FrameHeader* h, v1::PayloadChunk* c) {
+                          v1::AppendFramesRequest req;
+                          if (append.empty()) req.set_stream_id("cam");
+                          if (h) *req.mutable_frame() = *h;
+                          if (c) *req.mutable_chunk() = *c;
+                          append.push_back(req.SerializeAsString());
+                          return true;
+                        });
+    if (f == 0) append.push_back(garbage);
+  }
+  std::vector<std::string> responses;
+  grpc::Status s = RawStream(server_->target(),
+                             "/kvmem.v1.KvMemory/AppendFrames", append,
+                             &responses);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("message 2 of this call is not a valid "
+                        "AppendFramesRequest"));
+  v1::StreamStats st;
+  ASSERT_TRUE(client_->GetStreamStats("cam", &st).ok());
+  EXPECT_EQ(st.last_durable_frame(), 0);  // Frame 0 only, and it is said.
+  EXPECT_THAT(s.error_message(), HasSubstr("last durable frame is 0"));
+
+  // Session: open, frame 1, garbage, frame 2.
+  std::vector<std::string> session;
+  v1::SessionRequest req;
+  req.set_seq(1);
+  req.mutable_open()->set_stream_id("cam");
+  session.push_back(req.SerializeAsString());
+  for (int f = 1; f < 3; ++f) {
+    ForEachFrameMessage(frames[f], 1 << 20,
+                        [&](v1::FrameHeader* h, v1::PayloadChunk* c) {
+                          v1::SessionRequest r;
+                          r.set_seq(session.size() + 1);
+                          if (h) *r.mutable_frame() = *h;
+                          if (c) *r.mutable_chunk() = *c;
+                          session.push_back(r.SerializeAsString());
+                          return true;
+                        });
+    if (f == 1) session.push_back(garbage);
+  }
+  responses.clear();
+  s = RawStream(server_->target(), "/kvmem.v1.KvMemory/Session", session,
+                &responses);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("message 3 of this call is not a valid SessionRequest"));
+  ASSERT_TRUE(client_->GetStreamStats("cam", &st).ok());
+  EXPECT_EQ(st.last_durable_frame(), 1);
+
+  // A well-formed stream still ends OK (the extra read costs nothing).
+  std::vector<std::string> good(append.begin(), append.begin() + 0);
+  ForEachFrameMessage(frames[2], 1 << 20,
+                      [&](v1::FrameHeader* h, v1::PayloadChunk* c) {
+                        v1::AppendFramesRequest r;
+                        if (good.empty()) r.set_stream_id("cam");
+                        if (h) *r.mutable_frame() = *h;
+                        if (c) *r.mutable_chunk() = *c;
+                        good.push_back(r.SerializeAsString());
+                        return true;
+                      });
+  responses.clear();
+  s = RawStream(server_->target(), "/kvmem.v1.KvMemory/AppendFrames", good,
+                &responses);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(responses.size(), 1u);
+  v1::AppendFramesResponse resp;
+  ASSERT_TRUE(resp.ParseFromString(responses[0]));
+  EXPECT_EQ(resp.frames_written(), 1u);
+  EXPECT_EQ(resp.last_durable_frame(), 2);
 }
 
 // A small filesystem of its own (tmpfs), mounted for the test and removed

@@ -583,6 +583,14 @@ TEST_F(ServerTest, BadInputCatalogue) {
          });
        },
        StatusCode::INVALID_ARGUMENT, "gate_temperature"},
+      {"OpenStream",
+       "recall_defaults.gate_temperature 1e-45 (its gates were NaN)",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_recall_defaults()->set_gate_temperature(1e-45f);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "must be in [0.001, 1e6]"},
       {"OpenStream", "an existing stream with another config",
        [&] {
          v1::StreamConfig c = Config(g);
@@ -656,10 +664,10 @@ TEST_F(ServerTest, BadInputCatalogue) {
        StatusCode::INVALID_ARGUMENT, "first_token_position 1"},
       {"AppendFrames", "a NaN key in an indexed layer",
        [&] { return poisoned(0x7e00); }, StatusCode::INVALID_ARGUMENT,
-       "NaN or Inf key at layer 1, kv_head 0, token 0, dim 3"},
+       "NaN, Inf or beyond +-65536 at layer 1, kv_head 0, token 0, dim 3"},
       {"AppendFrames", "an Inf key in an indexed layer",
        [&] { return poisoned(0x7c00); }, StatusCode::INVALID_ARGUMENT,
-       "NaN or Inf key at layer 1"},
+       "NaN, Inf or beyond +-65536 at layer 1"},
       {"AppendFrames", "a detection box of NaN",
        [&] {
          v1::AppendFramesRequest q = header(next, 4);
@@ -732,6 +740,17 @@ TEST_F(ServerTest, BadInputCatalogue) {
       {"Recall", "Inf in the query",
        [&] { return recall([](auto* r) { r->set_query(0, INFINITY); }); },
        StatusCode::INVALID_ARGUMENT, "query"},
+      {"Recall", "3e38 in the query (finite; its scores overflowed to inf)",
+       [&] { return recall([](auto* r) { r->set_query(1, 3e38f); }); },
+       StatusCode::INVALID_ARGUMENT,
+       "query[1] is 3e+38; must be finite and in [-65536, 65536]"},
+      {"Recall", "current_token_position 2^64-1 (it gave 0 candidates)",
+       [&] {
+         return recall([](auto* r) {
+           r->set_current_token_position(~uint64_t{0});
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "must be at most 2^63"},
       {"Recall", "budget.top_k 5000",
        [&] {
          return recall([](auto* r) { r->mutable_budget()->set_top_k(5000); });

@@ -93,20 +93,24 @@ TEST(DTypeTest, AccumulateAddsDecodedValues) {
 namespace kvmem {
 namespace {
 
-// NaN and Inf are found in every dtype at their index; finite extremes
-// (largest, smallest subnormal, negative zero) are not.
-TEST(DTypeTest, FindNonFiniteInEveryDtype) {
+// NaN, Inf and magnitudes beyond 65536 are found in every dtype at their
+// index; in-range extremes (the largest, the smallest subnormal, negative
+// zero) are not.
+TEST(DTypeTest, FindOutOfRangeInEveryDtype) {
   for (DType d : {DType::kFp16, DType::kBf16, DType::kFp32}) {
-    const std::vector<float> finite = {65504.0f, -65504.0f, 6e-8f, -0.0f, 1.0f};
+    const float top = d == DType::kFp16 ? 65504.0f : 65536.0f;
+    const std::vector<float> finite = {top, -top, 6e-8f, -0.0f, 1.0f};
     std::vector<uint8_t> bytes(finite.size() * DTypeBytes(d));
     EncodeFromFloat(finite.data(), finite.size(), d, bytes.data());
-    EXPECT_EQ(FindNonFinite(bytes.data(), finite.size(), d), -1)
+    EXPECT_EQ(FindOutOfRange(bytes.data(), finite.size(), d), -1)
         << DTypeName(d);
-    for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    std::vector<float> bads = {std::nanf(""), INFINITY, -INFINITY};
+    if (d != DType::kFp16) bads.insert(bads.end(), {66000.0f, -3e38f, 1e20f});
+    for (float bad : bads) {
       std::vector<float> v = finite;
       v[3] = bad;
       EncodeFromFloat(v.data(), v.size(), d, bytes.data());
-      EXPECT_EQ(FindNonFinite(bytes.data(), v.size(), d), 3)
+      EXPECT_EQ(FindOutOfRange(bytes.data(), v.size(), d), 3)
           << DTypeName(d) << " " << bad;
     }
   }
