@@ -38,7 +38,11 @@ absl::StatusOr<std::optional<AppendResult>> FrameIngest::OnHeader(
         absl::StrCat("frame.payload has ", header->payload().size(),
                      " bytes; payload_bytes is ", want));
   }
-  if (admit_) KVMEM_RETURN_IF_ERROR(admit_(*stream_, want));
+  if (admit_) {
+    absl::StatusOr<std::shared_ptr<void>> ticket = admit_(*stream_, want);
+    if (!ticket.ok()) return ticket.status();
+    ticket_ = *std::move(ticket);
+  }
   frame_ = FrameFromHeader(*header);
   expected_bytes_ = want;
   frame_->payload = std::move(*header->mutable_payload());
@@ -79,6 +83,7 @@ absl::StatusOr<std::optional<AppendResult>> FrameIngest::MaybeAppend() {
   frame_.reset();
   const size_t bytes = frame.payload.size();
   absl::StatusOr<AppendResult> r = stream_->Append(std::move(frame));
+  ticket_.reset();  // Stored (now retained bytes) or dropped.
   if (!r.ok()) return r.status();
   frames_written_ += 1;
   bytes_written_ += bytes;

@@ -35,8 +35,10 @@ namespace kvmem {
 class FrameIngest {
  public:
   // Checks a frame's payload size before its bytes are buffered (quotas);
-  // a non-OK status rejects the frame.
-  using Admit = std::function<absl::Status(const Stream&, uint64_t bytes)>;
+  // a non-OK status rejects the frame. The ticket it returns is held until
+  // the frame is stored or dropped (a reservation of its bytes).
+  using Admit = std::function<absl::StatusOr<std::shared_ptr<void>>(
+      const Stream&, uint64_t bytes)>;
 
   // REQUIRES: stream is not null.
   explicit FrameIngest(std::shared_ptr<Stream> stream, Admit admit = nullptr);
@@ -70,6 +72,7 @@ class FrameIngest {
   std::shared_ptr<Stream> stream_;
   Admit admit_;
   std::optional<Frame> frame_;  // The frame being received.
+  std::shared_ptr<void> ticket_;  // Its admission, until it is stored.
   uint64_t expected_bytes_ = 0;
   uint64_t frames_written_ = 0;
   uint64_t bytes_written_ = 0;

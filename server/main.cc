@@ -107,10 +107,18 @@ ABSL_FLAG(uint64_t, max_stream_bytes, 0,
 ABSL_FLAG(uint64_t, max_tenant_bytes, 0,
           "Payload bytes a tenant's streams may retain together; 0: no limit.");
 ABSL_FLAG(uint64_t, max_total_bytes, 0,
-          "Payload bytes all streams may retain together; 0: no limit.");
+          "Payload bytes all streams may retain together; 0: no limit. With "
+          "API keys each tenant gets an equal share.");
 ABSL_FLAG(uint32_t, max_calls_in_flight, 4096,
           "Calls served at once (streaming calls count while open); 0: no "
-          "limit. Beyond it calls are RESOURCE_EXHAUSTED.");
+          "limit. Beyond it calls are RESOURCE_EXHAUSTED. With API keys each "
+          "tenant gets an equal share.");
+ABSL_FLAG(uint64_t, max_frame_bytes_in_flight, 1ull << 30,
+          "Bytes of frames being received at once (a frame's buffer is "
+          "allocated whole when its header arrives, and held until the "
+          "frame is stored or the call ends); 0: no limit. Beyond it a frame "
+          "header is RESOURCE_EXHAUSTED. With API keys each tenant gets an "
+          "equal share (as of --max_total_bytes).");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain for TLS on the TCP listener (with "
           "--tls_key_file); empty: plaintext TCP.");
@@ -306,6 +314,8 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
   limits.max_tenant_bytes = absl::GetFlag(FLAGS_max_tenant_bytes);
   limits.max_total_bytes = absl::GetFlag(FLAGS_max_total_bytes);
   limits.max_calls_in_flight = absl::GetFlag(FLAGS_max_calls_in_flight);
+  limits.max_frame_bytes_in_flight =
+      absl::GetFlag(FLAGS_max_frame_bytes_in_flight);
   kvmem::Admission admission(&*tenancy, engine->get(), limits);
   std::string instance = absl::GetFlag(FLAGS_instance_name);
   if (instance.empty()) {

@@ -1,5 +1,6 @@
 #include "server/tenancy.h"
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -58,10 +59,12 @@ absl::StatusOr<Tenancy> Tenancy::Parse(const std::string& text) {
   return t;
 }
 
-size_t Tenancy::tenants() const {
+size_t Tenancy::tenants() const { return tenant_names().size(); }
+
+std::vector<std::string> Tenancy::tenant_names() const {
   std::set<std::string> names;
   for (const auto& [key, tenant] : keys_) names.insert(tenant);
-  return names.size();
+  return std::vector<std::string>(names.begin(), names.end());
 }
 
 absl::StatusOr<std::string> Tenancy::Authenticate(
@@ -82,12 +85,21 @@ absl::StatusOr<std::string> Tenancy::Authenticate(
         "this server needs an API key: send metadata \"authorization: Bearer "
         "<key>\" or \"x-api-key: <key>\" (kvmem --api_key)");
   }
+  // Exactly one credential: the same key repeated is one, two different
+  // ones (even one valid and one not) are refused, so a call never has
+  // two tenants and which header "wins" never matters.
+  for (absl::string_view k : offered) {
+    if (k != offered[0]) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the call carries ", offered.size(),
+          " different credentials (authorization and x-api-key metadata); "
+          "send exactly one"));
+    }
+  }
   // Every key is compared, so the time taken does not tell which matched.
   const std::string* found = nullptr;
-  for (absl::string_view k : offered) {
-    for (const auto& [key, tenant] : keys_) {
-      if (ConstantTimeEqual(k, key)) found = &tenant;
-    }
+  for (const auto& [key, tenant] : keys_) {
+    if (ConstantTimeEqual(offered[0], key)) found = &tenant;
   }
   if (found == nullptr) {
     return absl::UnauthenticatedError("the API key is not valid");
@@ -118,6 +130,30 @@ absl::Status Tenancy::Scrub(const std::string& tenant,
                                     {{absl::StrCat("\"", tenant, "/"), "\""}}));
 }
 
+Admission::Admission(const Tenancy* tenancy, MemoryEngine* engine,
+                     Limits limits)
+    : tenancy_(tenancy),
+      engine_(engine),
+      limits_(limits),
+      shares_(tenancy->enabled() ? std::max<size_t>(1, tenancy->tenants())
+                                 : 1) {}
+
+uint64_t Admission::Share(uint64_t limit) const {
+  return limit == 0 ? 0 : std::max<uint64_t>(1, limit / shares_);
+}
+
+Admission::TenantUse& Admission::Use(const std::string& tenant) const {
+  return use_[tenant];
+}
+
+uint64_t Admission::RetainedBytes(const std::string& prefix) const {
+  uint64_t held = 0;
+  for (const auto& s : engine_->StreamsWithPrefix(prefix)) {
+    held += s->RetainedPayloadBytes();
+  }
+  return held;
+}
+
 absl::Status Admission::AdmitNewStream(const std::string& tenant) const {
   if (limits_.max_streams_per_tenant == 0) return absl::OkStatus();
   const size_t n =
@@ -131,16 +167,45 @@ absl::Status Admission::AdmitNewStream(const std::string& tenant) const {
   return absl::OkStatus();
 }
 
-absl::Status Admission::AdmitBytes(const std::string& tenant,
-                                   const Stream& stream, uint64_t bytes) const {
+absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
+    const std::string& tenant, const Stream& stream, uint64_t bytes) const {
   auto over = [&](const char* what, uint64_t held, uint64_t limit,
                   const char* flag) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, " retains ", held, " payload bytes and this frame adds ", bytes,
-        "; the server allows ", limit, " (", flag,
+        what, " retains ", held,
+        " payload bytes (with frames being received) and this frame adds ",
+        bytes, "; the server allows ", limit, " (", flag,
         "): set tier_policy.storage_cap_bytes so old blocks are evicted, or "
         "delete streams"));
   };
+  const std::string prefix = tenancy_->EngineId(tenant, "");
+  // The tenant's limit on retained bytes: its own, and its share of the
+  // server's (the server's total is never reported to a tenant).
+  uint64_t tenant_limit = 0;
+  const char* tenant_flag = "--max_tenant_bytes";
+  if (limits_.max_tenant_bytes > 0 && tenancy_->enabled()) {
+    tenant_limit = limits_.max_tenant_bytes;
+  }
+  const uint64_t total_share = Share(limits_.max_total_bytes);
+  if (total_share > 0 && (tenant_limit == 0 || total_share < tenant_limit)) {
+    tenant_limit = total_share;
+    tenant_flag = tenancy_->enabled()
+                      ? "its share of --max_total_bytes, split among tenants"
+                      : "--max_total_bytes";
+  }
+  const uint64_t frames_share = Share(limits_.max_frame_bytes_in_flight);
+  absl::MutexLock lock(&mu_);
+  TenantUse& use = Use(tenant);
+  if (frames_share > 0 && use.reserved + bytes > frames_share) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        use.reserved, " bytes of frames are being received for ",
+        tenancy_->enabled() ? "the tenant" : "the server",
+        " and this frame needs ", bytes, "; ", frames_share,
+        tenancy_->enabled()
+            ? " are its share of --max_frame_bytes_in_flight"
+            : " are allowed (--max_frame_bytes_in_flight)",
+        ": finish or cancel the frames in flight, or retry with backoff"));
+  }
   if (limits_.max_stream_bytes > 0) {
     const uint64_t held = stream.RetainedPayloadBytes();
     if (held + bytes > limits_.max_stream_bytes) {
@@ -148,40 +213,60 @@ absl::Status Admission::AdmitBytes(const std::string& tenant,
                   "--max_stream_bytes");
     }
   }
-  if (limits_.max_tenant_bytes > 0 && tenancy_->enabled()) {
-    uint64_t held = 0;
-    for (const auto& s :
-         engine_->StreamsWithPrefix(tenancy_->EngineId(tenant, ""))) {
-      held += s->RetainedPayloadBytes();
-    }
-    if (held + bytes > limits_.max_tenant_bytes) {
-      return over("the tenant", held, limits_.max_tenant_bytes,
-                  "--max_tenant_bytes");
+  if (tenant_limit > 0) {
+    const uint64_t held = RetainedBytes(prefix) + use.reserved;
+    if (held + bytes > tenant_limit) {
+      return over(tenancy_->enabled() ? "the tenant" : "the server", held,
+                  tenant_limit, tenant_flag);
     }
   }
-  if (limits_.max_total_bytes > 0) {
-    uint64_t held = 0;
-    for (const auto& s : engine_->StreamsWithPrefix("")) {
-      held += s->RetainedPayloadBytes();
-    }
-    if (held + bytes > limits_.max_total_bytes) {
-      return over("the server", held, limits_.max_total_bytes,
-                  "--max_total_bytes");
-    }
-  }
-  return absl::OkStatus();
+  use.reserved += bytes;
+  reserved_ += bytes;
+  return Reservation(static_cast<void*>(nullptr),
+                     [this, tenant, bytes](void*) {
+                       absl::MutexLock l(&mu_);
+                       Use(tenant).reserved -= bytes;
+                       reserved_ -= bytes;
+                     });
 }
 
 absl::StatusOr<Admission::Slot> Admission::EnterCall() const {
-  const uint32_t now = in_flight_.fetch_add(1) + 1;
-  Slot slot(this);
-  if (limits_.max_calls_in_flight > 0 && now > limits_.max_calls_in_flight) {
+  absl::MutexLock lock(&mu_);
+  if (limits_.max_calls_in_flight > 0 &&
+      in_flight_ >= limits_.max_calls_in_flight) {
+    // Before authentication: with tenants, the caller is told no number.
     return absl::ResourceExhaustedError(
-        absl::StrCat(now - 1, " calls are in flight; the server allows ",
-                     limits_.max_calls_in_flight,
-                     " (--max_calls_in_flight): retry with backoff"));
+        tenancy_->enabled()
+            ? "the server has no room for another call now; retry with "
+              "backoff"
+            : absl::StrCat(in_flight_, " calls are in flight; the server "
+                                       "allows ",
+                           limits_.max_calls_in_flight,
+                           " (--max_calls_in_flight): retry with backoff"));
   }
-  return slot;
+  ++in_flight_;
+  return Slot(static_cast<void*>(nullptr), [this](void*) {
+    absl::MutexLock l(&mu_);
+    --in_flight_;
+  });
+}
+
+absl::StatusOr<Admission::Slot> Admission::EnterTenantCall(
+    const std::string& tenant) const {
+  if (!tenancy_->enabled()) return Slot();
+  const uint64_t share = Share(limits_.max_calls_in_flight);
+  absl::MutexLock lock(&mu_);
+  TenantUse& use = Use(tenant);
+  if (share > 0 && use.calls >= share) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the tenant has ", use.calls, " calls in flight; its share of "
+        "--max_calls_in_flight is ", share, ": retry with backoff"));
+  }
+  ++use.calls;
+  return Slot(static_cast<void*>(nullptr), [this, tenant](void*) {
+    absl::MutexLock l(&mu_);
+    --Use(tenant).calls;
+  });
 }
 
 absl::StatusOr<Caller> Caller::Enter(const Tenancy* tenancy,
@@ -192,8 +277,10 @@ absl::StatusOr<Caller> Caller::Enter(const Tenancy* tenancy,
   absl::StatusOr<std::string> tenant =
       tenancy->Authenticate(ctx.client_metadata());
   if (!tenant.ok()) return tenant.status();
-  return Caller(tenancy, admission, *std::move(tenant),
-                std::make_shared<Admission::Slot>(*std::move(slot)));
+  absl::StatusOr<Admission::Slot> share = admission->EnterTenantCall(*tenant);
+  if (!share.ok()) return share.status();
+  return Caller(tenancy, admission, *std::move(tenant), *std::move(slot),
+                *std::move(share));
 }
 
 absl::StatusOr<std::string> Caller::EngineId(

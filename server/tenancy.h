@@ -14,11 +14,20 @@
 //
 // Limits (0 = none): streams per tenant; retained payload bytes per stream,
 // per tenant and in all (the full-precision size of every frame not
-// evicted); calls in flight. Over a limit the caller gets RESOURCE_EXHAUSTED
-// naming the limit and the flag that sets it.
+// evicted); calls in flight; bytes of frames being received (a frame's
+// buffer is allocated whole when its header arrives). Over a limit the
+// caller gets RESOURCE_EXHAUSTED naming the limit and the flag that sets it.
 //
-// Thread safety: const after construction, except the in-flight counter
-// (atomic); safe to share across gRPC threads.
+// With keys, the server-wide limits (calls in flight, total bytes, frame
+// bytes in flight) are split into equal shares, one per tenant of the keys
+// file: no tenant can use another's share, so none can refuse another, and
+// a refusal names only the caller's own use and share, never the server's
+// totals. A frame's bytes are reserved from its header until it is stored,
+// and checks and reservations are made under one lock, as are stream
+// creations: concurrent calls cannot pass a limit together.
+//
+// Thread safety: Tenancy is const after construction; Admission locks
+// internally; both are safe to share across gRPC threads.
 #ifndef KVMEM_SERVER_TENANCY_H_
 #define KVMEM_SERVER_TENANCY_H_
 
@@ -29,8 +38,11 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/memory_engine.h"
 #include "grpcpp/grpcpp.h"
 
@@ -42,6 +54,7 @@ struct Limits {
   uint64_t max_tenant_bytes = 0;
   uint64_t max_total_bytes = 0;
   uint32_t max_calls_in_flight = 0;
+  uint64_t max_frame_bytes_in_flight = 0;
 };
 
 class Tenancy {
@@ -54,6 +67,7 @@ class Tenancy {
 
   bool enabled() const { return !keys_.empty(); }
   size_t tenants() const;
+  std::vector<std::string> tenant_names() const;
 
   // The caller's tenant ("" when tenancy is off); UNAUTHENTICATED when a key
   // is needed and missing or unknown.
@@ -75,42 +89,54 @@ class Tenancy {
 // Admission against Limits, over the engine's live streams.
 class Admission {
  public:
-  Admission(const Tenancy* tenancy, MemoryEngine* engine, Limits limits)
-      : tenancy_(tenancy), engine_(engine), limits_(limits) {}
+  Admission(const Tenancy* tenancy, MemoryEngine* engine, Limits limits);
 
   const Limits& limits() const { return limits_; }
 
-  // Before creating a stream for tenant.
+  // Held across the admission and the creation of a stream, so concurrent
+  // creations cannot pass --max_streams_per_tenant together.
+  absl::Mutex* creation_mu() const { return &creation_mu_; }
+  // Before creating a stream for tenant. REQUIRES: creation_mu() held.
   absl::Status AdmitNewStream(const std::string& tenant) const;
-  // Before appending `bytes` of payload to stream (engine id) of tenant.
-  absl::Status AdmitBytes(const std::string& tenant, const Stream& stream,
-                          uint64_t bytes) const;
 
-  // A call in flight, released on destruction; !ok() when over the limit.
-  class Slot {
-   public:
-    Slot() = default;
-    Slot(Slot&& o) noexcept : owner_(o.owner_) { o.owner_ = nullptr; }
-    Slot& operator=(Slot&& o) noexcept {
-      std::swap(owner_, o.owner_);
-      return *this;
-    }
-    ~Slot() {
-      if (owner_ != nullptr) owner_->in_flight_.fetch_sub(1);
-    }
+  // A frame's bytes, reserved from its header until it is stored (or the
+  // call ends); released on destruction.
+  using Reservation = std::shared_ptr<void>;
+  // Before buffering a frame of `bytes` payload bytes for stream (engine
+  // id) of tenant: checks the retained-bytes limits and the frame bytes in
+  // flight, counting other frames' reservations, and reserves.
+  absl::StatusOr<Reservation> AdmitBytes(const std::string& tenant,
+                                         const Stream& stream,
+                                         uint64_t bytes) const;
 
-   private:
-    friend class Admission;
-    explicit Slot(const Admission* owner) : owner_(owner) {}
-    const Admission* owner_ = nullptr;
-  };
+  // A call in flight, released on destruction.
+  using Slot = std::shared_ptr<void>;
+  // Server-wide, before the call is authenticated.
   absl::StatusOr<Slot> EnterCall() const;
+  // The tenant's share, once it is known.
+  absl::StatusOr<Slot> EnterTenantCall(const std::string& tenant) const;
+
+  // A tenant's share of a server-wide limit (0: none).
+  uint64_t Share(uint64_t limit) const;
 
  private:
+  struct TenantUse {
+    uint32_t calls = 0;
+    uint64_t reserved = 0;  // Frame bytes in flight.
+  };
+  TenantUse& Use(const std::string& tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t RetainedBytes(const std::string& prefix) const;
+
   const Tenancy* const tenancy_;
   MemoryEngine* const engine_;
   const Limits limits_;
-  mutable std::atomic<uint32_t> in_flight_{0};
+  const uint64_t shares_;  // Tenants the server-wide limits are split among.
+  mutable absl::Mutex creation_mu_;
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(creation_mu_);
+  mutable uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::map<std::string, TenantUse> use_ ABSL_GUARDED_BY(mu_);
 };
 
 // One call's view: who is calling, its slot among the calls in flight, and
@@ -136,23 +162,26 @@ class Caller {
   absl::Status AdmitNewStream() const {
     return admission_->AdmitNewStream(tenant_);
   }
+  absl::Mutex* creation_mu() const { return admission_->creation_mu(); }
   // For FrameIngest.
-  absl::Status AdmitBytes(const Stream& stream, uint64_t bytes) const {
+  absl::StatusOr<Admission::Reservation> AdmitBytes(const Stream& stream,
+                                                    uint64_t bytes) const {
     return admission_->AdmitBytes(tenant_, stream, bytes);
   }
   const std::string& tenant() const { return tenant_; }
 
  private:
   Caller(const Tenancy* t, const Admission* a, std::string tenant,
-         std::shared_ptr<Admission::Slot> slot)
+         Admission::Slot server_slot, Admission::Slot tenant_slot)
       : tenancy_(t),
         admission_(a),
         tenant_(std::move(tenant)),
-        slot_(std::move(slot)) {}
+        server_slot_(std::move(server_slot)),
+        tenant_slot_(std::move(tenant_slot)) {}
   const Tenancy* tenancy_;
   const Admission* admission_;
   std::string tenant_;
-  std::shared_ptr<Admission::Slot> slot_;
+  Admission::Slot server_slot_, tenant_slot_;
 };
 
 }  // namespace kvmem

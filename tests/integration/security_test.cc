@@ -250,6 +250,159 @@ TEST_F(SecurityTest, LimitsAnswerResourceExhausted) {
   EXPECT_EQ(server->Stop(), 0);
 }
 
+// Exactly one credential per call: two different keys (two tenants, or a
+// valid key beside an invalid one) are UNAUTHENTICATED whichever header
+// carries which; the same key in both headers is one credential.
+TEST_F(SecurityTest, ExactlyOneCredentialPerCall) {
+  auto server = Start({"--api_keys_file=" + KeysFile()});
+  auto c = Client(*server, "");
+  auto call = [&](std::vector<std::pair<std::string, std::string>> md) {
+    grpc::ClientContext ctx;
+    for (const auto& [k, v] : md) ctx.AddMetadata(k, v);
+    v1::ListStreamsResponse resp;
+    return c->stub()->ListStreams(&ctx, v1::ListStreamsRequest(), &resp);
+  };
+  const std::string bearer_a = std::string("Bearer ") + kKeyA;
+  const std::string bearer_b = std::string("Bearer ") + kKeyB;
+  EXPECT_TRUE(call({{"x-api-key", kKeyA}}).ok());
+  EXPECT_TRUE(call({{"x-api-key", kKeyA}, {"authorization", bearer_a}}).ok());
+  for (const auto& md :
+       std::vector<std::vector<std::pair<std::string, std::string>>>{
+           {{"x-api-key", kKeyA}, {"authorization", bearer_b}},
+           {{"authorization", bearer_b}, {"x-api-key", kKeyA}},
+           {{"authorization", bearer_a}, {"authorization", bearer_b}},
+           {{"x-api-key", kKeyA}, {"x-api-key", "not-a-key-at-all-0000"}}}) {
+    grpc::Status st = call(md);
+    EXPECT_EQ(st.error_code(), StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(st.error_message(), HasSubstr("send exactly one"));
+  }
+  c.reset();
+  EXPECT_EQ(server->Stop(), 0);
+}
+
+// Server-wide limits are split into per-tenant shares: tenant A holding
+// all its calls, filling its bytes, or racing its stream creations
+// refuses only itself; B keeps working; no refusal names the server's
+// totals or the other tenant's use.
+TEST_F(SecurityTest, TenantsCannotStarveEachOther) {
+  TestGeometry g;
+  StreamModel m(g, 2, 8, {1});
+  std::mt19937_64 rng(4);
+  for (int i = 0; i < 8; ++i) m.AddFrame(rng, 4);
+  const uint64_t frame = m.frames()[0].bytes.size();
+  auto server = Start({"--api_keys_file=" + KeysFile(),
+                       "--max_calls_in_flight=6",  // 3 per tenant.
+                       "--max_total_bytes=" + std::to_string(6 * frame),
+                       "--max_frame_bytes_in_flight=" +
+                           std::to_string(3 * frame),  // 1.5 frames each.
+                       "--max_streams_per_tenant=2"});
+  auto a = Client(*server, kKeyA);
+  auto b = Client(*server, kKeyB);
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(a->OpenStream("cam", Config(g), &opened).ok());
+  ASSERT_TRUE(b->OpenStream("cam", Config(g), &opened).ok());
+
+  std::vector<OutgoingFrame> five;
+  for (uint64_t i = 0; i < 5; ++i) five.push_back(ToOutgoing(m.frames()[i], i));
+  // Frame bytes in flight: a frame header reserves the whole frame; A's
+  // share (1.5 frames) holds one; a second concurrent one is refused, B's
+  // is not.
+  ASSERT_TRUE(a->OpenStream("cam2", Config(g), &opened).ok());
+  auto partial = [&](KvmemClient& c, const std::string& id,
+                     grpc::ClientContext* ctx, v1::AppendFramesResponse* resp) {
+    auto w = c.stub()->AppendFrames(ctx, resp);
+    v1::AppendFramesRequest req;
+    req.set_stream_id(id);
+    *req.mutable_frame() = five[3].header;
+    req.mutable_frame()->set_frame_index(0);
+    req.mutable_frame()->set_payload_bytes(frame);
+    req.mutable_frame()->set_payload(five[3].payload.substr(0, 16));
+    EXPECT_TRUE(w->Write(req));
+    return w;
+  };
+  grpc::ClientContext ctx1, ctx2, ctx3;
+  v1::AppendFramesResponse r1, r2, r3;
+  ctx1.AddMetadata("x-api-key", kKeyA);
+  ctx2.AddMetadata("x-api-key", kKeyA);
+  ctx3.AddMetadata("x-api-key", kKeyB);
+  auto w1 = partial(*a, "cam2", &ctx1, &r1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto w2 = partial(*a, "cam", &ctx2, &r2);
+  w2->WritesDone();
+  grpc::Status st = w2->Finish();
+  EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("its share of --max_frame_bytes_in_flight"));
+  auto w3 = partial(*b, "cam", &ctx3, &r3);
+  w3->WritesDone();
+  st = w3->Finish();  // B's frame is admitted: only the call ends short.
+  EXPECT_EQ(st.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("the call ended inside frame 0"));
+  w1->WritesDone();
+  EXPECT_EQ(w1->Finish().error_code(), StatusCode::INVALID_ARGUMENT);
+
+  // Bytes: A's share is 3 frames; the 4th is refused; B still appends.
+  v1::AppendFramesResponse ar;
+  st = a->AppendFrames("cam", five, &ar);
+  EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("its share of --max_total_bytes"));
+  EXPECT_THAT(st.error_message(), HasSubstr("the server allows " +
+                                            std::to_string(3 * frame)));
+  EXPECT_THAT(st.error_message(), Not(HasSubstr(std::to_string(6 * frame))));
+  EXPECT_THAT(st.error_message(), HasSubstr("last durable frame is 2"));
+  std::vector<OutgoingFrame> three(five.begin(), five.begin() + 3);
+  st = b->AppendFrames("cam", three, &ar);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+
+  // Calls in flight: A holds its 3; its 4th is refused, B's are not.
+  std::vector<std::unique_ptr<SessionClient>> held(3);
+  for (auto& s : held) {
+    grpc::Status started;
+    for (int i = 0; i < 100; ++i) {
+      started = a->StartSession("cam", nullptr, &s);
+      if (started.error_code() != StatusCode::RESOURCE_EXHAUSTED) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(started.ok()) << started.error_message();
+  }
+  v1::StreamStats stats;
+  st = a->GetStreamStats("cam", &stats);
+  EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("its share of --max_calls_in_flight is 3"));
+  EXPECT_THAT(st.error_message(), Not(HasSubstr("6")));
+  EXPECT_TRUE(b->GetStreamStats("cam", &stats).ok());
+  for (auto& s : held) ASSERT_TRUE(s->Finish().ok());
+  held.clear();
+
+  // Creations race: 8 threads create 8 streams of B at once; its limit is
+  // 2 and it has 1: exactly one more is created.
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::thread> threads;
+    std::atomic<int> created{0};
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        auto c = Client(*server, kKeyB);
+        v1::OpenStreamResponse r;
+        grpc::Status s = c->OpenStream("race-" + std::to_string(t),
+                                       Config(g), &r);
+        if (s.ok()) created += 1;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(created.load(), 1) << "round " << round;
+    v1::ListStreamsResponse list;
+    ASSERT_TRUE(b->ListStreams(&list).ok());
+    EXPECT_EQ(list.streams_size(), 2);
+    for (const auto& s : list.streams()) {
+      if (s.stream_id() != "cam") ASSERT_TRUE(b->DeleteStream(s.stream_id()).ok());
+    }
+  }
+  a.reset();
+  b.reset();
+  EXPECT_EQ(server->Stop(), 0);
+}
+
 TEST_F(SecurityTest, TlsListenerWithClientCertificates) {
   // A CA, a server certificate for localhost / 127.0.0.1 and a client
   // certificate, made with the openssl CLI.
