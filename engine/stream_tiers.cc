@@ -270,14 +270,20 @@ absl::Status Stream::Evict(uint64_t id) {
   if (rec.disk == DiskForm::kFrames) {
     write.delete_frames.emplace_back(rec.info.first_frame, rec.info.last_frame);
   }
-  rec.disk = DiskForm::kNone;
-  rec.info.tier = Tier::kEvicted;
-  rec.summary.clear();  // The catalogue card goes too.
   const size_t groups = rec.group_summaries.size() / summary_dim_;
   const uint64_t bytes = rec.info.payload_bytes;
-  rec.group_summaries.clear();
-  rec.token_group.clear();
-  return CommitMove(id, std::move(rec), std::move(write),
+  // What an evicted block keeps, in RAM and on disk: its card (ids, frames,
+  // positions, tokens, bytes) and its heat, nothing that recall reads
+  // (summary, token groups, tracks, scene: recall never returns it). A
+  // fresh record, so no vector keeps the capacity of what it held.
+  BlockRecord slim;
+  slim.info = rec.info;
+  slim.info.tier = Tier::kEvicted;
+  slim.disk = DiskForm::kNone;
+  slim.last_access_frame = rec.last_access_frame;
+  slim.hits = rec.hits;
+  slim.last_hit_frame = rec.last_hit_frame;
+  return CommitMove(id, std::move(slim), std::move(write),
                     [this, id, groups, bytes](BlockEntry&) {
                       RemoveFromIndexes(&index_, id, groups);
                       counters_.evictions += 1;

@@ -1,10 +1,27 @@
 // One simulated camera-hour (10,800 frames at 3 fps, small geometry) with a
 // warm budget of 2 MiB: the warm tier never exceeds it, RSS stays flat after
 // warm-up, and recall keeps answering throughout.
+#include <malloc.h>
+
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 
 #include "engine/stream_config.h"
 #include "tests/engine_fixture.h"
+
+// ASan's quarantine holds freed memory: heap and RSS figures mean nothing
+// there (GCC says __SANITIZE_ADDRESS__, clang __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define KVMEM_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVMEM_TEST_ASAN 1
+#endif
+#endif
+#ifndef KVMEM_TEST_ASAN
+#define KVMEM_TEST_ASAN 0
+#endif
 
 namespace kvmem {
 namespace {
@@ -117,17 +134,87 @@ TEST(LongRunTest, OneCameraHourStaysWithinBudgetsAndFlatRss) {
   // stays in RAM per block (summaries, index entries, records: ~2 KiB each,
   // ~4 MiB for the ~1,900 blocks sealed meanwhile) plus RocksDB file
   // metadata and allocator slack (measured: 7-9 MiB), not by the KV.
-  // ASan's quarantine holds freed memory (GCC says __SANITIZE_ADDRESS__,
-  // clang __has_feature(address_sanitizer)).
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KVMEM_TEST_ASAN 1
-#endif
-#endif
-#if !defined(__SANITIZE_ADDRESS__) && !defined(KVMEM_TEST_ASAN)
+#if !KVMEM_TEST_ASAN
   EXPECT_LT(rss_end, rss_warm + (16u << 20))
       << "RSS grew from " << rss_warm << " to " << rss_end;
 #endif
+}
+
+// A camera-day's blocks (64,800: 3 fps, 4 frames a block), compressed in
+// time with one-frame blocks, under a storage cap that evicts all but the
+// newest ~200: the engine's heap must not grow with the stream's age. The
+// outside report measured ~3.7 KiB kept per evicted block (240 MiB a day).
+// Heap in use (mallinfo2) is sampled over the second half; its slope per
+// evicted block is printed and bounded.
+TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
+  if (KVMEM_TEST_ASAN) GTEST_SKIP() << "heap figures mean nothing under ASan";
+  testing::TempDir dir;
+  testing::TestGeometry g;
+  g.layers = 2;
+  g.head_dim = 32;
+  constexpr uint32_t kTokens = 16;
+  constexpr uint64_t kBlocks = 64800;
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = testing::TestConfig(g, 64, 1);
+  c.indexed_layers = {0, 1};
+  const uint64_t frame_bytes = FramePayloadBytes(c.geometry, kTokens);
+  c.tiers.warm_budget_bytes = 32 * frame_bytes;
+  c.tiers.cold_budget_bytes = 64 * frame_bytes;
+  c.tiers.storage_cap_bytes = 200 * frame_bytes;
+  c.weights.track = 1;
+  ASSERT_TRUE(e->OpenStream("cam", c).ok());
+  const size_t summary_dim = 2 * g.kv_heads * g.head_dim;
+  std::mt19937_64 rng(12);
+  std::vector<std::pair<uint64_t, double>> heap;  // (evicted, bytes)
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t f = 0; f < kBlocks; ++f) {
+    Frame frame = testing::FrameOf(testing::RandomFrame(rng, g, kTokens), f,
+                                   g.dtype);
+    // People come and go: a few tracks per frame, new ids all day.
+    for (uint64_t t = 0; t < 3; ++t) {
+      frame.signals.detections.push_back(
+          {f / 90 + t * 7, 0, 0.1f, 0.1f, 0.4f, 0.4f, 0.9f});
+    }
+    FrameSignals sig = frame.signals;
+    ASSERT_TRUE(e->Append("cam", std::move(frame)).ok());
+    if (f % 30 == 0) {
+      RecallQuery q;
+      q.query = testing::RandomQuery(rng, summary_dim);
+      q.signals = sig;
+      ASSERT_TRUE(e->Recall("cam", q).ok());
+    }
+    if (f >= kBlocks / 2 && f % 2000 == 0) {
+      e->WaitForBackground();
+      const StreamStats s = *e->GetStats("cam");
+      heap.emplace_back(s.evicted.blocks,
+                        static_cast<double>(mallinfo2().uordblks));
+    }
+  }
+  const double secs = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+  const StreamStats s = *e->GetStats("cam");
+  // Least-squares slope of heap bytes over evicted blocks.
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : heap) mx += x, my += y;
+  mx /= heap.size();
+  my /= heap.size();
+  double sxy = 0, sxx = 0;
+  for (const auto& [x, y] : heap) {
+    sxy += (x - mx) * (y - my);
+    sxx += (x - mx) * (x - mx);
+  }
+  const double slope = sxx > 0 ? sxy / sxx : 0;
+  std::printf(
+      "camera-day: %llu blocks (%llu evicted) in %.1f s; heap %.1f MiB at "
+      "half -> %.1f MiB at end; slope %.1f bytes per evicted block (%.1f MiB "
+      "per camera-day of 64,800 blocks); RSS %.1f MiB\n",
+      static_cast<unsigned long long>(s.sealed_blocks),
+      static_cast<unsigned long long>(s.evicted.blocks), secs,
+      heap.front().second / 1048576.0, heap.back().second / 1048576.0, slope,
+      slope * 64800 / 1048576.0, RssBytes() / 1048576.0);
+  EXPECT_GT(s.evicted.blocks, kBlocks - 400);
+  EXPECT_LT(slope, 512.0) << "bytes kept per evicted block";
 }
 
 }  // namespace
