@@ -370,21 +370,37 @@ class RocksColdStore final : public ColdStore {
     rocksdb::Slice upper_slice(upper);
     rocksdb::ReadOptions ro;
     ro.iterate_upper_bound = &upper_slice;
-    absl::ReaderMutexLock lock(&db_mu_);
-    std::unique_ptr<rocksdb::Iterator> it(db_.db->NewIterator(ro, blocks_));
-    for (it->Seek(prefix); it->Valid(); it->Next()) {
-      const rocksdb::Slice key = it->key();
-      if (key.size() != prefix.size() + 8) {
-        return absl::DataLossError(absl::StrCat(
-            "block key of stream ", stream_id, " has ", key.size(), " bytes"));
+    // In batches, fn called without db_mu_: fn may read the store (a
+    // reader lock taken twice deadlocks once a reopen waits between them).
+    constexpr size_t kBatch = 256;
+    std::string from = prefix;
+    for (;;) {
+      std::vector<std::pair<uint64_t, std::string>> batch;
+      {
+        absl::ReaderMutexLock lock(&db_mu_);
+        std::unique_ptr<rocksdb::Iterator> it(
+            db_.db->NewIterator(ro, blocks_));
+        for (it->Seek(from); it->Valid() && batch.size() < kBatch;
+             it->Next()) {
+          const rocksdb::Slice key = it->key();
+          if (key.size() != prefix.size() + 8) {
+            return absl::DataLossError(absl::StrCat("block key of stream ",
+                                                    stream_id, " has ",
+                                                    key.size(), " bytes"));
+          }
+          batch.emplace_back(
+              DecodeNumber(absl::string_view(key.data() + prefix.size(), 8)),
+              it->value().ToString());
+        }
+        if (!it->status().ok()) return FromRocks(it->status(), "scan blocks");
       }
-      const uint64_t id =
-          DecodeNumber(absl::string_view(key.data() + prefix.size(), 8));
-      const rocksdb::Slice v = it->value();
-      absl::Status st = fn(id, absl::string_view(v.data(), v.size()));
-      if (!st.ok()) return st;
+      for (const auto& [id, value] : batch) {
+        absl::Status st = fn(id, value);
+        if (!st.ok()) return st;
+      }
+      if (batch.size() < kBatch) return absl::OkStatus();
+      from = NumberedKey(stream_id, batch.back().first + 1);
     }
-    return FromRocks(it->status(), "scan blocks");
   }
 
   absl::StatusOr<std::vector<StreamRecord>> ListStreams() override {
