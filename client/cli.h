@@ -21,6 +21,7 @@ namespace kvmem {
 int RunDemo(const std::vector<std::string>& args);
 int RunRecall(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
+int RunHealth(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 int RunRoofline(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);

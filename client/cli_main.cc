@@ -154,6 +154,12 @@ const std::vector<Subcommand>& Subcommands() {
        "[--stream=ID]: statistics of one or every stream",
        {},
        kvmem::RunStats},
+      {"health",
+       "client/cli_query.cc",
+       "the server's gRPC health (kvmem.v1.KvMemory): exit 0 when\n"
+       "  SERVING (no API key needed: container and probe health checks)",
+       {},
+       kvmem::RunHealth},
       {"eval",
        "client/cli_eval.cc",
        "[--out=DIR] [--via=inproc|grpc]: every policy against an\n"

@@ -157,6 +157,23 @@ int RunStats(const std::vector<std::string>&) {
   return 0;
 }
 
+int RunHealth(const std::vector<std::string>&) {
+  auto client = KvmemClient::Connect(AddrOrDefault(), CliClientOptions());
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = client->CheckHealth("kvmem.v1.KvMemory", &resp);
+  if (!s.ok()) return ReportError("health", s);
+  const std::string status =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("{\"service\": \"kvmem.v1.KvMemory\", \"status\": \"%s\"}\n",
+                status.c_str());
+  } else {
+    std::printf("kvmem.v1.KvMemory: %s\n", status.c_str());
+  }
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0
+                                                                          : 1;
+}
+
 int RunRecall(const std::vector<std::string>&) {
   const std::string id = absl::GetFlag(FLAGS_stream);
   if (id.empty()) {

@@ -678,7 +678,26 @@ def check_compose(path, repo, bins):
     entry = []
     if R.check(os.path.exists(dockerfile), where, "no Dockerfile at the repository root"):
         with open(dockerfile) as f:
-            m = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", f.read(), re.M)
+            text = f.read()
+        m = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, re.M)
+        # Multi-stage, the runtime stage without build tools, non-root, and
+        # a health check that runs a real `kvmem` subcommand.
+        stages = re.split(r"^FROM\s+", text, flags=re.M)[1:]
+        R.check(len(stages) >= 2, "Dockerfile", "expected a build and a runtime stage")
+        if stages:
+            runtime = stages[-1]
+            R.check("COPY --from=" in runtime, "Dockerfile", "runtime stage copies the binaries from the build stage")
+            R.check(not re.search(r"bootstrap\.sh|cmake|g\+\+|-dev\b", runtime), "Dockerfile",
+                    "runtime stage holds build tools or -dev packages")
+            user = re.findall(r"^USER\s+(\S+)", runtime, re.M)
+            R.check(user and user[-1] not in ("root", "0"), "Dockerfile", "runtime stage must run as a non-root USER")
+            hc = re.search(r"^HEALTHCHECK\b.*?CMD\s+(\[[^\n]*\])[ \t]*$", runtime, re.M | re.S)
+            if R.check(hc, "Dockerfile", "no exec-form HEALTHCHECK CMD"):
+                cmd = json.loads(hc.group(1))
+                R.check(cmd[0].endswith("/kvmem"), "Dockerfile", f"HEALTHCHECK runs {cmd}, not kvmem")
+                flags = check_cli_command("Dockerfile HEALTHCHECK", cmd, bins)
+                R.check(port_of(flags.get("addr", "")) == 50551 if flags.get("addr") else False,
+                        "Dockerfile", "HEALTHCHECK should check --addr=127.0.0.1:50551 (the listen port)")
         if R.check(m, "Dockerfile", "no exec-form ENTRYPOINT"):
             entry = json.loads(m.group(1))
             R.check(entry and entry[0].endswith("kvmem-server"), "Dockerfile", "ENTRYPOINT is not kvmem-server")

@@ -34,6 +34,9 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 [ -S "$sock" ] || fail "server socket did not appear"
 [ "$(stat -c %a "$sock")" = 600 ] || fail "socket mode is $(stat -c %a "$sock"), want 600"
 
+# health: what the container's HEALTHCHECK runs; exit 0 and SERVING.
+"$bin/kvmem" health --addr="unix:$sock" | grep -qx "kvmem.v1.KvMemory: SERVING" || fail "health is not SERVING"
+"$bin/kvmem" health --addr="unix:$tmp/no-such.sock" > /dev/null 2>&1 && fail "health of no server exited 0"
 "$bin/kvmem" demo --addr="unix:$sock" --cameras=1 --frames=120 --json > "$tmp/demo.json"
 "$bin/kvmem" stats --addr="unix:$sock" --stream=demo-cam-0 --json > "$tmp/stats.json"
 "$bin/kvmem" recall --addr="unix:$sock" --stream=demo-cam-0 --query_seed=3 --top_k=4 --json > "$tmp/recall.json"
