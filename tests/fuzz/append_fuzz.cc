@@ -4,6 +4,10 @@
 // engine over the in-memory store. Any sequence must leave only statuses:
 // no crash, no sanitizer report, and the invariants below.
 //
+// The engine persists across inputs (as a server's does); each input opens
+// its own stream and deletes it at the end, so inputs stay independent and
+// the fuzzer is not paying for an engine (threads, store) per input.
+//
 // Input: one byte picking the stream's index kind and token groups, then
 // operations, each an opcode byte and its fields (see the switch).
 #include <cmath>
@@ -34,13 +38,33 @@ StreamConfig Config(uint8_t pick) {
   return c;
 }
 
+MemoryEngine* PersistentEngine() {
+  static MemoryEngine* engine = [] {
+    EngineOptions eo;
+    eo.acknowledge_interval_ms = 0;
+    auto e = MemoryEngine::Open(NewMemColdStore(), eo);
+    FUZZ_CHECK(e.ok());
+    return e->release();  // Lives as long as the process.
+  }();
+  return engine;
+}
+
+void RunOn(MemoryEngine* engine, fuzz::Reader& in);
+
 void Run(fuzz::Reader& in) {
-  EngineOptions eo;
-  auto engine = MemoryEngine::Open(NewMemColdStore(), eo);
-  FUZZ_CHECK(engine.ok());
+  MemoryEngine* engine = PersistentEngine();
+  RunOn(engine, in);
+  // The next input starts from an engine without this stream.
+  engine->WaitForBackground();
+  const absl::Status deleted = engine->DeleteStream("f");
+  FUZZ_CHECK(deleted.ok() || absl::IsNotFound(deleted));
+  FUZZ_CHECK(engine->stream_count() == 0);
+}
+
+void RunOn(MemoryEngine* engine, fuzz::Reader& in) {
   const StreamConfig config = Config(in.Take<uint8_t>());
-  if (!(*engine)->OpenStream("f", config).ok()) return;
-  std::shared_ptr<Stream> stream = *(*engine)->Find("f");
+  if (!engine->OpenStream("f", config).ok()) return;
+  std::shared_ptr<Stream> stream = *engine->Find("f");
   std::optional<FrameIngest> call(stream);
   int64_t durable = -1;
   for (int ops = 0; ops < 64 && !in.empty(); ++ops) {
@@ -86,7 +110,7 @@ void Run(fuzz::Reader& in) {
         q.window_fraction = in.Take<uint8_t>() / 200.0f;
         q.per_layer = in.Take<uint8_t>() % 2;
         q.current_token_position = in.Take<uint8_t>();
-        auto r = (*engine)->Recall("f", q);
+        auto r = engine->Recall("f", q);
         if (r.ok()) {
           FUZZ_CHECK(r->total_tokens <= r->budget_tokens);
           for (const auto& b : r->blocks) FUZZ_CHECK(std::isfinite(b.score));
@@ -109,7 +133,7 @@ void Run(fuzz::Reader& in) {
         (void)stream->RunMaintenance();
         break;
       case 5:  // The call ends: a partial frame is dropped, a new call starts.
-        if (in.Take<uint8_t>() % 4 == 0) (void)(*engine)->CloseStream("f");
+        if (in.Take<uint8_t>() % 4 == 0) (void)engine->CloseStream("f");
         (void)call->CheckNoPartialFrame();
         call.emplace(stream);
         break;
@@ -122,7 +146,7 @@ void Run(fuzz::Reader& in) {
     }
     FUZZ_CHECK(stream->Stats().last_durable_frame == durable);
   }
-  (*engine)->WaitForBackground();
+  engine->WaitForBackground();
 }
 
 }  // namespace
