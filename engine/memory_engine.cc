@@ -185,6 +185,7 @@ absl::Status MemoryEngine::RecordAcknowledged() {
 }
 
 void MemoryEngine::AcknowledgeLoop() {
+  bool failing = false;
   absl::MutexLock lock(&ack_mu_);
   while (!stopping_) {
     ack_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
@@ -192,10 +193,14 @@ void MemoryEngine::AcknowledgeLoop() {
     if (stopping_) break;
     ack_mu_.Unlock();
     absl::Status st = RecordAcknowledged();
-    if (!st.ok() && options_.warn) {
+    // Told once per failing spell (a full disk fails it every second).
+    if (!st.ok() && !failing && options_.warn) {
       options_.warn(absl::StrCat("acknowledgement record not written: ",
                                  st.message()));
+    } else if (st.ok() && failing && options_.warn) {
+      options_.warn("acknowledgement record written again");
     }
+    failing = !st.ok();
     ack_mu_.Lock();
   }
 }

@@ -426,12 +426,24 @@ class DiskFullTest : public ReliabilityTest {
                         "--wal_sync=" + wal_sync});
   }
 
-  static v1::StreamConfig BigFrames() {
-    testing::TestGeometry g;
-    g.layers = 2;
-    g.kv_heads = 2;
-    g.head_dim = 64;  // 16 tokens: 16 KiB per frame.
-    return testing::WireConfig(g, 32, 2, {0, 1});
+  // 2 layers x 2 heads x 64 dims: 16 KiB per 16-token frame.
+  static constexpr testing::TestGeometry kBig{2, 2, 64, DType::kFp16};
+
+  // Opens "cam", leaves about `leave` bytes free, and appends until a call
+  // is refused: RESOURCE_EXHAUSTED naming the data dir. *next: the resume
+  // point.
+  void FillUntilRefused(uint64_t leave, testing::StreamModel* m,
+                        uint64_t* next) {
+    v1::OpenStreamResponse resp;
+    ASSERT_TRUE(client_
+                    ->OpenStream("cam", testing::WireConfig(kBig, 32, 2, {0, 1}),
+                                 &resp)
+                    .ok());
+    Fill(leave);
+    grpc::Status s = AppendUntilRefused(m, next);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("data dir " + data_));
   }
 
   // Leaves about `leave` bytes free on the filesystem.
@@ -493,24 +505,17 @@ class DiskFullTest : public ReliabilityTest {
 // themselves once space returns; nothing acknowledged is lost.
 TEST_F(DiskFullTest, ReserveRefusesAppendsAndResumes) {
   ASSERT_TRUE(Start(/*reserve_mib=*/8));
-  v1::OpenStreamResponse resp;
-  ASSERT_TRUE(client_->OpenStream("cam", BigFrames(), &resp).ok());
-  Fill(/*leave=*/16 << 20);
-  testing::StreamModel m(testing::TestGeometry{2, 2, 64, DType::kFp16}, 2, 32,
-                         {0, 1});
+  testing::StreamModel m(kBig, 2, 32, {0, 1});
   uint64_t next = 0;
-  grpc::Status s = AppendUntilRefused(&m, &next);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("data dir " + data_));
-  EXPECT_THAT(s.error_message(), HasSubstr("reserve"));
+  FillUntilRefused(/*leave=*/16 << 20, &m, &next);
   EXPECT_GT(next, 100u);
   ExpectReadsWork(next);
   std::filesystem::remove(mnt_ + "/filler");
   const uint64_t before = next;
-  s = AppendUntilRefused(&m, &next);  // Resumed: refused again only when
-  EXPECT_GT(next, before + 100);      // the reserve is reached again.
+  grpc::Status s = AppendUntilRefused(&m, &next);  // Resumed: refused
+  EXPECT_GT(next, before + 100);  // again only at the reserve.
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("below its reserve"));
   server_->Kill();
   ASSERT_TRUE(Start(8));
   ExpectReadsWork(next);
@@ -526,22 +531,15 @@ class FullDiskTest : public DiskFullTest,
 TEST_P(FullDiskTest, NeverAbortsAndRecoversByItself) {
   const std::string wal_sync = GetParam();
   ASSERT_TRUE(Start(/*reserve_mib=*/0, wal_sync));
-  v1::OpenStreamResponse resp;
-  ASSERT_TRUE(client_->OpenStream("cam", BigFrames(), &resp).ok());
-  Fill(/*leave=*/6 << 20);
-  testing::StreamModel m(testing::TestGeometry{2, 2, 64, DType::kFp16}, 2, 32,
-                         {0, 1});
+  testing::StreamModel m(kBig, 2, 32, {0, 1});
   uint64_t next = 0;
-  grpc::Status s = AppendUntilRefused(&m, &next);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("data dir " + data_));
+  FillUntilRefused(/*leave=*/6 << 20, &m, &next);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // Syncer.
   grpc::health::v1::HealthCheckResponse health;
   ASSERT_TRUE(client_->CheckHealth("", &health).ok()) << "server died";
   ExpectReadsWork(next);
   // Still full: refused again, without touching the failed WAL.
-  s = AppendUntilRefused(&m, &next);
+  grpc::Status s = AppendUntilRefused(&m, &next);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(s.error_message(), HasSubstr("data dir " + data_));
   std::cerr << "refused while full: " << s.error_message() << "\n";
