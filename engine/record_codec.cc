@@ -195,6 +195,7 @@ std::string EncodeState(const StreamState& s) {
   w.U64(s.open_block_first_position);
   w.U32(s.open_block_tokens);
   w.U64(s.open_block_payload_bytes);
+  w.U32(s.scene_dim);
   return w.Take();
 }
 
@@ -209,7 +210,8 @@ absl::StatusOr<StreamState> DecodeState(absl::string_view bytes) {
       r.U64(&s.tokens) && r.U64(&s.payload_bytes) && r.U64(&s.next_block_id) &&
       r.U64(&s.open_block_first_frame) && r.U32(&s.open_block_frames) &&
       r.U64(&s.open_block_first_position) && r.U32(&s.open_block_tokens) &&
-      r.U64(&s.open_block_payload_bytes) && r.Done();
+      r.U64(&s.open_block_payload_bytes) &&
+      (r.Done() || (r.U32(&s.scene_dim) && r.Done()));
   if (!ok) return Corrupt("state", bytes.size());
   s.closed = closed != 0;
   s.last_frame = static_cast<int64_t>(last);

@@ -29,6 +29,9 @@ struct StreamState {
   uint64_t open_block_first_position = 0;
   uint32_t open_block_tokens = 0;
   uint64_t open_block_payload_bytes = 0;
+  // Length of the stream's scene embeddings (0: none yet). Written last;
+  // records without it (older versions) read as 0.
+  uint32_t scene_dim = 0;
 };
 
 // Where a block's KV lives on disk.

@@ -177,12 +177,6 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
     s->InstallBlock(std::move(entry));
   }
   absl::MutexLock lock(&s->append_mu_);
-  for (auto it = s->blocks_.rbegin(); it != s->blocks_.rend(); ++it) {
-    if (!it->rec.scene.empty()) {
-      s->scene_dim_ = it->rec.scene.size();
-      break;
-    }
-  }
   KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
   // Budgets may have shrunk since the blocks were recorded warm. A store
   // that refuses writes (disk full) leaves the blocks where they are: the
@@ -209,9 +203,6 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
       KVMEM_ASSIGN_OR_RETURN(frame.signals, DecodeSignals(*meta));
     } else if (!absl::IsNotFound(meta.status())) {
       return meta.status();
-    }
-    if (!frame.signals.scene_embedding.empty()) {
-      scene_dim_ = frame.signals.scene_embedding.size();
     }
     segmenter_.Add(FrameSignature(frame));
     open_summary_.AddFrame(frame.payload, frame.token_count);
@@ -429,12 +420,13 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   }
   KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
   const size_t scene_dim = frame.signals.scene_embedding.size();
-  if (scene_dim != 0 && scene_dim_ != 0 && scene_dim != scene_dim_) {
+  if (scene_dim != 0 && next.scene_dim != 0 && scene_dim != next.scene_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "frame.signals.scene_embedding has ", scene_dim,
-        " values; stream \"", id_, "\" has had ", scene_dim_,
+        " values; stream \"", id_, "\" has had ", next.scene_dim,
         " (one embedding model per stream)"));
   }
+  if (scene_dim != 0) next.scene_dim = static_cast<uint32_t>(scene_dim);
   const std::vector<float> signature =
       segmenter_.shot_mode() ? FrameSignature(frame) : std::vector<float>();
   const Segmenter::Cut cut =
@@ -491,7 +483,6 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
     }
     return committed;
   }
-  if (scene_dim != 0) scene_dim_ = scene_dim;
   if (full) ResetOpenBlock();
   OpenMean open = OpenBlockMean();
   {

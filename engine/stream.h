@@ -330,9 +330,6 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::vector<std::string> open_payloads_ ABSL_GUARDED_BY(append_mu_);
   std::vector<uint32_t> open_tokens_ ABSL_GUARDED_BY(append_mu_);
   FrameSignals latest_signals_ ABSL_GUARDED_BY(append_mu_);
-  // Length of the scene embeddings this stream's frames carry (0: none yet):
-  // one embedding model per stream, or cosines and shot cuts mean nothing.
-  size_t scene_dim_ ABSL_GUARDED_BY(append_mu_) = 0;
   std::deque<uint64_t> staged_order_ ABSL_GUARDED_BY(append_mu_);  // FIFO.
   uint64_t blocks_since_rebuild_ ABSL_GUARDED_BY(append_mu_) = 0;
   // Payload bytes of evicted blocks (their frames are gone from disk).

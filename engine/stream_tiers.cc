@@ -273,13 +273,15 @@ absl::Status Stream::Evict(uint64_t id) {
   const size_t groups = rec.group_summaries.size() / summary_dim_;
   const uint64_t bytes = rec.info.payload_bytes;
   // What an evicted block keeps, in RAM and on disk: its card (ids, frames,
-  // positions, tokens, bytes, its frames' token counts) and its heat,
-  // nothing that recall reads (summary, token groups, tracks, scene: recall
-  // never returns it). A fresh record, so no vector keeps the capacity of
-  // what it held.
+  // positions, tokens, bytes, its frames' token counts), its heat and its
+  // tracks (the track history the heat policy scores is rebuilt from them
+  // at recovery); not what only recall reads (summary, token groups,
+  // scene: recall never returns it). A fresh record, so no vector keeps
+  // the capacity of what it held.
   BlockRecord slim;
   slim.info = rec.info;
   slim.frame_tokens = rec.frame_tokens;
+  slim.tracks = rec.tracks;
   slim.info.tier = Tier::kEvicted;
   slim.disk = DiskForm::kNone;
   slim.last_access_frame = rec.last_access_frame;

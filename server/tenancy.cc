@@ -196,7 +196,10 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
   const uint64_t frames_share = Share(limits_.max_frame_bytes_in_flight);
   absl::MutexLock lock(&mu_);
   TenantUse& use = Use(tenant);
-  if (frames_share > 0 && use.reserved + bytes > frames_share) {
+  // One frame is always admitted (its size is bounded by the geometry's
+  // 1 GiB cap): a share smaller than a frame must not refuse it for ever.
+  if (frames_share > 0 && use.reserved > 0 &&
+      use.reserved + bytes > frames_share) {
     return absl::ResourceExhaustedError(absl::StrCat(
         use.reserved, " bytes of frames are being received for ",
         tenancy_->enabled() ? "the tenant" : "the server",
@@ -206,9 +209,11 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
             : " are allowed (--max_frame_bytes_in_flight)",
         ": finish or cancel the frames in flight, or retry with backoff"));
   }
+  uint64_t& stream_reserved = stream_reserved_[stream.id()];
   if (limits_.max_stream_bytes > 0) {
-    const uint64_t held = stream.RetainedPayloadBytes();
+    const uint64_t held = stream.RetainedPayloadBytes() + stream_reserved;
     if (held + bytes > limits_.max_stream_bytes) {
+      if (stream_reserved == 0) stream_reserved_.erase(stream.id());
       return over("the stream", held, limits_.max_stream_bytes,
                   "--max_stream_bytes");
     }
@@ -216,17 +221,23 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
   if (tenant_limit > 0) {
     const uint64_t held = RetainedBytes(prefix) + use.reserved;
     if (held + bytes > tenant_limit) {
+      if (stream_reserved == 0) stream_reserved_.erase(stream.id());
       return over(tenancy_->enabled() ? "the tenant" : "the server", held,
                   tenant_limit, tenant_flag);
     }
   }
   use.reserved += bytes;
   reserved_ += bytes;
+  stream_reserved += bytes;
   return Reservation(static_cast<void*>(nullptr),
-                     [this, tenant, bytes](void*) {
+                     [this, tenant, id = stream.id(), bytes](void*) {
                        absl::MutexLock l(&mu_);
                        Use(tenant).reserved -= bytes;
                        reserved_ -= bytes;
+                       auto it = stream_reserved_.find(id);
+                       if ((it->second -= bytes) == 0) {
+                         stream_reserved_.erase(it);
+                       }
                      });
 }
 

@@ -137,6 +137,9 @@ class Admission {
   mutable uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   mutable uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   mutable std::map<std::string, TenantUse> use_ ABSL_GUARDED_BY(mu_);
+  // Frame bytes reserved per stream (engine id), while any are.
+  mutable std::map<std::string, uint64_t> stream_reserved_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // One call's view: who is calling, its slot among the calls in flight, and

@@ -188,6 +188,18 @@ class PlainFileLogger final : public rocksdb::Logger {
   int fd_ = -1;
 };
 
+// In a RocksColdStore method holding db_mu_: the store's DB may be closed
+// after a reopen that failed even read-only; answer instead of crashing.
+#define KVMEM_STORE_OPEN_OR_RETURN()                                       \
+  do {                                                                    \
+    if (db_.db == nullptr) {                                              \
+      return absl::UnavailableError(absl::StrCat(                         \
+          "data dir ", options_.path, " is closed: RocksDB could not be " \
+          "reopened (",                                                   \
+          Error(), "); retried on the next write once space is free"));   \
+    }                                                                     \
+  } while (false)
+
 struct Db {
   std::unique_ptr<rocksdb::DB> db;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
@@ -303,6 +315,7 @@ class RocksColdStore final : public ColdStore {
   absl::Status Commit(const StreamWrite& write) override {
     if (absl::Status g = WriteGate(/*freeing=*/false); !g.ok()) return g;
     absl::ReaderMutexLock lock(&db_mu_);
+    KVMEM_STORE_OPEN_OR_RETURN();
     rocksdb::WriteBatch batch;
     for (uint64_t b : write.delete_block_layers) {
       batch.DeleteRange(block_layers_, NumberedKey(write.stream_id, b),
@@ -341,21 +354,22 @@ class RocksColdStore final : public ColdStore {
 
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                        uint64_t frame_index) override {
-    return Get(payloads_, NumberedKey(stream_id, frame_index),
+    return Get(&RocksColdStore::payloads_, NumberedKey(stream_id, frame_index),
                absl::StrCat("frame ", frame_index, " of stream ", stream_id));
   }
 
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
                                            uint64_t frame_index) override {
     return Get(
-        frame_meta_, NumberedKey(stream_id, frame_index),
+        &RocksColdStore::frame_meta_, NumberedKey(stream_id, frame_index),
         absl::StrCat("meta of frame ", frame_index, " of stream ", stream_id));
   }
 
   absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
                                             uint64_t block_id,
                                             uint32_t layer) override {
-    return Get(block_layers_, LayerKey(stream_id, block_id, layer),
+    return Get(&RocksColdStore::block_layers_,
+               LayerKey(stream_id, block_id, layer),
                absl::StrCat("layer ", layer, " of block ", block_id,
                             " of stream ", stream_id));
   }
@@ -378,6 +392,7 @@ class RocksColdStore final : public ColdStore {
       std::vector<std::pair<uint64_t, std::string>> batch;
       {
         absl::ReaderMutexLock lock(&db_mu_);
+        KVMEM_STORE_OPEN_OR_RETURN();
         std::unique_ptr<rocksdb::Iterator> it(
             db_.db->NewIterator(ro, blocks_));
         for (it->Seek(from); it->Valid() && batch.size() < kBatch;
@@ -406,6 +421,7 @@ class RocksColdStore final : public ColdStore {
   absl::StatusOr<std::vector<StreamRecord>> ListStreams() override {
     std::vector<StreamRecord> out;
     absl::ReaderMutexLock lock(&db_mu_);
+    KVMEM_STORE_OPEN_OR_RETURN();
     std::unique_ptr<rocksdb::Iterator> it(
         db_.db->NewIterator(rocksdb::ReadOptions(), streams_));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -431,6 +447,7 @@ class RocksColdStore final : public ColdStore {
     // allowed below the reserve.
     if (absl::Status g = WriteGate(/*freeing=*/true); !g.ok()) return g;
     absl::ReaderMutexLock lock(&db_mu_);
+    KVMEM_STORE_OPEN_OR_RETURN();
     const std::string begin = StreamPrefix(stream_id);
     std::string end(stream_id);
     end.push_back('\x01');
@@ -444,6 +461,7 @@ class RocksColdStore final : public ColdStore {
 
   uint64_t ApproximatePayloadBytes() override {
     absl::ReaderMutexLock lock(&db_mu_);
+    if (db_.db == nullptr) return 0;
     uint64_t total = 0;
     for (const char* prop :
          {"rocksdb.total-blob-file-size", "rocksdb.live-sst-files-size",
@@ -476,8 +494,17 @@ class RocksColdStore final : public ColdStore {
   absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override {
     std::map<std::string, uint64_t> frames;
     const std::string file = absl::StrCat(path_, "/", kAckFile);
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec) && !ec) {
+      return frames;  // Never recorded (a new store, or an older version's).
+    }
     std::ifstream in(file, std::ios::binary);
-    if (!in) return frames;  // Never recorded (a new or pre-v5 store).
+    if (!in) {
+      return absl::DataLossError(absl::StrCat(
+          "acknowledgement record ", file, " exists and cannot be read",
+          ec ? absl::StrCat(" (", ec.message(), ")") : std::string(),
+          ": acknowledged frames cannot be verified"));
+    }
     const std::string data((std::istreambuf_iterator<char>(in)),
                            std::istreambuf_iterator<char>());
     auto bad = [&](absl::string_view why) {
@@ -538,6 +565,7 @@ class RocksColdStore final : public ColdStore {
   absl::Status SyncedMarker() {
     if (absl::Status g = WriteGate(/*freeing=*/true); !g.ok()) return g;
     absl::ReaderMutexLock lock(&db_mu_);
+    KVMEM_STORE_OPEN_OR_RETURN();
     rocksdb::WriteOptions wo;
     wo.sync = true;
     return Written(db_.db->Put(wo, db_.handles[0], "kvmem-sync", ""),
@@ -574,7 +602,7 @@ class RocksColdStore final : public ColdStore {
     bool stopped;
     {
       absl::ReaderMutexLock lock(&db_mu_);
-      stopped = failed_.load() || db_.read_only;
+      stopped = failed_.load() || db_.read_only || db_.db == nullptr;
     }
     if (stopped && free >= reserve_) {
       absl::MutexLock lock(&reopen_mu_);
@@ -582,8 +610,8 @@ class RocksColdStore final : public ColdStore {
       if (now >= next_reopen_) {
         next_reopen_ = now + absl::Seconds(1);
         absl::MutexLock db_lock(&db_mu_);
-        if (failed_.load() || db_.read_only) Reopen();
-        stopped = failed_.load() || db_.read_only;
+        if (failed_.load() || db_.read_only || db_.db == nullptr) Reopen();
+        stopped = failed_.load() || db_.read_only || db_.db == nullptr;
       }
     }
     if (stopped) {
@@ -611,6 +639,9 @@ class RocksColdStore final : public ColdStore {
   // REQUIRES: db_mu_ exclusive.
   void Reopen() {
     CloseDb();
+    // Cleared before the open, so an error the new DB raises meanwhile
+    // stays raised.
+    failed_.store(false);
     Db next;
     rocksdb::Status s = OpenDb(options_, listener_, false, &next);
     if (!s.ok()) {
@@ -624,7 +655,6 @@ class RocksColdStore final : public ColdStore {
     }
     db_ = std::move(next);
     Install();
-    if (!db_.read_only) failed_.store(false);
   }
 
   // REQUIRES: db_mu_ exclusive (or no other user).
@@ -637,6 +667,7 @@ class RocksColdStore final : public ColdStore {
     db_.db->Close().PermitUncheckedError();
     db_.db.reset();
     db_.handles.clear();
+    streams_ = blocks_ = payloads_ = frame_meta_ = block_layers_ = nullptr;
   }
 
   void SetError(std::string e) {
@@ -656,12 +687,15 @@ class RocksColdStore final : public ColdStore {
     block_layers_ = db_.handles[5];
   }
 
-  absl::StatusOr<std::string> Get(rocksdb::ColumnFamilyHandle* cf,
-                                  const std::string& key,
-                                  const std::string& what) {
+  // cf names the handle member: read under the lock, a reopen replaces it.
+  absl::StatusOr<std::string> Get(
+      rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,
+      const std::string& what) {
     std::string value;
     absl::ReaderMutexLock lock(&db_mu_);
-    rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), cf, key, &value);
+    KVMEM_STORE_OPEN_OR_RETURN();
+    rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), this->*cf, key,
+                                    &value);
     if (s.IsNotFound()) {
       return absl::NotFoundError(absl::StrCat(what, " is not stored"));
     }
