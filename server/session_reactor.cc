@@ -11,7 +11,11 @@
 //   - whoever sees done_ with tasks_ == 0 deletes the reactor, and every
 //     decision that may end the call is taken in the same critical section as
 //     the bookkeeping, with no member touched after Finish or delete.
+#include <grpcpp/alarm.h>
+
+#include <chrono>
 #include <deque>
+#include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -43,25 +47,36 @@ class SessionReactor final
     if (!ok || probed_) {
       // gRPC reports a message that fails to parse like the end of the
       // stream. One more read tells them apart: after the end (or a broken
-      // call) it fails again; after a bad message it returns the next one.
-      bool probe = false;
+      // call) it fails at once; after a bad message it returns the next
+      // one, or, from a client waiting for the answer to the bad message,
+      // nothing: an alarm ends that wait (a read still pending after
+      // kProbeWait cannot follow an end of stream).
+      bool probe = false, cancel_alarm = false;
       {
         absl::MutexLock lock(&mu_);
         if (!ok && !probed_ && !finish_) {
-          probed_ = probe = true;
-          ++tasks_;  // Reads are issued under a task.
-        } else if (!finish_) {
-          absl::Status s =
-              ok ? BadMessage(messages_ + 1, "SessionRequest")
-                 : (ingest_ ? ingest_->CheckNoPartialFrame()
-                            : absl::OkStatus());
-          finish_ = ToGrpcStatus(caller_.Scrub(s));
+          probed_ = probe = probing_ = true;
+          tasks_ += 2;  // The read is issued under a task; the alarm holds one.
+        } else {
+          cancel_alarm = probing_;
+          probing_ = false;
+          if (!finish_) {
+            absl::Status s =
+                ok ? BadMessage(messages_ + 1, "SessionRequest")
+                   : (ingest_ ? ingest_->CheckNoPartialFrame()
+                              : absl::OkStatus());
+            finish_ = ToGrpcStatus(caller_.Scrub(s));
+          }
         }
       }
       if (probe) {
+        probe_alarm_ = std::make_unique<grpc::Alarm>();
+        probe_alarm_->Set(std::chrono::system_clock::now() + kProbeWait,
+                          [this](bool fired) { OnProbeAlarm(fired); });
         StartRead(&req_);
         EndTask();
       } else {
+        if (cancel_alarm) probe_alarm_->Cancel();
         Pump();
       }
       return;
@@ -105,6 +120,21 @@ class SessionReactor final
     } else {
       Pump();
     }
+  }
+
+  // The probe's alarm, fired or cancelled; it held a task until now.
+  void OnProbeAlarm(bool fired) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (fired && probing_ && !finish_) {
+        probing_ = false;
+        absl::Status s = BadMessage(messages_ + 1, "SessionRequest");
+        finish_ = ToGrpcStatus(caller_.Scrub(absl::Status(
+            s.code(), absl::StrCat(s.message(),
+                                   " (the client sent nothing after it)"))));
+      }
+    }
+    EndTask();
   }
 
   void OnDone() override {
@@ -226,6 +256,8 @@ class SessionReactor final
   v1::SessionRequest req_;
   std::optional<FrameIngest> ingest_;
   bool probed_ = false;  // A read failed: the next one tells why.
+  static constexpr auto kProbeWait = std::chrono::milliseconds(500);
+  std::unique_ptr<grpc::Alarm> probe_alarm_;
 
   absl::Mutex mu_;
   std::deque<v1::SessionResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -238,6 +270,7 @@ class SessionReactor final
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone was called.
   std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
   uint64_t messages_ ABSL_GUARDED_BY(mu_) = 0;  // Parsed so far.
+  bool probing_ ABSL_GUARDED_BY(mu_) = false;   // The probe read is pending.
 };
 
 absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {

@@ -265,7 +265,8 @@ TEST_F(ReliabilityTest, UnservableStoredStreamIsQuarantinedNotFatal) {
 // *response gets the one response message, if any.
 grpc::Status RawStream(const std::string& target, const std::string& method,
                        const std::vector<std::string>& messages,
-                       std::vector<std::string>* responses) {
+                       std::vector<std::string>* responses,
+                       bool half_close = true) {
   grpc::GenericStub stub(
       grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -283,8 +284,10 @@ grpc::Status RawStream(const std::string& target, const std::string& method,
     call->Write(bb, nullptr);
     if (!wait()) break;
   }
-  call->WritesDone(nullptr);
-  wait();
+  if (half_close) {  // Else as a lockstep client: read before closing.
+    call->WritesDone(nullptr);
+    wait();
+  }
   for (;;) {
     grpc::ByteBuffer bb;
     call->Read(&bb, nullptr);
@@ -373,6 +376,18 @@ TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
               HasSubstr("message 3 of this call is not a valid SessionRequest"));
   ASSERT_TRUE(client_->GetStreamStats("cam", &st).ok());
   EXPECT_EQ(st.last_durable_frame(), 1);
+
+  // A lockstep client: open, then a bad message, then it waits for the
+  // answer without sending more. The server cannot wait for a next message
+  // for ever: the call ends INVALID_ARGUMENT instead of hanging.
+  responses.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  s = RawStream(server_->target(), "/kvmem.v1.KvMemory/Session",
+                {session[0], garbage}, &responses, /*half_close=*/false);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("message 2 of this call"));
+  EXPECT_THAT(s.error_message(), HasSubstr("the client sent nothing after it"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 
   // A well-formed stream still ends OK (the extra read costs nothing).
   std::vector<std::string> good(append.begin(), append.begin() + 0);
