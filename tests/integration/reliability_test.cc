@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <random>
 #include <thread>
 #include <string>
@@ -258,6 +259,64 @@ TEST_F(ReliabilityTest, UnservableStoredStreamIsQuarantinedNotFatal) {
   EXPECT_EQ(list.streams_size(), 1);
   EXPECT_EQ(list.quarantined_size(), 0);
   ASSERT_TRUE(client_->OpenStream("nsg", SummedConfig("HNSW8"), &resp).ok());
+}
+
+// The outside report's silent loss, against the real server: bytes flipped
+// in the middle of the newest WAL after a clean stop. salvage starts, and
+// every stream that lost acknowledged frames (or vanished) is listed as
+// quarantined with DATA_LOSS, answers DATA_LOSS, and is named in an error
+// log line; the others serve every acknowledged frame. strict refuses.
+TEST_F(ReliabilityTest, CorruptWalIsDataLossNeverSilence) {
+  ASSERT_TRUE(StartServer());
+  const std::map<std::string, uint64_t> acked = {{"a", 60}, {"b", 20}};
+  for (const auto& [id, n] : acked) {
+    v1::OpenStreamResponse resp;
+    ASSERT_TRUE(client_->OpenStream(id, SummedConfig("Flat"), &resp).ok());
+    testing::StreamModel m(SmallGeometry(), 1, 8, {0, 1});
+    Append(id, &m, n);
+  }
+  // The engine records what was acknowledged every second.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  client_.reset();
+  ASSERT_EQ(server_->Stop(), 0);
+  std::string wal;
+  for (const auto& e :
+       std::filesystem::directory_iterator(dir_.path() + "/data")) {
+    const std::string p = e.path().string();
+    if (p.size() > 4 && p.compare(p.size() - 4, 4, ".log") == 0 &&
+        std::filesystem::file_size(p) > 0) {
+      wal = std::max(wal, p);
+    }
+  }
+  ASSERT_FALSE(wal.empty());
+  {
+    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(wal) / 2));
+    f.write("\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a", 16);
+  }
+  EXPECT_FALSE(StartServer({"--recovery=strict"}));
+  ASSERT_TRUE(StartServer());
+  v1::ListStreamsResponse list;
+  ASSERT_TRUE(client_->ListStreams(&list).ok());
+  EXPECT_GE(list.quarantined_size(), 1);
+  const std::string log = testing::ReadFile(dir_.path() + "/server.log");
+  for (const auto& q : list.quarantined()) {
+    EXPECT_EQ(q.code(), "DATA_LOSS") << q.stream_id();
+    EXPECT_THAT(q.reason(), HasSubstr("write-ahead log"));
+    EXPECT_THAT(log, HasSubstr("\"" + q.stream_id() + "\" is quarantined"));
+    v1::StreamStats st;
+    grpc::Status s = client_->GetStreamStats(q.stream_id(), &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
+  }
+  for (const auto& st : list.streams()) {
+    EXPECT_EQ(st.last_durable_frame() + 1,
+              static_cast<int64_t>(acked.at(st.stream_id())))
+        << st.stream_id() << " serves fewer frames than were acknowledged";
+  }
+  EXPECT_EQ(list.streams_size() + list.quarantined_size(), 2);
+  for (const auto& q : list.quarantined()) {
+    ASSERT_TRUE(client_->DeleteStream(q.stream_id()).ok());
+  }
 }
 
 // Sends raw messages on a client stream (as a client with its own encoder
