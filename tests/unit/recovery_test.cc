@@ -102,10 +102,10 @@ size_t CheckNothingSilent(Opened& o,
       return q.size();
     }
     EXPECT_EQ(q[id].code(), absl::StatusCode::kDataLoss);
+    const std::string quoted = "\"" + id + "\"";
     EXPECT_TRUE(std::any_of(o.errors.begin(), o.errors.end(),
-                            [&](const std::string& m) {
-                              return m.find("\"" + id + "\"") !=
-                                     std::string::npos;
+                            [&quoted](const std::string& m) {
+                              return m.find(quoted) != std::string::npos;
                             }))
         << id << " lost frames without an error naming it";
     // Recall answers the same; DeleteStream removes it for good.
