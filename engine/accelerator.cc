@@ -35,7 +35,7 @@ class CpuAccelerator final : public Accelerator {
   AcceleratorStats Stats() const override {
     AcceleratorStats s;
     s.backend = name_;
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     s.total = total_;
     return s;
   }
@@ -49,13 +49,13 @@ class CpuAccelerator final : public Accelerator {
     CallCost c;
     c.measured_us = MicrosSince(t0);
     c.searches = 1;
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     total_ += c;
     if (cost != nullptr) *cost += c;
   }
 
   const std::string name_ = "cpu";
-  mutable absl::Mutex mu_;
+  mutable kvmem::Mutex mu_;
   CallCost total_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -101,7 +101,7 @@ class SimAccelerator final : public Accelerator {
       c.injections = 1;
       double service = ArbitrationSeconds();
       {
-        absl::MutexLock lock(&mu_);
+        kvmem::MutexLock lock(&mu_);
         // The staging buffer takes granules from the hot window (clean
         // copies of DRAM: dropping them costs nothing).
         const uint64_t want = StagingBytesFor(hw_, items.data() + first, n);
@@ -166,7 +166,7 @@ class SimAccelerator final : public Accelerator {
     s.modelled = true;
     s.recall_floor = hw_.recall_floor;
     s.sram_bytes = hw_.sram_bytes;
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     s.total = total_;
     s.sram_staging_bytes = staging_;
     s.sram_hot_bytes =
@@ -180,7 +180,7 @@ class SimAccelerator final : public Accelerator {
     return hw_.clock_hz > 0 ? hw_.arbitration_cycles / hw_.clock_hz : 0;
   }
   void Account(const CallCost& c) {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     total_ += c;
   }
 
@@ -188,7 +188,7 @@ class SimAccelerator final : public Accelerator {
   const SimHardware hw_;
   const uint64_t idle_staging_;
   PriorityGate gate_;
-  mutable absl::Mutex mu_;
+  mutable kvmem::Mutex mu_;
   uint64_t staging_ ABSL_GUARDED_BY(mu_) = 0;
   CallCost total_ ABSL_GUARDED_BY(mu_);
 };
@@ -229,7 +229,7 @@ Accelerator& SharedCpuAccelerator() {
 }
 
 PriorityGate::Ticket PriorityGate::Acquire(uint32_t priority) {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   const uint64_t seq = next_seq_++;
   const double clock_at_arrival = clock_s_;
   waiters_.push_back({priority, seq});
@@ -241,14 +241,14 @@ PriorityGate::Ticket PriorityGate::Acquire(uint32_t priority) {
 }
 
 void PriorityGate::Release(double modelled_s) {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   clock_s_ += modelled_s;
   held_ = false;
   cv_.SignalAll();
 }
 
 size_t PriorityGate::waiting() const {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   return waiters_.size();
 }
 

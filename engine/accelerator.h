@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "engine/block_index.h"
 #include "engine/sim_model.h"
 #include "engine/types.h"
@@ -126,8 +126,8 @@ class PriorityGate {
   };
   bool IsNext(uint64_t seq) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;
+  mutable kvmem::Mutex mu_;
+  kvmem::CondVar cv_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);

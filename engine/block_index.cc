@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -22,6 +23,7 @@
 #include "engine/dot.h"
 #include "engine/progressive_search.h"
 #include "engine/status_macros.h"
+#include "engine/sync.h"
 
 namespace kvmem {
 namespace {
@@ -367,8 +369,17 @@ uint64_t FixedFloats(const FaissSpec& spec, uint32_t dim) {
 
 // Builds the index as a stream's first build would (64 vectors, trained
 // when FAISS can train on that many), inside a catch-all: what FAISS
-// throws is an answer, not a crash.
+// throws is an answer, not a crash. A (factory, dim) that built once is
+// not built again (every reopen validates its config): remembered, up to
+// 4096 of them.
 absl::Status Probe(const std::string& factory, uint32_t dim) {
+  static kvmem::Mutex mu;
+  static auto* built = new std::set<std::string>();
+  const std::string key = absl::StrCat(factory, "@", dim);
+  {
+    kvmem::MutexLock lock(&mu);
+    if (built->count(key)) return absl::OkStatus();
+  }
   try {
     std::unique_ptr<faiss::Index> index = MakeFaiss(factory, dim);
     std::vector<float> v(static_cast<size_t>(kMinBuild) * dim);
@@ -390,6 +401,8 @@ absl::Status Probe(const std::string& factory, uint32_t dim) {
     float score;
     faiss::Index::idx_t label;
     index->search(1, v.data(), 1, &score, &label);
+    kvmem::MutexLock lock(&mu);
+    if (built->size() < 4096) built->insert(key);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.index_policy.index_factory \"", absl::CHexEscape(factory),

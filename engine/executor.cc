@@ -9,14 +9,14 @@ Executor::Executor(int threads) {
 
 Executor::~Executor() {
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     stopping_ = true;
   }
   for (auto& t : workers_) t.join();
 }
 
 void Executor::Submit(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
 }
 
@@ -24,8 +24,8 @@ void Executor::Run() {
   for (;;) {
     std::function<void()> task;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
+      kvmem::MutexLock lock(&mu_);
+      mu_.Await(kvmem::Condition(
           +[](Executor* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
             return e->stopping_ || !e->tasks_.empty();
           },

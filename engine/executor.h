@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 
 namespace kvmem {
 
@@ -30,7 +30,7 @@ class Executor {
  private:
   void Run();
 
-  absl::Mutex mu_;
+  kvmem::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;

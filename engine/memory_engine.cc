@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "absl/synchronization/notification.h"
+#include "engine/sync.h"
 #include "engine/record_codec.h"
 #include "engine/status_macros.h"
 #include "engine/stream_config.h"
@@ -20,7 +20,7 @@ MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store,
 MemoryEngine::~MemoryEngine() {
   if (ack_thread_.joinable()) {
     {
-      absl::MutexLock lock(&ack_mu_);
+      kvmem::MutexLock lock(&ack_mu_);
       stopping_ = true;
     }
     ack_thread_.join();
@@ -29,7 +29,7 @@ MemoryEngine::~MemoryEngine() {
   // Shutdown: the final record; never from an Open that failed, whose
   // refusal must stay reproducible.
   if (opened_) RecordAcknowledged().IgnoreError();
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   streams_.clear();
 }
 
@@ -45,7 +45,7 @@ StreamEnv MemoryEngine::Env() {
 }
 
 void MemoryEngine::WaitForBackground() {
-  absl::Notification done;
+  kvmem::Notification done;
   background_->Submit([&done] { done.Notify(); });
   done.WaitForNotification();
 }
@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
     acked = std::map<std::string, uint64_t>();
   }
   {
-    absl::MutexLock lock(&engine->mu_);
+    kvmem::MutexLock lock(&engine->mu_);
     for (const StreamRecord& r : records) {
       absl::StatusOr<std::unique_ptr<Stream>> stream = engine->RecoverOne(r);
       auto ack = acked->find(r.stream_id);
@@ -142,7 +142,7 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
     }
   }
   {
-    absl::MutexLock control(&engine->control_mu_);
+    kvmem::MutexLock control(&engine->control_mu_);
     engine->last_record_ = *std::move(acked);
   }
   engine->opened_ = true;
@@ -159,7 +159,7 @@ std::map<std::string, uint64_t> MemoryEngine::AcknowledgedNow(
   std::vector<std::shared_ptr<Stream>> streams;
   std::map<std::string, uint64_t> out;
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     out = quarantined_acks_;
     for (const auto& [id, s] : streams_) streams.push_back(s);
   }
@@ -180,15 +180,15 @@ absl::Status MemoryEngine::WriteAcknowledged(const std::string* except) {
 }
 
 absl::Status MemoryEngine::RecordAcknowledged() {
-  absl::MutexLock control(&control_mu_);
+  kvmem::MutexLock control(&control_mu_);
   return WriteAcknowledged(nullptr);
 }
 
 void MemoryEngine::AcknowledgeLoop() {
   bool failing = false;
-  absl::MutexLock lock(&ack_mu_);
+  kvmem::MutexLock lock(&ack_mu_);
   while (!stopping_) {
-    ack_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+    ack_mu_.AwaitWithTimeout(kvmem::Condition(&stopping_),
                              absl::Milliseconds(options_.acknowledge_interval_ms));
     if (stopping_) break;
     ack_mu_.Unlock();
@@ -210,10 +210,10 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
   // control_mu_ orders creations and deletions; mu_ is held only for map
   // lookups, never across a commit, so other streams' calls do not wait.
-  absl::MutexLock control(&control_mu_);
+  kvmem::MutexLock control(&control_mu_);
   std::shared_ptr<Stream> existing;
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     if (auto q = quarantined_.find(id); q != quarantined_.end()) {
       return q->second;
     }
@@ -240,7 +240,7 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
                          Stream::Create(id, config, Env()));
   std::shared_ptr<Stream> shared = std::move(stream);
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     streams_[id] = shared;
   }
   return OpenStreamResult{true, shared->Stats()};
@@ -249,7 +249,7 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
 absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Find(
     const std::string& id) const {
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) {
     if (auto q = quarantined_.find(id); q != quarantined_.end()) {
@@ -267,11 +267,11 @@ absl::StatusOr<StreamStats> MemoryEngine::CloseStream(const std::string& id) {
 }
 
 absl::Status MemoryEngine::DeleteStream(const std::string& id) {
-  absl::MutexLock control(&control_mu_);
+  kvmem::MutexLock control(&control_mu_);
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
   bool quarantined;
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     quarantined = quarantined_.count(id) > 0;
   }
   std::shared_ptr<Stream> stream;
@@ -289,7 +289,7 @@ absl::Status MemoryEngine::DeleteStream(const std::string& id) {
     if (stream) stream->MarkDeleted(false);  // Nothing removed; keep serving.
     return s;
   }
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   streams_.erase(id);
   quarantined_.erase(id);
   quarantined_acks_.erase(id);
@@ -299,7 +299,7 @@ absl::Status MemoryEngine::DeleteStream(const std::string& id) {
 std::vector<StreamStats> MemoryEngine::ListStreams() const {
   std::vector<std::shared_ptr<Stream>> streams;
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     for (const auto& [id, s] : streams_) streams.push_back(s);
   }
   std::vector<StreamStats> out;
@@ -329,7 +329,7 @@ absl::StatusOr<RecallResult> MemoryEngine::Recall(const std::string& id,
 std::vector<std::shared_ptr<Stream>> MemoryEngine::StreamsWithPrefix(
     const std::string& prefix) const {
   std::vector<std::shared_ptr<Stream>> out;
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   for (auto it = streams_.lower_bound(prefix);
        it != streams_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
        ++it) {
@@ -339,14 +339,14 @@ std::vector<std::shared_ptr<Stream>> MemoryEngine::StreamsWithPrefix(
 }
 
 std::vector<QuarantinedStream> MemoryEngine::Quarantined() const {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   std::vector<QuarantinedStream> out;
   for (const auto& [id, st] : quarantined_) out.push_back({id, st});
   return out;
 }
 
 size_t MemoryEngine::stream_count() const {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   return streams_.size();
 }
 

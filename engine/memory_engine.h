@@ -18,7 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "engine/accelerator.h"
 #include "engine/sim_model.h"
 #include "engine/stream.h"
@@ -138,9 +138,9 @@ class MemoryEngine {
   // destroyed first: its tasks finish while streams and store still exist.
   std::unique_ptr<Executor> background_;
   // Serialises OpenStream and DeleteStream (which commit to the store).
-  absl::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  kvmem::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Guards the map only; never held across storage I/O.
-  mutable absl::Mutex mu_;
+  mutable kvmem::Mutex mu_;
   std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> quarantined_ ABSL_GUARDED_BY(mu_);
   // Acknowledged frames of quarantined streams, kept in the record so the
@@ -148,7 +148,7 @@ class MemoryEngine {
   std::map<std::string, uint64_t> quarantined_acks_ ABSL_GUARDED_BY(mu_);
   // The last record written (control_mu_): unchanged maps are not rewritten.
   std::map<std::string, uint64_t> last_record_ ABSL_GUARDED_BY(control_mu_);
-  absl::Mutex ack_mu_;
+  kvmem::Mutex ack_mu_;
   bool stopping_ ABSL_GUARDED_BY(ack_mu_) = false;
   std::thread ack_thread_;
   bool opened_ = false;  // Open succeeded: the record may be rewritten.

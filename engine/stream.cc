@@ -43,17 +43,17 @@ Stream::Stream(const std::string& id, const StreamConfig& config,
       segmenter_(config),
       last_rebuild_(std::chrono::steady_clock::now()),
       state_(state) {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   index_ = NewIndexes();
 }
 
 uint64_t Stream::AcknowledgedFrames() const {
-  absl::ReaderMutexLock lock(&mu_);
+  kvmem::ReaderMutexLock lock(&mu_);
   return static_cast<uint64_t>(state_.last_frame + 1);
 }
 
 Stream::~Stream() {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   AddWarm(-static_cast<int64_t>(warm_bytes_), false);
   AddWarm(-static_cast<int64_t>(stage_bytes_), true);
 }
@@ -173,10 +173,10 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
       entry.warm = std::move(warm);
     }
     entry.rec = std::move(rec);
-    absl::MutexLock lock(&s->mu_);
+    kvmem::MutexLock lock(&s->mu_);
     s->InstallBlock(std::move(entry));
   }
-  absl::MutexLock lock(&s->append_mu_);
+  kvmem::MutexLock lock(&s->append_mu_);
   KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
   // Budgets may have shrunk since the blocks were recorded warm. A store
   // that refuses writes (disk full) leaves the blocks where they are: the
@@ -212,7 +212,7 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
     latest_signals_ = std::move(frame.signals);
   }
   OpenMean open = OpenBlockMean();
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   PublishOpenMean(std::move(open));
   return absl::OkStatus();
 }
@@ -228,7 +228,7 @@ absl::Status Stream::UnknownBlockError(uint64_t block_id) const {
 }
 
 absl::Status Stream::NotFoundIfDeleted() const {
-  absl::ReaderMutexLock lock(&mu_);
+  kvmem::ReaderMutexLock lock(&mu_);
   return deleted_ ? DeletedError() : absl::OkStatus();
 }
 
@@ -353,7 +353,7 @@ void Stream::ResetOpenBlock() {
 uint64_t Stream::RetainedPayloadBytes() const {
   uint64_t appended;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     appended = state_.payload_bytes;
   }
   return appended - evicted_payload_bytes_.load(std::memory_order_relaxed);
@@ -411,10 +411,10 @@ void Stream::AddWarm(int64_t bytes, bool staged) {
 }
 
 absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
-  absl::MutexLock append_lock(&append_mu_);
+  kvmem::MutexLock append_lock(&append_mu_);
   StreamState next;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     if (deleted_) return DeletedError();
     next = state_;
   }
@@ -470,7 +470,7 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
     // Nothing became durable: rebuild the open block as the store has it.
     StreamState durable;
     {
-      absl::ReaderMutexLock lock(&mu_);
+      kvmem::ReaderMutexLock lock(&mu_);
       durable = state_;
     }
     absl::Status replayed = ReplayOpenBlock(durable);
@@ -486,7 +486,7 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   if (full) ResetOpenBlock();
   OpenMean open = OpenBlockMean();
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     state_ = next;
     if (cut == Segmenter::Cut::kShot) counters_.shot_cuts += 1;
     for (BlockEntry& e : sealed) InstallBlock(std::move(e));
@@ -514,10 +514,10 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
 }
 
 absl::Status Stream::Close() {
-  absl::MutexLock append_lock(&append_mu_);
+  kvmem::MutexLock append_lock(&append_mu_);
   StreamState next;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     if (deleted_) return DeletedError();
     if (state_.closed) return absl::OkStatus();
     next = state_;
@@ -534,7 +534,7 @@ absl::Status Stream::Close() {
   KVMEM_RETURN_IF_ERROR(env_.store->Commit(write));
   ResetOpenBlock();
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     state_ = next;
     for (BlockEntry& e : sealed) InstallBlock(std::move(e));
     PublishOpenMean(OpenMean{});  // The open block is empty now.
@@ -543,10 +543,10 @@ absl::Status Stream::Close() {
 }
 
 absl::Status Stream::Reopen() {
-  absl::MutexLock append_lock(&append_mu_);
+  kvmem::MutexLock append_lock(&append_mu_);
   StreamState next;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     if (deleted_) return DeletedError();
     if (!state_.closed) return absl::OkStatus();
     next = state_;
@@ -556,13 +556,13 @@ absl::Status Stream::Reopen() {
   write.stream_id = id_;
   write.state = EncodeState(next);
   KVMEM_RETURN_IF_ERROR(env_.store->Commit(write));
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   state_ = next;
   return absl::OkStatus();
 }
 
 absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
-  absl::ReaderMutexLock lock(&mu_);
+  kvmem::ReaderMutexLock lock(&mu_);
   if (deleted_) return DeletedError();
   if (block_id >= blocks_.size()) return UnknownBlockError(block_id);
   const BlockEntry& e = blocks_[block_id];
@@ -594,7 +594,7 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
   for (int attempt = 0;; ++attempt) {
     uint64_t generation;
     {
-      absl::ReaderMutexLock lock(&mu_);
+      kvmem::ReaderMutexLock lock(&mu_);
       if (deleted_) return DeletedError();
       if (block_id >= blocks_.size()) return UnknownBlockError(block_id);
       const BlockEntry& e = blocks_[block_id];
@@ -612,7 +612,7 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
     }
     bool unchanged;
     {
-      absl::ReaderMutexLock lock(&mu_);
+      kvmem::ReaderMutexLock lock(&mu_);
       unchanged = blocks_[block_id].generation == generation;
     }
     if (loaded.ok() && unchanged) {
@@ -647,13 +647,13 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
 }
 
 void Stream::MarkDeleted(bool deleted) {
-  absl::MutexLock append_lock(&append_mu_);
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock append_lock(&append_mu_);
+  kvmem::MutexLock lock(&mu_);
   deleted_ = deleted;
 }
 
 const char* Stream::OpenPayloadDataForTesting(size_t i) {
-  absl::MutexLock lock(&append_mu_);
+  kvmem::MutexLock lock(&append_mu_);
   return i < open_payloads_.size() ? open_payloads_[i].data() : nullptr;
 }
 

@@ -33,7 +33,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "engine/accelerator.h"
 #include "engine/block_index.h"
 #include "engine/block_layout.h"
@@ -323,7 +323,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   const uint32_t layer_dim_;  // kv_heads * head_dim.
   const std::unique_ptr<ReplacementPolicy> policy_;
 
-  absl::Mutex append_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  kvmem::Mutex append_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   SummaryBuilder open_summary_ ABSL_GUARDED_BY(append_mu_);
   Segmenter segmenter_ ABSL_GUARDED_BY(append_mu_);
   BlockSemanticsBuilder open_semantics_ ABSL_GUARDED_BY(append_mu_);
@@ -337,7 +337,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::chrono::steady_clock::time_point last_rebuild_
       ABSL_GUARDED_BY(append_mu_);
 
-  mutable absl::Mutex mu_;
+  mutable kvmem::Mutex mu_;
   StreamState state_ ABSL_GUARDED_BY(mu_);
   std::vector<BlockEntry> blocks_
       ABSL_GUARDED_BY(mu_);  // blocks_[i].rec.info.id == i
@@ -359,7 +359,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   PolicyCounters counters_ ABSL_GUARDED_BY(mu_);
 
   // Recall feedback, drained by RunMaintenance.
-  mutable absl::Mutex feedback_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  mutable kvmem::Mutex feedback_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> recalled_
       ABSL_GUARDED_BY(feedback_mu_);  // (block id, frame of the recall)
   bool maintenance_scheduled_ ABSL_GUARDED_BY(feedback_mu_) = false;
@@ -367,7 +367,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::vector<uint32_t> recall_us_ ABSL_GUARDED_BY(feedback_mu_);  // Ring.
   size_t recall_us_next_ ABSL_GUARDED_BY(feedback_mu_) = 0;
 
-  mutable absl::Mutex accel_mu_;
+  mutable kvmem::Mutex accel_mu_;
   CallCost accel_cost_ ABSL_GUARDED_BY(accel_mu_);
   bool below_recall_floor_ ABSL_GUARDED_BY(accel_mu_) = false;
 

@@ -243,7 +243,7 @@ void Stream::StageRecall(RecallResult* r, uint32_t priority) const {
 }
 
 void Stream::AccountAccel(const CallCost& c) {
-  absl::MutexLock lock(&accel_mu_);
+  kvmem::MutexLock lock(&accel_mu_);
   accel_cost_ += c;
 }
 
@@ -364,7 +364,7 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   bool planned = false;  // result holds the sets already (score MASS).
   uint64_t now_frame;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     if (deleted_) return DeletedError();
     now_frame = state_.last_frame < 0 ? 0 : state_.last_frame;
     const size_t eligible = EligibleBlocks(q.current_token_position == 0
@@ -454,12 +454,12 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   if (recalls_.fetch_add(1, std::memory_order_relaxed) % 16 == 15) {
     std::string warning;
     {
-      absl::ReaderMutexLock lock(&mu_);
+      kvmem::ReaderMutexLock lock(&mu_);
       warning = RecallFloorWarning();
     }
     bool crossed;
     {
-      absl::MutexLock lock(&accel_mu_);
+      kvmem::MutexLock lock(&accel_mu_);
       crossed = !warning.empty() && !below_recall_floor_;
       below_recall_floor_ = !warning.empty();
     }
@@ -471,7 +471,7 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
     feedback.erase(std::unique(feedback.begin(), feedback.end()),
                    feedback.end());
     {
-      absl::MutexLock lock(&feedback_mu_);
+      kvmem::MutexLock lock(&feedback_mu_);
       recalled_.insert(recalled_.end(), feedback.begin(), feedback.end());
     }
     ScheduleMaintenance();

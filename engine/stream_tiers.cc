@@ -107,11 +107,11 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
 absl::Status Stream::CommitMove(uint64_t id, BlockRecord rec, StreamWrite write,
                                 const std::function<void(BlockEntry&)>& apply) {
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     blocks_[id].generation += 1;  // Odd: readers retry until the move is over.
   }
   const absl::Status committed = CommitRecord(rec, std::move(write));
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   BlockEntry& e = blocks_[id];
   e.generation += 1;  // Even again.
   if (!committed.ok()) return committed;
@@ -136,7 +136,7 @@ absl::Status Stream::EnforceBudgets(uint64_t incoming_warm, int64_t exclude) {
     int64_t victim = -1;
     Op op = Op::kDemote;
     {
-      absl::ReaderMutexLock lock(&mu_);
+      kvmem::ReaderMutexLock lock(&mu_);
       if (deleted_) return absl::OkStatus();
       const ReplacementContext ctx = PolicyContext();
       // Disk and cold totals take a pass over every block: only when a
@@ -212,7 +212,7 @@ absl::Status Stream::Demote(uint64_t id) {
   BlockRecord rec;
   std::shared_ptr<const WarmBlock> warm;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     rec = blocks_[id].rec;
     warm = blocks_[id].warm;
   }
@@ -238,7 +238,7 @@ absl::Status Stream::Demote(uint64_t id) {
 absl::Status Stream::Degrade(uint64_t id) {
   BlockRecord rec;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     rec = blocks_[id].rec;
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> full, LoadBlock(rec));
@@ -262,7 +262,7 @@ absl::Status Stream::Degrade(uint64_t id) {
 absl::Status Stream::Evict(uint64_t id) {
   BlockRecord rec;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     rec = blocks_[id].rec;
   }
   StreamWrite write;
@@ -300,7 +300,7 @@ absl::Status Stream::Promote(uint64_t id, bool staged) {
   const TierConfig& t = config_.tiers;
   uint64_t bytes;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     if (blocks_[id].warm || blocks_[id].rec.disk == DiskForm::kNone) {
       return absl::OkStatus();
     }
@@ -311,14 +311,14 @@ absl::Status Stream::Promote(uint64_t id, bool staged) {
     // Room first, so the warm tier never holds more than its budget; the
     // block itself is not a candidate for the moves that make it.
     KVMEM_RETURN_IF_ERROR(EnforceBudgets(bytes, static_cast<int64_t>(id)));
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     if (t.warm_budget_bytes > 0 && warm_bytes_ + bytes > t.warm_budget_bytes) {
       return absl::OkStatus();  // Larger than the whole budget: stays put.
     }
   }
   BlockRecord rec;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     rec = blocks_[id].rec;  // Read after the moves above.
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm, LoadBlock(rec));
@@ -328,7 +328,7 @@ absl::Status Stream::Promote(uint64_t id, bool staged) {
     rec.info.tier = Tier::kWarm;
     KVMEM_RETURN_IF_ERROR(CommitRecord(rec, StreamWrite()));
   }
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   BlockEntry& e = blocks_[id];
   AddWarm(warm->allocated_bytes(), staged);
   e.warm = std::move(warm);
@@ -343,7 +343,7 @@ absl::Status Stream::Promote(uint64_t id, bool staged) {
 }
 
 void Stream::Unstage(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   BlockEntry& e = blocks_[id];
   if (!e.staged) return;
   AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), true);
@@ -359,7 +359,7 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
   std::vector<uint64_t> picks;
   CallCost prefetch_cost;  // The prefetch search counts as this stream's.
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     const size_t eligible = EligibleBlocks(state_.next_token_position);
     for (const RecalledBlock& r : RankCandidates(
              *index_.all, pseudo_query.data(), 0, summary_dim_, signals,
@@ -374,7 +374,7 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
   for (uint64_t id : picks) {
     uint32_t tokens;
     {
-      absl::ReaderMutexLock lock(&mu_);
+      kvmem::ReaderMutexLock lock(&mu_);
       tokens = blocks_[id].rec.info.token_count;
     }
     const uint64_t bytes = WarmBlock::AllocatedBytes(config_.geometry, tokens);
@@ -382,7 +382,7 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
     for (;;) {
       uint64_t staged_now;
       {
-        absl::ReaderMutexLock lock(&mu_);
+        kvmem::ReaderMutexLock lock(&mu_);
         staged_now = stage_bytes_;
       }
       if (staged_now + bytes <= t.stage_budget_bytes || staged_order_.empty()) {
@@ -400,7 +400,7 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
 absl::Status Stream::DrainFeedback() {
   std::vector<std::pair<uint64_t, uint64_t>> feedback;
   {
-    absl::MutexLock lock(&feedback_mu_);
+    kvmem::MutexLock lock(&feedback_mu_);
     feedback.swap(recalled_);
     maintenance_scheduled_ = false;
   }
@@ -409,7 +409,7 @@ absl::Status Stream::DrainFeedback() {
     bool promote = false;
     uint64_t staged_bytes = 0;
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       if (deleted_ || id >= blocks_.size()) continue;
       BlockEntry& e = blocks_[id];
       e.rec.hits = static_cast<float>(
@@ -436,7 +436,7 @@ absl::Status Stream::ConfirmStaged(uint64_t id, uint64_t bytes) {
   KVMEM_RETURN_IF_ERROR(EnforceBudgets(bytes, static_cast<int64_t>(id)));
   BlockRecord rec;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     const TierConfig& t = config_.tiers;
     if (!blocks_[id].staged || (t.warm_budget_bytes > 0 &&
                                 warm_bytes_ + bytes > t.warm_budget_bytes)) {
@@ -446,7 +446,7 @@ absl::Status Stream::ConfirmStaged(uint64_t id, uint64_t bytes) {
   }
   rec.info.tier = Tier::kWarm;
   KVMEM_RETURN_IF_ERROR(CommitRecord(rec, StreamWrite()));
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   BlockEntry& e = blocks_[id];
   AddWarm(-static_cast<int64_t>(bytes), true);
   AddWarm(bytes, false);
@@ -460,14 +460,14 @@ absl::Status Stream::ConfirmStaged(uint64_t id, uint64_t bytes) {
 }
 
 absl::Status Stream::RunMaintenance() {
-  absl::MutexLock append_lock(&append_mu_);
+  kvmem::MutexLock append_lock(&append_mu_);
   KVMEM_RETURN_IF_ERROR(DrainFeedback());
   return EnforceBudgets();
 }
 
 void Stream::ScheduleMaintenance() {
   {
-    absl::MutexLock lock(&feedback_mu_);
+    kvmem::MutexLock lock(&feedback_mu_);
     if (maintenance_scheduled_ || env_.background == nullptr) return;
     maintenance_scheduled_ = true;
   }
@@ -493,7 +493,7 @@ void Stream::MaybeScheduleRebuild() {
     return;
   }
   {
-    absl::MutexLock lock(&feedback_mu_);
+    kvmem::MutexLock lock(&feedback_mu_);
     if (rebuild_scheduled_) return;
     rebuild_scheduled_ = true;
   }
@@ -507,7 +507,7 @@ size_t Stream::RebuildIndex() {
   std::vector<BlockRecord> snapshot;  // Summaries only.
   size_t n;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     n = blocks_.size();
     for (const BlockEntry& e : blocks_) {
       if (e.rec.disk != DiskForm::kNone) {
@@ -525,7 +525,7 @@ size_t Stream::RebuildIndex() {
   for (const BlockRecord& r : snapshot) AddToIndexes(&fresh, r.info.id, r);
   size_t indexed;
   {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     // Reconcile with what happened during the build, then swap.
     for (size_t id = n; id < blocks_.size(); ++id) {
       if (blocks_[id].rec.disk != DiskForm::kNone)
@@ -542,13 +542,13 @@ size_t Stream::RebuildIndex() {
     counters_.rebuilds += 1;
     indexed = index_.all->size();
   }
-  absl::MutexLock lock(&feedback_mu_);
+  kvmem::MutexLock lock(&feedback_mu_);
   rebuild_scheduled_ = false;
   return indexed;
 }
 
 void Stream::RecordRecallLatency(uint32_t us) {
-  absl::MutexLock lock(&feedback_mu_);
+  kvmem::MutexLock lock(&feedback_mu_);
   constexpr size_t kRing = 1024;
   if (recall_us_.size() < kRing) {
     recall_us_.push_back(us);
@@ -567,7 +567,7 @@ StreamStats Stream::Stats() const {
   s.recalled_blocks = recalled_blocks_.load(std::memory_order_relaxed);
   s.recalled_tokens = recalled_tokens_.load(std::memory_order_relaxed);
   {
-    absl::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&mu_);
     s.closed = state_.closed;
     s.last_durable_frame = state_.last_frame;
     s.next_token_position = state_.next_token_position;
@@ -615,14 +615,14 @@ StreamStats Stream::Stats() const {
   s.accel.sram_repartitions = device.repartitions;
   s.accel.recall_floor = device.recall_floor;
   {
-    absl::MutexLock lock(&accel_mu_);
+    kvmem::MutexLock lock(&accel_mu_);
     s.accel.cost = accel_cost_;
   }
   s.warm_bytes = s.warm.bytes;
   s.cold_bytes = s.cold.bytes;
   std::vector<uint32_t> lat;
   {
-    absl::MutexLock lock(&feedback_mu_);
+    kvmem::MutexLock lock(&feedback_mu_);
     lat = recall_us_;
   }
   if (!lat.empty()) {

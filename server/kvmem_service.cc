@@ -38,7 +38,7 @@ absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
                          caller.EngineId(req.stream_id()));
   // New streams count against the tenant's limit; reopening does not. The
   // check and the creation are one step (no two creations pass together).
-  absl::MutexLock creating(caller.creation_mu());
+  kvmem::MutexLock creating(caller.creation_mu());
   if (!engine->Find(id).ok()) KVMEM_RETURN_IF_ERROR(caller.AdmitNewStream());
   absl::StatusOr<OpenStreamResult> r =
       engine->OpenStream(id, FromProto(req.config()));

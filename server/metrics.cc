@@ -146,7 +146,7 @@ class MetricsCollector final : public prometheus::Collectable {
   // A deleted stream: its work stays in the global counters, its label
   // and series go.
   void Retire(const StreamStats& s) {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     Sample gone;
     auto b = baseline_.find(s.stream_id);
     gone.Add(s, b == baseline_.end() ? nullptr : &b->second);
@@ -171,7 +171,7 @@ class MetricsCollector final : public prometheus::Collectable {
     Sample other, global;
     bool any_other = false;
     double open = 0, closed = 0;
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     for (const StreamStats& s : streams) {
       (s.closed ? closed : open) += 1;
       auto b = baseline_.find(s.stream_id);
@@ -257,7 +257,7 @@ class MetricsCollector final : public prometheus::Collectable {
   const MemoryEngine* const engine_;
   const size_t cap_;
   const std::shared_ptr<prometheus::Registry> calls_;
-  mutable absl::Mutex mu_;
+  mutable kvmem::Mutex mu_;
   mutable std::set<std::string> labelled_ ABSL_GUARDED_BY(mu_);
   mutable std::map<std::string, double> last_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, StreamCounters> baseline_ ABSL_GUARDED_BY(mu_);
@@ -372,7 +372,7 @@ ServerMetrics::ServerMetrics(const MemoryEngine* engine, const Options& options)
 ServerMetrics::~ServerMetrics() = default;
 
 ServerMetrics::MethodSeries* ServerMetrics::Method(const std::string& method) {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   auto it = methods_.find(method);
   if (it != methods_.end()) return it->second.get();
   // Past the cap every new name shares one series (key "" is never a

@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "engine/memory_engine.h"
 
 namespace prometheus {
@@ -83,7 +83,7 @@ class ServerMetrics {
   prometheus::Histogram* session_recall_latency_;
   std::shared_ptr<MetricsCollector> collector_;
 
-  mutable absl::Mutex mu_;
+  mutable kvmem::Mutex mu_;
   std::map<std::string, std::unique_ptr<MethodSeries>> methods_
       ABSL_GUARDED_BY(mu_);
 };

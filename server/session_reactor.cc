@@ -19,7 +19,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "engine/status_macros.h"
 #include "server/frame_ingest.h"
 #include "server/kvmem_service.h"
@@ -53,7 +53,7 @@ class SessionReactor final
       // kProbeWait cannot follow an end of stream).
       bool probe = false, cancel_alarm = false;
       {
-        absl::MutexLock lock(&mu_);
+        kvmem::MutexLock lock(&mu_);
         if (!ok && !probed_ && !finish_) {
           probed_ = probe = probing_ = true;
           tasks_ += 2;  // The read is issued under a task; the alarm holds one.
@@ -82,7 +82,7 @@ class SessionReactor final
       return;
     }
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       ++tasks_;
       ++messages_;
     }
@@ -99,7 +99,7 @@ class SessionReactor final
   void OnWriteDone(bool ok) override {
     bool resume_reads = false;
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       write_in_flight_ = false;
       if (!ok) {
         write_failed_ = true;
@@ -125,7 +125,7 @@ class SessionReactor final
   // The probe's alarm, fired or cancelled; it held a task until now.
   void OnProbeAlarm(bool fired) {
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       if (fired && probing_ && !finish_) {
         probing_ = false;
         absl::Status s = BadMessage(messages_ + 1, "SessionRequest");
@@ -140,7 +140,7 @@ class SessionReactor final
   void OnDone() override {
     bool destroy;
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       done_ = true;
       destroy = tasks_ == 0;
     }
@@ -155,7 +155,7 @@ class SessionReactor final
   void RunTask() {
     bool ending;
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       ending = finish_.has_value();
     }
     bool read_next = false;
@@ -163,7 +163,7 @@ class SessionReactor final
       v1::SessionResponse resp;
       resp.set_seq(req_.seq());
       absl::Status s = Handle(&resp);
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       if (!s.ok()) {
         if (ingest_) s = ingest_->WithResumePoint(s);
         if (!finish_) finish_ = ToGrpcStatus(caller_.Scrub(s));
@@ -224,7 +224,7 @@ class SessionReactor final
     Action action;
     grpc::Status status;
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       action = NextActionLocked();
       if (action == Action::kFinish) status = *finish_;
     }
@@ -237,7 +237,7 @@ class SessionReactor final
     Action action;
     grpc::Status status;
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       --tasks_;
       action = NextActionLocked();
       if (action == Action::kFinish) status = *finish_;
@@ -259,7 +259,7 @@ class SessionReactor final
   static constexpr auto kProbeWait = std::chrono::milliseconds(500);
   std::unique_ptr<grpc::Alarm> probe_alarm_;
 
-  absl::Mutex mu_;
+  kvmem::Mutex mu_;
   std::deque<v1::SessionResponse> queue_ ABSL_GUARDED_BY(mu_);
   v1::SessionResponse current_;  // The write in flight.
   int tasks_ ABSL_GUARDED_BY(mu_) = 0;

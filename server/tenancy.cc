@@ -194,7 +194,7 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
                       : "--max_total_bytes";
   }
   const uint64_t frames_share = Share(limits_.max_frame_bytes_in_flight);
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   TenantUse& use = Use(tenant);
   // One frame is always admitted (its size is bounded by the geometry's
   // 1 GiB cap): a share smaller than a frame must not refuse it for ever.
@@ -231,7 +231,7 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
   stream_reserved += bytes;
   return Reservation(static_cast<void*>(nullptr),
                      [this, tenant, id = stream.id(), bytes](void*) {
-                       absl::MutexLock l(&mu_);
+                       kvmem::MutexLock l(&mu_);
                        Use(tenant).reserved -= bytes;
                        reserved_ -= bytes;
                        auto it = stream_reserved_.find(id);
@@ -242,7 +242,7 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
 }
 
 absl::StatusOr<Admission::Slot> Admission::EnterCall() const {
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   if (limits_.max_calls_in_flight > 0 &&
       in_flight_ >= limits_.max_calls_in_flight) {
     // Before authentication: with tenants, the caller is told no number.
@@ -257,7 +257,7 @@ absl::StatusOr<Admission::Slot> Admission::EnterCall() const {
   }
   ++in_flight_;
   return Slot(static_cast<void*>(nullptr), [this](void*) {
-    absl::MutexLock l(&mu_);
+    kvmem::MutexLock l(&mu_);
     --in_flight_;
   });
 }
@@ -266,7 +266,7 @@ absl::StatusOr<Admission::Slot> Admission::EnterTenantCall(
     const std::string& tenant) const {
   if (!tenancy_->enabled()) return Slot();
   const uint64_t share = Share(limits_.max_calls_in_flight);
-  absl::MutexLock lock(&mu_);
+  kvmem::MutexLock lock(&mu_);
   TenantUse& use = Use(tenant);
   if (share > 0 && use.calls >= share) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -275,7 +275,7 @@ absl::StatusOr<Admission::Slot> Admission::EnterTenantCall(
   }
   ++use.calls;
   return Slot(static_cast<void*>(nullptr), [this, tenant](void*) {
-    absl::MutexLock l(&mu_);
+    kvmem::MutexLock l(&mu_);
     --Use(tenant).calls;
   });
 }

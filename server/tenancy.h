@@ -42,7 +42,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "engine/memory_engine.h"
 #include "grpcpp/grpcpp.h"
 
@@ -95,7 +95,7 @@ class Admission {
 
   // Held across the admission and the creation of a stream, so concurrent
   // creations cannot pass --max_streams_per_tenant together.
-  absl::Mutex* creation_mu() const { return &creation_mu_; }
+  kvmem::Mutex* creation_mu() const { return &creation_mu_; }
   // Before creating a stream for tenant. REQUIRES: creation_mu() held.
   absl::Status AdmitNewStream(const std::string& tenant) const;
 
@@ -132,8 +132,8 @@ class Admission {
   MemoryEngine* const engine_;
   const Limits limits_;
   const uint64_t shares_;  // Tenants the server-wide limits are split among.
-  mutable absl::Mutex creation_mu_;
-  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(creation_mu_);
+  mutable kvmem::Mutex creation_mu_;
+  mutable kvmem::Mutex mu_ ABSL_ACQUIRED_AFTER(creation_mu_);
   mutable uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   mutable uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   mutable std::map<std::string, TenantUse> use_ ABSL_GUARDED_BY(mu_);
@@ -165,7 +165,7 @@ class Caller {
   absl::Status AdmitNewStream() const {
     return admission_->AdmitNewStream(tenant_);
   }
-  absl::Mutex* creation_mu() const { return admission_->creation_mu(); }
+  kvmem::Mutex* creation_mu() const { return admission_->creation_mu(); }
   // For FrameIngest.
   absl::StatusOr<Admission::Reservation> AdmitBytes(const Stream& stream,
                                                     uint64_t bytes) const {

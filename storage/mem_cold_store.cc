@@ -1,7 +1,7 @@
 // In-memory ColdStore: ordered maps under one mutex. For tests.
 #include <map>
 
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "storage/cold_store.h"
 
 namespace kvmem {
@@ -34,7 +34,7 @@ const std::string* Find(const Map& m, const Key& k) {
 class MemColdStore final : public ColdStore {
  public:
   absl::Status Commit(const StreamWrite& write) override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     MemStream& s = streams_[write.stream_id];
     for (uint64_t b : write.delete_block_layers) {
       s.layers.erase(s.layers.lower_bound({b, 0}),
@@ -61,7 +61,7 @@ class MemColdStore final : public ColdStore {
 
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
                                            uint64_t frame_index) override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     return Lookup(streams_, stream_id, [&](const MemStream& s) {
       return Find(s.frame_meta, frame_index);
     });
@@ -70,7 +70,7 @@ class MemColdStore final : public ColdStore {
   absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
                                             uint64_t block_id,
                                             uint32_t layer) override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     return Lookup(streams_, stream_id, [&](const MemStream& s) {
       return Find(s.layers, std::make_pair(block_id, layer));
     });
@@ -78,7 +78,7 @@ class MemColdStore final : public ColdStore {
 
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                        uint64_t frame_index) override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     return Lookup(streams_, stream_id, [&](const MemStream& s) {
       return Find(s.frames, frame_index);
     });
@@ -90,7 +90,7 @@ class MemColdStore final : public ColdStore {
       override {
     std::map<uint64_t, std::string> copy;
     {
-      absl::MutexLock lock(&mu_);
+      kvmem::MutexLock lock(&mu_);
       auto it = streams_.find(std::string(stream_id));
       if (it == streams_.end()) return absl::OkStatus();
       copy = it->second.blocks;
@@ -103,7 +103,7 @@ class MemColdStore final : public ColdStore {
   }
 
   absl::StatusOr<std::vector<StreamRecord>> ListStreams() override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     std::vector<StreamRecord> out;
     for (const auto& [id, s] : streams_) {
       if (!s.config.empty()) out.push_back({id, s.config, s.state});
@@ -112,13 +112,13 @@ class MemColdStore final : public ColdStore {
   }
 
   absl::Status DeleteStream(absl::string_view stream_id) override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     streams_.erase(std::string(stream_id));
     return absl::OkStatus();
   }
 
   uint64_t ApproximatePayloadBytes() override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     uint64_t n = 0;
     for (const auto& [id, s] : streams_) {
       for (const auto& [i, f] : s.frames) n += f.size();
@@ -129,17 +129,17 @@ class MemColdStore final : public ColdStore {
 
   absl::Status RecordAcknowledged(
       const std::map<std::string, uint64_t>& frames) override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     acknowledged_ = frames;
     return absl::OkStatus();
   }
   absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override {
-    absl::MutexLock lock(&mu_);
+    kvmem::MutexLock lock(&mu_);
     return acknowledged_;
   }
 
  private:
-  absl::Mutex mu_;
+  kvmem::Mutex mu_;
   std::map<std::string, MemStream> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> acknowledged_ ABSL_GUARDED_BY(mu_);
 };

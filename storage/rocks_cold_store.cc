@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/sync.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "rocksdb/db.h"
@@ -303,18 +303,18 @@ class RocksColdStore final : public ColdStore {
   ~RocksColdStore() override {
     if (syncer_.joinable()) {
       {
-        absl::MutexLock lock(&sync_mu_);
+        kvmem::MutexLock lock(&sync_mu_);
         stopping_ = true;
       }
       syncer_.join();
     }
-    absl::MutexLock lock(&db_mu_);
+    kvmem::MutexLock lock(&db_mu_);
     CloseDb();
   }
 
   absl::Status Commit(const StreamWrite& write) override {
     if (absl::Status g = WriteGate(/*freeing=*/false); !g.ok()) return g;
-    absl::ReaderMutexLock lock(&db_mu_);
+    kvmem::ReaderMutexLock lock(&db_mu_);
     KVMEM_STORE_OPEN_OR_RETURN();
     rocksdb::WriteBatch batch;
     for (uint64_t b : write.delete_block_layers) {
@@ -391,7 +391,7 @@ class RocksColdStore final : public ColdStore {
     for (;;) {
       std::vector<std::pair<uint64_t, std::string>> batch;
       {
-        absl::ReaderMutexLock lock(&db_mu_);
+        kvmem::ReaderMutexLock lock(&db_mu_);
         KVMEM_STORE_OPEN_OR_RETURN();
         std::unique_ptr<rocksdb::Iterator> it(
             db_.db->NewIterator(ro, blocks_));
@@ -420,7 +420,7 @@ class RocksColdStore final : public ColdStore {
 
   absl::StatusOr<std::vector<StreamRecord>> ListStreams() override {
     std::vector<StreamRecord> out;
-    absl::ReaderMutexLock lock(&db_mu_);
+    kvmem::ReaderMutexLock lock(&db_mu_);
     KVMEM_STORE_OPEN_OR_RETURN();
     std::unique_ptr<rocksdb::Iterator> it(
         db_.db->NewIterator(rocksdb::ReadOptions(), streams_));
@@ -446,7 +446,7 @@ class RocksColdStore final : public ColdStore {
     // Deleting is how space comes back: a few bytes of range tombstones,
     // allowed below the reserve.
     if (absl::Status g = WriteGate(/*freeing=*/true); !g.ok()) return g;
-    absl::ReaderMutexLock lock(&db_mu_);
+    kvmem::ReaderMutexLock lock(&db_mu_);
     KVMEM_STORE_OPEN_OR_RETURN();
     const std::string begin = StreamPrefix(stream_id);
     std::string end(stream_id);
@@ -460,7 +460,7 @@ class RocksColdStore final : public ColdStore {
   }
 
   uint64_t ApproximatePayloadBytes() override {
-    absl::ReaderMutexLock lock(&db_mu_);
+    kvmem::ReaderMutexLock lock(&db_mu_);
     if (db_.db == nullptr) return 0;
     uint64_t total = 0;
     for (const char* prop :
@@ -487,7 +487,7 @@ class RocksColdStore final : public ColdStore {
       PutU64(&out, n);
     }
     PutU64(&out, Fnv64(out));
-    absl::MutexLock lock(&ack_mu_);  // One writer of the temporary file.
+    kvmem::MutexLock lock(&ack_mu_);  // One writer of the temporary file.
     return WriteFileDurably(path_, kAckFile, out);
   }
 
@@ -564,7 +564,7 @@ class RocksColdStore final : public ColdStore {
   // background error, and syncs every live WAL when it does run.
   absl::Status SyncedMarker() {
     if (absl::Status g = WriteGate(/*freeing=*/true); !g.ok()) return g;
-    absl::ReaderMutexLock lock(&db_mu_);
+    kvmem::ReaderMutexLock lock(&db_mu_);
     KVMEM_STORE_OPEN_OR_RETURN();
     rocksdb::WriteOptions wo;
     wo.sync = true;
@@ -601,15 +601,15 @@ class RocksColdStore final : public ColdStore {
     const uint64_t free = FreeBytes(options_.path);
     bool stopped;
     {
-      absl::ReaderMutexLock lock(&db_mu_);
+      kvmem::ReaderMutexLock lock(&db_mu_);
       stopped = failed_.load() || db_.read_only || db_.db == nullptr;
     }
     if (stopped && free >= reserve_) {
-      absl::MutexLock lock(&reopen_mu_);
+      kvmem::MutexLock lock(&reopen_mu_);
       const absl::Time now = absl::Now();
       if (now >= next_reopen_) {
         next_reopen_ = now + absl::Seconds(1);
-        absl::MutexLock db_lock(&db_mu_);
+        kvmem::MutexLock db_lock(&db_mu_);
         if (failed_.load() || db_.read_only || db_.db == nullptr) Reopen();
         stopped = failed_.load() || db_.read_only || db_.db == nullptr;
       }
@@ -671,11 +671,11 @@ class RocksColdStore final : public ColdStore {
   }
 
   void SetError(std::string e) {
-    absl::MutexLock lock(&error_mu_);
+    kvmem::MutexLock lock(&error_mu_);
     last_error_ = std::move(e);
   }
   std::string Error() {
-    absl::MutexLock lock(&error_mu_);
+    kvmem::MutexLock lock(&error_mu_);
     return last_error_;
   }
 
@@ -692,7 +692,7 @@ class RocksColdStore final : public ColdStore {
       rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,
       const std::string& what) {
     std::string value;
-    absl::ReaderMutexLock lock(&db_mu_);
+    kvmem::ReaderMutexLock lock(&db_mu_);
     KVMEM_STORE_OPEN_OR_RETURN();
     rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), this->*cf, key,
                                     &value);
@@ -706,9 +706,9 @@ class RocksColdStore final : public ColdStore {
   // kInterval: fsyncs the WAL every interval until the store closes.
   void SyncLoop() {
     const uint32_t interval_ms = options_.wal_sync_interval_ms;
-    absl::MutexLock lock(&sync_mu_);
+    kvmem::MutexLock lock(&sync_mu_);
     while (!stopping_) {
-      sync_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+      sync_mu_.AwaitWithTimeout(kvmem::Condition(&stopping_),
                                 absl::Milliseconds(interval_ms));
       if (stopping_) break;
       sync_mu_.Unlock();
@@ -734,14 +734,14 @@ class RocksColdStore final : public ColdStore {
   std::atomic<bool> failed_{false};
   const std::shared_ptr<rocksdb::EventListener> listener_;
   // Shared by every RocksDB call, exclusive for a reopen.
-  absl::Mutex db_mu_;
+  kvmem::Mutex db_mu_;
   Db db_;
-  absl::Mutex reopen_mu_ ABSL_ACQUIRED_BEFORE(db_mu_);
+  kvmem::Mutex reopen_mu_ ABSL_ACQUIRED_BEFORE(db_mu_);
   absl::Time next_reopen_ = absl::InfinitePast();
-  absl::Mutex error_mu_;  // A leaf: taken under either of the above.
+  kvmem::Mutex error_mu_;  // A leaf: taken under either of the above.
   std::string last_error_ ABSL_GUARDED_BY(error_mu_);
-  absl::Mutex ack_mu_;
-  absl::Mutex sync_mu_;
+  kvmem::Mutex ack_mu_;
+  kvmem::Mutex sync_mu_;
   bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
   std::thread syncer_;
   rocksdb::ColumnFamilyHandle* streams_ = nullptr;

@@ -13,5 +13,6 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DKVMEM_FUZZ=ON \
   -DKVMEM_FUZZ_SECONDS="${KVMEM_FUZZ_SECONDS:-60}"
 cmake --build build-fuzz -j2
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-fuzz --output-on-failure -j2 -L 'unit|integration|crash|fuzz'
