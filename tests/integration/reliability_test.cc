@@ -383,19 +383,24 @@ TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
   }
   const std::string garbage("\xff\xff\xff\xff\x0f", 5);
 
-  std::vector<std::string> append;
-  for (int f = 0; f < 2; ++f) {
-    ForEachFrameMessage(frames[f], 1 << 20,
+  // AppendFramesRequest bytes of a frame, appended to *out (the first
+  // message of a call names the stream).
+  auto append_messages = [](const OutgoingFrame& f,
+                            std::vector<std::string>* out) {
+    ForEachFrameMessage(f, 1 << 20,
                         [&](v1::FrameHeader* h, v1::PayloadChunk* c) {
                           v1::AppendFramesRequest req;
-                          if (append.empty()) req.set_stream_id("cam");
+                          if (out->empty()) req.set_stream_id("cam");
                           if (h) *req.mutable_frame() = *h;
                           if (c) *req.mutable_chunk() = *c;
-                          append.push_back(req.SerializeAsString());
+                          out->push_back(req.SerializeAsString());
                           return true;
                         });
-    if (f == 0) append.push_back(garbage);
-  }
+  };
+  std::vector<std::string> append;
+  append_messages(frames[0], &append);
+  append.push_back(garbage);
+  append_messages(frames[1], &append);
   std::vector<std::string> responses;
   grpc::Status s = RawStream(server_->target(),
                              "/kvmem.v1.KvMemory/AppendFrames", append,
@@ -449,16 +454,8 @@ TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 
   // A well-formed stream still ends OK (the extra read costs nothing).
-  std::vector<std::string> good(append.begin(), append.begin() + 0);
-  ForEachFrameMessage(frames[2], 1 << 20,
-                      [&](v1::FrameHeader* h, v1::PayloadChunk* c) {
-                        v1::AppendFramesRequest r;
-                        if (good.empty()) r.set_stream_id("cam");
-                        if (h) *r.mutable_frame() = *h;
-                        if (c) *r.mutable_chunk() = *c;
-                        good.push_back(r.SerializeAsString());
-                        return true;
-                      });
+  std::vector<std::string> good;
+  append_messages(frames[2], &good);
   responses.clear();
   s = RawStream(server_->target(), "/kvmem.v1.KvMemory/AppendFrames", good,
                 &responses);
