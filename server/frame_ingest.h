@@ -61,6 +61,14 @@ class FrameIngest {
   // many bytes of which frame arrived. Call when the client stops sending.
   absl::Status CheckNoPartialFrame() const;
 
+  // Drops a frame half received and releases its admission (its bytes in
+  // flight). Call when the call ends, before the client is told: the
+  // reactor itself may live on a little after.
+  void Release() {
+    frame_.reset();
+    ticket_.reset();
+  }
+
   uint64_t frames_written() const { return frames_written_; }
   uint64_t bytes_written() const { return bytes_written_; }
   uint64_t sealed_blocks() const { return sealed_blocks_; }

@@ -68,6 +68,8 @@ class AppendFramesReactor final
       resp_->set_bytes_written(ingest_->bytes_written());
       resp_->set_sealed_blocks(ingest_->sealed_blocks());
       if (!s.ok()) s = ingest_->WithResumePoint(s);
+      // Released before the client hears the end (see FrameIngest).
+      ingest_->Release();
     }
     Finish(ToGrpcStatus(caller_.Scrub(s)));
   }

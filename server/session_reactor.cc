@@ -209,6 +209,10 @@ class SessionReactor final
         StartWrite(&current_);
         return;
       case Action::kFinish:
+        // A frame half received is dropped and its bytes released before
+        // the client hears the end, so its next call finds them free. (No
+        // task runs now, and with finish_ set no reaction touches ingest_.)
+        if (ingest_) ingest_->Release();
         Finish(status);  // May lead to OnDone: touch nothing after it.
         return;
       case Action::kDestroy:
