@@ -14,7 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/sync.h"
+#include "absl/synchronization/mutex.h"
 #include "client/cli.h"
 #include "client/demo_workload.h"
 #include "client/kvmem_client.h"

@@ -65,14 +65,14 @@ Stream::Indexes Stream::NewIndexes() const {
   ix.all =
       std::make_unique<BlockIndex>(summary_dim_, config_.index_factory, hd);
   // Per-layer indexes serve SUMMED's per-layer recall (MASS scores layers
-  // from the same scan); with one indexed layer they would copy `all`.
-  const bool per_layer = config_.weights.score == ScoreMode::kSummed &&
-                         config_.indexed_layers.size() > 1;
+  // from the same scan); with one indexed layer they would copy `all`. The
+  // same predicates size the config's validation (IndexDims).
+  const bool per_layer = HasPerLayerIndexes(config_);
   for (size_t i = 0; per_layer && i < config_.indexed_layers.size(); ++i) {
     ix.layers.push_back(
         std::make_unique<BlockIndex>(layer_dim_, config_.index_factory, hd));
   }
-  if (config_.groups_per_block > 1) {
+  if (HasGroupIndex(config_)) {
     ix.groups =
         std::make_unique<BlockIndex>(summary_dim_, config_.index_factory, hd);
   }

@@ -305,16 +305,24 @@ uint32_t SummaryDim(const StreamConfig& config) {
          config.geometry.kv_heads * config.geometry.head_dim;
 }
 
+bool HasPerLayerIndexes(const StreamConfig& config) {
+  return config.weights.score == ScoreMode::kSummed &&
+         config.indexed_layers.size() > 1;
+}
+
+bool HasGroupIndex(const StreamConfig& config) {
+  return config.groups_per_block > 1;
+}
+
 std::vector<uint32_t> IndexDims(const StreamConfig& config) {
   const StreamConfig c = WithDefaults(config);
   const uint32_t summary = SummaryDim(c);
   std::vector<uint32_t> dims = {summary};
-  // As Stream::NewIndexes builds them.
-  if (c.weights.score == ScoreMode::kSummed && c.indexed_layers.size() > 1) {
+  if (HasPerLayerIndexes(c)) {
     dims.insert(dims.end(), c.indexed_layers.size(),
                 c.geometry.kv_heads * c.geometry.head_dim);
   }
-  if (c.groups_per_block > 1) dims.push_back(summary);
+  if (HasGroupIndex(c)) dims.push_back(summary);
   return dims;
 }
 

@@ -62,9 +62,14 @@ uint64_t LayerSliceElements(const Geometry& g, uint32_t token_count);
 // Dimension of a block summary (and of a query).
 uint32_t SummaryDim(const StreamConfig& config);
 
-// Dimension of each vector index a stream of this config builds (the
-// summary index, per-layer indexes for SUMMED over several layers, the
-// token-group index), as Stream::NewIndexes does.
+// Whether a stream of this config (after defaults) keeps one index per
+// indexed layer (SUMMED's per-layer recall over several layers; MASS scores
+// layers from the summary index's scan) and a token-group index.
+bool HasPerLayerIndexes(const StreamConfig& config);
+bool HasGroupIndex(const StreamConfig& config);
+
+// Dimension of each vector index a stream of this config builds: the
+// summary index, then the per-layer and token-group ones when it has them.
 std::vector<uint32_t> IndexDims(const StreamConfig& config);
 
 // Indexed layers after defaults (all layers when the list is empty).
