@@ -171,7 +171,7 @@ int RunHealth(const std::vector<std::string>&) {
     std::printf("kvmem.v1.KvMemory: %s\n", status.c_str());
   }
   return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0
-                                                                          : 1;
+                                                                         : 1;
 }
 
 int RunRecall(const std::vector<std::string>&) {

@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "engine/sync.h"
 #include "engine/block_index.h"
 #include "engine/sim_model.h"
+#include "engine/sync.h"
 #include "engine/types.h"
 
 namespace kvmem {

@@ -319,11 +319,11 @@ bool Eat(const std::string& s, size_t* pos, absl::string_view word) {
 // first build, fast-scan PQ's constraints, OPQ and PCA pre-transforms,
 // LSH's bit widths) never reaches a committed config.
 struct FaissSpec {
-  uint32_t hnsw_m = 0;      // HNSW<M>.
-  uint32_t nlist = 0;       // IVF<n>.
-  uint32_t pq_m = 0;        // PQ<m>.
-  uint32_t pq_bits = 8;     // PQ<m>x<bits>.
-  bool sq = false;          // SQ4, SQ6, SQ8, SQfp16.
+  uint32_t hnsw_m = 0;   // HNSW<M>.
+  uint32_t nlist = 0;    // IVF<n>.
+  uint32_t pq_m = 0;     // PQ<m>.
+  uint32_t pq_bits = 8;  // PQ<m>x<bits>.
+  bool sq = false;       // SQ4, SQ6, SQ8, SQfp16.
 };
 
 constexpr char kAllowed[] =

@@ -2,10 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "engine/sync.h"
 #include "engine/record_codec.h"
 #include "engine/status_macros.h"
 #include "engine/stream_config.h"
+#include "engine/sync.h"
 
 namespace kvmem {
 
@@ -75,10 +75,9 @@ void MemoryEngine::Quarantine(const std::string& id, absl::Status reason) {
   const absl::StatusCode code = reason.code() == absl::StatusCode::kDataLoss
                                     ? absl::StatusCode::kDataLoss
                                     : absl::StatusCode::kFailedPrecondition;
-  absl::Status st(code, absl::StrCat("stream \"", id,
-                                     "\" is quarantined since recovery: ",
-                                     reason.message(),
-                                     "; DeleteStream removes it"));
+  absl::Status st(
+      code, absl::StrCat("stream \"", id, "\" is quarantined since recovery: ",
+                         reason.message(), "; DeleteStream removes it"));
   if (options_.error) options_.error(std::string(st.message()));
   quarantined_[id] = std::move(st);
 }
@@ -109,12 +108,11 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
       }
       const uint64_t have = (*stream)->AcknowledgedFrames();
       if (have < want) {
-        engine->Quarantine(
-            r.stream_id,
-            absl::DataLossError(absl::StrCat(
-                want, " frames were acknowledged and ", have,
-                " recovered: frames ", have, "..", want - 1,
-                " were lost from the write-ahead log")));
+        engine->Quarantine(r.stream_id,
+                           absl::DataLossError(absl::StrCat(
+                               want, " frames were acknowledged and ", have,
+                               " recovered: frames ", have, "..", want - 1,
+                               " were lost from the write-ahead log")));
         engine->quarantined_acks_[r.stream_id] = want;
         continue;
       }
@@ -127,9 +125,10 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
       }
       engine->Quarantine(
           id, absl::DataLossError(absl::StrCat(
-                  want, " frames were acknowledged and the stream is missing "
-                        "from storage: its records were lost from the "
-                        "write-ahead log")));
+                  want,
+                  " frames were acknowledged and the stream is missing "
+                  "from storage: its records were lost from the "
+                  "write-ahead log")));
       engine->quarantined_acks_[id] = want;
     }
     if (options.strict_recovery && !engine->quarantined_.empty()) {
@@ -147,9 +146,8 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
   }
   engine->opened_ = true;
   if (options.acknowledge_interval_ms > 0) {
-    engine->ack_thread_ = std::thread([e = engine.get()] {
-      e->AcknowledgeLoop();
-    });
+    engine->ack_thread_ =
+        std::thread([e = engine.get()] { e->AcknowledgeLoop(); });
   }
   return engine;
 }
@@ -188,15 +186,16 @@ void MemoryEngine::AcknowledgeLoop() {
   bool failing = false;
   kvmem::MutexLock lock(&ack_mu_);
   while (!stopping_) {
-    ack_mu_.AwaitWithTimeout(kvmem::Condition(&stopping_),
-                             absl::Milliseconds(options_.acknowledge_interval_ms));
+    ack_mu_.AwaitWithTimeout(
+        kvmem::Condition(&stopping_),
+        absl::Milliseconds(options_.acknowledge_interval_ms));
     if (stopping_) break;
     ack_mu_.Unlock();
     absl::Status st = RecordAcknowledged();
     // Told once per failing spell (a full disk fails it every second).
     if (!st.ok() && !failing && options_.warn) {
-      options_.warn(absl::StrCat("acknowledgement record not written: ",
-                                 st.message()));
+      options_.warn(
+          absl::StrCat("acknowledgement record not written: ", st.message()));
     } else if (st.ok() && failing && options_.warn) {
       options_.warn("acknowledgement record written again");
     }

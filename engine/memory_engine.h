@@ -18,10 +18,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "engine/sync.h"
 #include "engine/accelerator.h"
 #include "engine/sim_model.h"
 #include "engine/stream.h"
+#include "engine/sync.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
 
@@ -123,8 +123,8 @@ class MemoryEngine {
   void Quarantine(const std::string& id, absl::Status reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record as it should be now; without `except`.
-  std::map<std::string, uint64_t> AcknowledgedNow(const std::string* except)
-      const;
+  std::map<std::string, uint64_t> AcknowledgedNow(
+      const std::string* except) const;
   absl::Status WriteAcknowledged(const std::string* except)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
   void AcknowledgeLoop();

@@ -421,10 +421,10 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
   const size_t scene_dim = frame.signals.scene_embedding.size();
   if (scene_dim != 0 && next.scene_dim != 0 && scene_dim != next.scene_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "frame.signals.scene_embedding has ", scene_dim,
-        " values; stream \"", id_, "\" has had ", next.scene_dim,
-        " (one embedding model per stream)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame.signals.scene_embedding has ", scene_dim,
+                     " values; stream \"", id_, "\" has had ", next.scene_dim,
+                     " (one embedding model per stream)"));
   }
   if (scene_dim != 0) next.scene_dim = static_cast<uint32_t>(scene_dim);
   const std::vector<float> signature =

@@ -33,7 +33,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "engine/sync.h"
 #include "engine/accelerator.h"
 #include "engine/block_index.h"
 #include "engine/block_layout.h"
@@ -43,6 +42,7 @@
 #include "engine/segmenter.h"
 #include "engine/semantics.h"
 #include "engine/summary_builder.h"
+#include "engine/sync.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
 

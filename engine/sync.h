@@ -53,8 +53,8 @@ class ABSL_LOCKABLE Mutex {
     while (!c.Eval()) changed_.wait(m_);
   }
   bool AwaitWithTimeout(const Condition& c, absl::Duration timeout) {
-    const auto until = std::chrono::steady_clock::now() +
-                       absl::ToChronoNanoseconds(timeout);
+    const auto until =
+        std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
     while (!c.Eval()) {
       if (changed_.wait_until(m_, until) == std::cv_status::timeout) {
         return c.Eval();
@@ -84,8 +84,7 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 
 class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
  public:
-  explicit ReaderMutexLock(Mutex* mu) ABSL_SHARED_LOCK_FUNCTION(mu)
-      : mu_(mu) {
+  explicit ReaderMutexLock(Mutex* mu) ABSL_SHARED_LOCK_FUNCTION(mu) : mu_(mu) {
     mu_->ReaderLock();
   }
   ~ReaderMutexLock() ABSL_UNLOCK_FUNCTION() { mu_->ReaderUnlock(); }

@@ -23,8 +23,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/sync.h"
 #include "engine/memory_engine.h"
+#include "engine/sync.h"
 
 namespace prometheus {
 class Collectable;

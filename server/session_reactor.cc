@@ -19,8 +19,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "engine/sync.h"
 #include "engine/status_macros.h"
+#include "engine/sync.h"
 #include "server/frame_ingest.h"
 #include "server/kvmem_service.h"
 #include "server/proto_convert.h"
@@ -61,10 +61,9 @@ class SessionReactor final
           cancel_alarm = probing_;
           probing_ = false;
           if (!finish_) {
-            absl::Status s =
-                ok ? BadMessage(messages_ + 1, "SessionRequest")
-                   : (ingest_ ? ingest_->CheckNoPartialFrame()
-                              : absl::OkStatus());
+            absl::Status s = ok ? BadMessage(messages_ + 1, "SessionRequest")
+                                : (ingest_ ? ingest_->CheckNoPartialFrame()
+                                           : absl::OkStatus());
             finish_ = ToGrpcStatus(caller_.Scrub(s));
           }
         }
@@ -130,8 +129,8 @@ class SessionReactor final
         probing_ = false;
         absl::Status s = BadMessage(messages_ + 1, "SessionRequest");
         finish_ = ToGrpcStatus(caller_.Scrub(absl::Status(
-            s.code(), absl::StrCat(s.message(),
-                                   " (the client sent nothing after it)"))));
+            s.code(),
+            absl::StrCat(s.message(), " (the client sent nothing after it)"))));
       }
     }
     EndTask();

@@ -204,9 +204,8 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
         use.reserved, " bytes of frames are being received for ",
         tenancy_->enabled() ? "the tenant" : "the server",
         " and this frame needs ", bytes, "; ", frames_share,
-        tenancy_->enabled()
-            ? " are its share of --max_frame_bytes_in_flight"
-            : " are allowed (--max_frame_bytes_in_flight)",
+        tenancy_->enabled() ? " are its share of --max_frame_bytes_in_flight"
+                            : " are allowed (--max_frame_bytes_in_flight)",
         ": finish or cancel the frames in flight, or retry with backoff"));
   }
   uint64_t& stream_reserved = stream_reserved_[stream.id()];
@@ -250,8 +249,9 @@ absl::StatusOr<Admission::Slot> Admission::EnterCall() const {
         tenancy_->enabled()
             ? "the server has no room for another call now; retry with "
               "backoff"
-            : absl::StrCat(in_flight_, " calls are in flight; the server "
-                                       "allows ",
+            : absl::StrCat(in_flight_,
+                           " calls are in flight; the server "
+                           "allows ",
                            limits_.max_calls_in_flight,
                            " (--max_calls_in_flight): retry with backoff"));
   }
@@ -269,9 +269,11 @@ absl::StatusOr<Admission::Slot> Admission::EnterTenantCall(
   kvmem::MutexLock lock(&mu_);
   TenantUse& use = Use(tenant);
   if (share > 0 && use.calls >= share) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the tenant has ", use.calls, " calls in flight; its share of "
-        "--max_calls_in_flight is ", share, ": retry with backoff"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the tenant has ", use.calls,
+                     " calls in flight; its share of "
+                     "--max_calls_in_flight is ",
+                     share, ": retry with backoff"));
   }
   ++use.calls;
   return Slot(static_cast<void*>(nullptr), [this, tenant](void*) {

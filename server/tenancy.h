@@ -42,8 +42,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "engine/sync.h"
 #include "engine/memory_engine.h"
+#include "engine/sync.h"
 #include "grpcpp/grpcpp.h"
 
 namespace kvmem {
@@ -138,8 +138,7 @@ class Admission {
   mutable uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   mutable std::map<std::string, TenantUse> use_ ABSL_GUARDED_BY(mu_);
   // Frame bytes reserved per stream (engine id), while any are.
-  mutable std::map<std::string, uint64_t> stream_reserved_
-      ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::string, uint64_t> stream_reserved_ ABSL_GUARDED_BY(mu_);
 };
 
 // One call's view: who is calling, its slot among the calls in flight, and

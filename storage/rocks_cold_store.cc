@@ -10,18 +10,18 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <filesystem>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/sync.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "engine/sync.h"
 #include "rocksdb/db.h"
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/listener.h"
@@ -63,8 +63,8 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
     return err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(msg)
                                           : absl::InternalError(msg);
   };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                        0644);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return fail("open");
   size_t done = 0;
   while (done < data.size()) {
@@ -161,8 +161,7 @@ class PlainFileLogger final : public rocksdb::Logger {
     if (std::filesystem::file_size(path, ec) > (64ull << 20) && !ec) {
       std::filesystem::rename(path, path + ".old", ec);
     }
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
-                 0644);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   }
   ~PlainFileLogger() override {
     if (fd_ >= 0) ::close(fd_);
@@ -172,9 +171,9 @@ class PlainFileLogger final : public rocksdb::Logger {
     if (fd_ < 0) return;
     char line[1024];
     const absl::Time now = absl::Now();
-    int n = absl::SNPrintF(line, sizeof(line), "%s ",
-                           absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now,
-                                            absl::LocalTimeZone()));
+    int n = absl::SNPrintF(
+        line, sizeof(line), "%s ",
+        absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now, absl::LocalTimeZone()));
     const int m = std::vsnprintf(line + n, sizeof(line) - n - 1, format, ap);
     if (m < 0) return;
     n = std::min<int>(n + m, sizeof(line) - 2);
@@ -190,14 +189,15 @@ class PlainFileLogger final : public rocksdb::Logger {
 
 // In a RocksColdStore method holding db_mu_: the store's DB may be closed
 // after a reopen that failed even read-only; answer instead of crashing.
-#define KVMEM_STORE_OPEN_OR_RETURN()                                       \
-  do {                                                                    \
-    if (db_.db == nullptr) {                                              \
-      return absl::UnavailableError(absl::StrCat(                         \
-          "data dir ", options_.path, " is closed: RocksDB could not be " \
-          "reopened (",                                                   \
-          Error(), "); retried on the next write once space is free"));   \
-    }                                                                     \
+#define KVMEM_STORE_OPEN_OR_RETURN()                                    \
+  do {                                                                  \
+    if (db_.db == nullptr) {                                            \
+      return absl::UnavailableError(absl::StrCat(                       \
+          "data dir ", options_.path,                                   \
+          " is closed: RocksDB could not be "                           \
+          "reopened (",                                                 \
+          Error(), "); retried on the next write once space is free")); \
+    }                                                                   \
   } while (false)
 
 struct Db {
@@ -216,8 +216,9 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   db_options.max_background_jobs = 2;
   db_options.manual_wal_flush = false;
   db_options.wal_recovery_mode =
-      options.strict_wal ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
-                         : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+      options.strict_wal
+          ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
+          : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
 
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
@@ -250,10 +251,10 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s =
-      read_only ? rocksdb::DB::OpenForReadOnly(db_options, options.path, cfs,
-                                               &handles, &raw)
-                : rocksdb::DB::Open(db_options, options.path, cfs, &handles,
-                                    &raw);
+      read_only
+          ? rocksdb::DB::OpenForReadOnly(db_options, options.path, cfs,
+                                         &handles, &raw)
+          : rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
   if (!s.ok()) return s;
   out->db.reset(raw);
   out->handles = std::move(handles);
@@ -393,10 +394,8 @@ class RocksColdStore final : public ColdStore {
       {
         kvmem::ReaderMutexLock lock(&db_mu_);
         KVMEM_STORE_OPEN_OR_RETURN();
-        std::unique_ptr<rocksdb::Iterator> it(
-            db_.db->NewIterator(ro, blocks_));
-        for (it->Seek(from); it->Valid() && batch.size() < kBatch;
-             it->Next()) {
+        std::unique_ptr<rocksdb::Iterator> it(db_.db->NewIterator(ro, blocks_));
+        for (it->Seek(from); it->Valid() && batch.size() < kBatch; it->Next()) {
           const rocksdb::Slice key = it->key();
           if (key.size() != prefix.size() + 8) {
             return absl::DataLossError(absl::StrCat("block key of stream ",
@@ -508,9 +507,9 @@ class RocksColdStore final : public ColdStore {
     const std::string data((std::istreambuf_iterator<char>(in)),
                            std::istreambuf_iterator<char>());
     auto bad = [&](absl::string_view why) {
-      return absl::DataLossError(absl::StrCat(
-          "acknowledgement record ", file, " is unreadable (", why,
-          "): acknowledged frames cannot be verified"));
+      return absl::DataLossError(
+          absl::StrCat("acknowledgement record ", file, " is unreadable (", why,
+                       "): acknowledged frames cannot be verified"));
     };
     const size_t magic = sizeof(kAckMagic) - 1;
     if (data.size() < magic + 16 || data.compare(0, magic, kAckMagic) != 0) {
@@ -583,10 +582,10 @@ class RocksColdStore final : public ColdStore {
       SetError(s.ToString());
     }
     if (s.IsNoSpace()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "data dir ", options_.path, " is full (", what, ": ", s.ToString(),
-          "); writes resume by themselves ", ResumeWhen(),
-          "; reads keep working"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("data dir ", options_.path, " is full (", what, ": ",
+                       s.ToString(), "); writes resume by themselves ",
+                       ResumeWhen(), "; reads keep working"));
     }
     return FromRocks(s, what);
   }
@@ -694,8 +693,8 @@ class RocksColdStore final : public ColdStore {
     std::string value;
     kvmem::ReaderMutexLock lock(&db_mu_);
     KVMEM_STORE_OPEN_OR_RETURN();
-    rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), this->*cf, key,
-                                    &value);
+    rocksdb::Status s =
+        db_.db->Get(rocksdb::ReadOptions(), this->*cf, key, &value);
     if (s.IsNotFound()) {
       return absl::NotFoundError(absl::StrCat(what, " is not stored"));
     }

@@ -4,6 +4,7 @@
 // before and after a kill -9; a stored stream this build cannot serve is
 // quarantined (listed, answered with its reason, deletable) instead of
 // keeping the server down, and --recovery=strict refuses to start on it.
+#include <grpcpp/generic/generic_stub.h>
 #include <sys/statvfs.h>
 
 #include <cstdlib>
@@ -12,11 +13,9 @@
 #include <iostream>
 #include <map>
 #include <random>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
@@ -154,8 +153,7 @@ TEST_F(ReliabilityTest, IndexConfigsThatCrashedFaissAreRefused) {
         "IVF4,PQ4x4fs", "NSG8,Flat", "NSG16", "NSG32,Flat", "PQ1x24",
         "PQ1x27"}) {
     v1::OpenStreamResponse resp;
-    grpc::Status s =
-        client_->OpenStream("cam", SummedConfig(factory), &resp);
+    grpc::Status s = client_->OpenStream("cam", SummedConfig(factory), &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << factory;
     EXPECT_THAT(s.error_message(), HasSubstr("index_factory")) << factory;
     RestartServer(/*kill=*/false);
@@ -173,9 +171,8 @@ TEST_F(ReliabilityTest, IndexConfigsThatCrashedFaissAreRefused) {
 TEST_F(ReliabilityTest, EveryAllowedIndexKindServesAcrossRestart) {
   ASSERT_TRUE(StartServer());
   const std::vector<std::string> kinds = {
-      "HNSW4", "HNSW16,Flat", "SQ4",      "SQ6",       "SQ8",
-      "SQfp16", "PQ3x4",      "PQ6",      "IVF4,Flat", "IVF4,SQ8",
-      "IVF2,PQ2x4"};
+      "HNSW4", "HNSW16,Flat", "SQ4",       "SQ6",      "SQ8",       "SQfp16",
+      "PQ3x4", "PQ6",         "IVF4,Flat", "IVF4,SQ8", "IVF2,PQ2x4"};
   std::map<std::string, std::vector<std::vector<uint64_t>>> before;
   for (const std::string& kind : kinds) {
     const std::string id = StreamId(kind);
@@ -292,7 +289,8 @@ TEST_F(ReliabilityTest, CorruptWalIsDataLossNeverSilence) {
   {
     std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(wal) / 2));
-    f.write("\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a", 16);
+    f.write("\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a",
+            16);
   }
   EXPECT_FALSE(StartServer({"--recovery=strict"}));
   ASSERT_TRUE(StartServer());
@@ -402,9 +400,8 @@ TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
   append.push_back(garbage);
   append_messages(frames[1], &append);
   std::vector<std::string> responses;
-  grpc::Status s = RawStream(server_->target(),
-                             "/kvmem.v1.KvMemory/AppendFrames", append,
-                             &responses);
+  grpc::Status s = RawStream(
+      server_->target(), "/kvmem.v1.KvMemory/AppendFrames", append, &responses);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(),
               HasSubstr("message 2 of this call is not a valid "
@@ -436,8 +433,9 @@ TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
   s = RawStream(server_->target(), "/kvmem.v1.KvMemory/Session", session,
                 &responses);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(),
-              HasSubstr("message 3 of this call is not a valid SessionRequest"));
+  EXPECT_THAT(
+      s.error_message(),
+      HasSubstr("message 3 of this call is not a valid SessionRequest"));
   ASSERT_TRUE(client_->GetStreamStats("cam", &st).ok());
   EXPECT_EQ(st.last_durable_frame(), 1);
 
@@ -506,10 +504,10 @@ class DiskFullTest : public ReliabilityTest {
   void FillUntilRefused(uint64_t leave, testing::StreamModel* m,
                         uint64_t* next) {
     v1::OpenStreamResponse resp;
-    ASSERT_TRUE(client_
-                    ->OpenStream("cam", testing::WireConfig(kBig, 32, 2, {0, 1}),
-                                 &resp)
-                    .ok());
+    ASSERT_TRUE(
+        client_
+            ->OpenStream("cam", testing::WireConfig(kBig, 32, 2, {0, 1}), &resp)
+            .ok());
     Fill(leave);
     grpc::Status s = AppendUntilRefused(m, next);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
@@ -584,7 +582,7 @@ TEST_F(DiskFullTest, ReserveRefusesAppendsAndResumes) {
   std::filesystem::remove(mnt_ + "/filler");
   const uint64_t before = next;
   grpc::Status s = AppendUntilRefused(&m, &next);  // Resumed: refused
-  EXPECT_GT(next, before + 100);  // again only at the reserve.
+  EXPECT_GT(next, before + 100);                   // again only at the reserve.
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(s.error_message(), HasSubstr("below its reserve"));
   server_->Kill();

@@ -346,8 +346,8 @@ TEST_F(SecurityTest, TenantsCannotStarveEachOther) {
   st = a->AppendFrames("cam", five, &ar);
   EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(st.error_message(), HasSubstr("its share of --max_total_bytes"));
-  EXPECT_THAT(st.error_message(), HasSubstr("the server allows " +
-                                            std::to_string(3 * frame)));
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("the server allows " + std::to_string(3 * frame)));
   EXPECT_THAT(st.error_message(), Not(HasSubstr(std::to_string(6 * frame))));
   EXPECT_THAT(st.error_message(), HasSubstr("last durable frame is 2"));
   std::vector<OutgoingFrame> three(five.begin(), five.begin() + 3);
@@ -384,8 +384,8 @@ TEST_F(SecurityTest, TenantsCannotStarveEachOther) {
       threads.emplace_back([&, t] {
         auto c = Client(*server, kKeyB);
         v1::OpenStreamResponse r;
-        grpc::Status s = c->OpenStream("race-" + std::to_string(t),
-                                       Config(g), &r);
+        grpc::Status s =
+            c->OpenStream("race-" + std::to_string(t), Config(g), &r);
         if (s.ok()) created += 1;
       });
     }
@@ -395,7 +395,8 @@ TEST_F(SecurityTest, TenantsCannotStarveEachOther) {
     ASSERT_TRUE(b->ListStreams(&list).ok());
     EXPECT_EQ(list.streams_size(), 2);
     for (const auto& s : list.streams()) {
-      if (s.stream_id() != "cam") ASSERT_TRUE(b->DeleteStream(s.stream_id()).ok());
+      if (s.stream_id() != "cam")
+        ASSERT_TRUE(b->DeleteStream(s.stream_id()).ok());
     }
   }
   a.reset();

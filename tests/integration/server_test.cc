@@ -746,9 +746,8 @@ TEST_F(ServerTest, BadInputCatalogue) {
        "query[1] is 3e+38; must be finite and in [-65536, 65536]"},
       {"Recall", "current_token_position 2^64-1 (it gave 0 candidates)",
        [&] {
-         return recall([](auto* r) {
-           r->set_current_token_position(~uint64_t{0});
-         });
+         return recall(
+             [](auto* r) { r->set_current_token_position(~uint64_t{0}); });
        },
        StatusCode::INVALID_ARGUMENT, "must be at most 2^63"},
       {"Recall", "budget.top_k 5000",

@@ -119,11 +119,13 @@ TEST(BlockIndexTest, BadFactoryIsInvalidArgumentNamingIt) {
 TEST(BlockIndexTest, AllowListRefusesKindsThatCrashFaiss) {
   const std::vector<uint32_t> dims = {12, 6, 6};
   for (const char* bad :
-       {"PQ4", "PQ12", "IVF2,PQ4", "OPQ4,PQ4", "HNSW4_PQ4", "PQ4x4fs",
-        "IVF4,PQ4x4fs", "NSG8,Flat", "NSG16", "NSG32,Flat", "PQ1x24",
-        "PQ1x27", "HNSW3", "HNSW65", "IVF1025,Flat", "IVF0,Flat", "PQ2x9",
-        "LSH", "PCA4,Flat", "IVF4,Flat,Refine(Flat)", "HNSW8,SQ8", "SQ8 ",
-        "IDMap,Flat", "PQ0", "RFlat"}) {
+       {"PQ4",       "PQ12",       "IVF2,PQ4",     "OPQ4,PQ4",
+        "HNSW4_PQ4", "PQ4x4fs",    "IVF4,PQ4x4fs", "NSG8,Flat",
+        "NSG16",     "NSG32,Flat", "PQ1x24",       "PQ1x27",
+        "HNSW3",     "HNSW65",     "IVF1025,Flat", "IVF0,Flat",
+        "PQ2x9",     "LSH",        "PCA4,Flat",    "IVF4,Flat,Refine(Flat)",
+        "HNSW8,SQ8", "SQ8 ",       "IDMap,Flat",   "PQ0",
+        "RFlat"}) {
     const absl::Status s = BlockIndex::ValidateFactory(bad, dims);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("index_factory"), std::string::npos) << s;

@@ -16,8 +16,8 @@ namespace kvmem {
 namespace {
 
 // Frame i with every key and value at +-magnitude (random signs).
-Frame Extreme(std::mt19937_64& rng, const testing::TestGeometry& g,
-              uint64_t i, float magnitude) {
+Frame Extreme(std::mt19937_64& rng, const testing::TestGeometry& g, uint64_t i,
+              float magnitude) {
   testing::FloatFrame f = testing::RandomFrame(rng, g, 4);
   for (float& v : f.values) v = v < 0 ? -magnitude : magnitude;
   return testing::FrameOf(f, i, g.dtype);
@@ -113,7 +113,8 @@ TEST(BoundsTest, SceneEmbeddingLengthIsFixedPerStream) {
                                           "had 8"),
               std::string::npos)
         << bad.status();
-    for (uint64_t i = 1; i < 6; ++i) ASSERT_TRUE(e->Append("cam", frame(i, 8)).ok());
+    for (uint64_t i = 1; i < 6; ++i)
+      ASSERT_TRUE(e->Append("cam", frame(i, 8)).ok());
   }
   auto e = testing::OpenTestEngine(dir.path());
   EXPECT_EQ(e->Append("cam", frame(6, 4)).status().code(),

@@ -168,8 +168,8 @@ TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
   std::vector<std::pair<uint64_t, double>> heap;  // (evicted, bytes)
   const auto t0 = std::chrono::steady_clock::now();
   for (uint64_t f = 0; f < kBlocks; ++f) {
-    Frame frame = testing::FrameOf(testing::RandomFrame(rng, g, kTokens), f,
-                                   g.dtype);
+    Frame frame =
+        testing::FrameOf(testing::RandomFrame(rng, g, kTokens), f, g.dtype);
     // People come and go: a few tracks per frame, new ids all day.
     for (uint64_t t = 0; t < 3; ++t) {
       frame.signals.detections.push_back(
@@ -190,9 +190,9 @@ TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
                         static_cast<double>(mallinfo2().uordblks));
     }
   }
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   const StreamStats s = *e->GetStats("cam");
   // Least-squares slope of heap bytes over evicted blocks.
   double mx = 0, my = 0;

@@ -242,8 +242,7 @@ TEST(RecoveryTest, RefusedStoredConfigIsQuarantinedAndDeletable) {
   {
     auto o = Open(dir.path(), /*strict=*/true);
     ASSERT_FALSE(o->engine.ok());
-    EXPECT_EQ(o->engine.status().code(),
-              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(o->engine.status().code(), absl::StatusCode::kFailedPrecondition);
   }
   auto o = Open(dir.path(), /*strict=*/false);
   ASSERT_TRUE(o->engine.ok()) << o->engine.status();
@@ -253,16 +252,16 @@ TEST(RecoveryTest, RefusedStoredConfigIsQuarantinedAndDeletable) {
   const absl::Status s = e.GetStats("nsg").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("NSG32,Flat"), std::string::npos) << s;
-  EXPECT_EQ(e.OpenStream("nsg", testing::TestConfig(testing::TestGeometry(),
-                                                    16, 4))
-                .status()
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      e.OpenStream("nsg", testing::TestConfig(testing::TestGeometry(), 16, 4))
+          .status()
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(e.DeleteStream("nsg").ok());
   EXPECT_EQ(e.GetStats("nsg").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(e.OpenStream("nsg", testing::TestConfig(testing::TestGeometry(),
-                                                      16, 4))
-                  .ok());
+  EXPECT_TRUE(
+      e.OpenStream("nsg", testing::TestConfig(testing::TestGeometry(), 16, 4))
+          .ok());
 }
 
 }  // namespace
