@@ -4,6 +4,7 @@
 #ifndef KVMEM_TESTS_TEST_UTIL_H_
 #define KVMEM_TESTS_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,27 @@
 namespace kvmem::testing {
 
 // The whole file; empty when it cannot be read.
+// The newest non-empty RocksDB write-ahead log (*.log) in dir; "" if none.
+inline std::string NewestWal(const std::string& dir) {
+  std::string newest;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string p = entry.path().string();
+    if (p.size() > 4 && p.compare(p.size() - 4, 4, ".log") == 0 &&
+        std::filesystem::file_size(p) > 0) {
+      newest = std::max(newest, p);
+    }
+  }
+  return newest;
+}
+
+// Overwrites 16 bytes in the middle of a file (a corrupted record).
+inline void FlipMiddleBytes(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(path) / 2));
+  const std::string junk(16, '\x5a');
+  f.write(junk.data(), junk.size());
+}
+
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)),

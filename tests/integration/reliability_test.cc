@@ -276,22 +276,9 @@ TEST_F(ReliabilityTest, CorruptWalIsDataLossNeverSilence) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   client_.reset();
   ASSERT_EQ(server_->Stop(), 0);
-  std::string wal;
-  for (const auto& e :
-       std::filesystem::directory_iterator(dir_.path() + "/data")) {
-    const std::string p = e.path().string();
-    if (p.size() > 4 && p.compare(p.size() - 4, 4, ".log") == 0 &&
-        std::filesystem::file_size(p) > 0) {
-      wal = std::max(wal, p);
-    }
-  }
+  const std::string wal = testing::NewestWal(dir_.path() + "/data");
   ASSERT_FALSE(wal.empty());
-  {
-    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(wal) / 2));
-    f.write("\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a\x5a",
-            16);
-  }
+  testing::FlipMiddleBytes(wal);
   EXPECT_FALSE(StartServer({"--recovery=strict"}));
   ASSERT_TRUE(StartServer());
   v1::ListStreamsResponse list;

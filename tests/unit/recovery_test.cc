@@ -68,18 +68,6 @@ std::map<std::string, uint64_t> Fill(const std::string& dir) {
   return acked;
 }
 
-std::string NewestWal(const std::string& dir) {
-  std::string newest;
-  for (const auto& entry : fs::directory_iterator(dir + "/db")) {
-    const std::string p = entry.path().string();
-    if (p.size() > 4 && p.compare(p.size() - 4, 4, ".log") == 0 &&
-        (newest.empty() || fs::file_size(p) > 0)) {
-      newest = std::max(newest, p);
-    }
-  }
-  return newest;
-}
-
 // Every stream the engine serves has all its acknowledged frames; every
 // other acknowledged stream is quarantined with DATA_LOSS and reported.
 // Returns the number quarantined.
@@ -136,14 +124,9 @@ TEST(RecoveryTest, CleanRestartAndDeletionRaiseNothing) {
 TEST(RecoveryTest, FlippedWalBytesAreReportedNeverSilent) {
   testing::TempDir dir;
   const auto acked = Fill(dir.path());
-  const std::string wal = NewestWal(dir.path());
+  const std::string wal = testing::NewestWal(dir.path() + "/db");
   ASSERT_FALSE(wal.empty());
-  {
-    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(fs::file_size(wal) / 2));
-    const std::string junk(16, '\x5a');
-    f.write(junk.data(), junk.size());
-  }
+  testing::FlipMiddleBytes(wal);
   // strict: RocksDB itself refuses a corrupt record that is not the tail.
   {
     auto o = Open(dir.path(), /*strict=*/true);
@@ -173,7 +156,7 @@ TEST(RecoveryTest, FlippedWalBytesAreReportedNeverSilent) {
 TEST(RecoveryTest, TruncatedWalIsReportedInBothModes) {
   testing::TempDir dir;
   const auto acked = Fill(dir.path());
-  const std::string wal = NewestWal(dir.path());
+  const std::string wal = testing::NewestWal(dir.path() + "/db");
   ASSERT_FALSE(wal.empty());
   fs::resize_file(wal, fs::file_size(wal) / 2);
   // strict: RocksDB takes a cut tail as torn; the record shows the loss.
