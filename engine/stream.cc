@@ -176,6 +176,10 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
     kvmem::MutexLock lock(&s->mu_);
     s->InstallBlock(std::move(entry));
   }
+  {
+    kvmem::MutexLock lock(&s->mu_);
+    s->DropEvictedRun();
+  }
   kvmem::MutexLock lock(&s->append_mu_);
   KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
   // Budgets may have shrunk since the blocks were recorded warm. A store
@@ -225,6 +229,14 @@ absl::Status Stream::UnknownBlockError(uint64_t block_id) const {
   return absl::NotFoundError(absl::StrCat("block_ids has ", block_id,
                                           "; stream \"", id_, "\" has ",
                                           blocks_.size(), " sealed blocks"));
+}
+
+absl::Status Stream::MissingBlockError(uint64_t block_id) const {
+  if (block_id < blocks_.first()) {
+    return absl::NotFoundError(absl::StrCat("block ", block_id, " of stream \"",
+                                            id_, "\" was evicted"));
+  }
+  return UnknownBlockError(block_id);
 }
 
 absl::Status Stream::NotFoundIfDeleted() const {
@@ -377,15 +389,31 @@ void Stream::InstallBlock(BlockEntry entry) {
   }
   if (entry.warm) AddWarm(entry.warm->allocated_bytes(), false);
   const uint32_t per = UnitsPerBlock();
-  unit_tokens_.resize((rec.info.id + 1) * per, 0);
+  unit_tokens_.resize(UnitSlot(rec.info.id + 1, 0), 0);
   if (per == 1) {
-    unit_tokens_[rec.info.id] = rec.info.token_count;
+    unit_tokens_[UnitSlot(rec.info.id, 0)] = rec.info.token_count;
   } else {
     for (uint8_t g : rec.token_group) {
-      if (g < per) ++unit_tokens_[rec.info.id * per + g];
+      if (g < per) ++unit_tokens_[UnitSlot(rec.info.id, g)];
     }
   }
   blocks_.push_back(std::move(entry));
+}
+
+void Stream::DropEvictedRun() {
+  const size_t dropped = blocks_.DropLeading([](const BlockEntry& e) {
+    return e.rec.disk == DiskForm::kNone && !e.warm && !e.staged &&
+           e.generation % 2 == 0;
+  });
+  if (dropped == 0) return;
+  unit_tokens_.erase(unit_tokens_.begin(),
+                     unit_tokens_.begin() + dropped * UnitsPerBlock());
+  for (auto it = track_blocks_.begin(); it != track_blocks_.end();) {
+    std::vector<uint64_t>& ids = it->second;  // Ascending.
+    ids.erase(ids.begin(),
+              std::lower_bound(ids.begin(), ids.end(), blocks_.first()));
+    it = ids.empty() ? track_blocks_.erase(it) : std::next(it);
+  }
 }
 
 Stream::OpenMean Stream::OpenBlockMean() const {
@@ -564,7 +592,7 @@ absl::Status Stream::Reopen() {
 absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
   kvmem::ReaderMutexLock lock(&mu_);
   if (deleted_) return DeletedError();
-  if (block_id >= blocks_.size()) return UnknownBlockError(block_id);
+  if (!blocks_.Has(block_id)) return MissingBlockError(block_id);
   const BlockEntry& e = blocks_[block_id];
   if (e.rec.disk == DiskForm::kNone && !e.warm) {
     return absl::NotFoundError(absl::StrCat("block ", block_id, " of stream \"",
@@ -596,7 +624,7 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
     {
       kvmem::ReaderMutexLock lock(&mu_);
       if (deleted_) return DeletedError();
-      if (block_id >= blocks_.size()) return UnknownBlockError(block_id);
+      if (!blocks_.Has(block_id)) return MissingBlockError(block_id);
       const BlockEntry& e = blocks_[block_id];
       generation = e.generation;
       rec = e.rec;
@@ -613,7 +641,8 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
     bool unchanged;
     {
       kvmem::ReaderMutexLock lock(&mu_);
-      unchanged = blocks_[block_id].generation == generation;
+      unchanged =
+          blocks_.Has(block_id) && blocks_[block_id].generation == generation;
     }
     if (loaded.ok() && unchanged) {
       warm = *std::move(loaded);

@@ -146,6 +146,41 @@ class Stream : public std::enable_shared_from_this<Stream> {
     // and after, so readers outside append_mu_ can tell a torn read.
     uint64_t generation = 0;
   };
+  // The sealed blocks by id. The leading blocks that are wholly gone
+  // (evicted: no disk form, no RAM copy, no move in progress) are dropped
+  // from RAM as a run, so a stream's RAM does not grow with its age: ids
+  // below first() were all evicted. Ids in [first(), size()) are kept,
+  // evicted ones among them too (their cards, until the run reaches them).
+  // Their records stay in the store, and recovery drops the run again.
+  class BlockTable {
+   public:
+    uint64_t size() const { return first_ + kept_.size(); }  // The next id.
+    uint64_t first() const { return first_; }
+    bool Has(uint64_t id) const { return id >= first_ && id < size(); }
+    BlockEntry& operator[](uint64_t id) { return kept_[id - first_]; }
+    const BlockEntry& operator[](uint64_t id) const {
+      return kept_[id - first_];
+    }
+    std::deque<BlockEntry>::const_iterator begin() const {
+      return kept_.begin();
+    }
+    std::deque<BlockEntry>::const_iterator end() const { return kept_.end(); }
+    void push_back(BlockEntry e) { kept_.push_back(std::move(e)); }
+    // Drops leading entries while gone(entry); returns how many.
+    size_t DropLeading(const std::function<bool(const BlockEntry&)>& gone) {
+      size_t n = 0;
+      while (!kept_.empty() && gone(kept_.front())) {
+        kept_.pop_front();
+        ++first_;
+        ++n;
+      }
+      return n;
+    }
+
+   private:
+    uint64_t first_ = 0;
+    std::deque<BlockEntry> kept_;
+  };
   struct Indexes {
     std::unique_ptr<BlockIndex> all;  // Concatenated layers.
     // One per indexed layer; empty with a single indexed layer (then
@@ -182,6 +217,13 @@ class Stream : public std::enable_shared_from_this<Stream> {
   absl::Status ReplayOpenBlock(const StreamState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   void InstallBlock(BlockEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the leading run of wholly evicted blocks from RAM (BlockTable),
+  // with their recall units and track entries.
+  void DropEvictedRun() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NOT_FOUND for a block id the table does not hold: evicted (below
+  // first()) or not sealed yet.
+  absl::Status MissingBlockError(uint64_t block_id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Indexes NewIndexes() const;
 
   // --- tiers (stream_tiers.cc); all REQUIRE append_mu_ ---
@@ -288,6 +330,11 @@ class Stream : public std::enable_shared_from_this<Stream> {
     return index_groups() ? config_.groups_per_block : 1;
   }
   bool index_groups() const { return config_.groups_per_block > 1; }
+  // Where unit_tokens_ keeps group g of kept block b.
+  size_t UnitSlot(uint64_t b, uint32_t g) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return (b - blocks_.first()) * UnitsPerBlock() + g;
+  }
   const float* UnitSummary(uint64_t unit) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Exact per-head dots of a unit's summary with each of the `vectors`
   // query vectors: out[vector * heads + head].
@@ -339,16 +386,15 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   mutable kvmem::Mutex mu_;
   StreamState state_ ABSL_GUARDED_BY(mu_);
-  std::vector<BlockEntry> blocks_
-      ABSL_GUARDED_BY(mu_);  // blocks_[i].rec.info.id == i
+  BlockTable blocks_ ABSL_GUARDED_BY(mu_);  // blocks_[i].rec.info.id == i
   Indexes index_ ABSL_GUARDED_BY(mu_);
   // Sampled recall of indexes replaced by rebuilds.
   IndexQuality retired_quality_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, TrackHistory> tracks_ ABSL_GUARDED_BY(mu_);
   // Which blocks show each track (ascending ids), for semantic candidates.
   std::map<uint64_t, std::vector<uint64_t>> track_blocks_ ABSL_GUARDED_BY(mu_);
-  // Tokens of each recall unit, [block * UnitsPerBlock() + group]: read
-  // for every scanned candidate, so kept compact.
+  // Tokens of each recall unit of the kept blocks, at UnitSlot(block,
+  // group): read for every scanned candidate, so kept compact.
   std::vector<uint32_t> unit_tokens_ ABSL_GUARDED_BY(mu_);
   // The open block's mean key and tokens (score MASS's window estimate).
   std::vector<float> open_mean_ ABSL_GUARDED_BY(mu_);

@@ -120,7 +120,7 @@ void Stream::PoolScans(const RecallQuery& q,
   for (size_t b = eligible; b < blocks_.size(); ++b) {
     if (blocks_[b].rec.disk == DiskForm::kNone) continue;
     for (uint32_t g = 0; g < UnitsPerBlock(); ++g) {
-      if (unit_tokens_[b * UnitsPerBlock() + g] > 0) {
+      if (unit_tokens_[UnitSlot(b, g)] > 0) {
         rows.push_back((b << shift) + g);
       }
     }
@@ -193,11 +193,10 @@ void Stream::RecallByMass(const RecallQuery& q,
   rows.counted.resize(n);
   rows.recallable.resize(n);
   const bool front_window = !q.window_lse.empty();
-  const uint64_t per_block = UnitsPerBlock();
   const uint64_t* ids = scans[0].ids.data();
   for (size_t i = 0; i < n; ++i) {
     const uint64_t b = ids[i] >> shift;
-    const uint32_t tokens = unit_tokens_[b * per_block + (ids[i] & mask)];
+    const uint32_t tokens = unit_tokens_[UnitSlot(b, ids[i] & mask)];
     const CandidateRole role = b < eligible   ? CandidateRole::kRecall
                                : front_window ? CandidateRole::kIgnore
                                               : CandidateRole::kWindow;
@@ -430,7 +429,10 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
       auto it = track_blocks_.find(d.track_id);
       if (it == track_blocks_.end()) continue;
       for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) {
-        if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
+        if (*b >= eligible || !blocks_.Has(*b) ||
+            blocks_[*b].rec.disk == DiskForm::kNone) {
+          continue;
+        }
         if (std::find(anchor_blocks.begin(), anchor_blocks.end(), *b) ==
             anchor_blocks.end()) {
           anchor_blocks.push_back(*b);

@@ -52,7 +52,10 @@ std::vector<size_t> Stream::TrackCandidates(const FrameSignals& signals,
     size_t taken = 0;
     for (auto b = it->second.rbegin();
          b != it->second.rend() && taken < kBlocksPerTrack; ++b) {
-      if (*b >= eligible || blocks_[*b].rec.disk == DiskForm::kNone) continue;
+      if (*b >= eligible || !blocks_.Has(*b) ||
+          blocks_[*b].rec.disk == DiskForm::kNone) {
+        continue;
+      }
       ++taken;
       out.push_back(*b);
     }
@@ -183,8 +186,7 @@ std::vector<RecalledBlock> Stream::RecallGroups(
   units.reserve(ranked.size());
   for (const Candidate& c : ranked) {
     const uint64_t b = c.gid / kGroupStride;
-    units.push_back(
-        {b, unit_tokens_[b * UnitsPerBlock() + c.gid % kGroupStride]});
+    units.push_back({b, unit_tokens_[UnitSlot(b, c.gid % kGroupStride)]});
   }
   FillState fill;
   std::vector<size_t> taken;
@@ -264,13 +266,15 @@ size_t Stream::EligibleBlocks(uint64_t window_end) const {
   const uint64_t window_start = window_end > config_.hot_window_tokens
                                     ? window_end - config_.hot_window_tokens
                                     : 0;
-  // Blocks are in position order, so the recallable ones are a prefix.
-  return std::partition_point(blocks_.begin(), blocks_.end(),
-                              [&](const BlockEntry& b) {
-                                return b.rec.info.end_token_position <=
-                                       window_start;
-                              }) -
-         blocks_.begin();
+  // Blocks are in position order, so the recallable ones are a prefix (the
+  // dropped evicted run included).
+  return blocks_.first() +
+         (std::partition_point(blocks_.begin(), blocks_.end(),
+                               [&](const BlockEntry& b) {
+                                 return b.rec.info.end_token_position <=
+                                        window_start;
+                               }) -
+          blocks_.begin());
 }
 
 absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {

@@ -293,6 +293,7 @@ absl::Status Stream::Evict(uint64_t id) {
                       counters_.evictions += 1;
                       evicted_payload_bytes_.fetch_add(
                           bytes, std::memory_order_relaxed);
+                      DropEvictedRun();
                     });
 }
 
@@ -410,7 +411,7 @@ absl::Status Stream::DrainFeedback() {
     uint64_t staged_bytes = 0;
     {
       kvmem::MutexLock lock(&mu_);
-      if (deleted_ || id >= blocks_.size()) continue;
+      if (deleted_ || !blocks_.Has(id)) continue;
       BlockEntry& e = blocks_[id];
       e.rec.hits = static_cast<float>(
           DecayedHits(e.rec, frame, config_.tiers.heat_half_life_frames) + 1);
@@ -532,7 +533,8 @@ size_t Stream::RebuildIndex() {
         AddToIndexes(&fresh, id, blocks_[id].rec);
     }
     for (const BlockRecord& r : snapshot) {
-      if (blocks_[r.info.id].rec.disk == DiskForm::kNone) {
+      if (!blocks_.Has(r.info.id) ||
+          blocks_[r.info.id].rec.disk == DiskForm::kNone) {
         RemoveFromIndexes(&fresh, r.info.id,
                           r.group_summaries.size() / summary_dim_);
       }
@@ -574,6 +576,7 @@ StreamStats Stream::Stats() const {
     s.frames = state_.frames;
     s.tokens = state_.tokens;
     s.sealed_blocks = blocks_.size();
+    s.evicted.blocks = blocks_.first();  // The dropped run (BlockTable).
     s.open_block_frames = state_.open_block_frames;
     s.payload_bytes = state_.payload_bytes;
     for (const BlockEntry& e : blocks_) {

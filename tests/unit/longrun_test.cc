@@ -140,12 +140,14 @@ TEST(LongRunTest, OneCameraHourStaysWithinBudgetsAndFlatRss) {
 #endif
 }
 
-// A camera-day's blocks (64,800: 3 fps, 4 frames a block), compressed in
-// time with one-frame blocks, under a storage cap that evicts all but the
-// newest ~200: the engine's heap must not grow with the stream's age. The
-// outside report measured ~3.7 KiB kept per evicted block (240 MiB a day).
-// Heap in use (mallinfo2) is sampled over the second half; its slope per
-// evicted block is printed and bounded.
+// Two camera-days' blocks (64,800 a day: 3 fps, 4 frames a block),
+// compressed in time with one-frame blocks, under a storage cap that evicts
+// all but the newest ~200: the engine's heap must not grow with the
+// stream's age. The outside report measured ~3.7 KiB kept per evicted block
+// (240 MiB a day); with every evicted block's card kept it was 120-360 B.
+// Heap in use (mallinfo2) is sampled over the second day (the first fills
+// RocksDB's memtables and block cache, which then cycle by a few MiB); its
+// slope per evicted block is printed and bounded.
 TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
   if (KVMEM_TEST_ASAN) GTEST_SKIP() << "heap figures mean nothing under ASan";
   testing::TempDir dir;
@@ -153,7 +155,7 @@ TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
   g.layers = 2;
   g.head_dim = 32;
   constexpr uint32_t kTokens = 16;
-  constexpr uint64_t kBlocks = 64800;
+  constexpr uint64_t kBlocks = 2 * 64800;
   auto e = testing::OpenTestEngine(dir.path());
   StreamConfig c = testing::TestConfig(g, 64, 1);
   c.indexed_layers = {0, 1};
@@ -206,15 +208,16 @@ TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
   }
   const double slope = sxx > 0 ? sxy / sxx : 0;
   std::printf(
-      "camera-day: %llu blocks (%llu evicted) in %.1f s; heap %.1f MiB at "
-      "half -> %.1f MiB at end; slope %.1f bytes per evicted block (%.1f MiB "
-      "per camera-day of 64,800 blocks); RSS %.1f MiB\n",
+      "two camera-days: %llu blocks (%llu evicted) in %.1f s; heap %.1f MiB "
+      "after day 1 -> %.1f MiB at end; slope %.1f bytes per evicted block "
+      "(%.2f MiB per camera-day of 64,800 blocks); RSS %.1f MiB\n",
       static_cast<unsigned long long>(s.sealed_blocks),
       static_cast<unsigned long long>(s.evicted.blocks), secs,
       heap.front().second / 1048576.0, heap.back().second / 1048576.0, slope,
       slope * 64800 / 1048576.0, RssBytes() / 1048576.0);
   EXPECT_GT(s.evicted.blocks, kBlocks - 400);
-  EXPECT_LT(slope, 512.0) << "bytes kept per evicted block";
+  // Noise: the memtable cycle moves the day-2 slope by up to ~+-60 B.
+  EXPECT_LT(slope, 128.0) << "bytes kept per evicted block";
 }
 
 }  // namespace

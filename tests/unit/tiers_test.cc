@@ -203,6 +203,11 @@ TEST(TiersTest, DemoteDegradeEvictFetchAndRecover) {
         EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound);
         EXPECT_THAT(std::string(info.status().message()),
                     ::testing::HasSubstr("evicted"));
+        // Whether its card is still kept or its run was dropped from RAM.
+        auto read = stream->ReadBlockPayload(b, PayloadLayout::kFrameMajor, {});
+        EXPECT_EQ(read.status().code(), absl::StatusCode::kNotFound);
+        EXPECT_THAT(std::string(read.status().message()),
+                    ::testing::HasSubstr("evicted"));
         continue;
       }
       auto pieces = stream->ReadBlockPayload(b, PayloadLayout::kFrameMajor, {});
