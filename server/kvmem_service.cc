@@ -7,25 +7,38 @@
 #include "server/proto_convert.h"
 #include "server/reactors.h"
 #include "server/status_util.h"
+#include "server/wire.h"
 
 namespace kvmem {
 namespace {
 
-// Authenticates the call, then runs fn(caller) on the executor and finishes
-// the unary call with its status (namespace prefixes scrubbed).
-template <typename Fn>
+// Authenticates the call, parses its request, then runs
+// fn(caller, request, &response) on the executor and finishes the unary call
+// with its status (namespace prefixes scrubbed) and, when OK, the response's
+// bytes in *out.
+template <typename Req, typename Resp, typename Fn>
 grpc::ServerUnaryReactor* Deferred(grpc::CallbackServerContext* ctx,
+                                   const grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out,
                                    const ServiceOptions& o, Executor* executor,
                                    Fn fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::StatusOr<Caller> caller = Caller::Enter(o.tenancy, o.admission, *ctx);
-  if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
+  auto call = std::make_shared<std::pair<Req, Resp>>();
+  absl::Status s = caller.status();
+  if (s.ok() && !ParseMessage(*in, &call->first)) {
+    s = BadRequest(call->first, in->Length());
+  }
+  if (!s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
-  executor->Submit([reactor, c = *std::move(caller), fn = std::move(fn)]() {
-    reactor->Finish(ToGrpcStatus(c.Scrub(fn(c))));
-  });
+  executor->Submit(
+      [reactor, out, call, c = *std::move(caller), fn = std::move(fn)]() {
+        const absl::Status done = c.Scrub(fn(c, call->first, &call->second));
+        reactor->Finish(done.ok() ? SerializeMessage(call->second, out)
+                                  : ToGrpcStatus(done));
+      });
   return reactor;
 }
 
@@ -79,99 +92,114 @@ KvMemoryService::KvMemoryService(MemoryEngine* engine, Executor* executor,
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::OpenStream(
-    grpc::CallbackServerContext* ctx, const v1::OpenStreamRequest* req,
-    v1::OpenStreamResponse* resp) {
-  return Deferred(ctx, options_, executor_, [=](const Caller& c) {
-    return RunOpen(engine_, c, *req, resp);
-  });
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
+  return Deferred<v1::OpenStreamRequest, v1::OpenStreamResponse>(
+      ctx, in, out, options_, executor_,
+      [=](const Caller& c, const v1::OpenStreamRequest& req,
+          v1::OpenStreamResponse* resp) {
+        return RunOpen(engine_, c, req, resp);
+      });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::CloseStream(
-    grpc::CallbackServerContext* ctx, const v1::CloseStreamRequest* req,
-    v1::CloseStreamResponse* resp) {
-  return Deferred(ctx, options_, executor_,
-                  [=](const Caller& c) -> absl::Status {
-                    KVMEM_ASSIGN_OR_RETURN(const std::string id,
-                                           c.EngineId(req->stream_id()));
-                    absl::StatusOr<StreamStats> s = engine_->CloseStream(id);
-                    if (!s.ok()) return s.status();
-                    ToProto(*s, resp->mutable_stats());
-                    resp->mutable_stats()->set_stream_id(req->stream_id());
-                    return absl::OkStatus();
-                  });
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
+  return Deferred<v1::CloseStreamRequest, v1::CloseStreamResponse>(
+      ctx, in, out, options_, executor_,
+      [=](const Caller& c, const v1::CloseStreamRequest& req,
+          v1::CloseStreamResponse* resp) -> absl::Status {
+        KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                               c.EngineId(req.stream_id()));
+        absl::StatusOr<StreamStats> s = engine_->CloseStream(id);
+        if (!s.ok()) return s.status();
+        ToProto(*s, resp->mutable_stats());
+        resp->mutable_stats()->set_stream_id(req.stream_id());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::DeleteStream(
-    grpc::CallbackServerContext* ctx, const v1::DeleteStreamRequest* req,
-    v1::DeleteStreamResponse*) {
-  return Deferred(ctx, options_, executor_,
-                  [=](const Caller& c) -> absl::Status {
-                    KVMEM_ASSIGN_OR_RETURN(const std::string id,
-                                           c.EngineId(req->stream_id()));
-                    // Its counters stay in the global totals.
-                    absl::StatusOr<StreamStats> last = engine_->GetStats(id);
-                    KVMEM_RETURN_IF_ERROR(engine_->DeleteStream(id));
-                    if (last.ok() && options_.metrics != nullptr) {
-                      options_.metrics->RetireStream(*last);
-                    }
-                    return absl::OkStatus();
-                  });
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
+  return Deferred<v1::DeleteStreamRequest, v1::DeleteStreamResponse>(
+      ctx, in, out, options_, executor_,
+      [=](const Caller& c, const v1::DeleteStreamRequest& req,
+          v1::DeleteStreamResponse*) -> absl::Status {
+        KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                               c.EngineId(req.stream_id()));
+        // Its counters stay in the global totals.
+        absl::StatusOr<StreamStats> last = engine_->GetStats(id);
+        KVMEM_RETURN_IF_ERROR(engine_->DeleteStream(id));
+        if (last.ok() && options_.metrics != nullptr) {
+          options_.metrics->RetireStream(*last);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::ListStreams(
-    grpc::CallbackServerContext* ctx, const v1::ListStreamsRequest*,
-    v1::ListStreamsResponse* resp) {
-  // Stats walk every block: off the callback thread, like the others.
-  return Deferred(ctx, options_, executor_, [=](const Caller& c) {
-    for (const StreamStats& s : engine_->ListStreams()) {
-      const std::optional<std::string> id = c.ClientId(s.stream_id);
-      if (!id) continue;  // Another tenant's.
-      v1::StreamStats* p = resp->add_streams();
-      ToProto(s, p);
-      p->set_stream_id(*id);
-    }
-    for (const QuarantinedStream& q : engine_->Quarantined()) {
-      const std::optional<std::string> id = c.ClientId(q.stream_id);
-      if (!id) continue;
-      v1::QuarantinedStream* p = resp->add_quarantined();
-      p->set_stream_id(*id);
-      p->set_code(absl::StatusCodeToString(q.reason.code()));
-      p->set_reason(std::string(c.Scrub(q.reason).message()));
-    }
-    return absl::OkStatus();
-  });
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
+  // Stats walk every kept block: off the callback thread, like the others.
+  return Deferred<v1::ListStreamsRequest, v1::ListStreamsResponse>(
+      ctx, in, out, options_, executor_,
+      [=](const Caller& c, const v1::ListStreamsRequest&,
+          v1::ListStreamsResponse* resp) {
+        for (const StreamStats& s : engine_->ListStreams()) {
+          const std::optional<std::string> id = c.ClientId(s.stream_id);
+          if (!id) continue;  // Another tenant's.
+          v1::StreamStats* p = resp->add_streams();
+          ToProto(s, p);
+          p->set_stream_id(*id);
+        }
+        for (const QuarantinedStream& q : engine_->Quarantined()) {
+          const std::optional<std::string> id = c.ClientId(q.stream_id);
+          if (!id) continue;
+          v1::QuarantinedStream* p = resp->add_quarantined();
+          p->set_stream_id(*id);
+          p->set_code(absl::StatusCodeToString(q.reason.code()));
+          p->set_reason(std::string(c.Scrub(q.reason).message()));
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::GetStreamStats(
-    grpc::CallbackServerContext* ctx, const v1::GetStreamStatsRequest* req,
-    v1::StreamStats* resp) {
-  return Deferred(ctx, options_, executor_,
-                  [=](const Caller& c) -> absl::Status {
-                    KVMEM_ASSIGN_OR_RETURN(const std::string id,
-                                           c.EngineId(req->stream_id()));
-                    absl::StatusOr<StreamStats> s = engine_->GetStats(id);
-                    if (!s.ok()) return s.status();
-                    ToProto(*s, resp);
-                    resp->set_stream_id(req->stream_id());
-                    return absl::OkStatus();
-                  });
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
+  return Deferred<v1::GetStreamStatsRequest, v1::StreamStats>(
+      ctx, in, out, options_, executor_,
+      [=](const Caller& c, const v1::GetStreamStatsRequest& req,
+          v1::StreamStats* resp) -> absl::Status {
+        KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                               c.EngineId(req.stream_id()));
+        absl::StatusOr<StreamStats> s = engine_->GetStats(id);
+        if (!s.ok()) return s.status();
+        ToProto(*s, resp);
+        resp->set_stream_id(req.stream_id());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* KvMemoryService::Recall(
-    grpc::CallbackServerContext* ctx, const v1::RecallRequest* req,
-    v1::RecallResponse* resp) {
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
   // Recall touches only RAM (summaries and index): run it inline.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::StatusOr<Caller> c =
       Caller::Enter(options_.tenancy, options_.admission, *ctx);
   absl::Status s = c.status();
+  v1::RecallRequest req;
+  v1::RecallResponse resp;
+  if (s.ok() && !ParseMessage(*in, &req)) s = BadRequest(req, in->Length());
   if (s.ok()) {
-    absl::StatusOr<std::string> id = c->EngineId(req->stream_id());
-    s = id.ok() ? RunRecall(engine_, *id, *req, resp, options_.metrics)
+    absl::StatusOr<std::string> id = c->EngineId(req.stream_id());
+    s = id.ok() ? RunRecall(engine_, *id, req, &resp, options_.metrics)
                 : id.status();
     s = c->Scrub(s);
   }
-  reactor->Finish(ToGrpcStatus(s));
+  reactor->Finish(s.ok() ? SerializeMessage(resp, out) : ToGrpcStatus(s));
   return reactor;
 }
 
@@ -188,39 +216,40 @@ class Refused final : public Base {
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::AppendFramesRequest>* KvMemoryService::AppendFrames(
-    grpc::CallbackServerContext* ctx, v1::AppendFramesResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* KvMemoryService::AppendFrames(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   absl::StatusOr<Caller> c =
       Caller::Enter(options_.tenancy, options_.admission, *ctx);
   if (!c.ok()) {
-    return new Refused<grpc::ServerReadReactor<v1::AppendFramesRequest>>(
-        c.status());
+    return new Refused<grpc::ServerReadReactor<grpc::ByteBuffer>>(c.status());
   }
   return NewAppendFramesReactor(engine_, executor_, *std::move(c), resp);
 }
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 KvMemoryService::Session(grpc::CallbackServerContext* ctx) {
   absl::StatusOr<Caller> c =
       Caller::Enter(options_.tenancy, options_.admission, *ctx);
   if (!c.ok()) {
     return new Refused<
-        grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>>(
+        grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(
         c.status());
   }
   return NewSessionReactor(engine_, executor_, *std::move(c),
                            options_.session_queue_limit, options_.metrics);
 }
 
-grpc::ServerWriteReactor<v1::FetchBlocksResponse>* KvMemoryService::FetchBlocks(
-    grpc::CallbackServerContext* ctx, const v1::FetchBlocksRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* KvMemoryService::FetchBlocks(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in) {
   absl::StatusOr<Caller> c =
       Caller::Enter(options_.tenancy, options_.admission, *ctx);
-  if (!c.ok()) {
-    return new Refused<grpc::ServerWriteReactor<v1::FetchBlocksResponse>>(
-        c.status());
+  v1::FetchBlocksRequest req;
+  absl::Status s = c.status();
+  if (s.ok() && !ParseMessage(*in, &req)) s = BadRequest(req, in->Length());
+  if (!s.ok()) {
+    return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
-  return NewFetchBlocksReactor(engine_, executor_, *std::move(c), *req,
+  return NewFetchBlocksReactor(engine_, executor_, *std::move(c), req,
                                options_.max_chunk_bytes);
 }
 

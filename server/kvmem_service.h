@@ -34,38 +34,50 @@ struct ServiceOptions {
   ServerMetrics* metrics = nullptr;
 };
 
-class KvMemoryService final : public v1::KvMemory::CallbackService {
+// The generated service with every method taking raw bytes (server/wire.h
+// says why): the service parses requests and serialises responses itself.
+using KvMemoryRawService = v1::KvMemory::WithRawCallbackMethod_OpenStream<
+    v1::KvMemory::WithRawCallbackMethod_CloseStream<
+        v1::KvMemory::WithRawCallbackMethod_DeleteStream<
+            v1::KvMemory::WithRawCallbackMethod_ListStreams<
+                v1::KvMemory::WithRawCallbackMethod_GetStreamStats<
+                    v1::KvMemory::WithRawCallbackMethod_AppendFrames<
+                        v1::KvMemory::WithRawCallbackMethod_Recall<
+                            v1::KvMemory::WithRawCallbackMethod_Session<
+                                v1::KvMemory::WithRawCallbackMethod_FetchBlocks<
+                                    v1::KvMemory::Service>>>>>>>>>;
+
+class KvMemoryService final : public KvMemoryRawService {
  public:
   // REQUIRES: engine and executor outlive the service and its calls.
   KvMemoryService(MemoryEngine* engine, Executor* executor,
                   const ServiceOptions& options);
 
+  // Unary: kvmem.v1 request bytes in, response bytes out.
   grpc::ServerUnaryReactor* OpenStream(grpc::CallbackServerContext* ctx,
-                                       const v1::OpenStreamRequest* req,
-                                       v1::OpenStreamResponse* resp) override;
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* CloseStream(grpc::CallbackServerContext* ctx,
-                                        const v1::CloseStreamRequest* req,
-                                        v1::CloseStreamResponse* resp) override;
-  grpc::ServerUnaryReactor* DeleteStream(
-      grpc::CallbackServerContext* ctx, const v1::DeleteStreamRequest* req,
-      v1::DeleteStreamResponse* resp) override;
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* DeleteStream(grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ListStreams(grpc::CallbackServerContext* ctx,
-                                        const v1::ListStreamsRequest* req,
-                                        v1::ListStreamsResponse* resp) override;
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetStreamStats(grpc::CallbackServerContext* ctx,
-                                           const v1::GetStreamStatsRequest* req,
-                                           v1::StreamStats* resp) override;
+                                           const grpc::ByteBuffer* req,
+                                           grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Recall(grpc::CallbackServerContext* ctx,
-                                   const v1::RecallRequest* req,
-                                   v1::RecallResponse* resp) override;
-  grpc::ServerReadReactor<v1::AppendFramesRequest>* AppendFrames(
-      grpc::CallbackServerContext* ctx,
-      v1::AppendFramesResponse* resp) override;
-  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
+                                   const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* AppendFrames(
+      grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* ctx) override;
-  grpc::ServerWriteReactor<v1::FetchBlocksResponse>* FetchBlocks(
-      grpc::CallbackServerContext* ctx,
-      const v1::FetchBlocksRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchBlocks(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
 
  private:
   MemoryEngine* const engine_;

@@ -8,30 +8,26 @@
 #include "server/kvmem_service.h"
 #include "server/proto_convert.h"
 #include "server/status_util.h"
+#include "server/wire.h"
 
 namespace kvmem {
-
-absl::Status BadMessage(uint64_t n, absl::string_view type) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "message ", n, " of this call is not a valid ", type,
-      " (it failed to parse); the call stops there: nothing from it on was "
-      "stored"));
-}
 
 namespace {
 
 class AppendFramesReactor final
-    : public grpc::ServerReadReactor<v1::AppendFramesRequest> {
+    : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   AppendFramesReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                      v1::AppendFramesResponse* resp)
+                      grpc::ByteBuffer* out)
       : engine_(engine),
         executor_(executor),
         caller_(std::move(caller)),
-        resp_(resp) {
-    StartRead(&req_);
+        out_(out) {
+    StartRead(&in_);
   }
 
+  // ok: a message arrived (parsed by the task); !ok: the client half-closed
+  // (or the call broke).
   void OnReadDone(bool ok) override {
     executor_->Submit([this, ok] { Step(ok); });
   }
@@ -40,38 +36,31 @@ class AppendFramesReactor final
  private:
   void Step(bool ok) {
     absl::Status s;
-    if (!ok && !probed_) {
-      // gRPC reports a message that fails to parse like the end of the
-      // stream. One more read tells them apart: after the end it fails
-      // again; after a bad message it returns the next one.
-      probed_ = true;
-      StartRead(&req_);
-      return;
-    }
-    if (ok && probed_) {
+    if (!ok) {
+      s = ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus();
+    } else if (!ParseMessage(in_, &req_)) {
       s = BadMessage(messages_ + 1, "AppendFramesRequest");
-    } else if (ok) {
+    } else {
       ++messages_;
       s = Handle();
-    } else {
-      s = ingest_ ? ingest_->CheckNoPartialFrame() : absl::OkStatus();
     }
     if (ok && s.ok()) {
-      StartRead(&req_);
+      StartRead(&in_);
       return;
     }
-    resp_->set_last_durable_frame(-1);
+    v1::AppendFramesResponse resp;
+    resp.set_last_durable_frame(-1);
     if (ingest_) {
-      resp_->set_last_durable_frame(
-          ingest_->stream().Stats().last_durable_frame);
-      resp_->set_frames_written(ingest_->frames_written());
-      resp_->set_bytes_written(ingest_->bytes_written());
-      resp_->set_sealed_blocks(ingest_->sealed_blocks());
+      resp.set_last_durable_frame(ingest_->stream().Stats().last_durable_frame);
+      resp.set_frames_written(ingest_->frames_written());
+      resp.set_bytes_written(ingest_->bytes_written());
+      resp.set_sealed_blocks(ingest_->sealed_blocks());
       if (!s.ok()) s = ingest_->WithResumePoint(s);
       // Released before the client hears the end (see FrameIngest).
       ingest_->Release();
     }
-    Finish(ToGrpcStatus(caller_.Scrub(s)));
+    Finish(s.ok() ? SerializeMessage(resp, out_)
+                  : ToGrpcStatus(caller_.Scrub(s)));
   }
 
   absl::Status Handle() {
@@ -107,16 +96,16 @@ class AppendFramesReactor final
   MemoryEngine* const engine_;
   Executor* const executor_;
   const Caller caller_;
-  v1::AppendFramesResponse* const resp_;
-  v1::AppendFramesRequest req_;
-  std::string client_id_;  // The caller's name for the stream.
+  grpc::ByteBuffer* const out_;  // The response's bytes.
+  grpc::ByteBuffer in_;          // The message being read.
+  v1::AppendFramesRequest req_;  // ... parsed.
+  std::string client_id_;        // The caller's name for the stream.
   std::optional<FrameIngest> ingest_;
   uint64_t messages_ = 0;  // Parsed so far.
-  bool probed_ = false;    // A read failed: the next one tells why.
 };
 
 class FetchBlocksReactor final
-    : public grpc::ServerWriteReactor<v1::FetchBlocksResponse> {
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchBlocksReactor(MemoryEngine* engine, Executor* executor, Caller caller,
                      const v1::FetchBlocksRequest& req, uint32_t max_chunk)
@@ -224,7 +213,12 @@ class FetchBlocksReactor final
       piece_pos_ = 0;
     }
     resp_.set_last_chunk_of_block(piece_ == pieces_.size());
-    StartWrite(&resp_);
+    const grpc::Status serialized = SerializeMessage(resp_, &out_);
+    if (!serialized.ok()) {
+      Finish(serialized);
+      return;
+    }
+    StartWrite(&out_);
   }
 
   Executor* const executor_;
@@ -241,17 +235,18 @@ class FetchBlocksReactor final
   size_t piece_pos_ = 0;
   uint64_t block_offset_ = 0;
   v1::FetchBlocksResponse resp_;
+  grpc::ByteBuffer out_;  // resp_'s bytes, the write in flight.
 };
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::AppendFramesRequest>* NewAppendFramesReactor(
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewAppendFramesReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
-    v1::AppendFramesResponse* resp) {
+    grpc::ByteBuffer* resp) {
   return new AppendFramesReactor(engine, executor, std::move(caller), resp);
 }
 
-grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFetchBlocksReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
     const v1::FetchBlocksRequest& req, uint32_t max_chunk_bytes) {
   return new FetchBlocksReactor(engine, executor, std::move(caller), req,

@@ -18,19 +18,17 @@ namespace kvmem {
 
 // Each takes the authenticated caller (its tenant's namespace, its slot
 // among the calls in flight, its quotas).
-grpc::ServerReadReactor<v1::AppendFramesRequest>* NewAppendFramesReactor(
+// Messages travel as raw bytes (server/wire.h): the reactors parse what
+// they read and serialise what they write.
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewAppendFramesReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
-    v1::AppendFramesResponse* resp);
+    grpc::ByteBuffer* resp);
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
-NewSessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                  uint32_t queue_limit, ServerMetrics* metrics);
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewSessionReactor(
+    MemoryEngine* engine, Executor* executor, Caller caller,
+    uint32_t queue_limit, ServerMetrics* metrics);
 
-// INVALID_ARGUMENT for message n (1-based) of a client stream that failed to
-// parse as `type`.
-absl::Status BadMessage(uint64_t n, absl::string_view type);
-
-grpc::ServerWriteReactor<v1::FetchBlocksResponse>* NewFetchBlocksReactor(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFetchBlocksReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
     const v1::FetchBlocksRequest& req, uint32_t max_chunk_bytes);
 

@@ -11,9 +11,6 @@
 //   - whoever sees done_ with tasks_ == 0 deletes the reactor, and every
 //     decision that may end the call is taken in the same critical section as
 //     the bookkeeping, with no member touched after Finish or delete.
-#include <grpcpp/alarm.h>
-
-#include <chrono>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -26,12 +23,13 @@
 #include "server/proto_convert.h"
 #include "server/reactors.h"
 #include "server/status_util.h"
+#include "server/wire.h"
 
 namespace kvmem {
 namespace {
 
 class SessionReactor final
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
                  uint32_t queue_limit, ServerMetrics* metrics)
@@ -40,44 +38,23 @@ class SessionReactor final
         caller_(std::move(caller)),
         queue_limit_(queue_limit),
         metrics_(metrics) {
-    StartRead(&req_);
+    StartRead(&in_);
   }
 
+  // ok: a message arrived; !ok: the client half-closed (or the call broke).
   void OnReadDone(bool ok) override {
-    if (!ok || probed_) {
-      // gRPC reports a message that fails to parse like the end of the
-      // stream. One more read tells them apart: after the end (or a broken
-      // call) it fails at once; after a bad message it returns the next
-      // one, or, from a client waiting for the answer to the bad message,
-      // nothing: an alarm ends that wait (a read still pending after
-      // kProbeWait cannot follow an end of stream).
-      bool probe = false, cancel_alarm = false;
+    const bool parsed = ok && ParseMessage(in_, &req_);
+    if (!parsed) {
       {
         kvmem::MutexLock lock(&mu_);
-        if (!ok && !probed_ && !finish_) {
-          probed_ = probe = probing_ = true;
-          tasks_ += 2;  // The read is issued under a task; the alarm holds one.
-        } else {
-          cancel_alarm = probing_;
-          probing_ = false;
-          if (!finish_) {
-            absl::Status s = ok ? BadMessage(messages_ + 1, "SessionRequest")
-                                : (ingest_ ? ingest_->CheckNoPartialFrame()
-                                           : absl::OkStatus());
-            finish_ = ToGrpcStatus(caller_.Scrub(s));
-          }
+        if (!finish_) {
+          absl::Status s = ok ? BadMessage(messages_ + 1, "SessionRequest")
+                              : (ingest_ ? ingest_->CheckNoPartialFrame()
+                                         : absl::OkStatus());
+          finish_ = ToGrpcStatus(caller_.Scrub(s));
         }
       }
-      if (probe) {
-        probe_alarm_ = std::make_unique<grpc::Alarm>();
-        probe_alarm_->Set(std::chrono::system_clock::now() + kProbeWait,
-                          [this](bool fired) { OnProbeAlarm(fired); });
-        StartRead(&req_);
-        EndTask();
-      } else {
-        if (cancel_alarm) probe_alarm_->Cancel();
-        Pump();
-      }
+      Pump();
       return;
     }
     {
@@ -114,26 +91,11 @@ class SessionReactor final
       }
     }
     if (resume_reads) {
-      StartRead(&req_);
+      StartRead(&in_);
       EndTask();
     } else {
       Pump();
     }
-  }
-
-  // The probe's alarm, fired or cancelled; it held a task until now.
-  void OnProbeAlarm(bool fired) {
-    {
-      kvmem::MutexLock lock(&mu_);
-      if (fired && probing_ && !finish_) {
-        probing_ = false;
-        absl::Status s = BadMessage(messages_ + 1, "SessionRequest");
-        finish_ = ToGrpcStatus(caller_.Scrub(absl::Status(
-            s.code(),
-            absl::StrCat(s.message(), " (the client sent nothing after it)"))));
-      }
-    }
-    EndTask();
   }
 
   void OnDone() override {
@@ -162,19 +124,26 @@ class SessionReactor final
       v1::SessionResponse resp;
       resp.set_seq(req_.seq());
       absl::Status s = Handle(&resp);
+      // Serialised here, outside the lock; queued as bytes.
+      grpc::ByteBuffer bytes;
+      const bool answer = resp.item_case() != v1::SessionResponse::ITEM_NOT_SET;
+      if (s.ok() && answer) {
+        const grpc::Status serialized = SerializeMessage(resp, &bytes);
+        if (!serialized.ok()) {
+          s = absl::InternalError(serialized.error_message());
+        }
+      }
       kvmem::MutexLock lock(&mu_);
       if (!s.ok()) {
         if (ingest_) s = ingest_->WithResumePoint(s);
         if (!finish_) finish_ = ToGrpcStatus(caller_.Scrub(s));
       } else {
-        if (resp.item_case() != v1::SessionResponse::ITEM_NOT_SET) {
-          queue_.push_back(std::move(resp));
-        }
+        if (answer) queue_.push_back(std::move(bytes));
         if (queue_.size() >= queue_limit_) read_paused_ = true;
         read_next = !read_paused_ && !finish_;
       }
     }
-    if (read_next) StartRead(&req_);  // Safe: tasks_ > 0 keeps Finish away.
+    if (read_next) StartRead(&in_);  // Safe: tasks_ > 0 keeps Finish away.
     EndTask();
   }
 
@@ -254,17 +223,15 @@ class SessionReactor final
   const uint32_t queue_limit_;
   ServerMetrics* const metrics_;
   std::string client_id_;  // The caller's name for the bound stream.
-  // Touched only by the running task (one at a time) and by OnReadDone(false),
-  // which gRPC never delivers while a read is being handled.
-  v1::SessionRequest req_;
+  // Touched only by OnReadDone and the running task (one at a time): gRPC
+  // delivers no read while one is being handled.
+  grpc::ByteBuffer in_;     // The request being read.
+  v1::SessionRequest req_;  // ... parsed.
   std::optional<FrameIngest> ingest_;
-  bool probed_ = false;  // A read failed: the next one tells why.
-  static constexpr auto kProbeWait = std::chrono::milliseconds(500);
-  std::unique_ptr<grpc::Alarm> probe_alarm_;
 
   kvmem::Mutex mu_;
-  std::deque<v1::SessionResponse> queue_ ABSL_GUARDED_BY(mu_);
-  v1::SessionResponse current_;  // The write in flight.
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // Responses.
+  grpc::ByteBuffer current_;  // The write in flight.
   int tasks_ ABSL_GUARDED_BY(mu_) = 0;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -273,7 +240,6 @@ class SessionReactor final
   bool done_ ABSL_GUARDED_BY(mu_) = false;      // OnDone was called.
   std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
   uint64_t messages_ ABSL_GUARDED_BY(mu_) = 0;  // Parsed so far.
-  bool probing_ ABSL_GUARDED_BY(mu_) = false;   // The probe read is pending.
 };
 
 absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
@@ -352,9 +318,9 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>*
-NewSessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                  uint32_t queue_limit, ServerMetrics* metrics) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewSessionReactor(
+    MemoryEngine* engine, Executor* executor, Caller caller,
+    uint32_t queue_limit, ServerMetrics* metrics) {
   return new SessionReactor(engine, executor, std::move(caller), queue_limit,
                             metrics);
 }

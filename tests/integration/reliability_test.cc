@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/kvmem_client.h"
 #include "client/server_process.h"
 #include "engine/record_codec.h"
@@ -427,20 +428,37 @@ TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
   EXPECT_EQ(st.last_durable_frame(), 1);
 
   // A lockstep client: open, then a bad message, then it waits for the
-  // answer without sending more. The server cannot wait for a next message
-  // for ever: the call ends INVALID_ARGUMENT instead of hanging.
+  // answer without sending more: the answer is the error, at once.
   responses.clear();
   const auto t0 = std::chrono::steady_clock::now();
   s = RawStream(server_->target(), "/kvmem.v1.KvMemory/Session",
                 {session[0], garbage}, &responses, /*half_close=*/false);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("message 2 of this call"));
-  EXPECT_THAT(s.error_message(), HasSubstr("the client sent nothing after it"));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 
-  // A well-formed stream still ends OK (the extra read costs nothing).
+  // The bad message last, then the end of the stream: still an error, not
+  // a clean end with what came before.
+  std::vector<std::string> last_bad;
+  append_messages(frames[2], &last_bad);
+  last_bad.push_back(garbage);
+  responses.clear();
+  s = RawStream(server_->target(), "/kvmem.v1.KvMemory/AppendFrames", last_bad,
+                &responses);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("message 2 of this call is not a valid "
+                        "AppendFramesRequest"));
+  EXPECT_THAT(s.error_message(), HasSubstr("last durable frame is 2"));
+  responses.clear();
+  s = RawStream(server_->target(), "/kvmem.v1.KvMemory/Session",
+                {session[0], garbage}, &responses);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("message 2 of this call"));
+
+  // A well-formed stream still ends OK.
   std::vector<std::string> good;
-  append_messages(frames[2], &good);
+  append_messages(frames[3], &good);
   responses.clear();
   s = RawStream(server_->target(), "/kvmem.v1.KvMemory/AppendFrames", good,
                 &responses);
@@ -449,7 +467,52 @@ TEST_F(ReliabilityTest, MalformedMessageFailsTheCallNotTruncatesIt) {
   v1::AppendFramesResponse resp;
   ASSERT_TRUE(resp.ParseFromString(responses[0]));
   EXPECT_EQ(resp.frames_written(), 1u);
-  EXPECT_EQ(resp.last_durable_frame(), 2);
+  EXPECT_EQ(resp.last_durable_frame(), 3);
+}
+
+// A unary (or FetchBlocks) request whose bytes are no message of its type:
+// INVALID_ARGUMENT naming the type (gRPC's typed handlers answered
+// UNIMPLEMENTED with no message), and the server goes on serving.
+TEST_F(ReliabilityTest, UnparseableRequestIsInvalidArgumentNamingItsType) {
+  ASSERT_TRUE(StartServer());
+  v1::OpenStreamResponse open;
+  ASSERT_TRUE(client_->OpenStream("cam", SummedConfig("Flat"), &open).ok());
+  const std::string garbage("\xff\xff\xff\xff\x0f", 5);
+  const std::pair<const char*, const char*> methods[] = {
+      {"OpenStream", "OpenStreamRequest"},
+      {"CloseStream", "CloseStreamRequest"},
+      {"DeleteStream", "DeleteStreamRequest"},
+      {"ListStreams", "ListStreamsRequest"},
+      {"GetStreamStats", "GetStreamStatsRequest"},
+      {"Recall", "RecallRequest"},
+      {"FetchBlocks", "FetchBlocksRequest"}};
+  for (const auto& [method, type] : methods) {
+    std::vector<std::string> responses;
+    const grpc::Status s = RawStream(
+        server_->target(), absl::StrCat("/kvmem.v1.KvMemory/", method),
+        {garbage}, &responses);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(s.error_message(),
+              absl::StrCat("the request is not a valid kvmem.v1.", type,
+                           " (its 5 bytes failed to parse)"))
+        << method;
+    EXPECT_TRUE(responses.empty()) << method;
+  }
+  // Still serving, and nothing was changed (DeleteStream above refused).
+  v1::StreamStats st;
+  EXPECT_TRUE(client_->GetStreamStats("cam", &st).ok());
+  // Well-formed raw bytes are answered as before.
+  v1::GetStreamStatsRequest req;
+  req.set_stream_id("cam");
+  std::vector<std::string> responses;
+  const grpc::Status s =
+      RawStream(server_->target(), "/kvmem.v1.KvMemory/GetStreamStats",
+                {req.SerializeAsString()}, &responses);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(responses.size(), 1u);
+  v1::StreamStats parsed;
+  ASSERT_TRUE(parsed.ParseFromString(responses[0]));
+  EXPECT_EQ(parsed.stream_id(), "cam");
 }
 
 // A small filesystem of its own (tmpfs), mounted for the test and removed
