@@ -49,6 +49,11 @@ ABSL_FLAG(int32_t, streams, 4, "Camera streams written concurrently.");
 ABSL_FLAG(std::string, wal_sync, "all",
           "kvmem-server --wal_sync: commit, interval, off, or all (rotated "
           "per trial).");
+ABSL_FLAG(int32_t, full_check_every, 1,
+          "Re-read every sealed block at every Nth restart (and the last); "
+          "the restarts between read the blocks sealed since the previous "
+          "one and 16 older ones at random. 1: every restart reads all (the "
+          "run's cost then grows with the square of the trials).");
 ABSL_FLAG(int32_t, min_kill_ms, 200, "Earliest kill after the writers start.");
 ABSL_FLAG(int32_t, max_kill_ms, 1200, "Latest kill after the writers start.");
 ABSL_FLAG(std::string, work_dir, "",
@@ -76,6 +81,7 @@ struct Camera {
   StreamModel model;  // Holds exactly the frames sent.
   std::mt19937_64 rng;
   int64_t acked = -1;  // Last frame the server acknowledged.
+  uint64_t verified_blocks = 0;  // Blocks [0, this) were read back intact.
 };
 
 struct Totals {
@@ -100,14 +106,13 @@ std::string Describe(const grpc::Status& s) {
   return absl::StrCat("status ", s.error_code(), ": ", s.error_message());
 }
 
-// Fetches blocks [0, n) and compares them with the model. "" when equal.
-std::string CheckBlocks(KvmemClient& client, const Camera& cam, uint64_t n,
-                        Totals* t) {
-  for (uint64_t first = 0; first < n; first += 256) {
-    std::vector<uint64_t> ids;
-    for (uint64_t b = first; b < std::min<uint64_t>(n, first + 256); ++b) {
-      ids.push_back(b);
-    }
+// Fetches blocks `all` and compares them with the model. "" when equal.
+std::string CheckBlocks(KvmemClient& client, const Camera& cam,
+                        const std::vector<uint64_t>& all, Totals* t) {
+  for (size_t first = 0; first < all.size(); first += 256) {
+    const std::vector<uint64_t> ids(
+        all.begin() + first,
+        all.begin() + std::min<size_t>(all.size(), first + 256));
     std::vector<FetchedBlock> got;
     grpc::Status s = client.FetchBlocks(cam.id, ids, &got);
     if (!s.ok()) return absl::StrCat("FetchBlocks: ", Describe(s));
@@ -129,9 +134,17 @@ std::string CheckBlocks(KvmemClient& client, const Camera& cam, uint64_t n,
   return "";
 }
 
+// Blocks [0, n).
+std::vector<uint64_t> AllBlocks(uint64_t n) {
+  std::vector<uint64_t> ids(n);
+  for (uint64_t b = 0; b < n; ++b) ids[b] = b;
+  return ids;
+}
+
 // Checks one stream after a restart and brings the camera's record to the
-// server's resume point. "" when every check held.
-std::string Verify(KvmemClient& client, Camera& cam, Totals* t) {
+// server's resume point. "" when every check held. full: every sealed
+// block is read back; else those not read back yet and 16 older ones.
+std::string Verify(KvmemClient& client, Camera& cam, Totals* t, bool full) {
   v1::StreamStats st;
   grpc::Status s = client.GetStreamStats(cam.id, &st);
   if (!s.ok()) return absl::StrCat("GetStreamStats: ", Describe(s));
@@ -156,8 +169,19 @@ std::string Verify(KvmemClient& client, Camera& cam, Totals* t) {
                         " sealed blocks and ", st.open_block_frames(),
                         " frames in the open block");
   }
-  const std::string blocks = CheckBlocks(client, cam, frames / kFpb, t);
+  const uint64_t sealed = frames / kFpb;
+  std::vector<uint64_t> ids;
+  if (full) {
+    ids = AllBlocks(sealed);
+  } else {
+    for (int i = 0; i < 16 && cam.verified_blocks > 0; ++i) {
+      ids.push_back(cam.rng() % cam.verified_blocks);
+    }
+    for (uint64_t b = cam.verified_blocks; b < sealed; ++b) ids.push_back(b);
+  }
+  const std::string blocks = CheckBlocks(client, cam, ids, t);
   if (!blocks.empty()) return blocks;
+  cam.verified_blocks = sealed;
   for (int i = 0; i < 4; ++i) {
     const std::vector<float> q =
         testing::RandomQuery(cam.rng, cam.model.summary_dim());
@@ -228,13 +252,16 @@ int Run() {
   const int streams = absl::GetFlag(FLAGS_streams);
   const int min_ms = absl::GetFlag(FLAGS_min_kill_ms);
   const int max_ms = absl::GetFlag(FLAGS_max_kill_ms);
+  const int full_every = absl::GetFlag(FLAGS_full_check_every);
   const std::string policy = absl::GetFlag(FLAGS_wal_sync);
   std::vector<std::string> policies = {policy};
   if (policy == "all") policies = {"commit", "interval", "off"};
-  if (trials < 1 || streams < 1 || min_ms < 0 || max_ms < min_ms) {
+  if (trials < 1 || streams < 1 || full_every < 1 || min_ms < 0 ||
+      max_ms < min_ms) {
     std::fprintf(stderr,
-                 "kvmem_crash_test: --trials and --streams must be >= 1 and "
-                 "0 <= --min_kill_ms <= --max_kill_ms\n");
+                 "kvmem_crash_test: --trials, --streams and "
+                 "--full_check_every must be >= 1 and 0 <= --min_kill_ms <= "
+                 "--max_kill_ms\n");
     return 2;
   }
   const std::string dir =
@@ -288,7 +315,8 @@ int Run() {
         grpc::Status st = clients[s]->OpenStream(cam.id, config, &opened);
         if (!st.ok()) return Fail("OpenStream: " + Describe(st), dir);
       } else {
-        const std::string e = Verify(*clients[s], cam, &t);
+        const std::string e =
+            Verify(*clients[s], cam, &t, trial % full_every == 0);
         if (!e.empty()) {
           return Fail(absl::StrCat("trial ", trial, ", ", cam.id, ": ", e),
                       dir);
@@ -336,13 +364,13 @@ int Run() {
     return Fail("final start: " + error, dir);
   for (int s = 0; s < streams; ++s) {
     Camera& cam = *cams[s];
-    std::string e = Verify(*clients[s], cam, &t);
+    std::string e = Verify(*clients[s], cam, &t, /*full=*/true);
     if (!e.empty()) return Fail(absl::StrCat("final, ", cam.id, ": ", e), dir);
     v1::StreamStats closed;
     grpc::Status st = clients[s]->CloseStream(cam.id, &closed);
     if (!st.ok()) return Fail("CloseStream: " + Describe(st), dir);
     cam.model.Close();
-    e = CheckBlocks(*clients[s], cam, cam.model.sealed_blocks(), &t);
+    e = CheckBlocks(*clients[s], cam, AllBlocks(cam.model.sealed_blocks()), &t);
     if (!e.empty()) {
       return Fail(absl::StrCat("after close, ", cam.id, ": ", e), dir);
     }
