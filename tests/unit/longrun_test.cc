@@ -167,7 +167,8 @@ TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
   ASSERT_TRUE(e->OpenStream("cam", c).ok());
   const size_t summary_dim = 2 * g.kv_heads * g.head_dim;
   std::mt19937_64 rng(12);
-  std::vector<std::pair<uint64_t, double>> heap;  // (evicted, bytes)
+  // (evicted blocks, bytes): heap in use, and the process's RSS.
+  std::vector<std::pair<uint64_t, double>> heap, rss;
   const auto t0 = std::chrono::steady_clock::now();
   for (uint64_t f = 0; f < kBlocks; ++f) {
     Frame frame =
@@ -190,31 +191,37 @@ TEST(LongRunTest, CameraDayOfEvictionsKeepsHeapFlat) {
       const StreamStats s = *e->GetStats("cam");
       heap.emplace_back(s.evicted.blocks,
                         static_cast<double>(mallinfo2().uordblks));
+      rss.emplace_back(s.evicted.blocks, static_cast<double>(RssBytes()));
     }
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
   const StreamStats s = *e->GetStats("cam");
-  // Least-squares slope of heap bytes over evicted blocks.
-  double mx = 0, my = 0;
-  for (const auto& [x, y] : heap) mx += x, my += y;
-  mx /= heap.size();
-  my /= heap.size();
-  double sxy = 0, sxx = 0;
-  for (const auto& [x, y] : heap) {
-    sxy += (x - mx) * (y - my);
-    sxx += (x - mx) * (x - mx);
-  }
-  const double slope = sxx > 0 ? sxy / sxx : 0;
+  // Least-squares slope of bytes over evicted blocks.
+  auto slope_of = [](const std::vector<std::pair<uint64_t, double>>& v) {
+    double mx = 0, my = 0;
+    for (const auto& [x, y] : v) mx += x, my += y;
+    mx /= v.size();
+    my /= v.size();
+    double sxy = 0, sxx = 0;
+    for (const auto& [x, y] : v) {
+      sxy += (x - mx) * (y - my);
+      sxx += (x - mx) * (x - mx);
+    }
+    return sxx > 0 ? sxy / sxx : 0;
+  };
+  const double slope = slope_of(heap), rss_slope = slope_of(rss);
   std::printf(
       "two camera-days: %llu blocks (%llu evicted) in %.1f s; heap %.1f MiB "
       "after day 1 -> %.1f MiB at end; slope %.1f bytes per evicted block "
-      "(%.2f MiB per camera-day of 64,800 blocks); RSS %.1f MiB\n",
+      "(%.2f MiB per camera-day of 64,800 blocks); RSS %.1f -> %.1f MiB, "
+      "slope %.1f bytes per evicted block\n",
       static_cast<unsigned long long>(s.sealed_blocks),
       static_cast<unsigned long long>(s.evicted.blocks), secs,
       heap.front().second / 1048576.0, heap.back().second / 1048576.0, slope,
-      slope * 64800 / 1048576.0, RssBytes() / 1048576.0);
+      slope * 64800 / 1048576.0, rss.front().second / 1048576.0,
+      rss.back().second / 1048576.0, rss_slope);
   EXPECT_GT(s.evicted.blocks, kBlocks - 400);
   // Noise: the memtable cycle moves the day-2 slope by up to ~+-60 B.
   EXPECT_LT(slope, 128.0) << "bytes kept per evicted block";
