@@ -302,7 +302,9 @@ absl::Status Stream::Promote(uint64_t id, bool staged) {
   uint64_t bytes;
   {
     kvmem::ReaderMutexLock lock(&mu_);
-    if (blocks_[id].warm || blocks_[id].rec.disk == DiskForm::kNone) {
+    // Evicted (its run may have left RAM): nothing to promote.
+    if (!blocks_.Has(id) || blocks_[id].warm ||
+        blocks_[id].rec.disk == DiskForm::kNone) {
       return absl::OkStatus();
     }
     bytes = WarmBlock::AllocatedBytes(config_.geometry,
@@ -376,6 +378,7 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
     uint32_t tokens;
     {
       kvmem::ReaderMutexLock lock(&mu_);
+      if (!blocks_.Has(id)) continue;  // Ids outlive the lock they came from.
       tokens = blocks_[id].rec.info.token_count;
     }
     const uint64_t bytes = WarmBlock::AllocatedBytes(config_.geometry, tokens);

@@ -8,7 +8,8 @@
 // its own stream and deletes it at the end, so inputs stay independent and
 // the fuzzer is not paying for an engine (threads, store) per input.
 //
-// Input: one byte picking the stream's index kind and token groups, then
+// Input: one byte picking the stream's index kind, token groups, demotion
+// and eviction, then
 // operations, each an opcode byte and its fields (see the switch).
 #include <cmath>
 #include <cstdint>
@@ -34,6 +35,9 @@ StreamConfig Config(uint8_t pick) {
   c.index_factory = kinds[pick % 4];
   c.groups_per_block = (pick / 4) % 2 ? 2 : 0;
   c.tiers.warm_budget_bytes = (pick / 8) % 2 ? 1 : 0;  // Demote every block.
+  // Keep ~2 blocks on disk: evictions, and runs of evicted blocks leaving
+  // RAM (Stream::BlockTable).
+  c.tiers.storage_cap_bytes = (pick / 16) % 2 ? 200 : 0;
   c.tiers.rebuild_every_blocks = 3;
   return c;
 }
@@ -158,8 +162,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return 0;
 }
 
-// Seeds: each index kind with demotion and groups, four whole frames, then
-// a recall, a read, maintenance; one with a frame split into chunks.
+// Seeds: each index kind with and without demotion, eviction and groups:
+// four whole frames, then a recall, a read, maintenance; then a frame split
+// into chunks.
 std::vector<std::string> KvmemFuzzSeeds() {
   std::vector<std::string> seeds;
   auto frame = [](std::string* s, uint8_t tokens, uint8_t inline_bytes) {
@@ -173,7 +178,7 @@ std::vector<std::string> KvmemFuzzSeeds() {
     for (int i = 0; i < inline_bytes / 2; ++i) s->append("\x00\x3c", 2);
     s->push_back(1);  // No detections.
   };
-  for (uint8_t pick = 0; pick < 16; ++pick) {
+  for (uint8_t pick = 0; pick < 32; ++pick) {
     std::string s(1, static_cast<char>(pick));
     for (int f = 0; f < 4; ++f) frame(&s, 2, 64);
     s.append("\x02\x01", 2);  // Recall, dim 4.
