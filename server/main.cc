@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -414,7 +416,12 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
                   unix_socket.empty() ? "" : " / unix:", unix_socket);
     return 1;
   }
-  if (!unix_socket.empty()) ::chmod(unix_socket.c_str(), 0600);
+  if (!unix_socket.empty() && ::chmod(unix_socket.c_str(), 0600) != 0) {
+    spdlog::error("could not make unix:{} owner-only (chmod 0600): {}",
+                  unix_socket, std::strerror(errno));
+    server->Shutdown();
+    return 1;
+  }
   server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   server->GetHealthCheckService()->SetServingStatus(true);
   if (!listen.empty()) {

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "client/eval.h"
 #include "gtest/gtest.h"
+#include "tools/eval/eval.h"
 
 namespace kvmem::testing {
 

@@ -38,10 +38,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/kvmem_client.h"
-#include "client/server_process.h"
 #include "tests/stream_model.h"
 #include "tests/tool_util.h"
 #include "tests/wire_fixture.h"
+#include "tools/common/server_process.h"
 
 ABSL_FLAG(int32_t, trials, 10, "kill -9 trials.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of frames, queries and kill times.");

@@ -30,7 +30,9 @@ cat "$tmp/demo.txt"
 sock="$tmp/kvmem.sock"
 "$bin/kvmem-server" --listen= --unix_socket="$sock" --data_dir="$tmp/data" 2> "$tmp/server.log" &
 server_pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+# Ready once it says so (the socket appears at bind, 0700 by the umask,
+# and is made 0600 just before).
+for _ in $(seq 100); do grep -q "serving on unix:" "$tmp/server.log" && break; sleep 0.1; done
 [ -S "$sock" ] || fail "server socket did not appear"
 [ "$(stat -c %a "$sock")" = 600 ] || fail "socket mode is $(stat -c %a "$sock"), want 600"
 
@@ -235,7 +237,7 @@ grep -q -- "--cameras " "$tmp/help-demo.txt" || fail "demo --help lacks --camera
 grep -q -- "--live_fps " "$tmp/help-demo.txt" && fail "demo --help lists bench's --live_fps"
 grep -q -- "--layers " "$tmp/help-bench.txt" || fail "bench --help lacks the shared --layers"
 grep -q -- "--query_seed " "$tmp/help-recall.txt" || fail "recall --help lacks --query_seed"
-{ "$bin/kvmem" --helpfull || true; } | awk '/Flags from/ {mine = /client\//} mine' | grep -o -- '^    --[a-z0-9_]*' | sed 's/^ *//' | sort -u > "$tmp/all-flags.txt"
+{ "$bin/kvmem" --helpfull || true; } | awk '/Flags from/ {mine = /tools\/cli\//} mine' | grep -o -- '^    --[a-z0-9_]*' | sed 's/^ *//' | sort -u > "$tmp/all-flags.txt"
 [ "$(wc -l < "$tmp/all-flags.txt")" -gt 40 ] || fail "helpfull lists $(wc -l < "$tmp/all-flags.txt") flags"
 cat "$tmp"/help-*.txt | grep -o -- '^  --[a-z0-9_]*' | sed 's/^ *//' | sort -u > "$tmp/sub-flags.txt"
 missing=$(comm -23 "$tmp/all-flags.txt" "$tmp/sub-flags.txt")

@@ -8,11 +8,11 @@
 #include <fstream>
 
 #include "client/kvmem_client.h"
-#include "client/server_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 #include "tests/wire_fixture.h"
+#include "tools/common/server_process.h"
 
 namespace kvmem {
 namespace {

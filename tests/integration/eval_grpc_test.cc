@@ -3,10 +3,10 @@
 #include <chrono>
 #include <memory>
 
-#include "client/server_process.h"
 #include "gtest/gtest.h"
 #include "tests/eval_fixture.h"
 #include "tests/test_util.h"
+#include "tools/common/server_process.h"
 
 namespace kvmem {
 namespace {

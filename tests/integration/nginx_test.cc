@@ -24,10 +24,10 @@
 #include <thread>
 
 #include "client/kvmem_client.h"
-#include "client/server_process.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"
 #include "tests/wire_fixture.h"
+#include "tools/common/server_process.h"
 
 extern char** environ;
 

@@ -19,7 +19,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/kvmem_client.h"
-#include "client/server_process.h"
 #include "engine/record_codec.h"
 #include "engine/stream_config.h"
 #include "gmock/gmock.h"
@@ -28,6 +27,7 @@
 #include "tests/stream_model.h"
 #include "tests/test_util.h"
 #include "tests/wire_fixture.h"
+#include "tools/common/server_process.h"
 
 namespace kvmem {
 namespace {

@@ -13,11 +13,11 @@
 #include <thread>
 
 #include "client/kvmem_client.h"
-#include "client/server_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"
 #include "tests/wire_fixture.h"
+#include "tools/common/server_process.h"
 
 namespace kvmem {
 namespace {
@@ -395,8 +395,9 @@ TEST_F(SecurityTest, TenantsCannotStarveEachOther) {
     ASSERT_TRUE(b->ListStreams(&list).ok());
     EXPECT_EQ(list.streams_size(), 2);
     for (const auto& s : list.streams()) {
-      if (s.stream_id() != "cam")
+      if (s.stream_id() != "cam") {
         ASSERT_TRUE(b->DeleteStream(s.stream_id()).ok());
+      }
     }
   }
   a.reset();

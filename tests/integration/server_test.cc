@@ -9,12 +9,12 @@
 #include <thread>
 
 #include "client/kvmem_client.h"
-#include "client/server_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reflection_probe.grpc.pb.h"
 #include "tests/stream_model.h"
 #include "tests/wire_fixture.h"
+#include "tools/common/server_process.h"
 
 namespace kvmem {
 namespace {

@@ -26,9 +26,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "client/kvmem_client.h"
-#include "client/server_process.h"
 #include "tests/test_util.h"
 #include "tests/tool_util.h"
+#include "tools/common/server_process.h"
 
 ABSL_FLAG(int32_t, seconds, 90, "Length of the soak.");
 ABSL_FLAG(int32_t, warmup_seconds, 45,

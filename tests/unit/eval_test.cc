@@ -1,7 +1,7 @@
 // The evaluation harness: its oracle against a direct computation, and what
 // the policies must score on small workloads (full KV is exact; a sliding
 // window cannot re-identify an object whose earlier visit left it).
-#include "client/eval.h"
+#include "tools/eval/eval.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Roofline arithmetic (the source article's numbers) and device profiles.
-#include "client/roofline.h"
+#include "tools/bench/roofline.h"
 
 #include <filesystem>
 

@@ -1,5 +1,5 @@
-// The CLI's progress line and text plots (client/terminal.h).
-#include "client/terminal.h"
+// The CLI's progress line and text plots (tools/common/terminal.h).
+#include "tools/common/terminal.h"
 
 #include <cstdlib>
 #include <sstream>

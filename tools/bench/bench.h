@@ -1,0 +1,106 @@
+// `kvmem bench`: an end-to-end load generator, with the references it is
+// judged against measured in the same run (issue 6):
+//   - in process: one top-k query over N summaries (default 10,800 x 128,
+//     one camera-hour at 3 fps) through the exact progressive index (the
+//     SIMD int8 kernel + fp32 rerank) and through FAISS's flat index;
+//   - storage: the storage engine alone (RocksColdStore, WAL on, the
+//     server's options) putting frames of the bench's frame size from as
+//     many threads as streams;
+//   - transport: the same frames client-streamed (AppendFrames, same
+//     chunking) to a no-op sink served in this process over a unix socket;
+//     an empty unary RPC (grpc.health.v1 Check) from as many callers as
+//     streams;
+//   - the service: N camera streams appending at full rate
+//     (AppendFrames), then (once the server's background work settled)
+//     recalling (ids only) concurrently, then, with
+//     fps > 0, live sessions appending and recalling each frame at that
+//     pace; the server's RSS and CPU when its pid is known.
+//
+// Thread safety: RunBench is self-contained; call it from one thread.
+#ifndef KVMEM_TOOLS_BENCH_BENCH_H_
+#define KVMEM_TOOLS_BENCH_BENCH_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvmem {
+
+struct BenchOptions {
+  std::string target;       // The kvmem-server under load.
+  std::string scratch_dir;  // Storage reference and sink socket; must exist.
+  int server_pid = -1;      // For RSS/CPU; -1: not sampled.
+  int streams = 16;
+  int frames = 120;   // Per stream, full-rate ingest phase.
+  int recalls = 300;  // Per stream, recall phase (and empty RPCs).
+  double fps = 0;     // Live phase pace per stream; 0 skips it.
+  double live_seconds = 10;
+  // Frame geometry: 4 x 2 x 64 fp16, 128 tokens = 256 KiB per frame.
+  uint32_t layers = 4, kv_heads = 2, head_dim = 64, tokens_per_frame = 128;
+  uint32_t hot_window_tokens = 2048;
+  // Warm (RAM) budget per stream. Blocks past it are demoted, which
+  // rewrites their KV layer-major (a second write of every byte).
+  uint64_t warm_budget_bytes = 64ull << 20;
+  uint32_t recall_top_k = 16;
+  uint32_t recall_max_tokens = 512;
+  // In-process index figures.
+  uint32_t inproc_vectors = 10800, inproc_dim = 128, inproc_k = 16;
+  uint32_t inproc_queries = 2000;
+  uint32_t inproc_wide_dim = 1024;  // A second, wide run; 0 skips it.
+  uint64_t seed = 1;
+  std::function<void(const std::string&)> progress;  // Phase messages.
+};
+
+struct Latency {
+  uint64_t count = 0;
+  double p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
+};
+// Sorts *us and summarises it.
+Latency Summarize(std::vector<double>* us);
+
+struct BenchReport {
+  uint64_t frame_bytes = 0;
+  int streams = 0;
+  // In process (inproc_vectors x inproc_dim, k = inproc_k).
+  std::string kernel;  // The int8 kernel in use ("avx2", "scalar").
+  Latency inproc, flat;
+  double inproc_recall_at_k = 0;   // Progressive vs flat top-k overlap.
+  double inproc_candidates = 0;    // Mean vectors rescored in fp32.
+  Latency wide_inproc, wide_flat;  // inproc_wide_dim; count 0 when skipped.
+  // In process, a stream of inproc_vectors one-frame blocks (summaries of
+  // inproc_dim, 64-dim heads) on the Progressive index, recalled with the
+  // default budget: by per-head attention mass (score MASS, the default)
+  // and by the summed score (SUMMED, before), queries alternating.
+  Latency stream_mass, stream_summed;
+  std::string cpu;  // /proc/cpuinfo's model name.
+  // References.
+  double storage_put_mb_per_s = 0;
+  double raw_stream_mb_per_s = 0;
+  Latency empty_rpc;
+  // The service.
+  double ingest_mb_per_s = 0, ingest_frames_per_s = 0;
+  Latency recall;
+  // Live phase (fps > 0).
+  double live_fps = 0;           // Asked per stream.
+  double live_frames_per_s = 0;  // Achieved, all streams.
+  Latency live_append, live_recall;
+  Latency live_recall_engine;  // The engine's own time (RecallTiming.total_us).
+  Latency live_empty_rpc;      // After each recall, same connection.
+  // Server process (server_pid >= 0).
+  double server_rss_mib = 0;                            // After the run.
+  double server_cpu_ingest = 0, server_cpu_recall = 0;  // Cores busy.
+};
+
+absl::StatusOr<BenchReport> RunBench(const BenchOptions& options);
+
+// The report as JSON (the keys issue 6 names, plus the rest).
+std::string BenchJson(const BenchReport& r);
+// A human summary: each figure beside its reference and the ratio.
+std::string BenchText(const BenchReport& r);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_TOOLS_BENCH_BENCH_H_

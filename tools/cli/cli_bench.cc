@@ -1,0 +1,112 @@
+// kvmem bench: load a kvmem-server with camera streams and report its
+// figures beside references measured in the same run (tools/bench/bench.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "tools/bench/bench.h"
+#include "tools/cli/cli.h"
+#include "tools/common/server_process.h"
+
+ABSL_FLAG(int, streams, 16, "bench: camera streams (client threads).");
+ABSL_FLAG(int, recalls, 300, "bench: recalls (and empty RPCs) per stream.");
+ABSL_FLAG(double, live_fps, 0,
+          "bench: after the full-rate phases, sessions append and recall "
+          "each frame at this pace per stream (0: no live phase).");
+ABSL_FLAG(double, live_seconds, 10, "bench: length of the live phase.");
+ABSL_FLAG(uint64_t, warm_budget_mib, 64,
+          "bench: warm (RAM) budget per stream; past it blocks are demoted, "
+          "rewriting their KV layer-major on disk.");
+ABSL_FLAG(uint32_t, index_vectors, 10800,
+          "bench: summaries in the in-process index figures (10,800: one "
+          "camera-hour at 3 fps).");
+ABSL_FLAG(uint32_t, index_queries, 2000,
+          "bench: queries timed in the in-process index figures.");
+ABSL_FLAG(std::string, scratch_dir, "",
+          "bench: directory for the storage reference, the sink socket and a "
+          "server it starts (default /tmp/kvmem-bench-PID; removed after).");
+
+ABSL_DECLARE_FLAG(int, frames);
+ABSL_DECLARE_FLAG(uint32_t, layers);
+ABSL_DECLARE_FLAG(uint32_t, kv_heads);
+ABSL_DECLARE_FLAG(uint32_t, head_dim);
+ABSL_DECLARE_FLAG(uint32_t, tokens_per_frame);
+ABSL_DECLARE_FLAG(uint32_t, hot_window_tokens);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+
+namespace kvmem {
+
+int RunBench(const std::vector<std::string>&) {
+  BenchOptions o;
+  o.streams = absl::GetFlag(FLAGS_streams);
+  o.recalls = absl::GetFlag(FLAGS_recalls);
+  o.frames = FlagOr(FLAGS_frames, "frames", 120);
+  o.fps = absl::GetFlag(FLAGS_live_fps);
+  o.live_seconds = absl::GetFlag(FLAGS_live_seconds);
+  o.layers = FlagOr(FLAGS_layers, "layers", 4u);
+  o.kv_heads = FlagOr(FLAGS_kv_heads, "kv_heads", 2u);
+  o.head_dim = FlagOr(FLAGS_head_dim, "head_dim", 64u);
+  o.tokens_per_frame = FlagOr(FLAGS_tokens_per_frame, "tokens_per_frame", 128u);
+  o.hot_window_tokens =
+      FlagOr(FLAGS_hot_window_tokens, "hot_window_tokens", 2048u);
+  o.seed = FlagOr<uint64_t>(FLAGS_seed, "seed", 1);
+  o.inproc_vectors = absl::GetFlag(FLAGS_index_vectors);
+  o.warm_budget_bytes = absl::GetFlag(FLAGS_warm_budget_mib) << 20;
+  o.inproc_queries = absl::GetFlag(FLAGS_index_queries);
+  if (o.streams < 1 || o.streams > 1024 || o.frames < 1 || o.recalls < 1 ||
+      o.fps < 0 || o.inproc_vectors < 16 || o.inproc_queries < 1) {
+    std::fprintf(stderr,
+                 "kvmem bench: need 1..1024 --streams, >= 1 --frames and "
+                 "--recalls, --live_fps >= 0, --index_vectors >= 16 and "
+                 "--index_queries >= 1\n");
+    return 2;
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  o.progress = [](const std::string& m) {
+    std::fprintf(stderr, "kvmem bench: %s\n", m.c_str());
+  };
+  std::string scratch = absl::GetFlag(FLAGS_scratch_dir);
+  const bool own_scratch = scratch.empty();
+  if (own_scratch) scratch = absl::StrCat("/tmp/kvmem-bench-", ::getpid());
+  std::error_code ec;
+  std::filesystem::create_directories(scratch, ec);
+  o.scratch_dir = scratch + "/refs";
+  std::filesystem::remove_all(o.scratch_dir, ec);
+  std::filesystem::create_directories(o.scratch_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "kvmem bench: cannot create %s: %s\n",
+                 o.scratch_dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  std::unique_ptr<ScratchServer> server;
+  o.target = absl::GetFlag(FLAGS_addr);
+  if (o.target.empty()) {
+    std::string error;
+    server = ScratchServer::Start(scratch + "/server", {}, &error);
+    if (server == nullptr) {
+      std::fprintf(stderr, "kvmem bench: %s\n", error.c_str());
+      return 1;
+    }
+    o.target = server->target();
+    o.server_pid = server->process().pid();
+  }
+  absl::StatusOr<BenchReport> r = kvmem::RunBench(o);
+  server.reset();
+  std::filesystem::remove_all(o.scratch_dir, ec);
+  if (own_scratch) std::filesystem::remove_all(scratch, ec);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvmem bench: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s", json ? BenchJson(*r).c_str() : BenchText(*r).c_str());
+  return 0;
+}
+
+}  // namespace kvmem

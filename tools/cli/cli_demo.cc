@@ -1,0 +1,422 @@
+// `kvmem demo`: streams a synthetic multi-camera workload through a
+// kvmem-server (a local one on a unix socket unless --addr is given), one
+// Session per camera, recalling after every frame, and reports recall quality
+// against the workload's ground truth, latency, throughput and memory.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "client/kvmem_client.h"
+#include "tools/cli/cli.h"
+#include "tools/common/demo_workload.h"
+#include "tools/common/server_process.h"
+#include "tools/common/terminal.h"
+
+ABSL_FLAG(int, cameras, 4, "demo: camera streams run in parallel.");
+ABSL_FLAG(int, frames, 240, "demo: frames per camera.");
+ABSL_FLAG(int, places, 6, "demo: distinct places each camera cuts between.");
+ABSL_FLAG(std::string, data_dir, "./kvmem-data",
+          "demo: RocksDB directory of the local server.");
+ABSL_FLAG(uint64_t, seed, 7, "demo: workload seed.");
+ABSL_FLAG(uint32_t, layers, 4, "demo: model layers.");
+ABSL_FLAG(uint32_t, kv_heads, 2, "demo: KV heads per layer.");
+ABSL_FLAG(uint32_t, head_dim, 64, "demo: elements per head.");
+ABSL_FLAG(uint32_t, tokens_per_frame, 32, "demo: tokens per frame.");
+ABSL_FLAG(uint32_t, hot_window_tokens, 512,
+          "demo: the front end's hot window, in tokens.");
+ABSL_FLAG(uint32_t, frames_per_block, 4,
+          "demo: most frames a (shot) block may hold.");
+ABSL_FLAG(uint64_t, warm_budget_bytes, 1 << 20,
+          "demo: RAM for warm blocks, per camera.");
+ABSL_FLAG(uint64_t, cold_budget_bytes, 4 << 20,
+          "demo: full-precision bytes on disk per camera; beyond, blocks "
+          "degrade to int8.");
+ABSL_FLAG(uint32_t, recall_tokens, 160,
+          "demo: recall token budget (V-Rex suggests 10-30 % of the window).");
+
+namespace kvmem {
+namespace {
+
+struct CameraResult {
+  grpc::Status status;
+  uint64_t bytes = 0;
+  double append_seconds = 0;  // Time inside Append calls (service time).
+  std::vector<double> append_us;
+  int reid_queries = 0, reid_hits = 0;
+  int recalled = 0, recalled_relevant = 0;
+  double random_precision_sum = 0;
+  std::vector<double> rtt_us, engine_us;
+  std::vector<uint64_t> last_blocks;
+};
+
+// Majority place of a block's frames.
+int BlockPlace(const CameraWorkload& w, const v1::RecalledBlock& b) {
+  std::vector<int> count(64, 0);
+  int best = w.PlaceOf(static_cast<int>(b.first_frame()));
+  for (uint64_t f = b.first_frame(); f <= b.last_frame(); ++f) {
+    const int p = w.PlaceOf(static_cast<int>(f));
+    if (++count[p] > count[best]) best = p;
+  }
+  return best;
+}
+
+void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
+               int places, uint64_t seed, ProgressBar* progress,
+               CameraResult* out) {
+  const std::string id = absl::StrCat("demo-cam-", cam);
+  CameraWorkload w(seed * 1000 + cam, g, places, frames);
+  const v1::StreamConfig config = DemoStreamConfig(g);
+  std::unique_ptr<SessionClient> session;
+  out->status = client->StartSession(id, &config, &session);
+  if (!out->status.ok()) return;
+  for (int i = 0; i < frames; ++i) {
+    OutgoingFrame f = w.MakeFrame(i);
+    out->bytes += f.payload.size();
+    v1::AppendAck ack;
+    const auto a0 = std::chrono::steady_clock::now();
+    out->status = session->Append(f, &ack);
+    if (!out->status.ok()) return;
+    const double us = std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - a0)
+                          .count();
+    out->append_us.push_back(us);
+    out->append_seconds += us / 1e6;
+
+    v1::RecallRequest req;
+    for (float x : w.MakeQuery(i)) req.add_query(x);
+    *req.mutable_signals() = f.header.signals();  // What the camera sees now.
+    v1::RecallResponse resp;
+    const auto r0 = std::chrono::steady_clock::now();
+    out->status = session->Recall(req, &resp);
+    if (!out->status.ok()) return;
+    out->rtt_us.push_back(std::chrono::duration<double, std::micro>(
+                              std::chrono::steady_clock::now() - r0)
+                              .count());
+    out->engine_us.push_back(resp.timing().total_us());
+
+    // Ground truth, per frame: frames whose blocks are surely sealed and out
+    // of the hot window (a block holds at most frames_per_block frames), and
+    // which of them show the place the camera sees now.
+    const int64_t out_of_window =
+        static_cast<int64_t>(i + 1) -
+        static_cast<int64_t>(g.hot_window_tokens / g.tokens_per_frame) -
+        static_cast<int64_t>(g.frames_per_block);
+    int relevant = 0;
+    for (int64_t j = 0; j < out_of_window; ++j) {
+      relevant += w.PlaceOf(static_cast<int>(j)) == w.PlaceOf(i);
+    }
+    for (const auto& b : resp.blocks()) {
+      ++out->recalled;
+      out->recalled_relevant += BlockPlace(w, b) == w.PlaceOf(i);
+    }
+    if (relevant > 0) {
+      ++out->reid_queries;
+      out->random_precision_sum +=
+          static_cast<double>(relevant) / out_of_window;
+      if (resp.blocks_size() > 0 &&
+          BlockPlace(w, resp.blocks(0)) == w.PlaceOf(i)) {
+        ++out->reid_hits;
+      }
+    }
+    out->last_blocks.clear();
+    for (const auto& b : resp.blocks())
+      out->last_blocks.push_back(b.block_id());
+    progress->Add();
+  }
+  out->status = session->Finish();
+}
+
+std::string TierJson(const v1::TierStats& t) {
+  return absl::StrFormat("{\"blocks\": %llu, \"bytes\": %llu}",
+                         static_cast<unsigned long long>(t.blocks()),
+                         static_cast<unsigned long long>(t.bytes()));
+}
+
+// One stream's tiers and policy counters, as `kvmem demo --json` prints them.
+std::string StreamJson(const v1::StreamStats& s) {
+  const v1::PolicyStats& p = s.policy();
+  return absl::StrFormat(
+      "{\"stream_id\": \"%s\", \"sealed_blocks\": %llu, \"tiers\": "
+      "{\"warm\": %s, \"cold\": %s, \"degraded\": %s}, \"evicted\": %s, "
+      "\"policy\": {\"demotions\": %llu, \"degradations\": %llu, "
+      "\"promotions\": %llu, \"staged\": %llu, \"stage_hits\": %llu, "
+      "\"stage_misses\": %llu, \"rebuilds\": %llu, \"shot_cuts\": %llu, "
+      "\"recall_us_p50\": %u, \"recall_us_p99\": %u}}",
+      s.stream_id(), static_cast<unsigned long long>(s.sealed_blocks()),
+      TierJson(s.warm()), TierJson(s.cold()), TierJson(s.degraded()),
+      TierJson(s.evicted()), static_cast<unsigned long long>(p.demotions()),
+      static_cast<unsigned long long>(p.degradations()),
+      static_cast<unsigned long long>(p.promotions()),
+      static_cast<unsigned long long>(p.staged()),
+      static_cast<unsigned long long>(p.stage_hits()),
+      static_cast<unsigned long long>(p.stage_misses()),
+      static_cast<unsigned long long>(p.rebuilds()),
+      static_cast<unsigned long long>(p.shot_cuts()), p.recall_us_p50(),
+      p.recall_us_p99());
+}
+
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunDemo(const std::vector<std::string>&) {
+  const int cameras = absl::GetFlag(FLAGS_cameras);
+  const int frames = absl::GetFlag(FLAGS_frames);
+  const int places = absl::GetFlag(FLAGS_places);
+  if (cameras < 1 || cameras > 256 || frames < 1 || places < 1 || places > 64) {
+    std::fprintf(stderr,
+                 "kvmem demo: need 1..256 --cameras, >= 1 --frames and "
+                 "1..64 --places\n");
+    return 2;
+  }
+  std::unique_ptr<ServerProcess> server;
+  std::string addr = absl::GetFlag(FLAGS_addr);
+  if (addr.empty()) {
+    ServerProcessOptions opts;
+    opts.binary = FindServerBinary();
+    opts.data_dir = absl::GetFlag(FLAGS_data_dir);
+    opts.unix_socket = absl::StrCat("/tmp/kvmem-demo-", ::getpid(), ".sock");
+    opts.log_file = opts.data_dir + ".log";
+    server = std::make_unique<ServerProcess>(opts);
+    std::string error;
+    if (!server->Start(std::chrono::seconds(60), &error)) {
+      std::fprintf(stderr, "kvmem demo: %s (%s, log %s)\n", error.c_str(),
+                   opts.binary.c_str(), opts.log_file.c_str());
+      return 1;
+    }
+    addr = server->target();
+    if (!absl::GetFlag(FLAGS_json)) {
+      std::printf("started %s on %s (data in %s, log %s)\n",
+                  opts.binary.c_str(), addr.c_str(), opts.data_dir.c_str(),
+                  opts.log_file.c_str());
+    }
+  }
+  auto client = KvmemClient::Connect(addr, CliClientOptions());
+  for (int c = 0; c < cameras; ++c) {
+    grpc::Status s = client->DeleteStream(absl::StrCat("demo-cam-", c));
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+      return ReportError("demo: delete old stream", s);
+    }
+  }
+  DemoGeometry g;
+  g.layers = absl::GetFlag(FLAGS_layers);
+  g.kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  g.head_dim = absl::GetFlag(FLAGS_head_dim);
+  g.tokens_per_frame = absl::GetFlag(FLAGS_tokens_per_frame);
+  g.hot_window_tokens = absl::GetFlag(FLAGS_hot_window_tokens);
+  g.frames_per_block = absl::GetFlag(FLAGS_frames_per_block);
+  g.recall_max_tokens = absl::GetFlag(FLAGS_recall_tokens);
+  g.warm_budget_bytes = absl::GetFlag(FLAGS_warm_budget_bytes);
+  g.cold_budget_bytes = absl::GetFlag(FLAGS_cold_budget_bytes);
+  std::vector<CameraResult> results(cameras);
+  std::vector<std::thread> threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    ProgressBar progress("kvmem demo", static_cast<uint64_t>(cameras) * frames,
+                         "frames");
+    for (int c = 0; c < cameras; ++c) {
+      threads.emplace_back(RunCamera, client.get(), c, g, frames, places,
+                           absl::GetFlag(FLAGS_seed), &progress, &results[c]);
+    }
+    for (auto& t : threads) t.join();
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  CameraResult total;
+  for (auto& r : results) {
+    if (!r.status.ok()) return ReportError("demo", r.status);
+    total.bytes += r.bytes;
+    total.append_seconds = std::max(total.append_seconds, r.append_seconds);
+    total.append_us.insert(total.append_us.end(), r.append_us.begin(),
+                           r.append_us.end());
+    total.reid_queries += r.reid_queries;
+    total.reid_hits += r.reid_hits;
+    total.recalled += r.recalled;
+    total.recalled_relevant += r.recalled_relevant;
+    total.random_precision_sum += r.random_precision_sum;
+    total.rtt_us.insert(total.rtt_us.end(), r.rtt_us.begin(), r.rtt_us.end());
+    total.engine_us.insert(total.engine_us.end(), r.engine_us.begin(),
+                           r.engine_us.end());
+  }
+  // Fetch camera 0's last recall set back and check its size.
+  std::vector<FetchedBlock> fetched;
+  uint64_t fetched_bytes = 0, expected_bytes = 0;
+  if (!results[0].last_blocks.empty()) {
+    grpc::Status s =
+        client->FetchBlocks("demo-cam-0", results[0].last_blocks, &fetched);
+    if (!s.ok()) return ReportError("demo: fetch", s);
+    for (const auto& b : fetched) {
+      fetched_bytes += b.payload.size();
+      expected_bytes += b.info.payload_bytes();
+    }
+  }
+  std::vector<v1::StreamStats> stats(cameras);
+  v1::StreamStats sum;  // Tiers and counters over all cameras.
+  std::string streams_json;
+  for (int c = 0; c < cameras; ++c) {
+    grpc::Status st =
+        client->GetStreamStats(absl::StrCat("demo-cam-", c), &stats[c]);
+    if (!st.ok()) return ReportError("demo: stats", st);
+    for (auto [from, to] :
+         {std::make_pair(&stats[c].warm(), sum.mutable_warm()),
+          std::make_pair(&stats[c].cold(), sum.mutable_cold()),
+          std::make_pair(&stats[c].degraded(), sum.mutable_degraded())}) {
+      to->set_blocks(to->blocks() + from->blocks());
+      to->set_bytes(to->bytes() + from->bytes());
+    }
+    v1::PolicyStats* p = sum.mutable_policy();
+    const v1::PolicyStats& q = stats[c].policy();
+    p->set_demotions(p->demotions() + q.demotions());
+    p->set_degradations(p->degradations() + q.degradations());
+    p->set_promotions(p->promotions() + q.promotions());
+    p->set_staged(p->staged() + q.staged());
+    p->set_stage_hits(p->stage_hits() + q.stage_hits());
+    p->set_shot_cuts(p->shot_cuts() + q.shot_cuts());
+    sum.set_sealed_blocks(sum.sealed_blocks() + stats[c].sealed_blocks());
+    absl::StrAppend(&streams_json, c == 0 ? "" : ", ", StreamJson(stats[c]));
+  }
+  const v1::StreamStats& s0 = stats[0];
+  const uint64_t rss = server ? RssBytes(server->pid()) : 0;
+  const uint64_t bytes_per_token =
+      static_cast<uint64_t>(g.layers) * 2 * g.kv_heads * g.head_dim * 2;
+  const double window_mib = g.hot_window_tokens * bytes_per_token / 1048576.0;
+  const double budget_mib =
+      s0.config().recall_defaults().max_tokens() * bytes_per_token / 1048576.0;
+  const double hit =
+      total.reid_queries ? 100.0 * total.reid_hits / total.reid_queries : 0;
+  const double prec =
+      total.recalled ? 100.0 * total.recalled_relevant / total.recalled : 0;
+  const double rnd = total.reid_queries ? 100.0 * total.random_precision_sum /
+                                              total.reid_queries
+                                        : 0;
+  const double p50 = Percentile(total.rtt_us, 50),
+               p99 = Percentile(total.rtt_us, 99);
+  const double e50 = Percentile(total.engine_us, 50),
+               e99 = Percentile(total.engine_us, 99);
+  const double mbps = total.bytes / 1048576.0 / wall;
+  // Cameras append in parallel: service throughput is the bytes over the
+  // longest time any camera spent inside Append calls.
+  const double service_mbps = total.bytes / 1048576.0 / total.append_seconds;
+  const double a50 = Percentile(total.append_us, 50);
+  const double a99 = Percentile(total.append_us, 99);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf(
+        "{\"cameras\": %d, \"frames_per_camera\": %d, \"wall_seconds\": %.3f, "
+        "\"ingest_mib_per_s\": %.2f, \"frames_per_s\": %.1f, "
+        "\"append_service_mib_per_s\": %.2f, \"append_us_p50\": %.1f, "
+        "\"append_us_p99\": %.1f, "
+        "\"reid_queries\": %d, \"reid_top1_hits\": %d, \"reid_top1_pct\": "
+        "%.2f, "
+        "\"random_top1_pct\": %.2f, \"window_only_pct\": 0.0, "
+        "\"recalled_blocks\": %d, \"recalled_precision_pct\": %.2f, "
+        "\"recall_rtt_us_p50\": %.1f, \"recall_rtt_us_p99\": %.1f, "
+        "\"engine_us_p50\": %.1f, \"engine_us_p99\": %.1f, "
+        "\"kv_stored_mib\": %.3f, \"hot_window_mib\": %.3f, "
+        "\"recall_budget_mib\": %.3f, \"summary_kib_per_stream\": %.2f, "
+        "\"server_rss_mib\": %.1f, \"fetched_bytes\": %llu, "
+        "\"fetched_expected_bytes\": %llu, \"streams\": [%s]}\n",
+        cameras, frames, wall, mbps, cameras * frames / wall, service_mbps, a50,
+        a99, total.reid_queries, total.reid_hits, hit, rnd, total.recalled,
+        prec, p50, p99, e50, e99, total.bytes / 1048576.0, window_mib,
+        budget_mib, s0.summary_bytes() / 1024.0, rss / 1048576.0,
+        static_cast<unsigned long long>(fetched_bytes),
+        static_cast<unsigned long long>(expected_bytes), streams_json.c_str());
+  } else {
+    std::printf(
+        "\nkvmem demo: %d cameras x %d frames (%u tokens/frame, %u layers x %u "
+        "kv_heads x %u head_dim fp16, %.2f MiB/frame)\n",
+        cameras, frames, g.tokens_per_frame, g.layers, g.kv_heads, g.head_dim,
+        g.tokens_per_frame * bytes_per_token / 1048576.0);
+    std::printf(
+        "  ingest         %.1f MiB in %.2f s wall: %.1f MiB/s, %.0f "
+        "frames/s (with workload generation and a recall per frame)\n",
+        total.bytes / 1048576.0, wall, mbps, cameras * frames / wall);
+    std::printf(
+        "  append         %.1f MiB/s inside Append calls; per frame "
+        "p50 %.0f us, p99 %.0f us (durable ack, over Session)\n",
+        service_mbps, a50, a99);
+    std::printf(
+        "  recall quality %d queries whose place was seen before, "
+        "outside the hot window:\n",
+        total.reid_queries);
+    std::printf(
+        "                 kvmem top-1 block from that place: %.1f %% "
+        "(%d/%d)\n",
+        hit, total.reid_hits, total.reid_queries);
+    std::printf("                 a random old block would be:       %.1f %%\n",
+                rnd);
+    std::printf(
+        "                 the hot window alone holds none of them: 0 %%\n");
+    std::printf(
+        "                 precision of all %d recalled blocks: %.1f %%\n",
+        total.recalled, prec);
+    std::printf(
+        "  recall latency round trip p50 %.0f us, p99 %.0f us; engine "
+        "p50 %.0f us, p99 %.0f us\n",
+        p50, p99, e50, e99);
+    std::printf("%s", Histogram(total.rtt_us, 6, 40, "us").c_str());
+    std::printf(
+        "  memory         per camera: %.2f MiB of KV appended, kept in the "
+        "tiers below, vs a %.2f MiB hot window + %.2f MiB recall budget on "
+        "the accelerator; %.1f KiB of summaries in RAM\n",
+        s0.payload_bytes() / 1048576.0, window_mib, budget_mib,
+        s0.summary_bytes() / 1024.0);
+    std::printf(
+        "  tiers          %llu blocks (shots of up to %u frames; %llu cut at "
+        "a scene change), over all cameras:\n",
+        static_cast<unsigned long long>(sum.sealed_blocks()),
+        g.frames_per_block,
+        static_cast<unsigned long long>(sum.policy().shot_cuts()));
+    std::printf(
+        "                 warm     %4llu blocks, %7.2f MiB of RAM: full "
+        "precision, layer-major, 4 KiB-aligned, ready to inject\n",
+        static_cast<unsigned long long>(sum.warm().blocks()),
+        sum.warm().bytes() / 1048576.0);
+    std::printf(
+        "                 cold     %4llu blocks, %7.2f MiB in RocksDB: full "
+        "precision, fetched on demand\n",
+        static_cast<unsigned long long>(sum.cold().blocks()),
+        sum.cold().bytes() / 1048576.0);
+    std::printf(
+        "                 degraded %4llu blocks, %7.2f MiB in RocksDB: int8 "
+        "per channel, flagged when recalled\n",
+        static_cast<unsigned long long>(sum.degraded().blocks()),
+        sum.degraded().bytes() / 1048576.0);
+    std::printf(
+        "                 heat-aware moves: %llu demoted, %llu degraded, %llu "
+        "promoted on recall; prefetch staged %llu, %llu confirmed by a query\n",
+        static_cast<unsigned long long>(sum.policy().demotions()),
+        static_cast<unsigned long long>(sum.policy().degradations()),
+        static_cast<unsigned long long>(sum.policy().promotions()),
+        static_cast<unsigned long long>(sum.policy().staged()),
+        static_cast<unsigned long long>(sum.policy().stage_hits()));
+    if (rss) std::printf("  server RSS     %.1f MiB\n", rss / 1048576.0);
+    std::printf(
+        "  fetch          camera 0's last recall set: %zu blocks, %llu "
+        "bytes (expected %llu)\n",
+        fetched.size(), static_cast<unsigned long long>(fetched_bytes),
+        static_cast<unsigned long long>(expected_bytes));
+  }
+  client.reset();  // An idle channel would slow the graceful shutdown.
+  if (server) server->Stop();
+  return fetched_bytes == expected_bytes ? 0 : 1;
+}
+
+}  // namespace kvmem

@@ -1,0 +1,297 @@
+// `kvmem eval --matrix`: the generalisation matrix (eval.h). Each cell is the
+// base workload with one property changed, so a cell that fails names the
+// property that breaks recall.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tools/eval/eval.h"
+
+namespace kvmem {
+namespace {
+
+const PolicySummary* Find(const ConfigSummary& c, const std::string& name) {
+  for (const auto& p : c.policies)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+// The kvmem variant with the most cold mass (kvmem itself included).
+const PolicySummary* BestKvmem(const ConfigSummary& c) {
+  const PolicySummary* best = nullptr;
+  for (const auto& p : c.policies) {
+    // Per-head sets need another kind of front end: not a configuration.
+    if (p.name.rfind("kvmem", 0) != 0 || p.name == "kvmem_per_head") continue;
+    if (best == nullptr || p.cold_mass_recalled > best->cold_mass_recalled) {
+      best = &p;
+    }
+  }
+  return best;
+}
+
+// The policies a cell's row and summary read; ok() when all are there.
+struct CellView {
+  const PolicySummary *kvmem, *best, *exact, *oracle, *mean_key;
+  bool ok() const { return kvmem && best && exact && oracle && mean_key; }
+};
+CellView View(const ConfigSummary& c) {
+  return {Find(c, "kvmem"), BestKvmem(c), Find(c, "exact_keys_per_head"),
+          Find(c, "oracle_tokens"), Find(c, "mean_key_topk")};
+}
+
+}  // namespace
+
+std::vector<MatrixCell> MatrixCells(const EvalOptions& base) {
+  std::vector<MatrixCell> cells;
+  auto add = [&](const std::string& name, const std::string& change,
+                 const std::function<void(VideoWorkloadOptions*)>& edit) {
+    MatrixCell c{name, change, base};
+    edit(&c.options.workload);
+    c.options.recall_fractions = {base.primary_fraction};
+    c.options.extra_windows.clear();
+    c.options.out_dir.clear();
+    // Grouped-query cells also run kvmem with each group's mean query.
+    if (c.options.workload.query_heads_per_kv > 1) {
+      KvmemKnobs mean = base.kvmem;
+      mean.query_heads = false;
+      c.options.kvmem_variants.emplace_back("kvmem_group_mean", mean);
+    }
+    cells.push_back(std::move(c));
+  };
+  using W = VideoWorkloadOptions;
+  add("base", "the default workload (heads alike, orthogonal identities)",
+      [](W*) {});
+  add("sharp_diffuse_heads",
+      "a quarter of the heads sharp, the rest at 1/4 of the logit scale",
+      [](W* w) {
+        w->sharp_head_fraction = 0.25f;
+        w->diffuse_scale = 0.25f;
+      });
+  add("head_subspaces", "each KV head sees half of the latent",
+      [](W* w) { w->head_subspace = 0.5f; });
+  add("lookalikes", "identities of a class at cosine 0.6",
+      [](W* w) { w->lookalike = 0.6f; });
+  add("gqa_4x32", "4 KV heads x 32 dims, 4 query heads per KV head", [](W* w) {
+    w->kv_heads = 4;
+    w->head_dim = 32;
+    w->query_heads_per_kv = 4;
+  });
+  add("gqa_8x128", "8 KV heads x 128 dims, 2 query heads per KV head",
+      [](W* w) {
+        w->kv_heads = 8;
+        w->head_dim = 128;
+        w->query_heads_per_kv = 2;
+      });
+  add("rope_1e4", "RoPE base 1e4", [](W* w) { w->rope_base = 1e4; });
+  add("rope_5e5", "RoPE base 5e5", [](W* w) { w->rope_base = 5e5; });
+  add("frame_24", "24 tokens per frame",
+      [](W* w) { w->tokens_per_frame = 24; });
+  add("frame_128", "128 tokens per frame",
+      [](W* w) { w->tokens_per_frame = 128; });
+  add("gaps_uniform", "re-entry gaps uniform in [5, 240] s",
+      [](W* w) { w->gaps = W::Gaps::kUniform; });
+  add("gaps_pareto", "re-entry gaps Pareto (alpha 1.1) from 5 s, cap 240 s",
+      [](W* w) { w->gaps = W::Gaps::kPareto; });
+  add("query_sharp", "query logit scale 48", [](W* w) { w->query_scale = 48; });
+  add("query_soft", "query logit scale 12", [](W* w) { w->query_scale = 12; });
+  add("all_at_once",
+      "2 KV heads x 32 dims, 4 query heads each, head subspaces, sharp and "
+      "diffuse heads, look-alikes, Pareto gaps, RoPE 5e5",
+      [](W* w) {
+        w->kv_heads = 2;
+        w->head_dim = 32;
+        w->query_heads_per_kv = 4;
+        w->head_subspace = 0.5f;
+        w->sharp_head_fraction = 0.25f;
+        w->diffuse_scale = 0.25f;
+        w->lookalike = 0.6f;
+        w->gaps = W::Gaps::kPareto;
+        w->rope_base = 5e5;
+      });
+  return cells;
+}
+
+absl::StatusOr<MatrixResult> RunEvalMatrix(
+    const std::vector<MatrixCell>& cells,
+    const std::function<void(int, int)>& on_cell) {
+  MatrixResult m;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < cells.size(); ++i) {
+    absl::StatusOr<EvalResult> r = RunEval(cells[i].options);
+    if (!r.ok()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat("matrix cell ", cells[i].name, ": ",
+                                       r.status().message()));
+    }
+    m.cells.push_back(cells[i].name);
+    m.changes.push_back(cells[i].change);
+    m.summaries.push_back(r->configs[r->primary]);
+    m.seconds.push_back(r->seconds);
+    if (on_cell)
+      on_cell(static_cast<int>(i + 1), static_cast<int>(cells.size()));
+  }
+  m.total_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  return m;
+}
+
+std::string MatrixTable(const MatrixResult& m) {
+  std::string s = absl::StrFormat(
+      "Cold mass recalled at R = %.0f %% of W; kvmem / exact_keys_per_head "
+      "(goal >= 0.75) and kvmem / mean_key_topk (goal >= 2); re-ID over "
+      "probes (goal >= 0.95).\n\n",
+      m.summaries.empty() ? 0.0 : 100 * m.summaries[0].fraction);
+  s += "| cell | kvmem | best kvmem config | exact_keys_per_head | "
+       "oracle_tokens | mean_key_topk | kvmem / exact | kvmem / mean_key | "
+       "kvmem re-ID | output cosine (gated) | useless hits | budget used | "
+       "violations | p99 us | s |\n";
+  s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (size_t i = 0; i < m.cells.size(); ++i) {
+    const CellView v = View(m.summaries[i]);
+    if (!v.ok()) continue;
+    const PolicySummary *k = v.kvmem, *best = v.best, *e = v.exact,
+                        *o = v.oracle, *mk = v.mean_key;
+    absl::StrAppendFormat(
+        &s,
+        "| %s | **%.3f** | %s %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f "
+        "(%d) | %.4f (%.4f) | %.3f | %.2f | %d | %.0f | %.0f |\n",
+        m.cells[i], k->cold_mass_recalled, best->name, best->cold_mass_recalled,
+        e->cold_mass_recalled, o->cold_mass_recalled, mk->cold_mass_recalled,
+        Ratio(k->cold_mass_recalled, e->cold_mass_recalled),
+        Ratio(k->cold_mass_recalled, mk->cold_mass_recalled), k->reid_success,
+        k->reid_probes, k->output_cosine, k->gated_output_cosine,
+        k->useless_hit_rate, k->budget_used,
+        k->budget_violations + k->window_violations, k->recall_p99_us,
+        m.seconds[i]);
+  }
+  absl::StrAppendFormat(&s, "\n%d cells in %.0f s\n", m.cells.size(),
+                        m.total_seconds);
+  return s;
+}
+
+std::string MatrixJson(const MatrixResult& m) {
+  std::string s = "{\n  \"summary\": [\n";
+  for (size_t i = 0; i < m.cells.size(); ++i) {
+    const CellView v = View(m.summaries[i]);
+    if (!v.ok()) continue;
+    const PolicySummary *k = v.kvmem, *best = v.best, *e = v.exact,
+                        *mk = v.mean_key;
+    const double vs_exact = Ratio(k->cold_mass_recalled, e->cold_mass_recalled);
+    const double vs_mean = Ratio(k->cold_mass_recalled, mk->cold_mass_recalled);
+    absl::StrAppendFormat(
+        &s,
+        "    {\"cell\": \"%s\", \"kvmem_cold_mass_recalled\": %.4f, "
+        "\"kvmem_vs_exact_keys_per_head\": %.3f, \"kvmem_vs_mean_key_topk\": "
+        "%.3f, \"kvmem_reid_success\": %.4f, \"best_kvmem\": \"%s\", "
+        "\"best_kvmem_cold_mass_recalled\": %.4f, \"violations\": %d, "
+        "\"met_vs_exact\": %s, \"met_vs_mean_key\": %s, \"met_reid\": %s, "
+        "\"met_defaults_within_5_points\": %s}%s\n",
+        m.cells[i], k->cold_mass_recalled, vs_exact, vs_mean, k->reid_success,
+        best->name, best->cold_mass_recalled,
+        k->budget_violations + k->window_violations,
+        vs_exact >= 0.75 ? "true" : "false", vs_mean >= 2 ? "true" : "false",
+        k->reid_success >= 0.95 ? "true" : "false",
+        best->cold_mass_recalled - k->cold_mass_recalled <= 0.05 ? "true"
+                                                                 : "false",
+        i + 1 < m.cells.size() ? "," : "");
+  }
+  s += "  ],\n  \"matrix\": [\n";
+  for (size_t i = 0; i < m.cells.size(); ++i) {
+    const ConfigSummary& c = m.summaries[i];
+    absl::StrAppendFormat(&s,
+                          "    {\"cell\": \"%s\", \"change\": \"%s\", "
+                          "\"window_tokens\": %d, \"recall_tokens\": %d, "
+                          "\"seconds\": %.1f, \"policies\": {",
+                          m.cells[i], m.changes[i], c.window, c.recall,
+                          m.seconds[i]);
+    for (size_t p = 0; p < c.policies.size(); ++p) {
+      const PolicySummary& x = c.policies[p];
+      absl::StrAppendFormat(
+          &s,
+          "%s\"%s\": {\"cold_mass_recalled\": %.4f, \"reid_success\": %.4f, "
+          "\"reid_probes\": %d, \"output_cosine\": %.5f, "
+          "\"output_rel_error\": %.4f, \"gated_output_cosine\": %.5f, "
+          "\"gated_output_rel_error\": %.4f, \"useless_hit_rate\": %.4f, "
+          "\"injected_tokens_mean\": %.1f, \"budget_used\": %.3f, "
+          "\"budget_violations\": %d, \"window_violations\": %d, "
+          "\"recall_p50_us\": %.1f, \"recall_p99_us\": %.1f}",
+          p ? ", " : "", x.name, x.cold_mass_recalled, x.reid_success,
+          x.reid_probes, x.output_cosine, x.output_rel_error,
+          x.gated_output_cosine, x.gated_output_rel_error, x.useless_hit_rate,
+          x.injected_tokens_mean, x.budget_used, x.budget_violations,
+          x.window_violations, x.recall_p50_us, x.recall_p99_us);
+    }
+    absl::StrAppendFormat(&s, "}}%s\n", i + 1 < m.cells.size() ? "," : "");
+  }
+  absl::StrAppendFormat(&s, "  ],\n  \"seconds\": %.1f\n}\n", m.total_seconds);
+  return s;
+}
+
+absl::Status WriteMatrixReport(const std::string& out_dir,
+                               const MatrixResult& m,
+                               std::vector<std::string>* files) {
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  const std::filesystem::path dir(out_dir);
+  // matrix.csv: cold mass and re-ID of every policy in every cell.
+  std::string csv = "cell,policy,cold_mass_recalled,reid_success\n";
+  for (size_t i = 0; i < m.cells.size(); ++i) {
+    for (const PolicySummary& p : m.summaries[i].policies) {
+      absl::StrAppendFormat(&csv, "%s,%s,%.4f,%.4f\n", m.cells[i], p.name,
+                            p.cold_mass_recalled, p.reid_success);
+    }
+  }
+  // matrix.png: cold mass per cell of the baseline, kvmem, its previous
+  // form and the two references.
+  const char* shown[] = {"mean_key_topk", "kvmem_summed", "kvmem",
+                         "exact_keys_per_head", "oracle_tokens"};
+  std::string dat = "cell";
+  for (const char* n : shown) absl::StrAppend(&dat, " ", n);
+  dat += "\n";
+  for (size_t i = 0; i < m.cells.size(); ++i) {
+    dat += m.cells[i];
+    for (const char* n : shown) {
+      const PolicySummary* p = Find(m.summaries[i], n);
+      absl::StrAppendFormat(&dat, " %.4f", p ? p->cold_mass_recalled : 0.0);
+    }
+    dat += "\n";
+  }
+  std::string gp =
+      "set terminal pngcairo size 1400,600 font 'sans,11' noenhanced\n"
+      "set output 'matrix.png'\nset title 'Cold attention mass recalled at "
+      "R = 30 % of W, per workload variant'\nset style data histograms\n"
+      "set style histogram clustered gap 1\nset style fill solid 0.8\n"
+      "set key outside right\nset grid y\nset yrange [0:1]\n"
+      "set xtics rotate by -30\nset ylabel 'cold mass recalled'\n"
+      "plot for [i=2:6] 'matrix.dat' using i:xtic(1) title columnheader\n";
+  for (const auto& [name, text] :
+       {std::pair<std::string, std::string>{"matrix.md", MatrixTable(m)},
+        {"matrix.json", MatrixJson(m)},
+        {"matrix.csv", csv},
+        {"matrix.dat", dat},
+        {"matrix.gp", gp}}) {
+    std::ofstream f(dir / name, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f) {
+      return absl::InternalError(
+          absl::StrCat("cannot write ", (dir / name).string()));
+    }
+    files->push_back((dir / name).string());
+  }
+  const std::string cmd = absl::StrCat(
+      "cd '", out_dir, "' && gnuplot matrix.gp 2>gnuplot-matrix.log");
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0 &&
+      std::system(cmd.c_str()) == 0) {
+    files->push_back((dir / "matrix.png").string());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvmem

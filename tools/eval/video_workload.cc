@@ -1,0 +1,465 @@
+#include "tools/eval/video_workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "engine/dot.h"
+#include "engine/dtype.h"
+#include "tools/eval/video_workload_internal.h"
+
+namespace kvmem {
+
+using namespace video_internal;  // NOLINT: this file's own internals.
+
+namespace {
+
+// `count` orthonormal vectors of length n: Gram-Schmidt on gen(0), gen(1)...
+template <typename Gen>
+std::vector<std::vector<float>> Orthonormal(size_t n, uint32_t count, Gen gen) {
+  std::vector<std::vector<float>> basis;
+  for (uint32_t i = 0; i < count; ++i) {
+    std::vector<float> v = gen(i);
+    for (const auto& u : basis) {
+      double dot = 0;
+      for (size_t j = 0; j < n; ++j) dot += static_cast<double>(u[j]) * v[j];
+      AddScaled(&v, u, static_cast<float>(-dot));
+    }
+    Normalize(&v);
+    basis.push_back(std::move(v));
+  }
+  return basis;
+}
+
+// The rows of a (rows x n) restricted to a random rank-dimensional subspace
+// of R^n, rescaled by sqrt(n / rank) so their norms stay about the same.
+std::vector<float> ProjectRows(const std::vector<float>& a, size_t rows,
+                               size_t n, size_t rank, uint64_t seed) {
+  const auto u = Orthonormal(n, static_cast<uint32_t>(rank), [&](uint32_t i) {
+    return Gaussian(Mix(seed + i), n, 1.0f);
+  });
+  const float gain = static_cast<float>(std::sqrt(double(n) / rank));
+  std::vector<float> out(rows * n, 0.0f);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = a.data() + r * n;
+    float* dst = out.data() + r * n;
+    for (const auto& uk : u) {
+      const float c = gain * Dot(row, uk.data(), n);
+      for (size_t j = 0; j < n; ++j) dst[j] += c * uk[j];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace video_internal {
+
+std::vector<std::pair<int, const Visit*>> InView(
+    const VideoWorkloadOptions& o,
+    const std::vector<std::vector<Visit>>& visits, uint32_t camera,
+    uint64_t f) {
+  std::vector<std::pair<int, const Visit*>> in;
+  for (uint32_t ob = 0; ob < visits.size(); ++ob) {
+    for (const Visit& v : visits[ob]) {
+      if (v.camera != camera || f < v.begin || f >= v.end) continue;
+      std::mt19937_64 rng(Seed(o.seed, kOcclude, ob, f, camera));
+      const bool edge = f == v.begin;  // Never occluded as it enters.
+      if (edge || std::uniform_real_distribution<double>(0, 1)(rng) >=
+                      o.occlusion_probability) {
+        in.emplace_back(ob, &v);
+      }
+    }
+  }
+  std::sort(in.begin(), in.end(), [](const auto& x, const auto& y) {
+    return x.second->begin != y.second->begin
+               ? x.second->begin < y.second->begin
+               : x.first < y.first;
+  });
+  if (in.size() > o.max_objects_per_frame) in.resize(o.max_objects_per_frame);
+  return in;
+}
+
+void Rope(float* y, size_t d, double position,
+          const std::vector<double>& theta) {
+  for (size_t i = 0; i < d / 2; ++i) {
+    const double ang = position * theta[i];
+    const float cs = static_cast<float>(std::cos(ang));
+    const float sn = static_cast<float>(std::sin(ang));
+    const float a0 = y[2 * i], a1 = y[2 * i + 1];
+    y[2 * i] = a0 * cs - a1 * sn;
+    y[2 * i + 1] = a0 * sn + a1 * cs;
+  }
+}
+
+}  // namespace video_internal
+
+namespace {
+// Orthonormal latent directions the workload needs: the sink, the places,
+// the objects and, with look-alike identities, one per object class.
+uint32_t EntityDirections(const VideoWorkloadOptions& o) {
+  return 1 + o.places + o.objects + (o.lookalike > 0 ? o.object_classes : 0);
+}
+
+// The next absence of an object, in seconds.
+double DrawGap(const VideoWorkloadOptions& o, std::mt19937_64& rng) {
+  using Gaps = VideoWorkloadOptions::Gaps;
+  if (o.gaps == Gaps::kUniform) {
+    return std::uniform_real_distribution<double>(o.gap_min_s,
+                                                  o.gap_max_s)(rng);
+  }
+  if (o.gaps == Gaps::kPareto) {
+    // Inverse CDF of Pareto(scale gap_min_s, shape alpha), capped.
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    return std::min(o.gap_max_s,
+                    o.gap_min_s / std::pow(1 - u, 1 / o.gap_pareto_alpha));
+  }
+  return LogUniform(rng, o.gap_min_s, o.gap_max_s);
+}
+}  // namespace
+
+uint32_t VideoWorkload::latent_dim() const {
+  return o_.latent_dim != 0 ? o_.latent_dim
+                            : std::max(o_.head_dim, EntityDirections(o_));
+}
+
+std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
+  if (o.cameras < 1 || o.cameras > 64) return "--cameras must be in [1, 64]";
+  if (o.frames < 2) return "--frames must be at least 2";
+  if (!(o.fps > 0)) return "--fps must be > 0";
+  if (o.head_dim < 2 || o.head_dim % 2 != 0)
+    return "--head_dim must be even and >= 2";
+  if (o.layers < 1 || o.kv_heads < 1) return "--layers and --kv_heads >= 1";
+  if (o.tokens_per_frame < 1 || o.tokens_per_frame > 4096)
+    return "--tokens_per_frame must be in [1, 4096]";
+  if (o.sink_tokens > o.tokens_per_frame)
+    return "--sink_tokens must be at most --tokens_per_frame";
+  if (o.object_tokens < 1 ||
+      static_cast<uint64_t>(o.object_tokens) * o.max_objects_per_frame >
+          o.tokens_per_frame - o.sink_tokens) {
+    return "--object_tokens * --max_objects_per_frame must fit in a frame "
+           "beside the sinks";
+  }
+  if (o.places < 1 || o.places_per_camera < 1 ||
+      o.places_per_camera > o.places) {
+    return "--places_per_camera must be in [1, --places]";
+  }
+  const uint32_t entities = EntityDirections(o);
+  if (o.latent_dim != 0 && entities > o.latent_dim) {
+    return absl::StrCat("1 + --places + --objects",
+                        o.lookalike > 0 ? " + --object_classes" : "", " (",
+                        entities, ") must be at most --latent_dim (",
+                        o.latent_dim, ")");
+  }
+  if (o.query_heads_per_kv < 1 || o.query_heads_per_kv > 64) {
+    return "--query_heads_per_kv must be in [1, 64]";
+  }
+  if (!(o.head_subspace > 0 && o.head_subspace <= 1)) {
+    return "--head_subspace must be in (0, 1]";
+  }
+  if (!(o.sharp_head_fraction >= 0 && o.sharp_head_fraction <= 1)) {
+    return "--sharp_head_fraction must be in [0, 1]";
+  }
+  if (!(o.diffuse_scale > 0 && std::isfinite(o.diffuse_scale))) {
+    return "--diffuse_scale must be > 0";
+  }
+  if (!(o.lookalike >= 0 && o.lookalike < 1) || o.object_classes < 1) {
+    return "--lookalike must be in [0, 1) and --object_classes >= 1";
+  }
+  if (!(o.gap_pareto_alpha > 0 && std::isfinite(o.gap_pareto_alpha))) {
+    return "--gap_pareto_alpha must be > 0";
+  }
+  if (!(o.shot_min_s > 0 && o.shot_max_s >= o.shot_min_s && o.visit_min_s > 0 &&
+        o.visit_max_s >= o.visit_min_s && o.gap_min_s > 0 &&
+        o.gap_max_s >= o.gap_min_s)) {
+    return "shot/visit/gap durations need 0 < min <= max";
+  }
+  if (!(o.rope_base > 1)) return "--rope_base must be > 1";
+  if (!(o.query_scale > 0)) return "--query_scale must be > 0";
+  if (!(o.sink_pull >= 0 && o.sink_pull < 1)) return "--sink_pull in [0, 1)";
+  if (o.query_every < 1) return "--query_every must be >= 1";
+  if (o.scene_dim < 1) return "--scene_dim must be >= 1";
+  if (!(o.walk_probability >= 0 && o.walk_probability <= 1 &&
+        o.occlusion_probability >= 0 && o.occlusion_probability <= 1)) {
+    return "--walk_probability and --occlusion_probability must be in [0, 1]";
+  }
+  if (!(o.frame_noise >= 0 && std::isfinite(o.frame_noise))) {
+    return "--frame_noise must be >= 0";
+  }
+  if (!std::isfinite(o.low_freq_bias)) return "--low_freq_bias must be finite";
+  return "";
+}
+
+VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
+    : o_(options), impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  const size_t L = latent_dim(), d = o_.head_dim;
+  // Orthonormal entity directions: the first columns of a random orthogonal
+  // matrix (Gram-Schmidt on Gaussian vectors).
+  const std::vector<std::vector<float>> basis = Orthonormal(
+      L, EntityDirections(o_),
+      [&](uint32_t i) { return Gaussian(Seed(o_.seed, kBasis, i), L, 1.0f); });
+  m.sink = basis[0];
+  m.place.assign(basis.begin() + 1, basis.begin() + 1 + o_.places);
+  m.object.assign(basis.begin() + 1 + o_.places,
+                  basis.begin() + 1 + o_.places + o_.objects);
+  if (o_.lookalike > 0) {
+    // Objects of a class share a prototype: cosine `lookalike` between them.
+    const auto* proto = &basis[1 + o_.places + o_.objects];
+    for (uint32_t ob = 0; ob < o_.objects; ++ob) {
+      for (auto& e : m.object[ob]) e *= std::sqrt(1 - o_.lookalike);
+      AddScaled(&m.object[ob], proto[ob % o_.object_classes],
+                std::sqrt(o_.lookalike));
+    }
+  }
+  for (uint32_t s = 0; s < o_.tokens_per_frame; ++s) {
+    m.patch.push_back(Gaussian(Seed(o_.seed, kPatch, 0, s), L, 1.0f));
+    Normalize(&m.patch.back());
+  }
+  for (uint32_t j = 0; j < o_.object_tokens; ++j) {
+    m.part.push_back(Gaussian(Seed(o_.seed, kPatch, 1, j), L, 1.0f));
+    Normalize(&m.part.back());
+  }
+  // Low-frequency pairs (large i) get more of each row's energy; the gains
+  // are normalised to mean square 1.
+  const size_t pairs = d / 2;
+  std::vector<float> gain(pairs);
+  double sq = 0;
+  for (size_t i = 0; i < pairs; ++i) {
+    const double x = pairs > 1 ? static_cast<double>(i) / (pairs - 1) : 0.5;
+    gain[i] = static_cast<float>(std::exp(o_.low_freq_bias * (x - 0.5)));
+    sq += gain[i] * gain[i];
+  }
+  for (auto& g : gain) g /= static_cast<float>(std::sqrt(sq / pairs));
+  for (size_t i = 0; i < pairs; ++i) {
+    m.theta.push_back(std::pow(o_.rope_base, -2.0 * i / d));
+  }
+  // Entries of variance 1/head_dim keep |A x| ~ |x|, so a query of scale s
+  // against its own token's key has a logit of about s whatever the shapes.
+  const size_t heads = static_cast<size_t>(o_.layers) * o_.kv_heads;
+  const float sigma = static_cast<float>(1 / std::sqrt(d));
+  const size_t rank = std::max<size_t>(
+      1, static_cast<size_t>(std::lround(o_.head_subspace * L)));
+  for (size_t lh = 0; lh < heads; ++lh) {
+    std::vector<float> a =
+        Gaussian(Seed(o_.seed, kProject, 0, lh), d * L, sigma);
+    if (rank < L) {  // This head sees a random subspace of the latent.
+      a = ProjectRows(a, d, L, rank, Seed(o_.seed, kProject, 2, lh));
+    }
+    for (size_t r = 0; r < d; ++r)
+      for (size_t c = 0; c < L; ++c) a[r * L + c] *= gain[r / 2];
+    m.a.push_back(std::move(a));
+    m.b.push_back(Gaussian(Seed(o_.seed, kProject, 1, lh), d * L, sigma));
+  }
+  // Query heads: a seeded sharp_head_fraction of them are sharp.
+  const size_t qheads = heads * o_.query_heads_per_kv;
+  std::vector<size_t> order(qheads);
+  for (size_t i = 0; i < qheads; ++i) order[i] = i;
+  std::mt19937_64 head_rng(Seed(o_.seed, kProject, 3));
+  std::shuffle(order.begin(), order.end(), head_rng);
+  const size_t sharp = static_cast<size_t>(
+      std::lround(o_.sharp_head_fraction * static_cast<double>(qheads)));
+  m.qscale.assign(qheads, o_.query_scale * o_.diffuse_scale);
+  for (size_t i = 0; i < sharp; ++i) m.qscale[order[i]] = o_.query_scale;
+  m.scene_proj = Gaussian(Seed(o_.seed, kScene, 0), o_.scene_dim * L, 1.0f);
+
+  // Shots per camera: each camera cuts among its own places, revisiting them.
+  m.shots.resize(o_.cameras);
+  m.places.resize(o_.cameras);
+  for (uint32_t c = 0; c < o_.cameras; ++c) {
+    std::mt19937_64 rng(Seed(o_.seed, kShots, c));
+    std::vector<uint32_t> all(o_.places);
+    for (uint32_t p = 0; p < o_.places; ++p) all[p] = p;
+    std::shuffle(all.begin(), all.end(), rng);
+    m.places[c].assign(all.begin(), all.begin() + o_.places_per_camera);
+    std::uniform_int_distribution<uint32_t> pick(0, o_.places_per_camera - 1);
+    uint64_t f = 0;
+    int64_t last = -1;
+    while (f < o_.frames) {
+      uint32_t p = m.places[c][pick(rng)];
+      if (o_.places_per_camera > 1) {
+        while (static_cast<int64_t>(p) == last) p = m.places[c][pick(rng)];
+      }
+      m.shots[c].push_back({f, p});
+      last = p;
+      f += std::max<uint64_t>(
+          1, static_cast<uint64_t>(
+                 LogUniform(rng, o_.shot_min_s, o_.shot_max_s) * o_.fps));
+    }
+  }
+  // One global schedule of object visits: gap, visit, gap, visit...; the
+  // next visit stays on the camera or walks to another one.
+  m.visits.resize(o_.objects);
+  for (uint32_t ob = 0; ob < o_.objects; ++ob) {
+    std::mt19937_64 rng(Seed(o_.seed, kVisits, ob));
+    std::uniform_real_distribution<double> u(0, 1);
+    std::uniform_int_distribution<uint32_t> cam(0, o_.cameras - 1);
+    uint32_t c = cam(rng);
+    double t = u(rng) * o_.gap_max_s * 0.5;
+    for (uint32_t serial = 0;; ++serial) {
+      const uint64_t begin = static_cast<uint64_t>(t * o_.fps);
+      if (begin >= o_.frames) break;
+      const double len = LogUniform(rng, o_.visit_min_s, o_.visit_max_s);
+      const uint64_t end = std::min<uint64_t>(
+          o_.frames, begin + std::max<uint64_t>(1, len * o_.fps));
+      m.visits[ob].push_back({c, begin, end, serial});
+      const bool walk = o_.cameras > 1 && u(rng) < o_.walk_probability;
+      if (walk) {
+        uint32_t next = cam(rng);
+        while (next == c) next = cam(rng);
+        c = next;
+        ++m.walks;
+        t = static_cast<double>(end) / o_.fps + o_.gap_min_s;  // Walking over.
+      } else {
+        t = static_cast<double>(end) / o_.fps + DrawGap(o_, rng);
+      }
+    }
+  }
+}
+
+VideoWorkload::~VideoWorkload() = default;
+
+uint64_t VideoWorkload::bytes_per_token() const {
+  return static_cast<uint64_t>(o_.layers) * 2 * o_.kv_heads * o_.head_dim * 2;
+}
+
+uint64_t VideoWorkload::shots(uint32_t camera) const {
+  return impl_->shots[camera].size();
+}
+uint64_t VideoWorkload::walks() const { return impl_->walks; }
+
+WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
+  const Impl& m = *impl_;
+  const size_t L = latent_dim(), d = o_.head_dim, T = o_.tokens_per_frame;
+  WorkloadFrame out;
+  uint64_t shot_serial = 0;
+  const Shot& shot = m.ShotAt(camera, f, &shot_serial);
+  out.place = shot.place;
+  out.shot = shot_serial;
+  out.token_object.assign(T, -1);
+  const auto in_view = InView(o_, m.visits, camera, f);
+
+  // Token latents.
+  std::vector<std::vector<float>> x(T);
+  const std::vector<float> shot_vec =
+      Gaussian(Seed(o_.seed, kShotVec, camera, shot_serial), L, 1.0f);
+  std::mt19937_64 noise_rng(Seed(o_.seed, kNoise, camera, f));
+  std::normal_distribution<float> noise(0.0f,
+                                        o_.frame_noise / std::sqrt(float(L)));
+  for (size_t s = 0; s < T; ++s) {
+    x[s] = m.place[shot.place];
+    for (auto& v : x[s]) v *= 0.85f;
+    AddScaled(&x[s], m.patch[s], 0.35f);
+    AddScaled(&x[s], shot_vec, 0.2f / std::sqrt(float(L)));
+  }
+  v1::FrameSignals* sig = out.frame.header.mutable_signals();
+  for (size_t k = 0; k < in_view.size(); ++k) {
+    const int ob = in_view[k].first;
+    const Visit& v = *in_view[k].second;
+    const std::vector<float> visit_vec =
+        Gaussian(Seed(o_.seed, kVisitVec, ob, v.serial), L, 1.0f);
+    for (uint32_t j = 0; j < o_.object_tokens; ++j) {
+      const size_t s = T - 1 - (k * o_.object_tokens + j);
+      x[s] = m.object[ob];
+      for (auto& e : x[s]) e *= 0.85f;
+      AddScaled(&x[s], m.part[j], 0.3f);
+      AddScaled(&x[s], visit_vec, 0.3f / std::sqrt(float(L)));
+      out.token_object[s] = ob;
+    }
+    // The detection: a box drifting across the view during the visit.
+    std::mt19937_64 box_rng(Seed(o_.seed, kBox, ob, v.serial));
+    std::uniform_real_distribution<float> u(0.05f, 0.6f);
+    const float x0 = u(box_rng), y0 = u(box_rng);
+    const float w = 0.1f + 0.25f * (u(box_rng) - 0.05f);
+    const float drift =
+        0.3f * static_cast<float>(f - v.begin) /
+        static_cast<float>(std::max<uint64_t>(1, v.end - v.begin));
+    v1::Detection* det = sig->add_detections();
+    det->set_track_id(static_cast<uint64_t>(ob) + 1);
+    det->set_class_id(static_cast<uint32_t>(ob % 3));
+    det->set_x_min(std::min(x0 + drift, 1.0f - w));
+    det->set_y_min(y0);
+    det->set_x_max(std::min(x0 + drift, 1.0f - w) + w);
+    det->set_y_max(std::min(1.0f, y0 + w * 1.5f));
+    det->set_score(0.9f);
+  }
+  if (f == 0) {
+    for (size_t s = 0; s < o_.sink_tokens; ++s) {
+      x[s] = m.sink;
+      out.token_object[s] = -2;
+    }
+  }
+  for (auto& t : x) {
+    for (auto& e : t) e += noise(noise_rng);
+    Normalize(&t);
+  }
+  // Scene embedding: the place seen through a fixed projection, plus a
+  // little per-shot lighting.
+  std::vector<float> scene(o_.scene_dim, 0.0f);
+  for (size_t r = 0; r < o_.scene_dim; ++r) {
+    for (size_t c = 0; c < L; ++c)
+      scene[r] +=
+          m.scene_proj[r * L + c] *
+          (m.place[shot.place][c] + 0.1f * shot_vec[c] / std::sqrt(float(L)));
+  }
+  Normalize(&scene);
+  for (float e : scene) sig->add_scene_embedding(e);
+
+  // KV: layer-major, K then V, [kv_heads][tokens][head_dim], fp16.
+  const uint64_t pos0 = f * T;
+  OutgoingFrame& fr = out.frame;
+  fr.header.set_frame_index(f);
+  fr.header.set_timestamp_us(static_cast<int64_t>(f * 1e6 / o_.fps));
+  fr.header.set_first_token_position(pos0);
+  fr.header.set_token_count(static_cast<uint32_t>(T));
+  const size_t slice = static_cast<size_t>(o_.kv_heads) * T * d;
+  fr.payload.resize(static_cast<size_t>(o_.layers) * 2 * slice * 2);
+  fr.header.set_payload_bytes(fr.payload.size());
+  std::vector<float> buf(slice);
+  auto* dst = reinterpret_cast<uint8_t*>(fr.payload.data());
+  for (uint32_t l = 0; l < o_.layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t h = 0; h < o_.kv_heads; ++h) {
+        const std::vector<float>& p =
+            kv == 0 ? m.a[l * o_.kv_heads + h] : m.b[l * o_.kv_heads + h];
+        for (size_t t = 0; t < T; ++t) {
+          float* y = buf.data() + (h * T + t) * d;
+          for (size_t r = 0; r < d; ++r) y[r] = Dot(&p[r * L], x[t].data(), L);
+          if (kv == 0) {  // RoPE at the token's absolute position.
+            Rope(y, d, static_cast<double>(pos0 + t), m.theta);
+          }
+        }
+      }
+      EncodeFromFloat(buf.data(), buf.size(), DType::kFp16, dst);
+      dst += buf.size() * 2;
+    }
+  }
+  return out;
+}
+
+void VideoWorkload::FrameKV(const WorkloadFrame& frame,
+                            std::vector<float>* keys,
+                            std::vector<float>* values) const {
+  const size_t T = frame.frame.header.token_count(), d = o_.head_dim,
+               H = o_.kv_heads;
+  const size_t per = static_cast<size_t>(o_.layers) * H * d;
+  keys->assign(T * per, 0.0f);
+  values->assign(T * per, 0.0f);
+  const auto* src =
+      reinterpret_cast<const uint8_t*>(frame.frame.payload.data());
+  std::vector<float> buf(H * T * d);
+  for (uint32_t l = 0; l < o_.layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      DecodeToFloat(src, buf.size(), DType::kFp16, buf.data());
+      src += buf.size() * 2;
+      std::vector<float>* out = kv == 0 ? keys : values;
+      for (size_t h = 0; h < H; ++h)
+        for (size_t t = 0; t < T; ++t)
+          std::copy_n(buf.data() + (h * T + t) * d, d,
+                      out->data() + t * per + (l * H + h) * d);
+    }
+  }
+}
+
+}  // namespace kvmem

@@ -1,0 +1,166 @@
+// The evaluation workload: a deterministic, seeded synthetic video-KV stream
+// whose structure is video-like rather than text-like.
+//
+// Latent world: places (backgrounds) that cameras cut between and revisit;
+// objects with persistent identity embeddings that enter and leave cameras,
+// are occluded, and come back after gaps from seconds to minutes, sometimes
+// on another camera (one global schedule, so a person walks from camera to
+// camera); a few attention-sink tokens at the start of every stream; heavy
+// frame-to-frame redundancy (a token's latent changes by a little noise from
+// one frame to the next).
+//
+// Each token's latent vector x (unit length, latent_dim) gives its key and
+// value for every layer l and KV head h by fixed random projections:
+//   k = RoPE(position) * (A_lh x),  v = B_lh x,  q = RoPE(position) * s A_lh
+//   x_q
+// RoPE at absolute positions (base rope_base) rotates each dimension pair i
+// by position * base^(-2i/head_dim). The rows of A_lh carry more energy in
+// the low-frequency pairs (low_freq_bias), as trained RoPE models put their
+// semantic channels there (Barbero et al., "Round and Round We Go! What
+// makes Rotary Positional Encodings useful?", 2024); so what matches stays
+// findable far back, while the high-frequency pairs turn a block's mean key
+// into a blur: mean-key summaries are realistically imperfect.
+//
+// Queries, after each query_every-th frame, at the next token position:
+// "frame" queries come from a random token of the current frame with its
+// detections and scene embedding as signals; "probe" queries ask where an
+// object that has just re-entered this camera was before: its identity as
+// the latent, its detection as the signal. Keys and values are rounded to
+// fp16 (what is stored) before the oracle sees them.
+//
+// Thread safety: a VideoWorkload is immutable after construction; Camera
+// objects are used by one thread each.
+#ifndef KVMEM_TOOLS_EVAL_VIDEO_WORKLOAD_H_
+#define KVMEM_TOOLS_EVAL_VIDEO_WORKLOAD_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kvmem_client.h"
+
+namespace kvmem {
+
+struct VideoWorkloadOptions {
+  uint64_t seed = 7;
+  uint32_t cameras = 2;
+  uint32_t frames = 900;  // Per camera (5 minutes at 3 fps).
+  double fps = 3;
+  uint32_t tokens_per_frame = 32;
+  uint32_t sink_tokens = 4;  // Replace the first tokens of frame 0.
+  uint32_t layers = 2;
+  uint32_t kv_heads = 4;
+  uint32_t head_dim = 64;
+  uint32_t latent_dim = 0;  // 0: max(head_dim, the entities' directions).
+  uint32_t places = 10;
+  uint32_t places_per_camera = 5;
+  uint32_t objects = 24;
+  uint32_t object_tokens = 4;  // Tokens an object covers in a frame.
+  uint32_t max_objects_per_frame = 4;
+  double shot_min_s = 3, shot_max_s = 25;
+  double visit_min_s = 3, visit_max_s = 25;
+  double gap_min_s = 5, gap_max_s = 240;
+  double walk_probability = 0.5;        // Next visit on another camera.
+  double occlusion_probability = 0.03;  // Per visible object and frame.
+  double rope_base = 1e6;               // Qwen2/Qwen2-VL's rope_theta.
+  float low_freq_bias = 2.0f;
+  float query_scale = 24.0f;  // Logit of a token with its own key, ~.
+  float sink_pull = 0.35f;    // Share of the query latent toward the sinks.
+  float frame_noise = 0.08f;  // Frame-to-frame change of a token's latent.
+  uint32_t query_every = 1;   // Frames between frame queries.
+  uint32_t scene_dim = 32;
+  // --- Properties the generalisation matrix varies one at a time ---
+  // Grouped-query attention: query heads per KV head. Query head j of every
+  // KV head looks at its own token of the frame (frame queries), so the
+  // heads of a group attend to different things; the oracle attends with
+  // each query head.
+  uint32_t query_heads_per_kv = 1;
+  // Share of the latent each KV head's projection sees (a random subspace
+  // per layer and head, rescaled to keep key norms): 1 = every head sees
+  // everything (heads alike); lower = heads match on different features.
+  float head_subspace = 1.0f;
+  // Share of query heads that are sharp (logit scale query_scale); the rest
+  // are diffuse, at diffuse_scale * query_scale.
+  float sharp_head_fraction = 1.0f;
+  float diffuse_scale = 1.0f;
+  // Look-alike identities: cosine between objects of one class (object o is
+  // in class o % object_classes); 0 = orthogonal identities.
+  float lookalike = 0.0f;
+  uint32_t object_classes = 3;
+  // Re-entry gaps: log-uniform (default), uniform, or Pareto (heavy tail,
+  // scale gap_min_s, shape gap_pareto_alpha, capped at gap_max_s) in
+  // [gap_min_s, gap_max_s].
+  enum class Gaps { kLogUniform, kUniform, kPareto } gaps = Gaps::kLogUniform;
+  double gap_pareto_alpha = 1.1;
+};
+
+enum class QueryKind { kFrame = 0, kProbe = 1 };
+
+// One query of the workload.
+struct WorkloadQuery {
+  QueryKind kind = QueryKind::kFrame;
+  uint64_t frame = 0;     // Issued after this frame was appended.
+  uint64_t position = 0;  // Absolute position of the query token.
+  int object = -1;        // Probe: the object asked about.
+  // Probe: positions [begin, end) of the object's tokens in earlier visits
+  // to this camera (re-identification targets), oldest first.
+  std::vector<std::pair<uint64_t, uint64_t>> earlier;
+  // What a front end sends (the kvmem.v1 convention for grouped-query
+  // attention): per KV head the mean of its group's query heads,
+  // [layer][kv_head][head_dim], RoPE'd and scaled.
+  std::vector<float> q;
+  // The query heads themselves, [query_head][layer][kv_head][head_dim]:
+  // what the oracle attends with; query_heads_per_kv vectors.
+  std::vector<std::vector<float>> q_heads;
+  v1::FrameSignals signals;
+};
+
+struct WorkloadFrame {
+  OutgoingFrame frame;  // fp16 payload, layer-major.
+  std::vector<int>
+      token_object;  // Per token: object id, -1 background, -2 sink.
+  uint32_t place = 0;
+  uint64_t shot = 0;
+};
+
+class VideoWorkload {
+ public:
+  explicit VideoWorkload(const VideoWorkloadOptions& options);
+  ~VideoWorkload();
+
+  const VideoWorkloadOptions& options() const { return o_; }
+  uint32_t cameras() const { return o_.cameras; }
+  uint32_t frames() const { return o_.frames; }
+  // KV bytes of one token (all layers, K and V, fp16).
+  uint64_t bytes_per_token() const;
+  uint32_t summary_dim() const { return o_.layers * o_.kv_heads * o_.head_dim; }
+  uint32_t latent_dim() const;
+
+  // Frame f of camera c (deterministic; any order).
+  WorkloadFrame Frame(uint32_t camera, uint64_t f) const;
+  // Queries issued after frame f of camera c; `frame` is Frame(camera, f).
+  std::vector<WorkloadQuery> Queries(uint32_t camera, uint64_t f,
+                                     const WorkloadFrame& frame) const;
+
+  // Keys and values of a frame as the oracle reads them (fp16-rounded floats),
+  // [token][layer][kv_head][head_dim] each.
+  void FrameKV(const WorkloadFrame& frame, std::vector<float>* keys,
+               std::vector<float>* values) const;
+
+  // Facts about the schedule, for the report.
+  uint64_t shots(uint32_t camera) const;
+  uint64_t walks() const;  // Visits that continue an object on another camera.
+
+ private:
+  struct Impl;
+  VideoWorkloadOptions o_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Validation of the knobs: empty when fine, else what is wrong.
+std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_TOOLS_EVAL_VIDEO_WORKLOAD_H_
