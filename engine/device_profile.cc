@@ -1,13 +1,13 @@
 #include "engine/device_profile.h"
 
+#include <toml++/toml.h>
+
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 
 namespace kvmem {
 
@@ -18,40 +18,34 @@ double DeviceProfile::Get(const std::string& key, double fallback) const {
 
 absl::StatusOr<DeviceProfile> ParseDeviceProfile(const std::string& text,
                                                  const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ":", static_cast<uint32_t>(e.source().begin.line),
+                     ":", static_cast<uint32_t>(e.source().begin.column), ": ",
+                     std::string(e.description())));
+  }
   DeviceProfile p;
-  std::istringstream in(text);
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    absl::string_view s = line;
-    bool quoted = false;
-    for (size_t i = 0; i < s.size(); ++i) {  // Cut the comment.
-      if (s[i] == '"') quoted = !quoted;
-      if (s[i] == '#' && !quoted) {
-        s = s.substr(0, i);
-        break;
-      }
-    }
-    s = absl::StripAsciiWhitespace(s);
-    if (s.empty()) continue;
-    const size_t eq = s.find('=');
+  for (auto&& [k, v] : root) {
+    const std::string key(k.str());
     auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ":", n, ": ", why, ": \"", line, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ":", static_cast<uint32_t>(k.source().begin.line), ": ", key,
+          " ", why));
     };
-    if (eq == absl::string_view::npos) return bad("expected key = value");
-    const std::string key(absl::StripAsciiWhitespace(s.substr(0, eq)));
-    absl::string_view value = absl::StripAsciiWhitespace(s.substr(eq + 1));
-    if (key.empty()) return bad("empty key");
     if (key == "name") {
-      if (value.size() < 2 || value.front() != '"' || value.back() != '"') {
-        return bad("name must be a quoted string");
-      }
-      p.name = std::string(value.substr(1, value.size() - 2));
+      std::optional<std::string> name = v.value_exact<std::string>();
+      if (!name) return bad("must be a string");
+      p.name = *name;
       continue;
     }
-    double v;
-    if (!absl::SimpleAtod(value, &v)) return bad("value is not a number");
-    p.values[key] = v;
+    // Integers and floats alike (value<double> converts an integer).
+    std::optional<double> number;
+    if (v.is_integer() || v.is_floating_point()) number = v.value<double>();
+    if (!number) return bad("must be a number");
+    p.values[key] = *number;
   }
   return p;
 }

@@ -2,10 +2,11 @@
 // `kvmem roofline` and the simulated accelerator backend (kvmem-server
 // --accelerator_profile).
 //
-// Format: a small TOML subset, one `key = number` per line; `#` starts a
-// comment (each number's source or "assumption" is written there); a
-// `name = "..."` line names the device. Unknown keys are kept (other tools
-// read them); a malformed line is an error naming the file and line.
+// Format: TOML, read with toml++ like the server's config file: top-level
+// `key = number` pairs, `#` comments (each number's source or "assumption"
+// is written there), and `name = "..."` naming the device. Unknown keys are
+// kept (other tools read them); a file that is not TOML, or a value that is
+// not a number, is an error naming the file and line.
 #ifndef KVMEM_ENGINE_DEVICE_PROFILE_H_
 #define KVMEM_ENGINE_DEVICE_PROFILE_H_
 

@@ -62,6 +62,14 @@ TEST(DeviceProfileTest, ParsesNumbersNamesAndComments) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("bad.toml:2"), std::string::npos)
       << bad.status();
+  // Valid TOML, but not a number (or a name that is not a string).
+  for (const char* text : {"x = 1\ny = \"fast\"\n", "x = 1\ny = [1, 2]\n",
+                           "x = 1\nname = 3\n", "x = 1\n[y]\nz = 2\n"}) {
+    auto wrong = ParseDeviceProfile(text, "bad.toml");
+    ASSERT_FALSE(wrong.ok()) << text;
+    EXPECT_NE(wrong.status().message().find("bad.toml:2: "), std::string::npos)
+        << wrong.status();
+  }
   EXPECT_EQ(LoadDeviceProfile("/nonexistent.toml").status().code(),
             absl::StatusCode::kNotFound);
 }
