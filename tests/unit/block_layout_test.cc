@@ -1,6 +1,5 @@
 #include "engine/block_layout.h"
 
-#include "engine/quantize.h"
 #include "engine/stream_config.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -57,61 +56,6 @@ TEST(BlockLayoutTest, LayerMajorAlignedAndRoundTrips) {
   for (uint32_t l = 0; l < g.layers; ++l)
     layers.push_back(block->LayerRecord(l));
   EXPECT_EQ(WarmBlock::FromLayers(g, 11, layers)->ToFrames(tokens), bytes);
-}
-
-TEST(QuantizeTest, Int8PerChannelWithinBound) {
-  testing::TestGeometry tg;
-  for (DType dtype : {DType::kFp32, DType::kFp16}) {
-    tg.dtype = dtype;
-    const Geometry g = G(tg, 64);
-    std::mt19937_64 rng(2);
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    const uint32_t tokens = 40;
-    std::vector<float> x(2 * LayerSliceElements(g, tokens));
-    for (size_t i = 0; i < x.size(); ++i) {
-      // Channels of very different ranges: per-channel scales matter.
-      x[i] = n(rng) * (1 + (i % g.head_dim) * 10.0f);
-    }
-    std::string layer(x.size() * DTypeBytes(dtype), '\0');
-    EncodeFromFloat(x.data(), x.size(), dtype,
-                    reinterpret_cast<uint8_t*>(layer.data()));
-    std::vector<float> orig(x.size());
-    DecodeToFloat(reinterpret_cast<const uint8_t*>(layer.data()), x.size(),
-                  dtype, orig.data());
-    const std::string q = QuantizeLayer(g, tokens, layer);
-    EXPECT_EQ(q.size(), QuantizedLayerBytes(g, tokens));
-    EXPECT_LT(q.size(), layer.size());
-    auto back = DequantizeLayer(g, tokens, q);
-    ASSERT_TRUE(back.ok());
-    std::vector<float> y(x.size());
-    DecodeToFloat(reinterpret_cast<const uint8_t*>(back->data()), y.size(),
-                  dtype, y.data());
-    const size_t slice = LayerSliceElements(g, tokens);
-    for (size_t kv = 0; kv < 2; ++kv) {
-      for (uint32_t h = 0; h < g.kv_heads; ++h) {
-        for (uint32_t d = 0; d < g.head_dim; ++d) {
-          float max_abs = 0;
-          for (uint32_t t = 0; t < tokens; ++t) {
-            max_abs = std::max(
-                max_abs,
-                std::fabs(
-                    orig[kv * slice + (h * tokens + t) * g.head_dim + d]));
-          }
-          // The stated bound, plus half an fp16 ulp of the value for fp16.
-          for (uint32_t t = 0; t < tokens; ++t) {
-            const size_t i = kv * slice + (h * tokens + t) * g.head_dim + d;
-            const float ulp = dtype == DType::kFp16
-                                  ? std::fabs(orig[i]) / 1024.0f + 1e-7f
-                                  : 1e-6f * max_abs;
-            ASSERT_LE(std::fabs(y[i] - orig[i]), max_abs / 254.0f + ulp)
-                << "kv " << kv << " head " << h << " dim " << d;
-          }
-        }
-      }
-    }
-    EXPECT_EQ(DequantizeLayer(g, tokens, q.substr(1)).status().code(),
-              absl::StatusCode::kDataLoss);
-  }
 }
 
 }  // namespace
