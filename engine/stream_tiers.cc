@@ -347,6 +347,7 @@ absl::Status Stream::Promote(uint64_t id, bool staged) {
 
 void Stream::Unstage(uint64_t id) {
   kvmem::MutexLock lock(&mu_);
+  if (!blocks_.Has(id)) return;  // Staged blocks are never evicted; still.
   BlockEntry& e = blocks_[id];
   if (!e.staged) return;
   AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), true);
@@ -530,8 +531,11 @@ size_t Stream::RebuildIndex() {
   size_t indexed;
   {
     kvmem::MutexLock lock(&mu_);
-    // Reconcile with what happened during the build, then swap.
-    for (size_t id = n; id < blocks_.size(); ++id) {
+    // Reconcile with what happened during the build, then swap. Blocks
+    // sealed meanwhile may already be evicted and their run dropped (an
+    // append holds append_mu_, not this lock, while the index builds).
+    for (uint64_t id = std::max<uint64_t>(n, blocks_.first());
+         id < blocks_.size(); ++id) {
       if (blocks_[id].rec.disk != DiskForm::kNone)
         AddToIndexes(&fresh, id, blocks_[id].rec);
     }
