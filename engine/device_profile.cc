@@ -30,10 +30,11 @@ absl::StatusOr<DeviceProfile> ParseDeviceProfile(const std::string& text,
   DeviceProfile p;
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
+    // (A lambda may not capture a structured binding in C++17: copy.)
+    const uint32_t line = static_cast<uint32_t>(k.source().begin.line);
     auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, ":", static_cast<uint32_t>(k.source().begin.line), ": ", key,
-          " ", why));
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ":", line, ": ", key, " ", why));
     };
     if (key == "name") {
       std::optional<std::string> name = v.value_exact<std::string>();
