@@ -26,9 +26,7 @@ grpc::ServerUnaryReactor* Deferred(grpc::CallbackServerContext* ctx,
   absl::StatusOr<Caller> caller = Caller::Enter(o.tenancy, o.admission, *ctx);
   auto call = std::make_shared<std::pair<Req, Resp>>();
   absl::Status s = caller.status();
-  if (s.ok() && !ParseMessage(*in, &call->first)) {
-    s = BadRequest(call->first, in->Length());
-  }
+  if (s.ok()) s = ParseRequest(*in, &call->first);
   if (!s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
@@ -192,7 +190,7 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
   absl::Status s = c.status();
   v1::RecallRequest req;
   v1::RecallResponse resp;
-  if (s.ok() && !ParseMessage(*in, &req)) s = BadRequest(req, in->Length());
+  if (s.ok()) s = ParseRequest(*in, &req);
   if (s.ok()) {
     absl::StatusOr<std::string> id = c->EngineId(req.stream_id());
     s = id.ok() ? RunRecall(engine_, *id, req, &resp, options_.metrics)
@@ -245,7 +243,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvMemoryService::FetchBlocks(
       Caller::Enter(options_.tenancy, options_.admission, *ctx);
   v1::FetchBlocksRequest req;
   absl::Status s = c.status();
-  if (s.ok() && !ParseMessage(*in, &req)) s = BadRequest(req, in->Length());
+  if (s.ok()) s = ParseRequest(*in, &req);
   if (!s.ok()) {
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }

@@ -19,11 +19,12 @@ bool ParseMessage(const grpc::ByteBuffer& in,
   return false;
 }
 
-absl::Status BadRequest(const google::protobuf::MessageLite& type,
-                        size_t bytes) {
+absl::Status ParseRequest(const grpc::ByteBuffer& in,
+                          google::protobuf::MessageLite* msg) {
+  if (ParseMessage(in, msg)) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("the request is not a valid ", type.GetTypeName(), " (its ",
-                   bytes, " bytes failed to parse)"));
+      absl::StrCat("the request is not a valid ", msg->GetTypeName(), " (its ",
+                   in.Length(), " bytes failed to parse)"));
 }
 
 grpc::Status SerializeMessage(const google::protobuf::MessageLite& msg,

@@ -12,7 +12,6 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
-#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -26,10 +25,10 @@ namespace kvmem {
 bool ParseMessage(const grpc::ByteBuffer& in,
                   google::protobuf::MessageLite* msg);
 
-// INVALID_ARGUMENT for a unary request of `bytes` bytes that failed to parse
-// as `type`'s message type.
-absl::Status BadRequest(const google::protobuf::MessageLite& type,
-                        size_t bytes);
+// ParseMessage for a unary request: OK, or INVALID_ARGUMENT naming msg's
+// type and the request's size.
+absl::Status ParseRequest(const grpc::ByteBuffer& in,
+                          google::protobuf::MessageLite* msg);
 
 // Serialises msg into *out (replacing what it held).
 grpc::Status SerializeMessage(const google::protobuf::MessageLite& msg,
