@@ -79,7 +79,7 @@ class FrameIngest {
 
   std::shared_ptr<Stream> stream_;
   Admit admit_;
-  std::optional<Frame> frame_;  // The frame being received.
+  std::optional<Frame> frame_;    // The frame being received.
   std::shared_ptr<void> ticket_;  // Its admission, until it is stored.
   uint64_t expected_bytes_ = 0;
   uint64_t frames_written_ = 0;

@@ -80,7 +80,7 @@ struct Camera {
   std::string id;
   StreamModel model;  // Holds exactly the frames sent.
   std::mt19937_64 rng;
-  int64_t acked = -1;  // Last frame the server acknowledged.
+  int64_t acked = -1;            // Last frame the server acknowledged.
   uint64_t verified_blocks = 0;  // Blocks [0, this) were read back intact.
 };
 

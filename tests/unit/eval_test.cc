@@ -62,11 +62,10 @@ TEST(EvalTest, FullKvIsExactAndEveryPolicyReportsMetrics) {
   auto r = RunEval(SmallEval());
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->configs.size(), 1u);
-  EXPECT_EQ(r->policy_names,
-            (std::vector<std::string>{"full", "streaming_llm", "window_lru",
-                                      "h2o", "mean_key_topk", "kvmem",
-                                      "kvmem_summed", "oracle_tokens",
-                                      "exact_keys_per_head"}));
+  EXPECT_EQ(r->policy_names, (std::vector<std::string>{
+                                 "full", "streaming_llm", "window_lru", "h2o",
+                                 "mean_key_topk", "kvmem", "kvmem_summed",
+                                 "oracle_tokens", "exact_keys_per_head"}));
   const PolicySummary& full = Policy(*r, "full");
   EXPECT_GT(full.queries, 200u);
   EXPECT_NEAR(full.mass_recalled, 1.0, 1e-5);
