@@ -2,10 +2,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "engine/record_codec.h"
-#include "engine/status_macros.h"
+#include "base/executor.h"
+#include "base/status_macros.h"
+#include "base/sync.h"
+#include "engine/accel/accelerator.h"
+#include "engine/accel/device_profile.h"
+#include "engine/codec/record_codec.h"
+#include "engine/stream/stream.h"
 #include "engine/stream_config.h"
-#include "engine/sync.h"
 
 namespace kvmem {
 
@@ -245,7 +249,7 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   return OpenStreamResult{true, shared->Stats()};
 }
 
-absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Find(
+absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::FindStream(
     const std::string& id) const {
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
   kvmem::MutexLock lock(&mu_);
@@ -260,7 +264,7 @@ absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Find(
 }
 
 absl::StatusOr<StreamStats> MemoryEngine::CloseStream(const std::string& id) {
-  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
   KVMEM_RETURN_IF_ERROR(stream->Close());
   return stream->Stats();
 }
@@ -275,7 +279,7 @@ absl::Status MemoryEngine::DeleteStream(const std::string& id) {
   }
   std::shared_ptr<Stream> stream;
   if (!quarantined) {
-    KVMEM_ASSIGN_OR_RETURN(stream, Find(id));
+    KVMEM_ASSIGN_OR_RETURN(stream, FindStream(id));
     // Marked first, so calls already holding the stream answer NOT_FOUND
     // instead of reading records while they are removed.
     stream->MarkDeleted(true);
@@ -309,32 +313,71 @@ std::vector<StreamStats> MemoryEngine::ListStreams() const {
 
 absl::StatusOr<StreamStats> MemoryEngine::GetStats(
     const std::string& id) const {
-  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
   return stream->Stats();
 }
 
 absl::StatusOr<AppendResult> MemoryEngine::Append(const std::string& id,
                                                   Frame frame) {
-  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
   return stream->Append(std::move(frame));
 }
 
 absl::StatusOr<RecallResult> MemoryEngine::Recall(const std::string& id,
                                                   const RecallQuery& query) {
-  KVMEM_ASSIGN_OR_RETURN(auto stream, Find(id));
+  KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
   return stream->Recall(query);
 }
 
-std::vector<std::shared_ptr<Stream>> MemoryEngine::StreamsWithPrefix(
+std::vector<StreamHandle> MemoryEngine::StreamsWithPrefix(
     const std::string& prefix) const {
-  std::vector<std::shared_ptr<Stream>> out;
+  std::vector<StreamHandle> out;
   kvmem::MutexLock lock(&mu_);
   for (auto it = streams_.lower_bound(prefix);
        it != streams_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
        ++it) {
-    out.push_back(it->second);
+    out.push_back(StreamHandle(it->second));
   }
   return out;
+}
+
+absl::StatusOr<StreamHandle> MemoryEngine::Find(const std::string& id) const {
+  KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
+  return StreamHandle(std::move(stream));
+}
+
+absl::Status MemoryEngine::RunMaintenance(const std::string& id) {
+  KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
+  return stream->RunMaintenance();
+}
+
+absl::StatusOr<size_t> MemoryEngine::RebuildIndex(const std::string& id) {
+  KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
+  return stream->RebuildIndex();
+}
+
+absl::StatusOr<SimProfile> LoadSimProfile(const std::string& path) {
+  KVMEM_ASSIGN_OR_RETURN(DeviceProfile profile, LoadDeviceProfile(path));
+  KVMEM_ASSIGN_OR_RETURN(SimHardware hw, SimHardwareFromProfile(profile));
+  return SimProfile{profile.name, hw};
+}
+
+const std::string& StreamHandle::id() const { return stream_->id(); }
+const StreamConfig& StreamHandle::config() const { return stream_->config(); }
+absl::StatusOr<AppendResult> StreamHandle::Append(Frame frame) const {
+  return stream_->Append(std::move(frame));
+}
+StreamStats StreamHandle::Stats() const { return stream_->Stats(); }
+absl::StatusOr<BlockInfo> StreamHandle::GetBlock(uint64_t block_id) const {
+  return stream_->GetBlock(block_id);
+}
+absl::StatusOr<std::vector<PayloadPiece>> StreamHandle::ReadBlockPayload(
+    uint64_t block_id, PayloadLayout layout,
+    const std::vector<uint32_t>& layers, BlockInfo* info) const {
+  return stream_->ReadBlockPayload(block_id, layout, layers, info);
+}
+uint64_t StreamHandle::RetainedPayloadBytes() const {
+  return stream_->RetainedPayloadBytes();
 }
 
 std::vector<QuarantinedStream> MemoryEngine::Quarantined() const {

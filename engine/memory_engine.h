@@ -18,14 +18,56 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "engine/accelerator.h"
-#include "engine/sim_model.h"
-#include "engine/stream.h"
-#include "engine/sync.h"
+#include "base/sync.h"
+#include "engine/accel/sim_model.h"
+#include "engine/stream_config.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
 
 namespace kvmem {
+
+class Accelerator;
+class Executor;
+class Stream;
+struct StreamEnv;
+
+// A stream as the engine lends it to a caller that streams frames in or
+// reads blocks out (the server's ingest and FetchBlocks, quota checks):
+// nothing of the stream's maintenance. Holding one keeps the stream's
+// memory alive; a deleted stream's calls answer NOT_FOUND. Copyable; safe
+// to use from any thread.
+class StreamHandle {
+ public:
+  const std::string& id() const;
+  const StreamConfig& config() const;
+  // Stores a frame durably (see MemoryEngine::Append).
+  absl::StatusOr<AppendResult> Append(Frame frame) const;
+  StreamStats Stats() const;
+  absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) const;
+  // A block's payload in `layout` (BLOCK_LAYER_MAJOR: the given layers,
+  // empty for all); degraded blocks come back dequantised. *info (optional)
+  // receives the block's metadata as of the read.
+  absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
+  // Payload bytes appended and not evicted, at full precision: what quotas
+  // count. O(1).
+  uint64_t RetainedPayloadBytes() const;
+
+ private:
+  friend class MemoryEngine;
+  friend class StreamTestPeer;  // tests/engine_fixture.h
+  explicit StreamHandle(std::shared_ptr<Stream> s) : stream_(std::move(s)) {}
+  std::shared_ptr<Stream> stream_;
+};
+
+// The sim accelerator backend's hardware, from a device profile
+// (deploy/profiles/*.toml).
+struct SimProfile {
+  std::string name;
+  SimHardware hardware;
+};
+absl::StatusOr<SimProfile> LoadSimProfile(const std::string& path);
 
 struct EngineOptions {
   // RAM all streams' warm blocks may hold together; 0 means no global cap.
@@ -34,7 +76,7 @@ struct EngineOptions {
   // Threads for tier moves, promotions and index rebuilds.
   int background_threads = 1;
   // The `sim` accelerator backend: results as on the CPU, plus each
-  // recall's modelled cost on this hardware (engine/sim_model.h). Unset:
+  // recall's modelled cost on this hardware (engine/accel/sim_model.h). Unset:
   // the `cpu` backend alone.
   std::optional<SimHardware> sim;
   // Warnings the engine raises (e.g. an approximate index below the sim's
@@ -95,9 +137,18 @@ class MemoryEngine {
   absl::StatusOr<RecallResult> Recall(const std::string& id,
                                       const RecallQuery& query);
 
-  // The stream, for block reads. NOT_FOUND when absent; INVALID_ARGUMENT for
-  // a malformed id.
-  absl::StatusOr<std::shared_ptr<Stream>> Find(const std::string& id) const;
+  // The stream, for ingest and block reads. NOT_FOUND when absent;
+  // INVALID_ARGUMENT for a malformed id; a quarantined stream's reason.
+  absl::StatusOr<StreamHandle> Find(const std::string& id) const;
+
+  // Applies a stream's queued recall feedback (heat, stage hits,
+  // promotions) and its tier budgets now; the engine does it on its
+  // background threads after recalls.
+  absl::Status RunMaintenance(const std::string& id);
+  // Rebuilds a stream's indexes from its live summaries (Recall keeps
+  // serving the old ones meanwhile); returns the blocks indexed. The engine
+  // does it as blocks accumulate (index_policy.rebuild_every_blocks).
+  absl::StatusOr<size_t> RebuildIndex(const std::string& id);
 
   size_t stream_count() const;
   std::vector<QuarantinedStream> Quarantined() const;
@@ -106,8 +157,7 @@ class MemoryEngine {
   absl::Status RecordAcknowledged();
   // The live streams whose id starts with prefix ("" for all), without
   // computing their stats: cheap enough for per-append admission checks.
-  std::vector<std::shared_ptr<Stream>> StreamsWithPrefix(
-      const std::string& prefix) const;
+  std::vector<StreamHandle> StreamsWithPrefix(const std::string& prefix) const;
   uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
   const Accelerator& accelerator() const { return *accel_; }
 
@@ -118,6 +168,9 @@ class MemoryEngine {
  private:
   MemoryEngine(std::unique_ptr<ColdStore> store, const EngineOptions& options);
   StreamEnv Env();
+  // The live stream; NOT_FOUND, INVALID_ARGUMENT or a quarantine reason.
+  absl::StatusOr<std::shared_ptr<Stream>> FindStream(
+      const std::string& id) const;
   // Recovers one stored stream; any failure (or exception) is the status.
   absl::StatusOr<std::unique_ptr<Stream>> RecoverOne(const StreamRecord& r);
   void Quarantine(const std::string& id, absl::Status reason)

@@ -7,9 +7,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "engine/block_index.h"
-#include "engine/status_macros.h"
-#include "engine/token_groups.h"
+#include "base/status_macros.h"
+#include "engine/index/block_index.h"
+#include "engine/recall/token_groups.h"
 
 namespace kvmem {
 

@@ -35,7 +35,7 @@ inline constexpr size_t kMaxStreamIdBytes = 128;
 absl::Status ValidateStreamId(absl::string_view id,
                               absl::string_view field = "stream_id");
 // The engine's ids: a stream id, or "<tenant>/<stream id>" (the server's
-// tenant namespaces, server/tenancy.h), each part a valid stream id.
+// tenant namespaces, server/ops/tenancy.h), each part a valid stream id.
 absl::Status ValidateEngineStreamId(absl::string_view id);
 
 // Returns config with every zero/empty default filled in. Does not validate.

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
+#include "engine/codec/dtype.h"
 
 namespace kvmem {
 
@@ -136,7 +136,7 @@ struct RecallQuery {
   uint32_t priority = 0;
 };
 
-// What accelerator calls cost (engine/accelerator.h).
+// What accelerator calls cost (engine/accel/accelerator.h).
 struct CallCost {
   double measured_us = 0;     // Host wall time.
   double modelled_us = 0;     // Modelled backends: time on the device,
@@ -252,6 +252,15 @@ struct StreamStats {
     std::string warning;
   } accel;
 };
+
+// One piece of a block's payload, as FetchBlocks sends it.
+struct PayloadPiece {
+  uint64_t frame_index = 0;  // FRAME_MAJOR: the frame; else the block's first.
+  uint32_t layer = 0;        // BLOCK_LAYER_MAJOR: the layer.
+  std::string bytes;
+};
+
+enum class PayloadLayout { kFrameMajor, kBlockLayerMajor };
 
 }  // namespace kvmem
 

@@ -2,23 +2,16 @@
 // cold store in --data_dir, recovers every stream, and serves kvmem.v1 plus
 // grpc.health.v1 and server reflection on TCP and/or a unix socket until
 // SIGINT or SIGTERM, then drains in-flight calls and closes the store.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <malloc.h>
-#include <prometheus/exposer.h>
 #include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
-#include <thread>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -26,15 +19,11 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
-#include "engine/device_profile.h"
-#include "engine/executor.h"
-#include "engine/memory_engine.h"
-#include "server/config.h"
-#include "server/kvmem_service.h"
-#include "server/metrics.h"
-#include "server/tenancy.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "server/ops/config.h"
+#include "server/server.h"
 #include "spdlog/spdlog.h"
-#include "storage/rocks_cold_store.h"
 
 ABSL_FLAG(std::string, config, "",
           "TOML config file: [server] sets any of these flags by name, "
@@ -153,8 +142,6 @@ ABSL_FLAG(std::string, log_level, "info",
 
 namespace {
 
-constexpr char kServiceName[] = "kvmem.v1.KvMemory";
-
 // Writes port to path atomically (readers never see a partial file).
 void WritePortFile(const std::string& path, int port) {
   if (path.empty()) return;
@@ -163,6 +150,95 @@ void WritePortFile(const std::string& path, int port) {
   std::rename(tmp.c_str(), path.c_str());
 }
 
+// The store's flags; INVALID_ARGUMENT naming the flag.
+absl::Status StoreOptionsFromFlags(kvmem::RocksColdStoreOptions* o) {
+  o->path = absl::GetFlag(FLAGS_data_dir);
+  if (!kvmem::ParseWalSync(absl::GetFlag(FLAGS_wal_sync), &o->wal_sync)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--wal_sync is \"", absl::GetFlag(FLAGS_wal_sync),
+                     "\"; must be commit, interval or off"));
+  }
+  const int32_t interval = absl::GetFlag(FLAGS_wal_sync_interval_ms);
+  if (interval < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--wal_sync_interval_ms is ", interval, "; must be at least 1"));
+  }
+  o->wal_sync_interval_ms = static_cast<uint32_t>(interval);
+  const int32_t write_mib = absl::GetFlag(FLAGS_rocksdb_write_buffer_mib);
+  const int32_t cache_mib = absl::GetFlag(FLAGS_rocksdb_block_cache_mib);
+  if (write_mib < 1 || write_mib > 4096 || cache_mib < 1 || cache_mib > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rocksdb_write_buffer_mib=", write_mib,
+        " must be in [1, 4096] and --rocksdb_block_cache_mib=", cache_mib,
+        " in [1, 65536]"));
+  }
+  o->write_buffer_bytes = static_cast<uint64_t>(write_mib) << 20;
+  o->block_cache_bytes = static_cast<uint64_t>(cache_mib) << 20;
+  if (const int32_t reserve = absl::GetFlag(FLAGS_disk_reserve_mib);
+      reserve >= 0) {
+    o->reserve_bytes = static_cast<uint64_t>(reserve) << 20;
+  } else if (reserve != -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--disk_reserve_mib is ", reserve, "; must be -1 (auto) or >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+// API keys from --api_keys_file, else $KVMEM_API_KEYS.
+absl::StatusOr<std::string> ApiKeysFromFlags() {
+  const std::string path = absl::GetFlag(FLAGS_api_keys_file);
+  if (path.empty()) {
+    const char* env = std::getenv("KVMEM_API_KEYS");
+    return std::string(env != nullptr ? env : "");
+  }
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api_keys_file ", path, " cannot be read"));
+  }
+  return std::string(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+}
+
+absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
+    const kvmem::StreamConfig& stream_defaults) {
+  kvmem::ServerOptions o;
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  KVMEM_RETURN_IF_ERROR(StoreOptionsFromFlags(&o.store));
+  const std::string recovery = absl::GetFlag(FLAGS_recovery);
+  if (recovery != "salvage" && recovery != "strict") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--recovery is \"", recovery, "\"; must be salvage or strict"));
+  }
+  o.store.strict_wal = recovery == "strict";
+  o.engine.strict_recovery = recovery == "strict";
+  o.engine.global_warm_budget_bytes =
+      absl::GetFlag(FLAGS_global_warm_budget_bytes);
+  o.engine.stream_defaults = stream_defaults;
+  o.accelerator_profile = absl::GetFlag(FLAGS_accelerator_profile);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  o.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  KVMEM_ASSIGN_OR_RETURN(o.api_keys, ApiKeysFromFlags());
+  o.limits.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
+  o.limits.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
+  o.limits.max_tenant_bytes = absl::GetFlag(FLAGS_max_tenant_bytes);
+  o.limits.max_total_bytes = absl::GetFlag(FLAGS_max_total_bytes);
+  o.limits.max_calls_in_flight = absl::GetFlag(FLAGS_max_calls_in_flight);
+  o.limits.max_frame_bytes_in_flight =
+      absl::GetFlag(FLAGS_max_frame_bytes_in_flight);
+  o.instance_name = absl::GetFlag(FLAGS_instance_name);
+  o.metrics_max_streams = absl::GetFlag(FLAGS_metrics_max_streams);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  return o;
+}
+
+// Serves until SIGINT or SIGTERM. Exit status: 2 for a bad flag, 1 when the
+// server cannot start, 0 after an orderly stop.
 int Run(const kvmem::StreamConfig& stream_defaults) {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   if (absl::GetFlag(FLAGS_tune_malloc)) {
@@ -171,276 +247,34 @@ int Run(const kvmem::StreamConfig& stream_defaults) {
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
   }
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
-  if (listen.empty() && unix_socket.empty()) {
-    spdlog::error("nothing to serve on: set --listen and/or --unix_socket");
+  absl::StatusOr<kvmem::ServerOptions> options =
+      OptionsFromFlags(stream_defaults);
+  if (!options.ok()) {
+    spdlog::error("{}", std::string(options.status().message()));
     return 2;
   }
-  const int max_msg = absl::GetFlag(FLAGS_max_message_bytes);
-  const int max_chunk = absl::GetFlag(FLAGS_max_chunk_bytes);
-  if (max_msg < (1 << 16) || max_chunk < 1024 || max_chunk > max_msg - 4096) {
-    spdlog::error(
-        "--max_message_bytes={} must be >= 65536 and --max_chunk_bytes={} "
-        "in [1024, max_message_bytes - 4096]",
-        max_msg, max_chunk);
-    return 2;
-  }
-
   // Signals are taken by sigwait below; block them before any thread starts.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-
-  kvmem::RocksColdStoreOptions store_options;
-  store_options.path = absl::GetFlag(FLAGS_data_dir);
-  if (!kvmem::ParseWalSync(absl::GetFlag(FLAGS_wal_sync),
-                           &store_options.wal_sync)) {
-    spdlog::error("--wal_sync is \"{}\"; must be commit, interval or off",
-                  absl::GetFlag(FLAGS_wal_sync));
-    return 2;
+  absl::StatusOr<std::unique_ptr<kvmem::Server>> server =
+      kvmem::Server::Start(*std::move(options));
+  if (!server.ok()) {
+    spdlog::error("{}", std::string(server.status().message()));
+    return absl::IsInvalidArgument(server.status()) ? 2 : 1;
   }
-  if (absl::GetFlag(FLAGS_wal_sync_interval_ms) < 1) {
-    spdlog::error("--wal_sync_interval_ms is {}; must be at least 1",
-                  absl::GetFlag(FLAGS_wal_sync_interval_ms));
-    return 2;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file),
+                  (*server)->metrics_port());
   }
-  store_options.wal_sync_interval_ms =
-      static_cast<uint32_t>(absl::GetFlag(FLAGS_wal_sync_interval_ms));
-  const std::string recovery = absl::GetFlag(FLAGS_recovery);
-  if (recovery != "salvage" && recovery != "strict") {
-    spdlog::error("--recovery is \"{}\"; must be salvage or strict", recovery);
-    return 2;
-  }
-  store_options.strict_wal = recovery == "strict";
-  const int32_t write_mib = absl::GetFlag(FLAGS_rocksdb_write_buffer_mib);
-  const int32_t cache_mib = absl::GetFlag(FLAGS_rocksdb_block_cache_mib);
-  if (write_mib < 1 || write_mib > 4096 || cache_mib < 1 || cache_mib > 65536) {
-    spdlog::error(
-        "--rocksdb_write_buffer_mib={} must be in [1, 4096] and "
-        "--rocksdb_block_cache_mib={} in [1, 65536]",
-        write_mib, cache_mib);
-    return 2;
-  }
-  store_options.write_buffer_bytes = static_cast<uint64_t>(write_mib) << 20;
-  store_options.block_cache_bytes = static_cast<uint64_t>(cache_mib) << 20;
-  if (const int32_t reserve = absl::GetFlag(FLAGS_disk_reserve_mib);
-      reserve >= 0) {
-    store_options.reserve_bytes = static_cast<uint64_t>(reserve) << 20;
-  } else if (reserve != -1) {
-    spdlog::error("--disk_reserve_mib is {}; must be -1 (auto) or >= 0",
-                  reserve);
-    return 2;
-  }
-  auto store = kvmem::OpenRocksColdStore(store_options);
-  if (!store.ok()) {
-    spdlog::error("{}", store.status().ToString());
-    return 1;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  kvmem::EngineOptions engine_options;
-  engine_options.global_warm_budget_bytes =
-      absl::GetFlag(FLAGS_global_warm_budget_bytes);
-  engine_options.warn = [](const std::string& w) { spdlog::warn("{}", w); };
-  engine_options.error = [](const std::string& e) { spdlog::error("{}", e); };
-  engine_options.strict_recovery = recovery == "strict";
-  engine_options.stream_defaults = stream_defaults;
-  if (const std::string path = absl::GetFlag(FLAGS_accelerator_profile);
-      !path.empty()) {
-    auto profile = kvmem::LoadDeviceProfile(path);
-    absl::StatusOr<kvmem::SimHardware> hw =
-        profile.ok() ? kvmem::SimHardwareFromProfile(*profile)
-                     : absl::StatusOr<kvmem::SimHardware>(profile.status());
-    if (!hw.ok()) {
-      spdlog::error("--accelerator_profile: {}", hw.status().ToString());
-      return 2;
-    }
-    engine_options.sim = *hw;
-    spdlog::info("sim accelerator backend: {} ({} lanes at {} MHz, {} GB/s)",
-                 profile->name, hw->lanes, hw->clock_hz / 1e6,
-                 hw->dram_bandwidth_bytes_per_s / 1e9);
-  }
-  auto engine = kvmem::MemoryEngine::Open(*std::move(store), engine_options);
-  if (!engine.ok()) {
-    spdlog::error("recovery failed: {}", engine.status().ToString());
-    return 1;
-  }
-  const double recover_ms = std::chrono::duration<double, std::milli>(
-                                std::chrono::steady_clock::now() - t0)
-                                .count();
-  for (const auto& s : (*engine)->ListStreams()) {
-    spdlog::info(
-        "recovered stream {}: {} frames, {} blocks, last durable "
-        "frame {}",
-        s.stream_id, s.frames, s.sealed_blocks, s.last_durable_frame);
-  }
-  spdlog::info(
-      "opened {} with {} streams ({} quarantined) in {:.1f} ms (WAL sync: "
-      "{}, recovery: {})",
-      store_options.path, (*engine)->stream_count(),
-      (*engine)->Quarantined().size(), recover_ms,
-      kvmem::WalSyncName(store_options.wal_sync), recovery);
-
-  int workers = absl::GetFlag(FLAGS_worker_threads);
-  if (workers <= 0) {
-    workers =
-        std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
-  }
-  auto executor = std::make_unique<kvmem::Executor>(workers);
-  std::string keys_text;
-  if (!absl::GetFlag(FLAGS_api_keys_file).empty()) {
-    std::ifstream in(absl::GetFlag(FLAGS_api_keys_file));
-    if (!in) {
-      spdlog::error("--api_keys_file {} cannot be read",
-                    absl::GetFlag(FLAGS_api_keys_file));
-      return 2;
-    }
-    keys_text.assign(std::istreambuf_iterator<char>(in),
-                     std::istreambuf_iterator<char>());
-  } else if (const char* env = std::getenv("KVMEM_API_KEYS")) {
-    keys_text = env;
-  }
-  absl::StatusOr<kvmem::Tenancy> tenancy = kvmem::Tenancy::Parse(keys_text);
-  if (!tenancy.ok()) {
-    spdlog::error("{}", std::string(tenancy.status().message()));
-    return 2;
-  }
-  if (tenancy->enabled()) {
-    spdlog::info("API keys on: {} tenants", tenancy->tenants());
-  }
-  kvmem::Limits limits;
-  limits.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
-  limits.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
-  limits.max_tenant_bytes = absl::GetFlag(FLAGS_max_tenant_bytes);
-  limits.max_total_bytes = absl::GetFlag(FLAGS_max_total_bytes);
-  limits.max_calls_in_flight = absl::GetFlag(FLAGS_max_calls_in_flight);
-  limits.max_frame_bytes_in_flight =
-      absl::GetFlag(FLAGS_max_frame_bytes_in_flight);
-  kvmem::Admission admission(&*tenancy, engine->get(), limits);
-  std::string instance = absl::GetFlag(FLAGS_instance_name);
-  if (instance.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    instance = host;
-  }
-  kvmem::ServerMetrics::Options metrics_options;
-  metrics_options.max_streams = absl::GetFlag(FLAGS_metrics_max_streams);
-  metrics_options.instance_name = instance;
-  kvmem::ServerMetrics metrics(engine->get(), metrics_options);
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen);
-      !addr.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(addr, 2);
-    } catch (const std::exception& e) {
-      spdlog::error("--metrics_listen={}: cannot listen ({})", addr, e.what());
-      return 1;
-    }
-    exposer->RegisterCollectable(metrics.collectable());
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    const int port = ports.empty() ? 0 : ports[0];
-    spdlog::info("metrics on http://{}/metrics (port {})", addr, port);
-    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), port);
-  }
-  kvmem::ServiceOptions service_options;
-  service_options.metrics = &metrics;
-  service_options.max_chunk_bytes = static_cast<uint32_t>(max_chunk);
-  service_options.tenancy = &*tenancy;
-  service_options.admission = &admission;
-  kvmem::KvMemoryService service(engine->get(), executor.get(),
-                                 service_options);
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(max_msg);
-  builder.SetMaxSendMessageSize(max_msg);
-  {
-    std::vector<
-        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-        interceptors;
-    interceptors.push_back(metrics.NewInterceptorFactory());
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  }
-  int tcp_port = 0;
-  std::shared_ptr<grpc::ServerCredentials> tcp_creds =
-      grpc::InsecureServerCredentials();
-  const std::string cert_file = absl::GetFlag(FLAGS_tls_cert_file);
-  const std::string key_file = absl::GetFlag(FLAGS_tls_key_file);
-  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
-  if (!cert_file.empty() || !key_file.empty() || !client_ca.empty()) {
-    auto read = [](const std::string& path, std::string* out) {
-      std::ifstream in(path, std::ios::binary);
-      out->assign(std::istreambuf_iterator<char>(in),
-                  std::istreambuf_iterator<char>());
-      return in.good() || in.eof();
-    };
-    grpc::SslServerCredentialsOptions ssl(
-        client_ca.empty()
-            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    if (cert_file.empty() || key_file.empty() ||
-        !read(cert_file, &pair.cert_chain) ||
-        !read(key_file, &pair.private_key) || pair.cert_chain.empty() ||
-        pair.private_key.empty() ||
-        (!client_ca.empty() && (!read(client_ca, &ssl.pem_root_certs) ||
-                                ssl.pem_root_certs.empty()))) {
-      spdlog::error(
-          "TLS needs readable --tls_cert_file and --tls_key_file (and "
-          "--tls_client_ca_file when set)");
-      return 2;
-    }
-    ssl.pem_key_cert_pairs.push_back(pair);
-    tcp_creds = grpc::SslServerCredentials(ssl);
-    spdlog::info("TLS on the TCP listener{}",
-                 client_ca.empty() ? "" : ", client certificates required");
-  }
-  if (!listen.empty()) {
-    builder.AddListeningPort(listen, tcp_creds, &tcp_port);
-  }
-  if (!unix_socket.empty()) {
-    ::unlink(unix_socket.c_str());
-    builder.AddListeningPort("unix:" + unix_socket,
-                             grpc::InsecureServerCredentials());
-  }
-  builder.RegisterService(&service);
-  // The socket is created owner-only (no window where others can connect).
-  const mode_t old_umask = ::umask(0077);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ::umask(old_umask);
-  if (!server || (!listen.empty() && tcp_port == 0)) {
-    spdlog::error("could not listen on {}{}{}", listen,
-                  unix_socket.empty() ? "" : " / unix:", unix_socket);
-    return 1;
-  }
-  if (!unix_socket.empty() && ::chmod(unix_socket.c_str(), 0600) != 0) {
-    spdlog::error("could not make unix:{} owner-only (chmod 0600): {}",
-                  unix_socket, std::strerror(errno));
-    server->Shutdown();
-    return 1;
-  }
-  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
-  server->GetHealthCheckService()->SetServingStatus(true);
-  if (!listen.empty()) {
-    spdlog::info("serving on tcp port {} as instance \"{}\"", tcp_port,
-                 instance);
-  }
-  if (!unix_socket.empty()) spdlog::info("serving on unix:{}", unix_socket);
-  WritePortFile(absl::GetFlag(FLAGS_port_file), tcp_port);
-
+  WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->tcp_port());
   int sig = 0;
   sigwait(&sigs, &sig);
   spdlog::info("signal {}: draining calls", sig);
-  server->GetHealthCheckService()->SetServingStatus(false);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  server->Wait();
-  exposer.reset();   // Scrapes read the engine.
-  executor.reset();  // Runs every queued task.
-  engine->reset();   // Closes RocksDB, syncing the WAL.
-  if (!unix_socket.empty()) ::unlink(unix_socket.c_str());
+  (*server)->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(10));
   spdlog::info("stopped");
   return 0;
 }

@@ -1,7 +1,7 @@
 // In-memory ColdStore: ordered maps under one mutex. For tests.
 #include <map>
 
-#include "engine/sync.h"
+#include "base/sync.h"
 #include "storage/cold_store.h"
 
 namespace kvmem {

@@ -6,10 +6,24 @@
 #include <string>
 
 #include "engine/memory_engine.h"
+#include "engine/stream/stream.h"
 #include "gtest/gtest.h"
 #include "storage/rocks_cold_store.h"
 #include "tests/stream_model.h"
 #include "tests/test_util.h"
+
+namespace kvmem {
+
+// Reaches what Stream keeps private for tests (engine/stream/stream.h).
+class StreamTestPeer {
+ public:
+  // Where the open block keeps frame i's payload; null when absent.
+  static const char* OpenPayloadData(const StreamHandle& h, size_t i) {
+    return h.stream_->OpenPayloadData(i);
+  }
+};
+
+}  // namespace kvmem
 
 namespace kvmem::testing {
 

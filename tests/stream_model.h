@@ -146,7 +146,7 @@ class StreamModel {
     return chosen;
   }
 
-  // Score MASS over whole blocks (engine/mass_estimate.h, computed here
+  // Score MASS over whole blocks (engine/recall/mass_estimate.h, computed here
   // directly in double): `vectors` query vectors back to back; window_lse
   // (vectors x heads) as the front end sends it, or empty for kvmem's
   // estimate from the blocks overlapping the window and the open block.

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
+#include "engine/codec/dtype.h"
 
 namespace kvmem::testing {
 

@@ -2,7 +2,7 @@
 # ThreadSanitizer run of the engine and storage tests (kvmem_unit_tests: the
 # engine, RocksDB in temp directories, the executor, tiers, recall under
 # concurrent appends). A clang build with -fsanitize=thread in build-tsan/,
-# where kvmem's locks are std::shared_mutex (engine/sync.h): Debian's abseil
+# where kvmem's locks are std::shared_mutex (base/sync.h): Debian's abseil
 # is not built with TSan, so its Mutex hand-offs would all look like races.
 # RocksDB, FAISS (OpenMP) and gRPC are not instrumented: races inside them
 # are not seen, and their internal synchronisation is invisible (reports

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "tests/stream_model.h"
 
 namespace kvmem::testing {

@@ -17,16 +17,16 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/int8_kernels.h"
+#include "engine/codec/dtype.h"
+#include "engine/codec/quantize.h"
+#include "engine/codec/record_codec.h"
+#include "engine/index/int8_kernels.h"
 #include "engine/memory_engine.h"
-#include "engine/quantize.h"
-#include "engine/recall_planner.h"
-#include "engine/record_codec.h"
-#include "engine/segmenter.h"
+#include "engine/recall/recall_planner.h"
+#include "engine/recall/token_groups.h"
+#include "engine/stream/segmenter.h"
 #include "engine/stream_config.h"
-#include "engine/token_groups.h"
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 #include "storage/rocks_cold_store.h"
 #include "tests/test_util.h"
 

@@ -20,7 +20,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/progressive_search.h"
+#include "engine/index/progressive_search.h"
 
 namespace kvmem {
 namespace {

@@ -37,7 +37,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "tests/stream_model.h"
 #include "tests/tool_util.h"
 #include "tests/wire_fixture.h"

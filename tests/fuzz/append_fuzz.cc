@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "engine/memory_engine.h"
-#include "server/frame_ingest.h"
+#include "server/service/frame_ingest.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kvmem {
@@ -68,7 +68,7 @@ void Run(fuzz::Reader& in) {
 void RunOn(MemoryEngine* engine, fuzz::Reader& in) {
   const StreamConfig config = Config(in.Take<uint8_t>());
   if (!engine->OpenStream("f", config).ok()) return;
-  std::shared_ptr<Stream> stream = *engine->Find("f");
+  StreamHandle stream = *engine->Find("f");
   std::optional<FrameIngest> call(stream);
   int64_t durable = -1;
   for (int ops = 0; ops < 64 && !in.empty(); ++ops) {
@@ -82,7 +82,7 @@ void RunOn(MemoryEngine* engine, fuzz::Reader& in) {
                           static_cast<int8_t>(in.Take<uint8_t>()) / 64);
         // At the next position or a little after; 0 means one before it
         // (an overlap, or a wrap past 2^62 on an empty stream).
-        h.set_first_token_position(stream->Stats().next_token_position +
+        h.set_first_token_position(stream.Stats().next_token_position +
                                    in.Take<uint8_t>() % 5 - 1);
         h.set_token_count(in.Take<uint8_t>() % 6);
         const uint16_t declared = in.Take<uint16_t>() % 160;
@@ -125,16 +125,16 @@ void RunOn(MemoryEngine* engine, fuzz::Reader& in) {
         const uint64_t block = in.Take<uint8_t>() % 8;
         std::vector<uint32_t> layers;
         if (in.Take<uint8_t>() % 2) layers.push_back(in.Take<uint8_t>() % 3);
-        auto r = stream->ReadBlockPayload(block,
-                                          in.Take<uint8_t>() % 2
-                                              ? PayloadLayout::kBlockLayerMajor
-                                              : PayloadLayout::kFrameMajor,
-                                          layers);
+        auto r = stream.ReadBlockPayload(block,
+                                         in.Take<uint8_t>() % 2
+                                             ? PayloadLayout::kBlockLayerMajor
+                                             : PayloadLayout::kFrameMajor,
+                                         layers);
         (void)r;
         break;
       }
       case 4:
-        (void)stream->RunMaintenance();
+        (void)engine->RunMaintenance("f");
         break;
       case 5:  // The call ends: a partial frame is dropped, a new call starts.
         if (in.Take<uint8_t>() % 4 == 0) (void)engine->CloseStream("f");
@@ -148,7 +148,7 @@ void RunOn(MemoryEngine* engine, fuzz::Reader& in) {
       FUZZ_CHECK((*fed)->last_durable_frame == durable + 1);
       durable = (*fed)->last_durable_frame;
     }
-    FUZZ_CHECK(stream->Stats().last_durable_frame == durable);
+    FUZZ_CHECK(stream.Stats().last_durable_frame == durable);
   }
   engine->WaitForBackground();
 }

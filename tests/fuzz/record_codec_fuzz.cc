@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/record_codec.h"
+#include "engine/codec/record_codec.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kvmem {

@@ -12,7 +12,7 @@
 #include "engine/stream_config.h"
 #include "google/protobuf/text_format.h"
 #include "kvmem/v1/service.pb.h"
-#include "server/proto_convert.h"
+#include "server/service/proto_convert.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -7,7 +7,7 @@
 
 #include <fstream>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"

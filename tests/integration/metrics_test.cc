@@ -15,7 +15,7 @@
 #include <random>
 #include <sstream>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"
 #include "tests/wire_fixture.h"

@@ -23,7 +23,7 @@
 #include <set>
 #include <thread>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"
 #include "tests/wire_fixture.h"

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/kvmem_client.h"
-#include "engine/record_codec.h"
+#include "client/cpp/kvmem_client.h"
+#include "engine/codec/record_codec.h"
 #include "engine/stream_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -12,7 +12,7 @@
 #include <random>
 #include <thread>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"

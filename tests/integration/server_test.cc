@@ -8,7 +8,7 @@
 #include <optional>
 #include <thread>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reflection_probe.grpc.pb.h"

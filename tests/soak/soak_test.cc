@@ -25,7 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "tests/test_util.h"
 #include "tests/tool_util.h"
 #include "tools/common/server_process.h"

@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/kvmem_client.h"
-#include "engine/int8_kernels.h"
+#include "client/cpp/kvmem_client.h"
+#include "engine/index/int8_kernels.h"
 #include "kvmem/v1/service.grpc.pb.h"
 #include "storage/rocks_cold_store.h"
 #include "tools/bench/bench_inproc.h"

@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
-#include "engine/block_index.h"
-#include "engine/dtype.h"
+#include "engine/codec/dtype.h"
+#include "engine/index/block_index.h"
+#include "engine/index/progressive_search.h"
 #include "engine/memory_engine.h"
-#include "engine/progressive_search.h"
 #include "storage/rocks_cold_store.h"
 
 namespace kvmem {

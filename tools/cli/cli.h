@@ -11,7 +11,7 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 
 ABSL_DECLARE_FLAG(std::string, addr);
 ABSL_DECLARE_FLAG(bool, json);

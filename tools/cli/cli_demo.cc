@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "tools/cli/cli.h"
 #include "tools/common/demo_workload.h"
 #include "tools/common/server_process.h"

@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "tools/cli/cli.h"
 #include "tools/common/terminal.h"
 

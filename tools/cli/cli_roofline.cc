@@ -5,8 +5,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
-#include "engine/device_profile.h"
-#include "engine/dtype.h"
+#include "engine/accel/device_profile.h"
+#include "engine/codec/dtype.h"
 #include "tools/bench/roofline.h"
 #include "tools/cli/cli.h"
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/dtype.h"
+#include "engine/codec/dtype.h"
 
 namespace kvmem {
 namespace {

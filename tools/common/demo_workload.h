@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 
 namespace kvmem {
 

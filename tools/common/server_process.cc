@@ -8,7 +8,7 @@
 #include <fstream>
 #include <thread>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 
 namespace kvmem {
 

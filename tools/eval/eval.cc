@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/dot.h"
+#include "engine/index/dot.h"
 #include "tools/eval/eval_metrics.h"
 
 namespace kvmem {

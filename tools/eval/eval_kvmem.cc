@@ -6,9 +6,9 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "engine/dot.h"
+#include "engine/index/dot.h"
 #include "engine/memory_engine.h"
-#include "server/proto_convert.h"
+#include "server/service/proto_convert.h"
 #include "storage/rocks_cold_store.h"
 #include "tools/eval/eval_policies.h"
 

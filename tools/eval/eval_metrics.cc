@@ -6,7 +6,7 @@
 #include <map>
 #include <numeric>
 
-#include "engine/dot.h"
+#include "engine/index/dot.h"
 
 namespace kvmem {
 namespace {

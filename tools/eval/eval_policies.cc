@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "engine/dot.h"
+#include "engine/index/dot.h"
 
 namespace kvmem {
 

@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 #include "tools/eval/video_workload.h"
 
 namespace kvmem {

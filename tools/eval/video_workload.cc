@@ -5,8 +5,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "engine/dot.h"
-#include "engine/dtype.h"
+#include "engine/codec/dtype.h"
+#include "engine/index/dot.h"
 #include "tools/eval/video_workload_internal.h"
 
 namespace kvmem {

@@ -38,7 +38,7 @@
 #include <string>
 #include <vector>
 
-#include "client/kvmem_client.h"
+#include "client/cpp/kvmem_client.h"
 
 namespace kvmem {
 

@@ -1,0 +1,41 @@
+// Executor: a fixed pool of worker threads for work that may block (RocksDB
+// commits and reads, fsync). The server runs storage-bound RPC work on one so
+// gRPC's callback threads never wait on I/O; the engine runs tier moves,
+// promotions and index rebuilds on another, off every caller's path.
+//
+// Thread safety: Submit may be called from any thread. The destructor runs
+// every task already submitted, then joins the workers.
+#ifndef KVMEM_BASE_EXECUTOR_H_
+#define KVMEM_BASE_EXECUTOR_H_
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "base/sync.h"
+
+namespace kvmem {
+
+class Executor {
+ public:
+  explicit Executor(int threads);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  void Submit(std::function<void()> task);
+
+ private:
+  void Run();
+
+  kvmem::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_BASE_EXECUTOR_H_

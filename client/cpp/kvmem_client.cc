@@ -1,0 +1,288 @@
+#include "client/cpp/kvmem_client.h"
+
+#include <fstream>
+#include <iterator>
+
+namespace kvmem {
+
+std::unique_ptr<KvmemClient> KvmemClient::Connect(
+    const std::string& target, const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  if (options.own_connection)
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty()) {
+    auto read = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      return std::string((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+    };
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = read(options.tls_ca_file);
+    if (!options.tls_cert_file.empty()) {
+      ssl.pem_cert_chain = read(options.tls_cert_file);
+      ssl.pem_private_key = read(options.tls_key_file);
+    }
+    creds = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(target, creds, args);
+  return std::unique_ptr<KvmemClient>(new KvmemClient(channel, options));
+}
+
+void KvmemClient::Authorize(const ClientOptions& options,
+                            grpc::ClientContext* ctx,
+                            const std::string& stream_id) {
+  if (!options.api_key.empty()) {
+    ctx->AddMetadata("authorization", "Bearer " + options.api_key);
+  }
+  if (!stream_id.empty()) ctx->AddMetadata(kStreamIdHeader, stream_id);
+}
+
+KvmemClient::KvmemClient(std::shared_ptr<grpc::Channel> channel,
+                         const ClientOptions& options)
+    : channel_(std::move(channel)),
+      stub_(v1::KvMemory::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)),
+      options_(options) {}
+
+bool KvmemClient::WaitForReady(std::chrono::milliseconds timeout) {
+  return channel_->WaitForConnected(std::chrono::system_clock::now() + timeout);
+}
+
+grpc::Status KvmemClient::OpenStream(const std::string& stream_id,
+                                     const v1::StreamConfig& config,
+                                     v1::OpenStreamResponse* resp) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, stream_id);
+  v1::OpenStreamRequest req;
+  req.set_stream_id(stream_id);
+  *req.mutable_config() = config;
+  return stub_->OpenStream(&ctx, req, resp);
+}
+
+grpc::Status KvmemClient::CloseStream(const std::string& stream_id,
+                                      v1::StreamStats* stats) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, stream_id);
+  v1::CloseStreamRequest req;
+  req.set_stream_id(stream_id);
+  v1::CloseStreamResponse resp;
+  grpc::Status s = stub_->CloseStream(&ctx, req, &resp);
+  if (s.ok() && stats != nullptr) *stats = resp.stats();
+  return s;
+}
+
+grpc::Status KvmemClient::DeleteStream(const std::string& stream_id) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, stream_id);
+  v1::DeleteStreamRequest req;
+  req.set_stream_id(stream_id);
+  v1::DeleteStreamResponse resp;
+  return stub_->DeleteStream(&ctx, req, &resp);
+}
+
+grpc::Status KvmemClient::ListStreams(v1::ListStreamsResponse* resp) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
+  return stub_->ListStreams(&ctx, v1::ListStreamsRequest(), resp);
+}
+
+grpc::Status KvmemClient::GetStreamStats(const std::string& stream_id,
+                                         v1::StreamStats* stats) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, stream_id);
+  v1::GetStreamStatsRequest req;
+  req.set_stream_id(stream_id);
+  return stub_->GetStreamStats(&ctx, req, stats);
+}
+
+grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
+                                       const std::vector<OutgoingFrame>& frames,
+                                       v1::AppendFramesResponse* resp) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, stream_id);
+  auto writer = stub_->AppendFrames(&ctx, resp);
+  bool first = true;
+  for (const OutgoingFrame& f : frames) {
+    const bool sent = ForEachFrameMessage(
+        f, options_.chunk_bytes,
+        [&](v1::FrameHeader* header, v1::PayloadChunk* chunk) {
+          v1::AppendFramesRequest req;
+          if (first) req.set_stream_id(stream_id);
+          first = false;
+          if (header != nullptr) *req.mutable_frame() = std::move(*header);
+          if (chunk != nullptr) *req.mutable_chunk() = std::move(*chunk);
+          return writer->Write(req);
+        });
+    if (!sent) break;  // The server ended the call; Finish says why.
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+grpc::Status KvmemClient::Recall(const v1::RecallRequest& req,
+                                 v1::RecallResponse* resp) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, req.stream_id());
+  return stub_->Recall(&ctx, req, resp);
+}
+
+grpc::Status KvmemClient::FetchBlocks(const std::string& stream_id,
+                                      const std::vector<uint64_t>& block_ids,
+                                      std::vector<FetchedBlock>* blocks,
+                                      uint32_t max_chunk_bytes) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, stream_id);
+  v1::FetchBlocksRequest req;
+  req.set_stream_id(stream_id);
+  for (uint64_t id : block_ids) req.add_block_ids(id);
+  req.set_max_chunk_bytes(max_chunk_bytes);
+  auto reader = stub_->FetchBlocks(&ctx, req);
+  v1::FetchBlocksResponse chunk;
+  blocks->clear();
+  while (reader->Read(&chunk)) {
+    if (chunk.has_block()) {
+      blocks->push_back({chunk.block(), std::string()});
+      blocks->back().payload.reserve(chunk.block().payload_bytes());
+    }
+    if (blocks->empty() || blocks->back().payload.size() != chunk.offset()) {
+      ctx.TryCancel();
+      reader->Finish().IgnoreError();
+      return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                          "FetchBlocks chunks arrived out of order");
+    }
+    blocks->back().payload.append(chunk.data());
+  }
+  return reader->Finish();
+}
+
+grpc::Status KvmemClient::CheckHealth(
+    const std::string& service, grpc::health::v1::HealthCheckResponse* resp) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  return health_->Check(&ctx, req, resp);
+}
+
+grpc::Status KvmemClient::StartSession(const std::string& stream_id,
+                                       const v1::StreamConfig* config,
+                                       std::unique_ptr<SessionClient>* session,
+                                       v1::OpenStreamResponse* opened) {
+  std::unique_ptr<SessionClient> s(
+      new SessionClient(stub_.get(), options_, stream_id));
+  v1::SessionRequest req;
+  req.mutable_open()->set_stream_id(stream_id);
+  if (config != nullptr) *req.mutable_open()->mutable_config() = *config;
+  v1::SessionResponse resp;
+  grpc::Status st = s->Exchange(&req, &resp, true);
+  if (!st.ok()) return st;
+  if (opened != nullptr) *opened = resp.opened();
+  *session = std::move(s);
+  return grpc::Status::OK;
+}
+
+SessionClient::SessionClient(v1::KvMemory::Stub* stub,
+                             const ClientOptions& options,
+                             const std::string& stream_id)
+    : chunk_bytes_(options.chunk_bytes) {
+  KvmemClient::Authorize(options, &ctx_, stream_id);
+  stream_ = stub->Session(&ctx_);
+}
+
+SessionClient::~SessionClient() {
+  if (!finished_) {
+    ctx_.TryCancel();
+    stream_->Finish().IgnoreError();
+  }
+}
+
+grpc::Status SessionClient::Broken() {
+  finished_ = true;
+  grpc::Status s = stream_->Finish();
+  if (s.ok()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the session ended unexpectedly");
+  }
+  return s;
+}
+
+grpc::Status SessionClient::Exchange(v1::SessionRequest* req,
+                                     v1::SessionResponse* resp,
+                                     bool wait_for_response) {
+  if (finished_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "the session is finished");
+  }
+  req->set_seq(++seq_);
+  if (!stream_->Write(*req)) return Broken();
+  if (!wait_for_response) return grpc::Status::OK;
+  if (!stream_->Read(resp)) return Broken();
+  if (resp->seq() != seq_) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        "session response out of order");
+  }
+  if (resp->has_error()) {
+    return grpc::Status(static_cast<grpc::StatusCode>(resp->error().code()),
+                        resp->error().message());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionClient::Append(const OutgoingFrame& frame,
+                                   v1::AppendAck* ack) {
+  // Only the message completing the frame gets a response.
+  size_t total = frame.payload.size() <= chunk_bytes_
+                     ? 1
+                     : 1 + (frame.payload.size() - 1) / chunk_bytes_;
+  size_t sent = 0;
+  grpc::Status st;
+  v1::SessionResponse resp;
+  ForEachFrameMessage(frame, chunk_bytes_,
+                      [&](v1::FrameHeader* header, v1::PayloadChunk* chunk) {
+                        v1::SessionRequest req;
+                        if (header != nullptr) {
+                          *req.mutable_frame() = std::move(*header);
+                        }
+                        if (chunk != nullptr) {
+                          *req.mutable_chunk() = std::move(*chunk);
+                        }
+                        st = Exchange(&req, &resp, ++sent == total);
+                        return st.ok();
+                      });
+  if (!st.ok()) return st;
+  if (!resp.has_ack()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        "session answered a frame without an ack");
+  }
+  if (ack != nullptr) *ack = resp.ack();
+  return grpc::Status::OK;
+}
+
+grpc::Status SessionClient::Recall(const v1::RecallRequest& req,
+                                   v1::RecallResponse* resp) {
+  v1::SessionRequest sreq;
+  *sreq.mutable_recall() = req;
+  v1::SessionResponse sresp;
+  grpc::Status st = Exchange(&sreq, &sresp, true);
+  if (st.ok()) *resp = sresp.recall();
+  return st;
+}
+
+grpc::Status SessionClient::Finish() {
+  if (finished_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "the session is finished");
+  }
+  finished_ = true;
+  stream_->WritesDone();
+  return stream_->Finish();
+}
+
+}  // namespace kvmem

@@ -1,0 +1,183 @@
+// KvmemClient: the C++ client a front end links to talk to kvmem-server.
+// Blocking calls over one channel; payloads larger than the chunk size are
+// split into FrameHeader + PayloadChunk messages automatically.
+//
+// Thread safety: a KvmemClient may be shared by threads (gRPC channels and
+// stubs are thread-safe). A SessionClient belongs to one thread at a time.
+#ifndef KVMEM_CLIENT_CPP_KVMEM_CLIENT_H_
+#define KVMEM_CLIENT_CPP_KVMEM_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvmem/v1/service.grpc.pb.h"
+
+namespace kvmem {
+
+struct ClientOptions {
+  // Payload bytes per message when uploading; larger frames are chunked.
+  uint32_t chunk_bytes = 1u << 20;
+  int max_message_bytes = 64 << 20;
+  // A connection of this client's own instead of one shared with other
+  // clients of the same target (gRPC's global subchannel pool): load
+  // generators use one per simulated camera.
+  bool own_connection = false;
+  // Sent on every call as "authorization: Bearer <key>" when the server
+  // has tenants (kvmem-server --api_keys_file).
+  std::string api_key;
+  // TLS (TCP targets): the CA that signed the server's certificate; with
+  // tls_cert_file and tls_key_file also a client certificate (for servers
+  // run with --tls_client_ca_file). tls_server_name overrides the name the
+  // certificate is checked against (default: the target's host).
+  std::string tls_ca_file, tls_cert_file, tls_key_file, tls_server_name;
+};
+
+// A frame to upload: header fields (its payload field is ignored) and payload.
+struct OutgoingFrame {
+  v1::FrameHeader header;
+  std::string payload;
+};
+
+// One block's bytes from FetchBlocks.
+struct FetchedBlock {
+  v1::RecalledBlock info;
+  std::string payload;  // All its frames, concatenated as appended.
+};
+
+class SessionClient;
+
+// Metadata every per-stream call carries: the stream id (a proxy in front of
+// several servers hashes it; deploy/nginx/kvmem.conf).
+inline constexpr char kStreamIdHeader[] = "kvmem-stream-id";
+// Metadata every response carries: the server's --instance_name.
+inline constexpr char kInstanceHeader[] = "kvmem-instance";
+
+class KvmemClient {
+ public:
+  // Adds the options' credentials (API key) to a call's context, and the
+  // stream id as metadata kStreamIdHeader (a sharding proxy routes on it;
+  // deploy/nginx/) when not empty.
+  static void Authorize(const ClientOptions& options, grpc::ClientContext* ctx,
+                        const std::string& stream_id = "");
+
+  // target: "unix:/path/to.sock", "unix:///abs/path" or "host:port".
+
+  static std::unique_ptr<KvmemClient> Connect(
+      const std::string& target, const ClientOptions& options = {});
+
+  // Waits until the channel is connected or the deadline passes.
+  bool WaitForReady(std::chrono::milliseconds timeout);
+
+  grpc::Status OpenStream(const std::string& stream_id,
+                          const v1::StreamConfig& config,
+                          v1::OpenStreamResponse* resp);
+  grpc::Status CloseStream(const std::string& stream_id,
+                           v1::StreamStats* stats);
+  grpc::Status DeleteStream(const std::string& stream_id);
+  grpc::Status ListStreams(v1::ListStreamsResponse* resp);
+  grpc::Status GetStreamStats(const std::string& stream_id,
+                              v1::StreamStats* stats);
+
+  // Uploads frames in order over one AppendFrames call. On failure gRPC
+  // delivers no response message; the status message names the stream's last
+  // durable frame, from which to resume.
+  grpc::Status AppendFrames(const std::string& stream_id,
+                            const std::vector<OutgoingFrame>& frames,
+                            v1::AppendFramesResponse* resp);
+
+  grpc::Status Recall(const v1::RecallRequest& req, v1::RecallResponse* resp);
+
+  // Fetches the payloads of the given blocks, in request order.
+  grpc::Status FetchBlocks(const std::string& stream_id,
+                           const std::vector<uint64_t>& block_ids,
+                           std::vector<FetchedBlock>* blocks,
+                           uint32_t max_chunk_bytes = 0);
+
+  // grpc.health.v1 Check for a service ("" is the server as a whole).
+  grpc::Status CheckHealth(const std::string& service,
+                           grpc::health::v1::HealthCheckResponse* resp);
+
+  // Starts a Session bound to stream_id; opens (creating) the stream when
+  // config is given.
+  grpc::Status StartSession(const std::string& stream_id,
+                            const v1::StreamConfig* config,
+                            std::unique_ptr<SessionClient>* session,
+                            v1::OpenStreamResponse* opened = nullptr);
+
+  v1::KvMemory::Stub* stub() { return stub_.get(); }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  KvmemClient(std::shared_ptr<grpc::Channel> channel,
+              const ClientOptions& options);
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KvMemory::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  ClientOptions options_;
+};
+
+// A live-camera Session: each call writes its request and waits for the
+// matching response, so responses never need reordering.
+class SessionClient {
+ public:
+  ~SessionClient();
+
+  // Appends one frame; ack receives the server's acknowledgement.
+  grpc::Status Append(const OutgoingFrame& frame, v1::AppendAck* ack);
+
+  // Runs a recall on the session's stream (stream_id in req may be empty).
+  // A rejected query returns its status; the session stays usable.
+  grpc::Status Recall(const v1::RecallRequest& req, v1::RecallResponse* resp);
+
+  // Half-closes and returns the call's final status.
+  grpc::Status Finish();
+
+ private:
+  friend class KvmemClient;
+  SessionClient(v1::KvMemory::Stub* stub, const ClientOptions& options,
+                const std::string& stream_id);
+  grpc::Status Exchange(v1::SessionRequest* req, v1::SessionResponse* resp,
+                        bool wait_for_response);
+  grpc::Status Broken();
+
+  grpc::ClientContext ctx_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>>
+      stream_;
+  uint32_t chunk_bytes_;
+  uint64_t seq_ = 0;
+  bool finished_ = false;
+};
+
+// Splits a frame into the request messages AppendFrames and Session send:
+// the header carrying the first chunk_bytes of payload, then chunks.
+// fn is called for each message: fn(header, nullptr) or fn(nullptr, chunk).
+template <typename Fn>
+bool ForEachFrameMessage(const OutgoingFrame& frame, uint32_t chunk_bytes,
+                         Fn fn) {
+  const std::string& p = frame.payload;
+  const size_t first = std::min<size_t>(p.size(), chunk_bytes);
+  v1::FrameHeader header = frame.header;
+  header.set_payload_bytes(p.size());
+  header.set_payload(p.data(), first);
+  if (!fn(&header, nullptr)) return false;
+  for (size_t off = first; off < p.size(); off += chunk_bytes) {
+    v1::PayloadChunk chunk;
+    chunk.set_frame_index(frame.header.frame_index());
+    chunk.set_offset(off);
+    chunk.set_data(p.data() + off,
+                   std::min<size_t>(chunk_bytes, p.size() - off));
+    if (!fn(nullptr, &chunk)) return false;
+  }
+  return true;
+}
+
+}  // namespace kvmem
+
+#endif  // KVMEM_CLIENT_CPP_KVMEM_CLIENT_H_

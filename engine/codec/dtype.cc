@@ -1,0 +1,218 @@
+#include "engine/codec/dtype.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace kvmem {
+
+size_t DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFp16:
+    case DType::kBf16:
+      return 2;
+    case DType::kFp32:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kUnspecified:
+      return "unspecified";
+    case DType::kFp16:
+      return "fp16";
+    case DType::kBf16:
+      return "bf16";
+    case DType::kFp32:
+      return "fp32";
+  }
+  return "unknown";
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      // Subnormal: renormalise into an fp32 normal number.
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ffu;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // Inf or NaN.
+    return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
+  }
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // Overflows to Inf.
+  if (abs < 0x38800000u) {
+    // Result is subnormal or zero in fp16.
+    if (abs < 0x33000000u) return sign;
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14..24
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+    return sign | static_cast<uint16_t>(half);
+  }
+  uint32_t half = ((abs >> 13) - ((127 - 15) << 10));
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return sign | static_cast<uint16_t>(half);
+}
+
+float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40u;  // NaN.
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+namespace {
+uint16_t LoadU16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
+}
+}  // namespace
+
+namespace {
+#if defined(__x86_64__)
+// F16C converts 8 halves per instruction, exactly (NaNs stay NaN, quieted).
+__attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* src,
+                                                         size_t n, float* dst) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
+}
+
+bool HasF16c() {
+  // CPUID leaf 1, ECX: bit 28 AVX, bit 29 F16C (clang 14's
+  // __builtin_cpu_supports does not know "f16c").
+  static const bool has = [] {
+    __builtin_cpu_init();
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return __builtin_cpu_supports("avx") && (c >> 29 & 1) != 0;
+  }();
+  return has;
+}
+#endif
+}  // namespace
+
+void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst) {
+  switch (dtype) {
+    case DType::kFp16:
+#if defined(__x86_64__)
+      if (HasF16c()) {
+        HalfToFloatF16c(src, n, dst);
+        return;
+      }
+#endif
+      for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
+      return;
+    case DType::kBf16:
+      for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(LoadU16(src + 2 * i));
+      return;
+    case DType::kFp32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    default:
+      return;
+  }
+}
+
+int64_t FindOutOfRange(const uint8_t* src, size_t n, DType dtype) {
+  // IEEE magnitudes order like their bit patterns without the sign, and
+  // Inf and NaN lie above every finite value: one compare per element.
+  const size_t width = DTypeBytes(dtype);
+  uint32_t sign = 0, limit = 0;
+  switch (dtype) {
+    case DType::kFp16:
+      sign = 0x8000u, limit = 0x7bffu;  // 65504, the largest finite.
+      break;
+    case DType::kBf16:
+      sign = 0x8000u, limit = 0x4780u;  // 65536.
+      break;
+    case DType::kFp32:
+      sign = 0x80000000u, limit = 0x47800000u;  // 65536.
+      break;
+    default:
+      return -1;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, src + i * width, width);  // Little-endian hosts.
+    if ((bits & ~sign) > limit) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+void AccumulateAsFloat(const uint8_t* src, size_t n, DType dtype, double* acc) {
+  constexpr size_t kChunk = 256;
+  float buf[kChunk];
+  const size_t width = DTypeBytes(dtype);
+  for (size_t done = 0; done < n; done += kChunk) {
+    const size_t m = n - done < kChunk ? n - done : kChunk;
+    DecodeToFloat(src + done * width, m, dtype, buf);
+    for (size_t i = 0; i < m; ++i) acc[done + i] += buf[i];
+  }
+}
+
+void EncodeFromFloat(const float* src, size_t n, DType dtype, uint8_t* dst) {
+  switch (dtype) {
+    case DType::kFp16:
+    case DType::kBf16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t v =
+            dtype == DType::kFp16 ? FloatToHalf(src[i]) : FloatToBf16(src[i]);
+        dst[2 * i] = static_cast<uint8_t>(v & 0xffu);
+        dst[2 * i + 1] = static_cast<uint8_t>(v >> 8);
+      }
+      return;
+    case DType::kFp32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    default:
+      return;
+  }
+}
+
+}  // namespace kvmem

@@ -1,0 +1,85 @@
+// Encoding of the records the engine keeps in the ColdStore: stream configs,
+// stream states and block records. A small versioned little-endian format;
+// decoders reject truncated or trailing bytes with DATA_LOSS.
+#ifndef KVMEM_ENGINE_CODEC_RECORD_CODEC_H_
+#define KVMEM_ENGINE_CODEC_RECORD_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/types.h"
+
+namespace kvmem {
+
+// Durable progress of a stream, committed with every frame.
+struct StreamState {
+  bool closed = false;
+  int64_t last_frame = -1;  // Last durable frame, -1 when none.
+  uint64_t next_token_position =
+      0;  // Earliest position the next frame may use.
+  uint64_t frames = 0;
+  uint64_t tokens = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t next_block_id = 0;
+  uint64_t open_block_first_frame = 0;  // First frame of the unsealed block.
+  uint32_t open_block_frames = 0;
+  uint64_t open_block_first_position = 0;
+  uint32_t open_block_tokens = 0;
+  uint64_t open_block_payload_bytes = 0;
+  // Length of the stream's scene embeddings (0: none yet). Written last;
+  // records without it (older versions) read as 0.
+  uint32_t scene_dim = 0;
+};
+
+// Where a block's KV lives on disk.
+enum class DiskForm : uint8_t {
+  kFrames = 0,  // As its frames' records (a block not yet demoted).
+  kFull = 1,    // Per-layer records, full precision.
+  kInt8 = 2,    // Per-layer records, int8 per-channel (degraded).
+  kNone = 3,    // Evicted.
+};
+
+// A track seen in a block: how many of its frames, when, and its last box.
+struct TrackPresence {
+  uint64_t track_id = 0;
+  uint32_t frames = 0;
+  uint64_t first_frame = 0;
+  uint64_t last_frame = 0;
+  float box[4] = {0, 0, 0, 0};  // x_min, y_min, x_max, y_max
+};
+
+struct BlockRecord {
+  BlockInfo info;
+  DiskForm disk = DiskForm::kFrames;
+  std::vector<uint32_t> frame_tokens;  // Token count of each frame, in order.
+  std::vector<float> summary;
+  // Token groups (groups_per_block > 1): [group][summary_dim] mean keys and
+  // each token's group; empty otherwise.
+  std::vector<float> group_summaries;
+  std::vector<uint8_t> token_group;
+  std::vector<TrackPresence> tracks;  // Sorted by track_id.
+  std::vector<float> scene;           // Mean scene embedding (may be empty).
+  uint64_t last_access_frame = 0;     // Sealed or last recalled.
+  float hits = 0;                     // Recall hits, decayed to last_hit_frame.
+  uint64_t last_hit_frame = 0;
+};
+
+std::string EncodeConfig(const StreamConfig& config);
+absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes);
+
+std::string EncodeState(const StreamState& state);
+absl::StatusOr<StreamState> DecodeState(absl::string_view bytes);
+
+// A frame's signals, stored beside its payload (replayed on recovery).
+std::string EncodeSignals(const FrameSignals& signals);
+absl::StatusOr<FrameSignals> DecodeSignals(absl::string_view bytes);
+
+std::string EncodeBlock(const BlockRecord& block);
+absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_CODEC_RECORD_CODEC_H_

@@ -1,0 +1,21 @@
+// Small float kernels (token-group clustering, the evaluation's oracle and
+// workload projections). Built for AVX2 and for the x86-64 baseline, picked
+// at load time (GCC target_clones); same results up to rounding order.
+#ifndef KVMEM_ENGINE_INDEX_DOT_H_
+#define KVMEM_ENGINE_INDEX_DOT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvmem {
+
+// sum a[i] * b[i]
+float Dot(const float* a, const float* b, size_t n);
+// sum a[i] * b[i] over int8 pairs, exact in int32 (n < 2^17).
+int32_t DotInt8(const int8_t* a, const int8_t* b, size_t n);
+// y[i] += alpha * x[i]; x and y must not overlap.
+void Axpy(float alpha, const float* x, float* y, size_t n);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_INDEX_DOT_H_

@@ -1,0 +1,155 @@
+#include "engine/recall/fast_exp.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace kvmem {
+namespace {
+
+constexpr float kLow = -87.3f, kHigh = 88.0f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f,
+                kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
+                kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+
+float ExpOne(float v) {
+  if (!(v >= kLow)) return 0.0f;
+  if (v > kHigh) v = kHigh;
+  const float k = std::floor(v * kLog2e + 0.5f);
+  const float r = (v - k * kLn2Hi) - k * kLn2Lo;
+  float p = kP0;
+  p = p * r + kP1;
+  p = p * r + kP2;
+  p = p * r + kP3;
+  p = p * r + kP4;
+  p = p * r + kP5;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+void ScalarExp(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = ExpOne(x[i]);
+}
+
+float ScalarExpDot(const float* x, float scale, float shift,
+                   const float* weight, float* out, size_t n) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = ExpOne(x[i] * scale - shift);
+    sum += static_cast<double>(weight[i]) * out[i];
+  }
+  return static_cast<float>(sum);
+}
+
+float ScalarMaxScaled(const float* x, const float* mask, float scale, size_t n,
+                      float init) {
+  float m = init;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, x[i] * scale + mask[i]);
+  return m;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline __m256 Exp8(__m256 in) {
+  const __m256 low = _mm256_set1_ps(kLow), high = _mm256_set1_ps(kHigh);
+  const __m256 keep = _mm256_cmp_ps(in, low, _CMP_GE_OQ);  // -inf, NaN: 0.
+  const __m256 v = _mm256_min_ps(_mm256_max_ps(in, low), high);
+  const __m256 k = _mm256_floor_ps(
+      _mm256_fmadd_ps(v, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
+  const __m256 r =
+      _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo),
+                       _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), v));
+  __m256 p = _mm256_set1_ps(kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+                    _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
+}
+
+__attribute__((target("avx2,fma"))) float Avx2ExpDot(const float* x,
+                                                     float scale, float shift,
+                                                     const float* weight,
+                                                     float* out, size_t n) {
+  const __m256 s = _mm256_set1_ps(scale), b = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = Exp8(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), s, b));
+    _mm256_storeu_ps(out + i, e);
+    acc = _mm256_fmadd_ps(e, _mm256_loadu_ps(weight + i), acc);
+  }
+  alignas(32) float part[8];
+  _mm256_store_ps(part, acc);
+  double sum = 0;
+  for (float v : part) sum += v;
+  for (; i < n; ++i) {
+    out[i] = ExpOne(x[i] * scale - shift);
+    sum += static_cast<double>(weight[i]) * out[i];
+  }
+  return static_cast<float>(sum);
+}
+
+__attribute__((target("avx2,fma"))) float Avx2MaxScaled(const float* x,
+                                                        const float* mask,
+                                                        float scale, size_t n,
+                                                        float init) {
+  const __m256 s = _mm256_set1_ps(scale);
+  __m256 m = _mm256_set1_ps(init);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    m = _mm256_max_ps(m, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), s,
+                                         _mm256_loadu_ps(mask + i)));
+  }
+  alignas(32) float part[8];
+  _mm256_store_ps(part, m);
+  float r = init;
+  for (float v : part) r = std::max(r, v);
+  for (; i < n; ++i) r = std::max(r, x[i] * scale + mask[i]);
+  return r;
+}
+
+__attribute__((target("avx2,fma"))) void Avx2Exp(float* x, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(x + i, Exp8(_mm256_loadu_ps(x + i)));
+  }
+  for (; i < n; ++i) x[i] = ExpOne(x[i]);
+}
+#endif
+
+std::vector<ExpKernelInfo> Detect() {
+  std::vector<ExpKernelInfo> k;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    k.push_back({"avx2", &Avx2Exp, &Avx2ExpDot, &Avx2MaxScaled});
+  }
+#endif
+  k.push_back({"scalar", &ScalarExp, &ScalarExpDot, &ScalarMaxScaled});
+  return k;
+}
+
+}  // namespace
+
+const std::vector<ExpKernelInfo>& AvailableExpKernels() {
+  static const std::vector<ExpKernelInfo> kernels = Detect();
+  return kernels;
+}
+
+const ExpKernelInfo& ActiveExpKernel() { return AvailableExpKernels().front(); }
+
+void ExpInPlace(float* x, size_t n) { ActiveExpKernel().fn(x, n); }
+
+}  // namespace kvmem

@@ -1,0 +1,47 @@
+// exp over arrays, for the per-head attention-mass estimate (one exp per
+// candidate, KV head and query vector on every recall). Cephes' expf: range
+// reduction x = k ln 2 + r, |r| <= ln 2 / 2, a degree-6 polynomial for e^r,
+// 2^k through the exponent bits; within 2 ulp of exp on [-87.3, 88].
+// Below -87.3 (and -inf) gives 0; above 88 gives exp(88) (finite). NaN in gives
+// an unspecified value: callers pass finite logits or -inf.
+//
+// Kernels: "avx2" (8 lanes with FMA) when the CPU has AVX2 and FMA, and
+// "scalar" everywhere; they run the same steps, so they agree to the last
+// bit or two (FMA rounds once where scalar rounds twice).
+// Pure functions, safe from any thread.
+#ifndef KVMEM_ENGINE_RECALL_FAST_EXP_H_
+#define KVMEM_ENGINE_RECALL_FAST_EXP_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace kvmem {
+
+using ExpKernel = void (*)(float* x, size_t n);
+// The per-head step of the attention-mass estimate, fused:
+//   out[i] = exp(x[i] * scale - shift),  returns sum_i weight[i] * out[i].
+using ExpDotKernel = float (*)(const float* x, float scale, float shift,
+                               const float* weight, float* out, size_t n);
+// max(init, max_i x[i] * scale + mask[i]) (mask: 0 or -inf).
+using MaxScaledKernel = float (*)(const float* x, const float* mask,
+                                  float scale, size_t n, float init);
+
+struct ExpKernelInfo {
+  std::string name;
+  ExpKernel fn;
+  ExpDotKernel exp_dot;
+  MaxScaledKernel max_scaled;
+};
+
+// Kernels this CPU can run, best first.
+const std::vector<ExpKernelInfo>& AvailableExpKernels();
+
+// x[i] = exp(x[i]) for i < n, on the best kernel this CPU has.
+void ExpInPlace(float* x, size_t n);
+// The kernel searches use: the best this CPU has.
+const ExpKernelInfo& ActiveExpKernel();
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_RECALL_FAST_EXP_H_

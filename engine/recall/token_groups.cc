@@ -1,0 +1,127 @@
+#include "engine/recall/token_groups.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/codec/dtype.h"
+#include "engine/index/dot.h"
+#include "engine/stream_config.h"
+
+namespace kvmem {
+namespace {
+
+constexpr int kIterations = 6;
+
+void NormalizeRow(float* v, size_t n) {
+  const float norm = std::sqrt(Dot(v, v, n));
+  if (norm > 0) {
+    for (size_t i = 0; i < n; ++i) v[i] /= norm;
+  }
+}
+
+}  // namespace
+
+TokenGroups BuildTokenGroups(const StreamConfig& config,
+                             const std::vector<absl::string_view>& frames,
+                             const std::vector<uint32_t>& frame_tokens,
+                             uint32_t max_groups) {
+  const Geometry& g = config.geometry;
+  const std::vector<uint32_t> layers = EffectiveIndexedLayers(config);
+  const size_t dim = SummaryDim(config);
+  size_t n = 0;
+  for (uint32_t t : frame_tokens) n += t;
+  // Keys per token: [token][indexed_layer][kv_head][head_dim].
+  std::vector<float> keys(n * dim);
+  const size_t width = DTypeBytes(g.dtype);
+  size_t token0 = 0;
+  for (size_t f = 0; f < frames.size(); ++f) {
+    const uint32_t tc = frame_tokens[f];
+    const uint64_t slice_bytes = LayerSliceElements(g, tc) * width;
+    const uint64_t row_bytes = static_cast<uint64_t>(g.head_dim) * width;
+    const auto* base = reinterpret_cast<const uint8_t*>(frames[f].data());
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const uint8_t* k = base + 2 * slice_bytes * layers[li];
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t t = 0; t < tc; ++t) {
+          float* dst = keys.data() + (token0 + t) * dim +
+                       (li * g.kv_heads + h) * g.head_dim;
+          DecodeToFloat(k + (static_cast<uint64_t>(h) * tc + t) * row_bytes,
+                        g.head_dim, g.dtype, dst);
+        }
+      }
+    }
+    token0 += tc;
+  }
+  TokenGroups out;
+  if (n == 0) return out;
+  const size_t k = std::min<size_t>(std::max<uint32_t>(1, max_groups), n);
+  std::vector<float> unit = keys;
+  for (size_t i = 0; i < n; ++i) NormalizeRow(unit.data() + i * dim, dim);
+
+  // Farthest-point initialisation: start at token 0, then repeatedly the
+  // token least similar to every centre so far.
+  std::vector<float> centres(k * dim);
+  std::vector<float> best(n, -INFINITY);
+  size_t next = 0;
+  for (size_t c = 0; c < k; ++c) {
+    std::copy_n(unit.data() + next * dim, dim, centres.data() + c * dim);
+    float lowest = INFINITY;
+    for (size_t i = 0; i < n; ++i) {
+      best[i] = std::max(
+          best[i], Dot(unit.data() + i * dim, centres.data() + c * dim, dim));
+      if (best[i] < lowest) {
+        lowest = best[i];
+        next = i;
+      }
+    }
+  }
+  std::vector<uint8_t> assign(n, 0);
+  for (int it = 0; it < kIterations; ++it) {
+    bool changed = false;
+    for (size_t i = 0; i < n; ++i) {
+      size_t arg = 0;
+      float top = -INFINITY;
+      for (size_t c = 0; c < k; ++c) {
+        const float s =
+            Dot(unit.data() + i * dim, centres.data() + c * dim, dim);
+        if (s > top) {
+          top = s;
+          arg = c;
+        }
+      }
+      changed |= assign[i] != arg || it == 0;
+      assign[i] = static_cast<uint8_t>(arg);
+    }
+    if (!changed) break;
+    std::fill(centres.begin(), centres.end(), 0.0f);
+    for (size_t i = 0; i < n; ++i) {
+      float* c = centres.data() + assign[i] * dim;
+      const float* u = unit.data() + i * dim;
+      for (size_t j = 0; j < dim; ++j) c[j] += u[j];
+    }
+    for (size_t c = 0; c < k; ++c) NormalizeRow(centres.data() + c * dim, dim);
+  }
+  // Summaries: the raw mean key of each non-empty group, renumbered densely.
+  std::vector<double> sums(k * dim, 0.0);
+  std::vector<uint32_t> count(k, 0);
+  for (size_t i = 0; i < n; ++i) {
+    ++count[assign[i]];
+    double* s = sums.data() + assign[i] * dim;
+    const float* x = keys.data() + i * dim;
+    for (size_t j = 0; j < dim; ++j) s[j] += x[j];
+  }
+  std::vector<uint8_t> dense(k, 0);
+  uint8_t groups = 0;
+  for (size_t c = 0; c < k; ++c) {
+    if (count[c] == 0) continue;
+    dense[c] = groups++;
+    for (size_t j = 0; j < dim; ++j) {
+      out.summaries.push_back(static_cast<float>(sums[c * dim + j] / count[c]));
+    }
+  }
+  out.token_group.resize(n);
+  for (size_t i = 0; i < n; ++i) out.token_group[i] = dense[assign[i]];
+  return out;
+}
+
+}  // namespace kvmem

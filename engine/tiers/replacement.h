@@ -1,0 +1,60 @@
+// Replacement policies: which block leaves a tier first. A policy scores how
+// worth keeping a block is; the tier manager moves the lowest score down.
+// Policies are stateless and safe from any thread; the context carries the
+// stream's state they read.
+#ifndef KVMEM_ENGINE_TIERS_REPLACEMENT_H_
+#define KVMEM_ENGINE_TIERS_REPLACEMENT_H_
+
+#include <map>
+#include <memory>
+
+#include "engine/codec/record_codec.h"
+#include "engine/types.h"
+
+namespace kvmem {
+
+// A track's life in the stream so far.
+struct TrackHistory {
+  uint64_t first_frame = 0;
+  uint64_t last_frame = 0;
+  uint32_t blocks = 0;  // Sealed blocks that show it.
+};
+
+struct ReplacementContext {
+  uint64_t now_frame = 0;
+  uint32_t half_life_frames = 300;
+  const std::map<uint64_t, TrackHistory>* tracks = nullptr;
+  const FrameSignals* latest = nullptr;  // Newest frame's signals, if any.
+};
+
+class ReplacementPolicy {
+ public:
+  virtual ~ReplacementPolicy() = default;
+  // Higher means keep longer.
+  virtual double KeepScore(const BlockRecord& block,
+                           const ReplacementContext& ctx) const = 0;
+  virtual const char* name() const = 0;
+};
+
+// Least recently used: the frame at which the block was sealed or last
+// recalled.
+std::unique_ptr<ReplacementPolicy> NewLruPolicy();
+
+// Heat: an estimate of revisit probability in [0, ~4.01]:
+//   persistence  min(1, longest lifetime of its tracks / half_life)
+// + frequency    min(1, most blocks any of its tracks appears in / 8)
+// + similarity   max(share of the newest frame's tracks it shows,
+//                    cosine of its scene with the newest frame's)
+// + history      min(1, recall hits decayed by 2^(-age / half_life) / 4)
+// + 0.01 * recency (last access / now) to break ties as LRU would.
+std::unique_ptr<ReplacementPolicy> NewHeatPolicy();
+
+// Decayed recall hits of a block at frame `now`.
+double DecayedHits(const BlockRecord& block, uint64_t now,
+                   uint32_t half_life_frames);
+
+std::unique_ptr<ReplacementPolicy> NewReplacementPolicy(Replacement kind);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_TIERS_REPLACEMENT_H_

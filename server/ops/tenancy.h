@@ -1,0 +1,191 @@
+// Tenancy: API keys, tenants and their stream namespaces, and the limits a
+// server puts on callers (issue 7).
+//
+// Without keys (the default) there is one implicit tenant, calls need no
+// credentials and stream ids reach the engine unchanged. With keys (from
+// --api_keys_file or $KVMEM_API_KEYS, lines "tenant:key"), every call must
+// carry one in its metadata ("authorization: Bearer <key>" or
+// "x-api-key: <key>"), else UNAUTHENTICATED; the key's tenant then owns the
+// call, and its stream "cam" is the engine's "<tenant>/cam" ('/' cannot
+// occur in a stream id, so namespaces cannot collide). A tenant cannot
+// name, list, read, recall, fetch or delete another tenant's streams: they
+// do not exist for it (NOT_FOUND). Keys are compared in constant time and
+// never logged; only tenant names are.
+//
+// Limits (0 = none): streams per tenant; retained payload bytes per stream,
+// per tenant and in all (the full-precision size of every frame not
+// evicted); calls in flight; bytes of frames being received (a frame's
+// buffer is allocated whole when its header arrives). Over a limit the
+// caller gets RESOURCE_EXHAUSTED naming the limit and the flag that sets it.
+//
+// With keys, the server-wide limits (calls in flight, total bytes, frame
+// bytes in flight) are split into equal shares, one per tenant of the keys
+// file: no tenant can use another's share, so none can refuse another, and
+// a refusal names only the caller's own use and share, never the server's
+// totals. A frame's bytes are reserved from its header until it is stored,
+// and checks and reservations are made under one lock, as are stream
+// creations: concurrent calls cannot pass a limit together.
+//
+// Thread safety: Tenancy is const after construction; Admission locks
+// internally; both are safe to share across gRPC threads.
+#ifndef KVMEM_SERVER_OPS_TENANCY_H_
+#define KVMEM_SERVER_OPS_TENANCY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "base/sync.h"
+#include "engine/memory_engine.h"
+#include "grpcpp/grpcpp.h"
+
+namespace kvmem {
+
+struct Limits {
+  uint32_t max_streams_per_tenant = 0;
+  uint64_t max_stream_bytes = 0;
+  uint64_t max_tenant_bytes = 0;
+  uint64_t max_total_bytes = 0;
+  uint32_t max_calls_in_flight = 0;
+  uint64_t max_frame_bytes_in_flight = 0;
+};
+
+class Tenancy {
+ public:
+  Tenancy() = default;  // No keys: one implicit tenant, no checks.
+  // Parses "tenant:key" lines (blank lines and '#' comments ignored).
+  // Tenant names follow stream id rules; keys are at least 16 characters.
+  // INVALID_ARGUMENT naming the line (never the key) when malformed.
+  static absl::StatusOr<Tenancy> Parse(const std::string& text);
+
+  bool enabled() const { return !keys_.empty(); }
+  size_t tenants() const;
+  std::vector<std::string> tenant_names() const;
+
+  // The caller's tenant ("" when tenancy is off); UNAUTHENTICATED when a key
+  // is needed and missing or unknown.
+  absl::StatusOr<std::string> Authenticate(
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+
+  // The engine's id of a tenant's stream, and back: nullopt when the engine
+  // id belongs to another tenant.
+  std::string EngineId(const std::string& tenant, const std::string& id) const;
+  std::optional<std::string> ClientId(const std::string& tenant,
+                                      const std::string& engine_id) const;
+  // s with the tenant's namespace prefix removed from its message.
+  absl::Status Scrub(const std::string& tenant, const absl::Status& s) const;
+
+ private:
+  std::map<std::string, std::string> keys_;  // key -> tenant
+};
+
+// Admission against Limits, over the engine's live streams.
+class Admission {
+ public:
+  Admission(const Tenancy* tenancy, MemoryEngine* engine, Limits limits);
+
+  const Limits& limits() const { return limits_; }
+
+  // Held across the admission and the creation of a stream, so concurrent
+  // creations cannot pass --max_streams_per_tenant together.
+  kvmem::Mutex* creation_mu() const { return &creation_mu_; }
+  // Before creating a stream for tenant. REQUIRES: creation_mu() held.
+  absl::Status AdmitNewStream(const std::string& tenant) const;
+
+  // A frame's bytes, reserved from its header until it is stored (or the
+  // call ends); released on destruction.
+  using Reservation = std::shared_ptr<void>;
+  // Before buffering a frame of `bytes` payload bytes for stream (engine
+  // id) of tenant: checks the retained-bytes limits and the frame bytes in
+  // flight, counting other frames' reservations, and reserves.
+  absl::StatusOr<Reservation> AdmitBytes(const std::string& tenant,
+                                         const StreamHandle& stream,
+                                         uint64_t bytes) const;
+
+  // A call in flight, released on destruction.
+  using Slot = std::shared_ptr<void>;
+  // Server-wide, before the call is authenticated.
+  absl::StatusOr<Slot> EnterCall() const;
+  // The tenant's share, once it is known.
+  absl::StatusOr<Slot> EnterTenantCall(const std::string& tenant) const;
+
+  // A tenant's share of a server-wide limit (0: none).
+  uint64_t Share(uint64_t limit) const;
+
+ private:
+  struct TenantUse {
+    uint32_t calls = 0;
+    uint64_t reserved = 0;  // Frame bytes in flight.
+  };
+  TenantUse& Use(const std::string& tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t RetainedBytes(const std::string& prefix) const;
+
+  const Tenancy* const tenancy_;
+  MemoryEngine* const engine_;
+  const Limits limits_;
+  const uint64_t shares_;  // Tenants the server-wide limits are split among.
+  mutable kvmem::Mutex creation_mu_;
+  mutable kvmem::Mutex mu_ ABSL_ACQUIRED_AFTER(creation_mu_);
+  mutable uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::map<std::string, TenantUse> use_ ABSL_GUARDED_BY(mu_);
+  // Frame bytes reserved per stream (engine id), while any are.
+  mutable std::map<std::string, uint64_t> stream_reserved_ ABSL_GUARDED_BY(mu_);
+};
+
+// One call's view: who is calling, its slot among the calls in flight, and
+// the mapping of its stream ids. Cheap to copy (the slot is shared).
+class Caller {
+ public:
+  // Authenticates the call and takes a slot; the status to finish the call
+  // with otherwise.
+  static absl::StatusOr<Caller> Enter(const Tenancy* tenancy,
+                                      const Admission* admission,
+                                      const grpc::CallbackServerContext& ctx);
+
+  // The engine id of a stream id the caller sent (checked: non-empty, at
+  // most 128 bytes of [A-Za-z0-9._:-]).
+  absl::StatusOr<std::string> EngineId(const std::string& client_id) const;
+  // The id the caller knows an engine id by; nullopt for another tenant's.
+  std::optional<std::string> ClientId(const std::string& engine_id) const {
+    return tenancy_->ClientId(tenant_, engine_id);
+  }
+  absl::Status Scrub(const absl::Status& s) const {
+    return tenancy_->Scrub(tenant_, s);
+  }
+  absl::Status AdmitNewStream() const {
+    return admission_->AdmitNewStream(tenant_);
+  }
+  kvmem::Mutex* creation_mu() const { return admission_->creation_mu(); }
+  // For FrameIngest.
+  absl::StatusOr<Admission::Reservation> AdmitBytes(const StreamHandle& stream,
+                                                    uint64_t bytes) const {
+    return admission_->AdmitBytes(tenant_, stream, bytes);
+  }
+  const std::string& tenant() const { return tenant_; }
+
+ private:
+  Caller(const Tenancy* t, const Admission* a, std::string tenant,
+         Admission::Slot server_slot, Admission::Slot tenant_slot)
+      : tenancy_(t),
+        admission_(a),
+        tenant_(std::move(tenant)),
+        server_slot_(std::move(server_slot)),
+        tenant_slot_(std::move(tenant_slot)) {}
+  const Tenancy* tenancy_;
+  const Admission* admission_;
+  std::string tenant_;
+  Admission::Slot server_slot_, tenant_slot_;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_SERVER_OPS_TENANCY_H_

@@ -1,0 +1,262 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/executor.h"
+#include "base/status_macros.h"
+#include "server/ops/metrics.h"
+#include "server/service/kvmem_service.h"
+#include "spdlog/spdlog.h"
+
+namespace kvmem {
+namespace {
+
+constexpr char kServiceName[] = "kvmem.v1.KvMemory";
+
+absl::Status CheckOptions(const ServerOptions& o) {
+  if (o.listen.empty() && o.unix_socket.empty()) {
+    return absl::InvalidArgumentError(
+        "nothing to serve on: set --listen and/or --unix_socket");
+  }
+  const int max_msg = o.max_message_bytes, max_chunk = o.max_chunk_bytes;
+  if (max_msg < (1 << 16) || max_chunk < 1024 || max_chunk > max_msg - 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes=", max_msg,
+                     " must be >= 65536 and --max_chunk_bytes=", max_chunk,
+                     " in [1024, max_message_bytes - 4096]"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads a whole file; false when it cannot be read.
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  out->assign(std::istreambuf_iterator<char>(in),
+              std::istreambuf_iterator<char>());
+  return in.good() || in.eof();
+}
+
+// The TCP listener's credentials: plaintext, or TLS from the PEM files.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
+    const ServerOptions& o) {
+  if (o.tls_cert_file.empty() && o.tls_key_file.empty() &&
+      o.tls_client_ca_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  const bool mtls = !o.tls_client_ca_file.empty();
+  grpc::SslServerCredentialsOptions ssl(
+      mtls ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+           : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty() ||
+      !ReadFile(o.tls_cert_file, &pair.cert_chain) ||
+      !ReadFile(o.tls_key_file, &pair.private_key) || pair.cert_chain.empty() ||
+      pair.private_key.empty() ||
+      (mtls && (!ReadFile(o.tls_client_ca_file, &ssl.pem_root_certs) ||
+                ssl.pem_root_certs.empty()))) {
+    return absl::InvalidArgumentError(
+        "TLS needs readable --tls_cert_file and --tls_key_file (and "
+        "--tls_client_ca_file when set)");
+  }
+  ssl.pem_key_cert_pairs.push_back(pair);
+  spdlog::info("TLS on the TCP listener{}",
+               mtls ? ", client certificates required" : "");
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  KVMEM_RETURN_IF_ERROR(CheckOptions(options));
+  std::unique_ptr<Server> s(new Server());
+  s->options_ = std::move(options);
+  const ServerOptions& o = s->options_;
+  s->instance_ = o.instance_name;
+  if (s->instance_.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    s->instance_ = host;
+  }
+  KVMEM_ASSIGN_OR_RETURN(Tenancy tenancy, Tenancy::Parse(o.api_keys));
+  if (tenancy.enabled())
+    spdlog::info("API keys on: {} tenants", tenancy.tenants());
+  s->tenancy_ = std::make_unique<Tenancy>(std::move(tenancy));
+  KVMEM_RETURN_IF_ERROR(s->OpenEngine());
+  int workers = o.worker_threads;
+  if (workers <= 0) {
+    workers =
+        std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  s->executor_ = std::make_unique<Executor>(workers);
+  s->admission_ = std::make_unique<Admission>(s->tenancy_.get(),
+                                              s->engine_.get(), o.limits);
+  ServerMetrics::Options metrics_options;
+  metrics_options.max_streams = o.metrics_max_streams;
+  metrics_options.instance_name = s->instance_;
+  s->metrics_ =
+      std::make_unique<ServerMetrics>(s->engine_.get(), metrics_options);
+  KVMEM_RETURN_IF_ERROR(s->StartMetrics());
+  ServiceOptions service_options;
+  service_options.metrics = s->metrics_.get();
+  service_options.max_chunk_bytes = static_cast<uint32_t>(o.max_chunk_bytes);
+  service_options.tenancy = s->tenancy_.get();
+  service_options.admission = s->admission_.get();
+  s->service_ = std::make_unique<KvMemoryService>(
+      s->engine_.get(), s->executor_.get(), service_options);
+  KVMEM_RETURN_IF_ERROR(s->StartGrpc());
+  return s;
+}
+
+absl::Status Server::OpenEngine() {
+  EngineOptions engine_options = options_.engine;
+  if (!engine_options.warn) {
+    engine_options.warn = [](const std::string& w) { spdlog::warn("{}", w); };
+  }
+  if (!engine_options.error) {
+    engine_options.error = [](const std::string& e) { spdlog::error("{}", e); };
+  }
+  if (!options_.accelerator_profile.empty()) {
+    absl::StatusOr<SimProfile> profile =
+        LoadSimProfile(options_.accelerator_profile);
+    if (!profile.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--accelerator_profile: ", profile.status().ToString()));
+    }
+    const SimHardware& hw = profile->hardware;
+    engine_options.sim = hw;
+    spdlog::info("sim accelerator backend: {} ({} lanes at {} MHz, {} GB/s)",
+                 profile->name, hw.lanes, hw.clock_hz / 1e6,
+                 hw.dram_bandwidth_bytes_per_s / 1e9);
+  }
+  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
+                         OpenRocksColdStore(options_.store));
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<MemoryEngine>> engine =
+      MemoryEngine::Open(std::move(store), engine_options);
+  if (!engine.ok()) {
+    return absl::Status(
+        engine.status().code(),
+        absl::StrCat("recovery failed: ", engine.status().message()));
+  }
+  engine_ = *std::move(engine);
+  const double recover_ms = std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0)
+                                .count();
+  for (const StreamStats& st : engine_->ListStreams()) {
+    spdlog::info(
+        "recovered stream {}: {} frames, {} blocks, last durable frame {}",
+        st.stream_id, st.frames, st.sealed_blocks, st.last_durable_frame);
+  }
+  spdlog::info(
+      "opened {} with {} streams ({} quarantined) in {:.1f} ms (WAL sync: "
+      "{}, recovery: {})",
+      options_.store.path, engine_->stream_count(),
+      engine_->Quarantined().size(), recover_ms,
+      WalSyncName(options_.store.wal_sync),
+      engine_options.strict_recovery ? "strict" : "salvage");
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartMetrics() {
+  const std::string& addr = options_.metrics_listen;
+  if (addr.empty()) return absl::OkStatus();
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(addr, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_listen=", addr, ": cannot listen (", e.what(), ")"));
+  }
+  exposer_->RegisterCollectable(metrics_->collectable());
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  metrics_port_ = ports.empty() ? 0 : ports[0];
+  spdlog::info("metrics on http://{}/metrics (port {})", addr, metrics_port_);
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartGrpc() {
+  const ServerOptions& o = options_;
+  KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_creds,
+                         TcpCredentials(o));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(o.max_message_bytes);
+  builder.SetMaxSendMessageSize(o.max_message_bytes);
+  // gRPC sets SO_REUSEPORT by default on Linux: a second server on the same
+  // port would then share its connections instead of failing to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(metrics_->NewInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  if (!o.listen.empty()) {
+    builder.AddListeningPort(o.listen, tcp_creds, &tcp_port_);
+  }
+  if (!o.unix_socket.empty()) {
+    ::unlink(o.unix_socket.c_str());
+    builder.AddListeningPort("unix:" + o.unix_socket,
+                             grpc::InsecureServerCredentials());
+  }
+  builder.RegisterService(service_.get());
+  // The socket is created owner-only (no window where others can connect).
+  const mode_t old_umask = ::umask(0077);
+  grpc_ = builder.BuildAndStart();
+  ::umask(old_umask);
+  if (!grpc_ || (!o.listen.empty() && tcp_port_ == 0)) {
+    return absl::UnavailableError(
+        absl::StrCat("could not listen on ", o.listen,
+                     o.unix_socket.empty() ? "" : " / unix:", o.unix_socket));
+  }
+  if (!o.unix_socket.empty() && ::chmod(o.unix_socket.c_str(), 0600) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("could not make unix:", o.unix_socket,
+                     " owner-only (chmod 0600): ", std::strerror(errno)));
+  }
+  grpc_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  grpc_->GetHealthCheckService()->SetServingStatus(true);
+  if (!o.listen.empty()) {
+    spdlog::info("serving on tcp port {} as instance \"{}\"", tcp_port_,
+                 instance_);
+  }
+  if (!o.unix_socket.empty()) spdlog::info("serving on unix:{}", o.unix_socket);
+  return absl::OkStatus();
+}
+
+void Server::Shutdown(std::chrono::system_clock::time_point deadline) {
+  if (stopped_) return;
+  stopped_ = true;
+  if (grpc_) {
+    grpc_->GetHealthCheckService()->SetServingStatus(false);
+    grpc_->Shutdown(deadline);
+    grpc_->Wait();
+  }
+  grpc_.reset();
+  service_.reset();
+  exposer_.reset();   // Scrapes read the engine.
+  executor_.reset();  // Runs every queued task.
+  metrics_.reset();
+  admission_.reset();
+  engine_.reset();  // Closes RocksDB, syncing the WAL.
+  if (!options_.unix_socket.empty()) ::unlink(options_.unix_socket.c_str());
+}
+
+Server::~Server() {
+  Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
+}  // namespace kvmem

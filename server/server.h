@@ -1,0 +1,112 @@
+// Server: kvmem-server as a library. ServerOptions -> Server::Start opens
+// (or creates) the RocksDB cold store, recovers every stream into a
+// MemoryEngine, and serves kvmem.v1 plus grpc.health.v1 and server reflection
+// on TCP and/or a unix socket, with Prometheus metrics when asked; Shutdown
+// drains the calls in flight and closes the store. main.cc only turns flags
+// and the TOML config into ServerOptions; tests and tools can start a server
+// in process the same way.
+//
+// Thread safety: Start, Shutdown and the destructor from one thread; the
+// accessors from any.
+#ifndef KVMEM_SERVER_SERVER_H_
+#define KVMEM_SERVER_SERVER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/memory_engine.h"
+#include "server/ops/tenancy.h"
+#include "storage/rocks_cold_store.h"
+
+namespace grpc {
+class Server;
+}
+namespace prometheus {
+class Exposer;
+}
+
+namespace kvmem {
+
+class Executor;
+class KvMemoryService;
+class ServerMetrics;
+
+struct ServerOptions {
+  // Where to serve; at least one. listen: HOST:PORT (port 0 picks one, see
+  // Server::tcp_port); unix_socket: a path, created owner-only.
+  std::string listen;
+  std::string unix_socket;
+  // The cold store (path, WAL sync, RocksDB sizes, disk reserve).
+  RocksColdStoreOptions store;
+  // The engine (budgets, stream defaults, recovery); its warn and error
+  // callbacks default to the server's log.
+  EngineOptions engine;
+  // A device profile (deploy/profiles/*.toml): the sim accelerator backend.
+  std::string accelerator_profile;
+  int max_message_bytes = 64 << 20;
+  int max_chunk_bytes = 4 << 20;
+  // Threads for storage-bound work; 0: 2 per core, at least 4.
+  int worker_threads = 0;
+  // API keys (server/ops/tenancy.h's format); empty: no keys.
+  std::string api_keys;
+  Limits limits;
+  // The instance label of metrics (empty: the host name) and the most
+  // streams they label one by one.
+  std::string instance_name;
+  uint32_t metrics_max_streams = 32;
+  // HOST:PORT of the Prometheus endpoint; empty: none.
+  std::string metrics_listen;
+  // TLS on the TCP listener: PEM files; client_ca_file also requires client
+  // certificates. All empty: plaintext.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+};
+
+class Server {
+ public:
+  // Opens the store, recovers the engine and starts serving. An option out
+  // of range is INVALID_ARGUMENT naming it; a store or engine that cannot
+  // open, or an address that cannot be bound, is the failing status.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+  // Shuts down with a 10-s drain if Shutdown was not called.
+  ~Server();
+
+  // Stops accepting calls, lets calls in flight finish until `deadline`
+  // (then cancels them), runs queued work and closes the store. Idempotent.
+  void Shutdown(std::chrono::system_clock::time_point deadline);
+
+  int tcp_port() const { return tcp_port_; }
+  int metrics_port() const { return metrics_port_; }
+  const std::string& instance_name() const { return instance_; }
+  MemoryEngine& engine() { return *engine_; }
+
+ private:
+  Server() = default;
+  absl::Status OpenEngine();
+  absl::Status StartMetrics();
+  absl::Status StartGrpc();
+
+  ServerOptions options_;
+  std::string instance_;
+  int tcp_port_ = 0;
+  int metrics_port_ = 0;
+  // Destroyed in reverse: the gRPC server first, then the service, the
+  // metrics endpoint, the executor (running queued tasks) and the engine
+  // (closing RocksDB).
+  std::unique_ptr<MemoryEngine> engine_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Tenancy> tenancy_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<KvMemoryService> service_;
+  std::unique_ptr<grpc::Server> grpc_;
+  bool stopped_ = false;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_SERVER_SERVER_H_

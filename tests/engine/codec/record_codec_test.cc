@@ -1,0 +1,136 @@
+#include "engine/codec/record_codec.h"
+
+#include "engine/stream_config.h"
+#include "gtest/gtest.h"
+
+namespace kvmem {
+namespace {
+
+TEST(RecordCodecTest, RoundTrips) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kBf16, 16};
+  c.hot_window_tokens = 64;
+  c.indexed_layers = {1};
+  c.labels = {{"camera", "lobby"}, {"site", "A"}};
+  c.gate_temperature = 0.5f;
+  auto c2 = DecodeConfig(EncodeConfig(c));
+  ASSERT_TRUE(c2.ok()) << c2.status();
+  EXPECT_TRUE(*c2 == c);
+
+  StreamState s;
+  s.closed = true;
+  s.last_frame = 41;
+  s.next_token_position = 9999;
+  s.open_block_frames = 3;
+  s.open_block_tokens = 77;
+  auto s2 = DecodeState(EncodeState(s));
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(s2->last_frame, 41);
+  EXPECT_TRUE(s2->closed);
+  EXPECT_EQ(s2->next_token_position, 9999u);
+  EXPECT_EQ(s2->open_block_tokens, 77u);
+
+  BlockRecord b;
+  b.info.id = 5;
+  b.info.first_frame = 20;
+  b.info.last_frame = 23;
+  b.info.token_count = 128;
+  b.summary = {1.5f, -2.0f, 0.25f};
+  auto b2 = DecodeBlock(EncodeBlock(b));
+  ASSERT_TRUE(b2.ok());
+  EXPECT_EQ(b2->info.last_frame, 23u);
+  EXPECT_EQ(b2->summary, b.summary);
+}
+
+// A config record of version 1 (before tiers, recall policy and shots)
+// still decodes, and with defaults applied it is a valid config.
+TEST(RecordCodecTest, ReadsVersionOneConfigs) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  std::string v1 = EncodeConfig(c);
+  // Version 2 appended 3 x 4 bytes (shots), 4 x 8 + 5 x 4 (tiers) and
+  // 4 x 4 (weights) after the version 1 fields; version 3, 4 (groups);
+  // version 4, 4 (score mode).
+  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4));
+  v1[0] = 1;
+  auto decoded = DecodeConfig(v1);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->segment_mode, SegmentMode::kUnspecified);
+  const StreamConfig filled = WithDefaults(*decoded);
+  EXPECT_TRUE(ValidateStreamConfig(filled).ok())
+      << ValidateStreamConfig(filled);
+  EXPECT_EQ(filled.segment_mode, SegmentMode::kFixed);
+  EXPECT_EQ(filled.tiers.warm_budget_bytes, 0u);
+}
+
+TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.groups_per_block = 9;
+  std::string v2 = EncodeConfig(c);
+  // Version 3 appended groups_per_block, version 4 the score mode.
+  v2.resize(v2.size() - 8);
+  v2[0] = 2;
+  auto config = DecodeConfig(v2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->groups_per_block, 1u);  // Its blocks have no groups.
+  EXPECT_EQ(config->weights.score, ScoreMode::kSummed);  // What it had.
+  EXPECT_EQ(WithDefaults(*config).weights.score, ScoreMode::kSummed);
+  EXPECT_EQ(config->hot_window_tokens, 64u);
+
+  BlockRecord b;
+  b.info.id = 4;
+  b.summary = {1, 2, 3};
+  b.last_hit_frame = 11;
+  std::string block = EncodeBlock(b);
+  block.resize(block.size() - 8);  // Two empty length-prefixed fields.
+  block[0] = 2;
+  auto back = DecodeBlock(block);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->info.id, 4u);
+  EXPECT_EQ(back->last_hit_frame, 11u);
+  EXPECT_TRUE(back->group_summaries.empty());
+  EXPECT_TRUE(back->token_group.empty());
+}
+
+// Version 3 had token groups but one score: its streams keep SUMMED, while
+// a version 4 record that left the score unset gets the default (MASS).
+TEST(RecordCodecTest, ReadsVersionThreeConfigsAsSummed) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.groups_per_block = 9;
+  std::string v3 = EncodeConfig(c);
+  auto v4 = DecodeConfig(v3);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(WithDefaults(*v4).weights.score, ScoreMode::kMass);
+  v3.resize(v3.size() - 4);  // Version 4 appended the score mode.
+  v3[0] = 3;
+  auto config = DecodeConfig(v3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->groups_per_block, 9u);
+  const StreamConfig filled = WithDefaults(*config);
+  EXPECT_EQ(filled.weights.score, ScoreMode::kSummed);
+  EXPECT_TRUE(ValidateStreamConfig(filled).ok())
+      << ValidateStreamConfig(filled);
+}
+
+TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {
+  BlockRecord b;
+  b.summary = {1, 2, 3};
+  const std::string bytes = EncodeBlock(b);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_EQ(DecodeBlock(bytes.substr(0, n)).status().code(),
+              absl::StatusCode::kDataLoss)
+        << n;
+  }
+  EXPECT_EQ(DecodeBlock(bytes + "x").status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeState("").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeConfig("\x02").status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace kvmem

@@ -1,0 +1,155 @@
+// Progressive (int8 then fp32) search returns the exact top-k: the same set
+// as FAISS's exact flat index (BlockIndex), on planted and on random data.
+#include "engine/index/progressive_search.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace kvmem {
+namespace {
+
+TEST(ProgressiveSearchTest, FindsPlantedNeighboursAndMatchesFlatOnRandomData) {
+  const uint32_t dim = 128, n = 5000, k = 16;
+  std::mt19937_64 rng(11);
+  ProgressiveIndex prog(dim);
+  BlockIndex flat(dim);
+  std::vector<float> data = testing::RandomQuery(rng, size_t{n} * dim);
+  const std::vector<float> query = testing::RandomQuery(rng, dim);
+  // Plant 16 vectors close to the query (ids 100..115) with decreasing
+  // similarity.
+  for (uint32_t p = 0; p < k; ++p) {
+    for (uint32_t j = 0; j < dim; ++j) {
+      data[(100 + p) * dim + j] =
+          query[j] * (3.0f - 0.1f * p) + 0.05f * data[(100 + p) * dim + j];
+    }
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    prog.Add(i, data.data() + size_t{i} * dim);
+    flat.Add(i, data.data() + size_t{i} * dim);
+  }
+  ProgressiveStats st;
+  auto got = prog.Search(query.data(), k, &st);
+  ASSERT_EQ(got.size(), k);
+  for (uint32_t p = 0; p < k; ++p) EXPECT_EQ(got[p].id, 100u + p) << p;
+  EXPECT_TRUE(st.exact);
+  EXPECT_EQ(st.scanned, n);
+  EXPECT_LT(st.candidates, n / 10) << "the int8 bound should prune most";
+  // Random queries: the same ids as the exact flat index, in order, and
+  // scores equal up to float rounding.
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::vector<float> q = testing::RandomQuery(rng, dim);
+    auto a = prog.Search(q.data(), k, &st);
+    auto b = flat.Search(q.data(), k);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_TRUE(st.exact);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].id, b[i].id) << "trial " << trial << " rank " << i;
+      EXPECT_NEAR(a[i].score, b[i].score, 1e-3f * (1 + std::fabs(b[i].score)));
+    }
+  }
+}
+
+TEST(ProgressiveSearchTest, RemoveAndCandidateCap) {
+  const uint32_t dim = 32;
+  std::mt19937_64 rng(5);
+  ProgressiveIndex prog(dim, /*max_candidates=*/4);
+  for (uint64_t i = 0; i < 200; ++i)
+    prog.Add(i, testing::RandomQuery(rng, dim).data());
+  const std::vector<float> q = testing::RandomQuery(rng, dim);
+  const auto before = prog.Search(q.data(), 3);
+  ASSERT_EQ(before.size(), 3u);
+  EXPECT_TRUE(prog.Remove(before[0].id));
+  EXPECT_FALSE(prog.Remove(before[0].id));
+  EXPECT_EQ(prog.size(), 199u);
+  ProgressiveStats st;
+  const auto after = prog.Search(q.data(), 3, &st);
+  for (const auto& h : after) EXPECT_NE(h.id, before[0].id);
+  EXPECT_LE(st.candidates, 4u);
+  // With a zero query every score is 0: the bound cannot prune, the cap
+  // binds, and the answer says it is not guaranteed exact.
+  const std::vector<float> zero(dim, 0.0f);
+  prog.Search(zero.data(), 3, &st);
+  EXPECT_FALSE(st.exact);
+  EXPECT_EQ(st.candidates, 4u);
+}
+
+// Every kernel this CPU has returns the same integers as the definition,
+// also at the extremes (no 16-bit saturation), and the same search results.
+TEST(ProgressiveSearchTest, EveryKernelGivesTheSameIntegersAndResults) {
+  const auto& kernels = AvailableInt8Kernels();
+  ASSERT_FALSE(kernels.empty());
+  EXPECT_EQ(kernels.back().name, "scalar");
+  std::mt19937_64 rng(21);
+  const size_t groups = 13, nblocks = 7;  // 52 dims, 56 vectors.
+  std::uniform_int_distribution<int> code(0, 255), qd(-63, 63), ld(-32, 32);
+  std::vector<uint8_t> packed(nblocks * groups * 4 * kInt8Lanes);
+  for (auto& c : packed) c = static_cast<uint8_t>(code(rng));
+  // Block 0 at the extremes: every code 255, against a query of +-63 (hi)
+  // and +-32 (lo).
+  std::fill_n(packed.begin(), groups * 4 * kInt8Lanes, 255);
+  std::vector<int8_t> hi(groups * 4), lo(groups * 4);
+  for (size_t j = 0; j < hi.size(); ++j) {
+    hi[j] = static_cast<int8_t>(j < 8 ? (j % 2 ? 63 : -63) : qd(rng));
+    lo[j] = static_cast<int8_t>(j < 8 ? (j % 2 ? 32 : -32) : ld(rng));
+  }
+  // Both query forms: d = hi alone, and d = 64 hi + lo.
+  for (bool two_terms : {false, true}) {
+    std::vector<int32_t> want(nblocks * kInt8Lanes, 0);
+    for (size_t b = 0; b < nblocks; ++b)
+      for (size_t g = 0; g < groups; ++g)
+        for (size_t l = 0; l < kInt8Lanes; ++l)
+          for (size_t j = 0; j < 4; ++j) {
+            const int d =
+                two_terms ? 64 * hi[g * 4 + j] + lo[g * 4 + j] : hi[g * 4 + j];
+            want[b * kInt8Lanes + l] +=
+                packed[((b * groups + g) * kInt8Lanes + l) * 4 + j] * d;
+          }
+    for (const Int8KernelInfo& k : kernels) {
+      std::vector<int32_t> got(want.size(), -1);
+      k.fn(packed.data(), nblocks, groups, hi.data(),
+           two_terms ? lo.data() : nullptr, got.data());
+      EXPECT_EQ(got, want) << k.name << (two_terms ? " two terms" : "");
+    }
+  }
+  // Search through each kernel: dim 50 (not a multiple of 4; one query
+  // term) and 522 (two terms), 1,001 vectors (a partial last block), some
+  // removed.
+  const std::string best = ActiveInt8Kernel().name;
+  for (const uint32_t dim : {50u, 522u}) {
+    ASSERT_GE(522u, kTwoTermMinDim);
+    ProgressiveIndex prog(dim);
+    BlockIndex flat(dim);
+    for (uint64_t i = 0; i < 1001; ++i) {
+      const std::vector<float> v = testing::RandomQuery(rng, dim);
+      prog.Add(i, v.data());
+      flat.Add(i, v.data());
+    }
+    for (uint64_t i = 0; i < 1001; i += 7) {
+      ASSERT_TRUE(prog.Remove(i));
+      ASSERT_TRUE(flat.Remove(i));
+    }
+    for (int trial = 0; trial < 10; ++trial) {
+      const std::vector<float> query = testing::RandomQuery(rng, dim);
+      const auto exact = flat.Search(query.data(), 16);
+      for (const Int8KernelInfo& k : kernels) {
+        ASSERT_TRUE(SelectInt8Kernel(k.name));
+        ProgressiveStats st;
+        const auto got = prog.Search(query.data(), 16, &st);
+        ASSERT_EQ(got.size(), exact.size()) << k.name;
+        EXPECT_TRUE(st.exact);
+        EXPECT_LT(st.candidates, 200u) << "dim " << dim;
+        for (size_t r = 0; r < got.size(); ++r) {
+          EXPECT_EQ(got[r].id, exact[r].id)
+              << k.name << " dim " << dim << " rank " << r;
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(SelectInt8Kernel(best));
+  EXPECT_FALSE(SelectInt8Kernel("avx9000"));
+}
+
+}  // namespace
+}  // namespace kvmem

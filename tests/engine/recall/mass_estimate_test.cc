@@ -1,0 +1,348 @@
+// The per-head attention-mass estimate against a direct computation of its
+// formula (engine/recall/mass_estimate.h), its bounds, and the SIMD pieces it
+// runs on (engine/recall/fast_exp.h, the int8 segment kernel) against their
+// scalar definitions, on every kernel this CPU can run.
+#include "engine/recall/mass_estimate.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "engine/index/int8_kernels.h"
+#include "engine/index/progressive_search.h"
+#include "engine/recall/fast_exp.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace kvmem {
+namespace {
+
+constexpr float kNone = -std::numeric_limits<float>::infinity();
+
+struct Problem {
+  uint32_t heads = 0;
+  float scale = 0;
+  std::vector<float> counted;
+  std::vector<CandidateRole> role;
+  std::vector<SegmentScan> scans;
+  std::vector<float> window;  // [vector][head]
+};
+
+Problem RandomProblem(std::mt19937_64& rng, size_t n, uint32_t heads,
+                      uint32_t vectors) {
+  Problem p;
+  p.heads = heads;
+  p.scale = 0.125f;
+  std::normal_distribution<float> g(0.0f, 20.0f);
+  std::uniform_int_distribution<int> tokens(1, 16), role(0, 5);
+  for (size_t c = 0; c < n; ++c) {
+    const int r = role(rng);
+    p.role.push_back(r == 0   ? CandidateRole::kIgnore
+                     : r == 1 ? CandidateRole::kWindow
+                              : CandidateRole::kRecall);
+    p.counted.push_back(p.role.back() == CandidateRole::kIgnore
+                            ? 0.0f
+                            : static_cast<float>(tokens(rng)));
+  }
+  for (uint32_t j = 0; j < vectors; ++j) {
+    SegmentScan s;
+    s.segments = heads;
+    for (size_t c = 0; c < n * heads; ++c) s.dots.push_back(g(rng));
+    p.scans.push_back(std::move(s));
+    for (uint32_t h = 0; h < heads; ++h) {
+      p.window.push_back(h == 1 ? kNone : g(rng) * p.scale + 3);
+    }
+  }
+  return p;
+}
+
+MassInputs Inputs(const Problem& p,
+                  std::vector<std::pair<uint32_t, uint32_t>> ranges) {
+  MassInputs in;
+  in.heads = p.heads;
+  in.logit_scale = p.scale;
+  in.n = p.counted.size();
+  in.counted = p.counted.data();
+  for (const SegmentScan& s : p.scans) in.scans.push_back(&s);
+  in.window_lse = p.window.data();
+  in.ranges = std::move(ranges);
+  return in;
+}
+
+// The formula, in double: L_jh = ln(exp(W_jh) + sum_c counted_c
+// exp(z_jch)), density_c = mean over j and h in range of exp(z_jch - L_jh).
+std::vector<double> ReferenceDensity(const Problem& p, uint32_t h0,
+                                     uint32_t h1) {
+  const size_t n = p.counted.size(), H = p.heads;
+  std::vector<double> d(n, 0.0);
+  for (size_t j = 0; j < p.scans.size(); ++j) {
+    for (size_t h = h0; h < h1; ++h) {
+      double sum = std::exp(double(p.window[j * H + h]));
+      for (size_t c = 0; c < n; ++c) {
+        sum += p.counted[c] *
+               std::exp(double(p.scans[j].dots[h * n + c]) * p.scale);
+      }
+      for (size_t c = 0; c < n; ++c) {
+        d[c] += std::exp(double(p.scans[j].dots[h * n + c]) * p.scale) / sum /
+                (p.scans.size() * (h1 - h0));
+      }
+    }
+  }
+  return d;
+}
+
+TEST(MassEstimateTest, EqualsTheFormulaComputedDirectly) {
+  std::mt19937_64 rng(11);
+  for (uint32_t vectors : {1u, 3u}) {
+    for (size_t n : {1u, 7u, 40u, 333u}) {
+      const Problem p = RandomProblem(rng, n, 6, vectors);
+      // One set over all heads, and per "layer" of 3 KV heads.
+      const MassEstimate est =
+          EstimateMass(Inputs(p, {{0, 6}, {0, 3}, {3, 6}}));
+      ASSERT_EQ(est.density.size(), 3u);
+      const std::pair<uint32_t, uint32_t> ranges[] = {{0, 6}, {0, 3}, {3, 6}};
+      for (size_t r = 0; r < 3; ++r) {
+        const std::vector<double> want =
+            ReferenceDensity(p, ranges[r].first, ranges[r].second);
+        for (size_t c = 0; c < n; ++c) {
+          EXPECT_NEAR(est.density[r][c], want[c], 2e-5 * want[c] + 1e-30)
+              << "n " << n << " vectors " << vectors << " range " << r
+              << " candidate " << c;
+        }
+      }
+      // Exact dots: no slack.
+      for (float s : est.slack) EXPECT_EQ(s, 1.0f);
+      // Recallable candidates' mass plus the window's is at most 1 per
+      // head: the estimate is a share of attention.
+      double total = 0;
+      for (size_t c = 0; c < n; ++c) total += est.density[0][c] * p.counted[c];
+      EXPECT_LE(total, 1.0 + 1e-5);
+    }
+  }
+}
+
+TEST(MassEstimateTest, ManyVectorsAverageTheirOwnEstimates) {
+  // The documented aggregation over query vectors: the mean of each
+  // vector's estimate, each with its own normaliser.
+  std::mt19937_64 rng(12);
+  const Problem all = RandomProblem(rng, 50, 4, 3);
+  const MassEstimate est = EstimateMass(Inputs(all, {{0, 4}}));
+  std::vector<double> mean(50, 0.0);
+  for (size_t j = 0; j < 3; ++j) {
+    Problem one = all;
+    one.scans = {all.scans[j]};
+    one.window.assign(all.window.begin() + j * 4,
+                      all.window.begin() + j * 4 + 4);
+    const MassEstimate e1 = EstimateMass(Inputs(one, {{0, 4}}));
+    for (size_t c = 0; c < 50; ++c) mean[c] += e1.density[0][c] / 3;
+  }
+  for (size_t c = 0; c < 50; ++c) {
+    EXPECT_NEAR(est.density[0][c], mean[c], 1e-5 * mean[c] + 1e-30);
+  }
+}
+
+TEST(MassEstimateTest, NothingCountedGivesZeroNotNaN) {
+  std::mt19937_64 rng(13);
+  Problem p = RandomProblem(rng, 5, 2, 1);
+  for (auto& c : p.counted) c = 0;
+  p.window.assign(2, kNone);
+  const MassEstimate est = EstimateMass(Inputs(p, {{0, 2}}));
+  for (float d : est.density[0]) EXPECT_EQ(d, 0.0f);
+  for (float l : est.log_norm) EXPECT_EQ(l, kNone);
+  const std::vector<float> dots(2, 1.0f);
+  float d = -1;
+  CandidateDensities(est, dots.data(), 1, 0, 2, p.scale, &d);
+  EXPECT_EQ(d, 0.0f);
+}
+
+TEST(MassEstimateTest, CandidateDensitiesMatchTheScanEstimate) {
+  std::mt19937_64 rng(14);
+  const Problem p = RandomProblem(rng, 30, 4, 2);
+  const MassEstimate est = EstimateMass(Inputs(p, {{0, 4}, {1, 3}}));
+  // Candidate c's dots laid out [vector][head], as the stream rescores.
+  std::vector<float> dots;
+  for (size_t c = 0; c < 30; ++c)
+    for (size_t j = 0; j < 2; ++j)
+      for (size_t h = 0; h < 4; ++h)
+        dots.push_back(p.scans[j].dots[h * 30 + c]);
+  for (auto [r, h0, h1] :
+       {std::tuple<int, uint32_t, uint32_t>{0, 0, 4}, {1, 1, 3}}) {
+    std::vector<float> got(30);
+    CandidateDensities(est, dots.data(), 30, h0, h1, p.scale, got.data());
+    for (size_t c = 0; c < 30; ++c) {
+      EXPECT_NEAR(got[c], est.density[r][c], 1e-5 * est.density[r][c]);
+    }
+  }
+}
+
+TEST(MassEstimateTest, SlackBoundsTheExactDensity) {
+  // Dots known within a bound: the exact density (with the scan's
+  // normaliser) lies within [density / slack, density * slack].
+  std::mt19937_64 rng(15);
+  const Problem exact = RandomProblem(rng, 60, 3, 2);
+  Problem approx = exact;
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& s : approx.scans) {
+    s.bound.assign(60, 0.0f);
+    for (size_t c = 0; c < 60; ++c) {
+      const float b = 4.0f * (u(rng) + 1);
+      s.bound[c] = b;
+      for (size_t h = 0; h < 3; ++h) s.dots[h * 60 + c] += b * u(rng);
+    }
+  }
+  const MassEstimate est = EstimateMass(Inputs(approx, {{0, 3}}));
+  std::vector<float> dots;
+  for (size_t c = 0; c < 60; ++c)
+    for (size_t j = 0; j < 2; ++j)
+      for (size_t h = 0; h < 3; ++h)
+        dots.push_back(exact.scans[j].dots[h * 60 + c]);
+  std::vector<float> truth(60);
+  CandidateDensities(est, dots.data(), 60, 0, 3, exact.scale, truth.data());
+  for (size_t c = 0; c < 60; ++c) {
+    const float d = est.density[0][c], s = est.slack[c];
+    EXPECT_GT(s, 1.0f);
+    EXPECT_GE(truth[c], d / s * (1 - 1e-5f)) << c;
+    EXPECT_LE(truth[c], d * s * (1 + 1e-5f)) << c;
+  }
+}
+
+TEST(FastExpTest, EveryKernelAgreesWithExp) {
+  std::vector<float> x;
+  for (float v = -100; v <= 95; v += 0.37f) x.push_back(v);
+  for (float v : {0.0f, -0.0f, 1e-30f, -87.3f, -87.4f, 88.0f, 88.1f, 88.7f,
+                  200.0f, kNone}) {
+    x.push_back(v);
+  }
+  const auto& kernels = AvailableExpKernels();
+  ASSERT_FALSE(kernels.empty());
+  EXPECT_EQ(kernels.back().name, "scalar");
+  for (const ExpKernelInfo& k : kernels) {
+    std::vector<float> y = x;
+    k.fn(y.data(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want =
+          x[i] < -87.3f ? 0.0 : std::exp(double(std::min(x[i], 88.0f)));
+      EXPECT_NEAR(y[i], want, 3e-7 * want) << k.name << " x=" << x[i];
+    }
+  }
+}
+
+TEST(FastExpTest, FusedKernelsMatchTheirScalarDefinitions) {
+  std::mt19937_64 rng(16);
+  std::normal_distribution<float> g(0.0f, 10.0f);
+  for (size_t n : {0u, 1u, 7u, 8u, 9u, 100u, 1003u}) {
+    std::vector<float> x(n), w(n), mask(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = g(rng);
+      w[i] = std::fabs(g(rng));
+      mask[i] = i % 5 == 0 ? kNone : 0.0f;
+    }
+    const float scale = 0.3f, shift = 5.0f;
+    double want_sum = 0;
+    std::vector<double> want(n);
+    float want_max = -50;
+    for (size_t i = 0; i < n; ++i) {
+      want[i] = std::exp(double(x[i]) * scale - shift);
+      want_sum += w[i] * want[i];
+      want_max = std::max(want_max, x[i] * scale + mask[i]);
+    }
+    for (const ExpKernelInfo& k : AvailableExpKernels()) {
+      std::vector<float> out(n, -1);
+      const float sum =
+          k.exp_dot(x.data(), scale, shift, w.data(), out.data(), n);
+      EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum + 1e-30)
+          << k.name << " n " << n;
+      // The argument x * scale - shift is rounded to float first (once
+      // with FMA, twice without): about 1e-6 relative at |argument| ~ 10.
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_NEAR(out[i], want[i], 2e-6 * want[i] + 1e-37) << k.name;
+      }
+      EXPECT_EQ(k.max_scaled(x.data(), mask.data(), scale, n, -50), want_max)
+          << k.name << " n " << n;
+    }
+  }
+}
+
+TEST(SegmentScanTest, EveryKernelGivesTheSameSegmentSums) {
+  std::mt19937_64 rng(17);
+  std::uniform_int_distribution<int> code(0, 255), hd(-63, 63), ld(-32, 32);
+  const size_t nblocks = 5, seg_groups = 3, segments = 4;
+  const size_t groups = seg_groups * segments;
+  std::vector<uint8_t> packed(nblocks * groups * 4 * kInt8Lanes);
+  for (auto& c : packed) c = static_cast<uint8_t>(code(rng));
+  std::vector<int8_t> hi(groups * 4), lo(groups * 4);
+  for (size_t j = 0; j < hi.size(); ++j) {
+    hi[j] = static_cast<int8_t>(hd(rng));
+    lo[j] = static_cast<int8_t>(ld(rng));
+  }
+  for (bool two_terms : {false, true}) {
+    std::vector<int32_t> want(nblocks * segments * kInt8Lanes, 0);
+    for (size_t b = 0; b < nblocks; ++b)
+      for (size_t g = 0; g < groups; ++g)
+        for (size_t l = 0; l < kInt8Lanes; ++l)
+          for (size_t j = 0; j < 4; ++j) {
+            const int d =
+                two_terms ? 64 * hi[g * 4 + j] + lo[g * 4 + j] : hi[g * 4 + j];
+            want[(b * segments + g / seg_groups) * kInt8Lanes + l] +=
+                packed[((b * groups + g) * kInt8Lanes + l) * 4 + j] * d;
+          }
+    for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
+      std::vector<int32_t> got(want.size(), -1);
+      k.segments(packed.data(), nblocks, seg_groups, segments, hi.data(),
+                 two_terms ? lo.data() : nullptr, got.data());
+      EXPECT_EQ(got, want) << k.name << (two_terms ? " two terms" : "");
+    }
+  }
+}
+
+TEST(SegmentScanTest, ScoresLieWithinTheirBoundsOnEveryKernel) {
+  // Per-head scans of the progressive index: every segment's score within
+  // its vector's bound of the exact inner product, on every kernel; head
+  // dims that are not a multiple of 4 scan exactly in fp32.
+  std::mt19937_64 rng(18);
+  const std::string best = ActiveInt8Kernel().name;
+  for (const uint32_t head_dim : {6u, 32u, 64u}) {
+    const uint32_t heads = 5, dim = heads * head_dim;
+    ProgressiveIndex index(dim, 0, head_dim);
+    std::vector<std::vector<float>> vecs;
+    for (uint64_t i = 0; i < 203; ++i) {
+      vecs.push_back(testing::RandomQuery(rng, dim));
+      // Heads of different scales.
+      for (uint32_t h = 0; h < heads; ++h)
+        for (uint32_t k = 0; k < head_dim; ++k)
+          vecs.back()[h * head_dim + k] *= float(1 << h);
+      index.Add(i, vecs.back().data());
+    }
+    for (uint64_t i = 0; i < 203; i += 10) ASSERT_TRUE(index.Remove(i));
+    const std::vector<float> q = testing::RandomQuery(rng, dim);
+    for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
+      ASSERT_TRUE(SelectInt8Kernel(k.name));
+      SegmentScan scan;
+      index.ScanSegments(q.data(), &scan);
+      const size_t n = scan.ids.size();
+      ASSERT_EQ(n, 203u - 21u);
+      ASSERT_EQ(scan.dots.size(), n * heads);
+      EXPECT_EQ(scan.bound.empty(), head_dim % 4 != 0) << head_dim;
+      for (size_t r = 0; r < n; ++r) {
+        const std::vector<float>& v = vecs[scan.ids[r]];
+        for (uint32_t h = 0; h < heads; ++h) {
+          double exact = 0;
+          for (uint32_t k2 = 0; k2 < head_dim; ++k2) {
+            exact += double(q[h * head_dim + k2]) * v[h * head_dim + k2];
+          }
+          const double err = std::fabs(scan.dots[h * n + r] - exact);
+          if (scan.bound.empty()) {
+            EXPECT_LT(err, 1e-3 * (1 + std::fabs(exact))) << head_dim;
+          } else {
+            EXPECT_LE(err, scan.bound[r] * (1 + 1e-5))
+                << k.name << " head_dim " << head_dim << " head " << h;
+          }
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(SelectInt8Kernel(best));
+}
+
+}  // namespace
+}  // namespace kvmem

@@ -1,0 +1,232 @@
+// Token groups: clustering of a block's keys, their records, and recall at
+// group granularity through the engine over RocksDB (with a restart).
+#include "engine/recall/token_groups.h"
+
+#include <random>
+
+#include "engine/codec/record_codec.h"
+#include "gtest/gtest.h"
+#include "tests/engine_fixture.h"
+#include "tests/test_util.h"
+
+namespace kvmem {
+namespace {
+
+using testing::Encode;
+using testing::FloatFrame;
+using testing::TempDir;
+using testing::TestGeometry;
+
+// A frame whose token t shows "entity" kinds[t]: every layer's and head's key
+// is that entity's direction plus a little noise (multiples of 1/64, exact
+// in fp16). Values are noise.
+FloatFrame PlantedFrame(const TestGeometry& g, const std::vector<int>& kinds,
+                        std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> noise(-2, 2);
+  FloatFrame f;
+  f.tokens = static_cast<uint32_t>(kinds.size());
+  const size_t slice = static_cast<size_t>(g.kv_heads) * f.tokens * g.head_dim;
+  f.values.assign(g.layers * 2 * slice, 0.0f);
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      for (uint32_t t = 0; t < f.tokens; ++t) {
+        for (uint32_t d = 0; d < g.head_dim; ++d) {
+          // Entity k is a one-hot-ish direction: dims 4k..4k+3 set to 1.
+          const float base =
+              d / 4 == static_cast<uint32_t>(kinds[t]) ? 1.0f : 0.0f;
+          f.values[2 * slice * l + (h * f.tokens + t) * g.head_dim + d] =
+              base + noise(rng) / 64.0f;
+          f.values[2 * slice * l + slice + (h * f.tokens + t) * g.head_dim +
+                   d] = noise(rng) / 64.0f;
+        }
+      }
+    }
+  }
+  return f;
+}
+
+StreamConfig GroupConfig(const TestGeometry& g, uint32_t groups) {
+  StreamConfig c =
+      testing::TestConfig(g, /*window=*/16, /*frames_per_block=*/2);
+  c.groups_per_block = groups;
+  c.default_top_k = 8;
+  return c;
+}
+
+TEST(TokenGroupsTest, ClustersPlantedEntitiesAndSummarisesEachGroup) {
+  const TestGeometry g;
+  std::mt19937_64 rng(1);
+  const std::vector<int> kinds = {0, 0, 1, 2, 1, 0, 2, 2, 1, 0};
+  const FloatFrame f = PlantedFrame(g, kinds, rng);
+  const std::string bytes = Encode(f, g.dtype);
+  const StreamConfig c = GroupConfig(g, 3);
+  const TokenGroups tg =
+      BuildTokenGroups(c, {absl::string_view(bytes)}, {f.tokens}, 3);
+  ASSERT_EQ(tg.token_group.size(), kinds.size());
+  const size_t dim = 2 * g.kv_heads * g.head_dim;  // Indexed layers {2, 0}.
+  ASSERT_EQ(tg.summaries.size(), 3 * dim);
+  // Same entity <=> same group.
+  for (size_t a = 0; a < kinds.size(); ++a) {
+    for (size_t b = 0; b < kinds.size(); ++b) {
+      EXPECT_EQ(kinds[a] == kinds[b], tg.token_group[a] == tg.token_group[b])
+          << a << " vs " << b;
+    }
+  }
+  // Each summary is the plain mean key of its tokens, laid out like a block
+  // summary: [indexed_layer][kv_head][head_dim].
+  const std::vector<uint32_t> layers = {2, 0};
+  for (uint8_t grp = 0; grp < 3; ++grp) {
+    for (size_t li = 0; li < layers.size(); ++li) {
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t d = 0; d < g.head_dim; ++d) {
+          double sum = 0;
+          int n = 0;
+          for (uint32_t t = 0; t < f.tokens; ++t) {
+            if (tg.token_group[t] != grp) continue;
+            sum += f.Key(g, layers[li], h, t, d);
+            ++n;
+          }
+          EXPECT_NEAR(
+              tg.summaries[grp * dim + (li * g.kv_heads + h) * g.head_dim + d],
+              sum / n, 1e-6);
+        }
+      }
+    }
+  }
+  // More groups than tokens: one per token at most.
+  const TokenGroups many =
+      BuildTokenGroups(c, {absl::string_view(bytes)}, {f.tokens}, 64);
+  EXPECT_LE(many.summaries.size() / dim, kinds.size());
+  EXPECT_GE(many.summaries.size() / dim, 3u);
+}
+
+TEST(TokenGroupsTest, RecordsKeepGroupsAndConfigsKeepTheSetting) {
+  BlockRecord b;
+  b.info.id = 7;
+  b.info.token_count = 3;
+  b.summary = {1, 2};
+  b.group_summaries = {1, 2, 3, 4};
+  b.token_group = {0, 1, 1};
+  auto back = DecodeBlock(EncodeBlock(b));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->group_summaries, b.group_summaries);
+  EXPECT_EQ(back->token_group, b.token_group);
+  StreamConfig c = GroupConfig(TestGeometry(), 5);
+  auto cb = DecodeConfig(EncodeConfig(c));
+  ASSERT_TRUE(cb.ok()) << cb.status();
+  EXPECT_EQ(cb->groups_per_block, 5u);
+}
+
+TEST(TokenGroupsTest, RecallReturnsTheMatchingTokensWithinBudgetAcrossRestart) {
+  const TestGeometry g;
+  TempDir dir;
+  std::mt19937_64 rng(2);
+  // Frames of 8 tokens: background (entity 0) except frames 2 and 3, where
+  // tokens 6 and 7 show entity 3. Blocks of 2 frames; window 16 tokens.
+  const StreamConfig config = GroupConfig(g, 4);
+  auto query_for = [&](int entity) {
+    std::vector<float> q(2 * g.kv_heads * g.head_dim, 0.0f);
+    for (size_t i = 0; i < q.size(); ++i) {
+      q[i] = (i % g.head_dim) / 4 == static_cast<size_t>(entity) ? 1.0f : 0.0f;
+    }
+    return q;
+  };
+  auto check = [&](MemoryEngine* e) {
+    RecallQuery q;
+    q.query = query_for(3);
+    q.max_tokens = 4;
+    auto r = e->Recall("cam", q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_FALSE(r->blocks.empty());
+    // The best block is block 1 (frames 2-3); only its entity-3 tokens:
+    // offsets 6, 7 (frame 2) and 14, 15 (frame 3).
+    EXPECT_EQ(r->blocks[0].block.id, 1u);
+    EXPECT_EQ(r->blocks[0].token_offsets,
+              (std::vector<uint32_t>{6, 7, 14, 15}));
+    EXPECT_EQ(r->total_tokens, 4u);
+    uint32_t sum = 0;
+    for (const auto& b : r->blocks) sum += RecalledTokens(b);
+    EXPECT_EQ(sum, r->total_tokens);
+  };
+  {
+    auto e = testing::OpenTestEngine(dir.path());
+    ASSERT_TRUE(e->OpenStream("cam", config).ok());
+    for (uint64_t i = 0; i < 10; ++i) {
+      std::vector<int> kinds(8, 0);
+      if (i == 2 || i == 3) kinds[6] = kinds[7] = 3;
+      const FloatFrame f = PlantedFrame(g, kinds, rng);
+      ASSERT_TRUE(e->Append("cam", testing::FrameOf(f, i, g.dtype)).ok());
+    }
+    check(e.get());
+    auto stats = e->GetStats("cam");
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->config.groups_per_block, 4u);
+  }
+  auto reopened = testing::OpenTestEngine(dir.path());
+  check(reopened.get());
+}
+
+TEST(TokenGroupsTest, TrackSignalBringsGroupsOfTheTracksBlocks) {
+  // Blocks of 2 frames of background, except frames 2 and 3 (block 1),
+  // which show entity 1 and send a detection of track 5. The query points
+  // away from entity 1 (the index ranks block 1 last) and asks for one
+  // block, but names track 5: block 1's groups come in as track candidates
+  // and win on the semantic signal.
+  const TestGeometry g;
+  TempDir dir;
+  std::mt19937_64 rng(4);
+  StreamConfig config = GroupConfig(g, 2);
+  config.weights.track = 100;
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("cam", config).ok());
+  for (uint64_t i = 0; i < 10; ++i) {
+    FrameSignals sig;
+    if (i == 2 || i == 3) {
+      Detection d;
+      d.track_id = 5;
+      d.x_max = d.y_max = 0.5f;
+      d.score = 0.9f;
+      sig.detections.push_back(d);
+    }
+    const FloatFrame f =
+        PlantedFrame(g, std::vector<int>(8, i == 2 || i == 3 ? 1 : 0), rng);
+    Frame fr;
+    fr.index = i;
+    fr.first_token_position = i * 8;
+    fr.token_count = 8;
+    fr.payload = Encode(f, g.dtype);
+    fr.signals = std::move(sig);
+    ASSERT_TRUE(e->Append("cam", std::move(fr)).ok());
+  }
+  RecallQuery q;
+  q.query.assign(2 * g.kv_heads * g.head_dim, 0.0f);
+  for (size_t i = 0; i < q.query.size(); ++i) {
+    if ((i % g.head_dim) / 4 == 1) q.query[i] = -1.0f;  // Away from entity 1.
+  }
+  q.max_tokens = 16;
+  q.top_k = 1;
+  Detection d;
+  d.track_id = 5;
+  d.x_max = d.y_max = 0.5f;
+  q.signals.detections.push_back(d);
+  auto r = e->Recall("cam", q);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->blocks.empty());
+  EXPECT_EQ(r->blocks[0].block.id, 1u);
+  EXPECT_GT(r->blocks[0].semantic_score, 0.0f);
+  EXPECT_LE(r->total_tokens, 16u);
+}
+
+TEST(TokenGroupsTest, TooManyGroupsIsInvalidArgumentNamingTheField) {
+  TempDir dir;
+  auto e = testing::OpenTestEngine(dir.path());
+  auto s = e->OpenStream("cam", GroupConfig(TestGeometry(), 65));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("groups_per_block is 65"),
+            std::string::npos)
+      << s.status();
+}
+
+}  // namespace
+}  // namespace kvmem
