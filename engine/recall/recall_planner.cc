@@ -6,20 +6,103 @@
 
 namespace kvmem {
 
-std::vector<RecalledBlock> PlanBudgetedRecall(
-    const std::vector<RecalledBlock>& ranked, uint32_t max_tokens,
-    float gate_scale) {
-  std::vector<RecalledBlock> chosen;
-  uint64_t used = 0;
-  for (const RecalledBlock& b : ranked) {
-    const uint32_t tokens = RecalledTokens(b);
-    if (used + tokens > max_tokens) continue;
-    used += tokens;
-    chosen.push_back(b);
-    if (used == max_tokens) break;
+RecallPlanner::RecallPlanner(const PlanPolicy& policy) : policy_(policy) {}
+
+float RecallPlanner::RankValue(const PlanUnit& u) const {
+  return policy_.mode == ScoreMode::kMass
+             ? MassRankValue(u.score, u.semantic, policy_.model_weight)
+             : policy_.model_scale * u.score + u.semantic;
+}
+
+float RecallPlanner::Priority(const PlanUnit& u) const {
+  if (policy_.mode != ScoreMode::kMass) {
+    return policy_.model_scale * u.score + u.semantic;
   }
-  AssignGateWeights(&chosen, gate_scale, ScoreMode::kSummed);
-  return chosen;
+  // A density that underflowed to 0 counts as the smallest float, so the
+  // priority stays finite (ln: -103.3).
+  return policy_.model_weight *
+             std::log(
+                 std::max(u.score, std::numeric_limits<float>::denorm_min())) +
+         u.semantic;
+}
+
+void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
+  std::vector<std::pair<float, size_t>> keyed;
+  keyed.reserve(units->size());
+  for (size_t i = 0; i < units->size(); ++i) {
+    keyed.emplace_back(RankValue((*units)[i]), i);
+  }
+  const std::vector<PlanUnit>& u = *units;
+  std::sort(keyed.begin(), keyed.end(),
+            [&](const std::pair<float, size_t>& a,
+                const std::pair<float, size_t>& b) {
+              if (a.first != b.first) return a.first > b.first;
+              const PlanUnit &x = u[a.second], &y = u[b.second];
+              return x.block != y.block ? x.block > y.block : x.group > y.group;
+            });
+  std::vector<PlanUnit> sorted;
+  sorted.reserve(units->size());
+  for (const auto& k : keyed) sorted.push_back(u[k.second]);
+  *units = std::move(sorted);
+}
+
+PlannedBlock& RecallPlanner::Slot(uint64_t block) {
+  return blocks_[slot_.at(block)];
+}
+
+void RecallPlanner::Take(const std::vector<PlanUnit>& ranked) {
+  for (size_t i = 0; i < ranked.size() && used_ < policy_.max_tokens; ++i) {
+    const PlanUnit& u = ranked[i];
+    if (u.tokens == 0 || used_ + u.tokens > policy_.max_tokens) continue;
+    if (slot_.count(u.block) == 0) {
+      if (policy_.top_k > 0 && blocks_.size() >= policy_.top_k) continue;
+      slot_.emplace(u.block, blocks_.size());
+      PlannedBlock b;
+      b.block = u.block;
+      b.first_group = u.group;
+      b.score = u.score;
+      b.semantic = u.semantic;
+      b.priority = Priority(u);
+      blocks_.push_back(b);
+    }
+    PlannedBlock& b = Slot(u.block);
+    if (policy_.mode == ScoreMode::kMass) {
+      b.mass += u.score * static_cast<float>(u.tokens);
+    }
+    b.tokens += u.tokens;
+    b.group_mask |= uint64_t{1} << (u.group & 63);
+    used_ += u.tokens;
+  }
+}
+
+RecallPlan RecallPlanner::Finish() {
+  RecallPlan plan;
+  plan.total_tokens = static_cast<uint32_t>(used_);
+  plan.blocks = std::move(blocks_);
+  AssignGateWeights(&plan.blocks, policy_.gate_temperature, policy_.mode);
+  blocks_.clear();
+  slot_.clear();
+  used_ = 0;
+  return plan;
+}
+
+RecallPlan RecallPlanner::PlanBlocks(const PlanPolicy& policy,
+                                     std::vector<PlanUnit> units) {
+  RecallPlanner planner(policy);
+  planner.Rank(&units);
+  if (policy.top_k > 0 && units.size() > policy.top_k) {
+    units.resize(policy.top_k);
+  }
+  planner.Take(units);
+  return planner.Finish();
+}
+
+RecallPlan RecallPlanner::Plan(const PlanPolicy& policy,
+                               std::vector<PlanUnit> units) {
+  RecallPlanner planner(policy);
+  planner.Rank(&units);
+  planner.Take(units);
+  return planner.Finish();
 }
 
 float MassRankValue(float density, float semantic, float model_weight) {
@@ -30,24 +113,7 @@ float MassRankValue(float density, float semantic, float model_weight) {
       std::min(v, double(std::numeric_limits<float>::max())));
 }
 
-uint64_t FillBudget(const std::vector<FillUnit>& ranked, uint32_t max_tokens,
-                    uint32_t top_k, FillState* state,
-                    std::vector<size_t>* taken) {
-  for (size_t i = 0; i < ranked.size() && state->used < max_tokens; ++i) {
-    const FillUnit& u = ranked[i];
-    if (u.tokens == 0 || state->used + u.tokens > max_tokens) continue;
-    if (state->known.count(u.block) == 0) {
-      if (top_k > 0 && state->blocks.size() >= top_k) continue;
-      state->blocks.push_back(u.block);
-      state->known.insert(u.block);
-    }
-    state->used += u.tokens;
-    taken->push_back(i);
-  }
-  return state->used;
-}
-
-void AssignGateWeights(std::vector<RecalledBlock>* blocks, float temperature,
+void AssignGateWeights(std::vector<PlannedBlock>* blocks, float temperature,
                        ScoreMode mode) {
   if (blocks->empty()) return;
   std::vector<double> x;
@@ -68,6 +134,16 @@ void AssignGateWeights(std::vector<RecalledBlock>* blocks, float temperature,
   for (size_t i = 0; i < blocks->size(); ++i) {
     (*blocks)[i].gate_weight = static_cast<float>(x[i] / sum);
   }
+}
+
+std::vector<uint32_t> TokenOffsets(const std::vector<uint8_t>& token_group,
+                                   uint64_t group_mask, uint32_t token_count) {
+  std::vector<uint32_t> offsets;
+  for (uint32_t t = 0; t < token_group.size(); ++t) {
+    if (group_mask >> token_group[t] & 1) offsets.push_back(t);
+  }
+  if (offsets.size() == token_count) offsets.clear();
+  return offsets;
 }
 
 }  // namespace kvmem

@@ -1,43 +1,114 @@
-// Budgeted recall planning: from ranked candidates (blocks, or token groups
-// of blocks, all outside the hot window) choose what fits the token budget,
-// and weight the chosen blocks. Pure functions, safe from any thread.
+// RecallPlanner: from scored candidates (blocks, or token groups of blocks,
+// all outside the hot window) to a budgeted recall set. A pure function of
+// the candidates, the budget and the policy: it knows nothing of streams,
+// indexes or storage (the stream gathers candidates, engine/stream/;
+// the planner ranks them, fills the token budget and weights the set).
+//
+//   RecallPlanner planner(policy);
+//   planner.Rank(&units);      // best first
+//   planner.Take(units);       // fill the budget in that order
+//   planner.Take(more);        // optionally continue with further units
+//   RecallPlan plan = planner.Finish();
+//
+// Ranking: score SUMMED orders units by priority = model_scale * score +
+// semantic; score MASS by MassRankValue(density, semantic, model_weight),
+// which orders them as model_weight * ln(density) + semantic does. Ties go
+// to the newer block (larger id), then the larger group.
+//
+// Thread safety: an instance is used by one thread; the free functions are
+// safe from any.
 #ifndef KVMEM_ENGINE_RECALL_RECALL_PLANNER_H_
 #define KVMEM_ENGINE_RECALL_RECALL_PLANNER_H_
 
 #include <cstdint>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/types.h"
 
 namespace kvmem {
 
-// Walks `ranked` in order and keeps every block whose tokens still fit in
-// max_tokens (a block too large for what is left is skipped and smaller,
-// lower-ranked ones may still fill the rest). Never exceeds max_tokens.
-// Gate weights as AssignGateWeights with ScoreMode::kSummed.
-// REQUIRES: ranked is sorted by descending priority; gate_scale > 0.
-std::vector<RecalledBlock> PlanBudgetedRecall(
-    const std::vector<RecalledBlock>& ranked, uint32_t max_tokens,
-    float gate_scale);
-
-// One unit of a budget fill: a whole block, or one token group of it.
-struct FillUnit {
+// One candidate unit: a whole block (group 0), or one token group of one.
+struct PlanUnit {
   uint64_t block = 0;
+  uint32_t group = 0;
   uint32_t tokens = 0;
+  // SUMMED: the query . summary inner product; MASS: the estimated
+  // attention mass per token (density).
+  float score = 0;
+  // The weighted semantic score of the unit's block (0 when unknown).
+  float semantic = 0;
 };
 
-// Budget fill over units in rank order: takes each unit whose tokens still
-// fit in what is left of max_tokens, as long as it belongs to a block
-// already taken or fewer than top_k blocks are taken (top_k 0: no cap).
-// Appends the indexes of the units taken to *taken; returns the tokens they
-// hold (never more than max_tokens). `state` carries the fill across calls
-// so a fill can continue over further units (same max_tokens and top_k).
-struct FillState {
-  uint64_t used = 0;
-  std::vector<uint64_t> blocks;        // Distinct blocks taken, in order.
-  std::unordered_set<uint64_t> known;  // The same blocks, to look up.
+struct PlanPolicy {
+  ScoreMode mode = ScoreMode::kMass;
+  uint32_t max_tokens = 0;  // The token budget; the set never exceeds it.
+  uint32_t top_k = 0;       // The most distinct blocks; 0: no cap.
+  float model_weight = 1;   // MASS: the model signal's weight (> 0).
+  float model_scale = 1;    // SUMMED: model weight / sqrt(head_dim).
+  float gate_temperature = 1;
 };
+
+// One block of a plan, in the order blocks were first taken.
+struct PlannedBlock {
+  uint64_t block = 0;
+  // Its best-ranked unit taken: that unit's group, score, and the block's
+  // semantic score and priority (SUMMED: model_scale * score + semantic;
+  // MASS: model_weight * ln(density) + semantic, density floored at the
+  // smallest float so it stays finite).
+  uint32_t first_group = 0;
+  float score = 0;
+  float semantic = 0;
+  float priority = 0;
+  float mass = 0;  // MASS: sum over its units of density * tokens.
+  float gate_weight = 0;
+  uint32_t tokens = 0;      // Tokens of its units taken.
+  uint64_t group_mask = 0;  // Bit g: group g taken.
+};
+
+struct RecallPlan {
+  std::vector<PlannedBlock> blocks;
+  uint32_t total_tokens = 0;
+};
+
+class RecallPlanner {
+ public:
+  explicit RecallPlanner(const PlanPolicy& policy);
+
+  // The value units are ranked by (see above).
+  float RankValue(const PlanUnit& u) const;
+  // Sorts units best first.
+  void Rank(std::vector<PlanUnit>* units) const;
+  // Takes units in the given order: each whose tokens still fit in what is
+  // left of the budget, as long as its block is already taken or fewer than
+  // top_k blocks are. Units of 0 tokens are never taken. May be called
+  // again to continue the fill with further units.
+  void Take(const std::vector<PlanUnit>& ranked);
+  uint32_t tokens_left() const {
+    return static_cast<uint32_t>(policy_.max_tokens - used_);
+  }
+  bool full() const { return used_ >= policy_.max_tokens; }
+  // The plan, with gate weights (AssignGateWeights over the planned
+  // blocks). The planner is spent.
+  RecallPlan Finish();
+
+  // Score SUMMED, whole blocks, as kvmem has always planned them: the
+  // top_k best by priority (all with top_k 0), then the budget fill.
+  static RecallPlan PlanBlocks(const PlanPolicy& policy,
+                               std::vector<PlanUnit> units);
+  // Rank, Take and Finish in one call (token groups; score MASS).
+  static RecallPlan Plan(const PlanPolicy& policy, std::vector<PlanUnit> units);
+
+ private:
+  PlannedBlock& Slot(uint64_t block);
+  float Priority(const PlanUnit& u) const;
+
+  const PlanPolicy policy_;
+  uint64_t used_ = 0;
+  std::vector<PlannedBlock> blocks_;
+  std::unordered_map<uint64_t, size_t> slot_;  // Block -> index in blocks_.
+};
+
 // The value score MASS ranks units by: density * exp(semantic /
 // model_weight), which orders them as model_weight * ln(density) + semantic
 // does, with no log per unit. Density 0 stays 0 whatever the bonus (ln 0 =
@@ -47,10 +118,6 @@ struct FillState {
 // more) instead of becoming inf. REQUIRES: model_weight > 0.
 float MassRankValue(float density, float semantic, float model_weight);
 
-uint64_t FillBudget(const std::vector<FillUnit>& ranked, uint32_t max_tokens,
-                    uint32_t top_k, FillState* state,
-                    std::vector<size_t>* taken);
-
 // Gate weights, the one place their formula lives (documented on
 // kvmem.v1.RecallDefaults.gate_temperature): softmax over the set of x_b /
 // temperature, where x_b = ln(mass_b) with ScoreMode::kMass (so weights are
@@ -59,8 +126,14 @@ uint64_t FillBudget(const std::vector<FillUnit>& ranked, uint32_t max_tokens,
 // sum to 1 over a non-empty set; blocks of zero mass get 0 (all zero: equal
 // weights).
 // REQUIRES: temperature > 0.
-void AssignGateWeights(std::vector<RecalledBlock>* blocks, float temperature,
+void AssignGateWeights(std::vector<PlannedBlock>* blocks, float temperature,
                        ScoreMode mode);
+
+// The token offsets a recalled block carries for the groups in group_mask
+// (token_group[t]: token t's group): ascending, and empty when that is every
+// token (the whole block).
+std::vector<uint32_t> TokenOffsets(const std::vector<uint8_t>& token_group,
+                                   uint64_t group_mask, uint32_t token_count);
 
 }  // namespace kvmem
 

@@ -15,6 +15,8 @@
 #include "base/status_macros.h"
 #include "engine/index/dot.h"
 #include "engine/recall/recall_planner.h"
+#include "engine/recall/recall_query.h"
+#include "engine/recall/semantic_cache.h"
 #include "engine/stream/signals.h"
 #include "engine/stream/stream.h"
 #include "engine/stream_config.h"
@@ -63,7 +65,7 @@ std::vector<size_t> Stream::TrackCandidates(const FrameSignals& signals,
   return out;
 }
 
-std::vector<RecalledBlock> Stream::RankCandidates(
+std::vector<PlanUnit> Stream::BlockCandidates(
     const BlockIndex& index, const float* query, size_t offset, size_t dim,
     const FrameSignals& signals, size_t eligible, uint32_t top_k,
     uint32_t priority, CallCost* cost, uint32_t* search_us) const {
@@ -76,8 +78,6 @@ std::vector<RecalledBlock> Stream::RankCandidates(
     // results that top_k eligible ones survive the filter. With semantic
     // weights, a wider model pool lets them reorder it.
     const uint64_t pool = static_cast<uint64_t>(top_k) * (semantic ? 4 : 1);
-    // top_k is at least 1 here: Recall passes the budget's worth without a
-    // cap (every block holds a token at least).
     const uint32_t k = static_cast<uint32_t>(
         std::min<uint64_t>(pool, eligible) + (blocks_.size() - eligible));
     for (const ScoredId& h :
@@ -91,35 +91,22 @@ std::vector<RecalledBlock> Stream::RankCandidates(
     scores.emplace(
         b, SummaryDot(blocks_[b].rec.summary.data() + offset, query, dim));
   }
-  const float scale =
-      w.model / std::sqrt(static_cast<float>(config_.geometry.head_dim));
-  std::vector<RecalledBlock> ranked;
-  ranked.reserve(scores.size());
+  std::vector<PlanUnit> units;
+  units.reserve(scores.size());
   for (const auto& [id, score] : scores) {
-    const BlockEntry& e = blocks_[id];
-    RecalledBlock r;
-    r.block = e.rec.info;
-    r.block.tier = TierOf(e);
-    r.score = score;
-    r.semantic_score =
-        semantic ? SemanticScore(MatchSignals(e.rec, signals), w) : 0.0f;
-    r.priority = scale * score + r.semantic_score;
-    r.was_staged = e.staged;
-    ranked.push_back(r);
+    const BlockRecord& rec = blocks_[id].rec;
+    units.push_back(
+        {id, 0, rec.info.token_count, score,
+         semantic ? SemanticScore(MatchSignals(rec, signals), w) : 0.0f});
   }
-  std::sort(ranked.begin(), ranked.end(),
-            [](const RecalledBlock& a, const RecalledBlock& b) {
-              return a.priority != b.priority ? a.priority > b.priority
-                                              : a.block.id > b.block.id;
-            });
-  if (ranked.size() > top_k) ranked.resize(top_k);
-  return ranked;
+  return units;
 }
 
-std::vector<RecalledBlock> Stream::RecallGroups(
-    const float* query, const FrameSignals& signals, size_t eligible,
-    uint32_t top_k, uint32_t max_tokens, uint32_t priority, CallCost* cost,
-    uint32_t* search_us) const {
+std::vector<PlanUnit> Stream::GroupCandidates(const float* query,
+                                              const FrameSignals& signals,
+                                              size_t eligible, uint32_t top_k,
+                                              uint32_t priority, CallCost* cost,
+                                              uint32_t* search_us) const {
   const auto t0 = std::chrono::steady_clock::now();
   const RecallWeights& w = config_.weights;
   const bool semantic = w.track > 0 || w.iou > 0 || w.scene > 0;
@@ -154,73 +141,50 @@ std::vector<RecalledBlock> Stream::RecallGroups(
                                      query, summary_dim_));
     }
   }
-  // Rank groups: model score plus their block's semantic match.
-  const float scale =
-      w.model / std::sqrt(static_cast<float>(config_.geometry.head_dim));
-  struct Candidate {
-    uint64_t gid;
-    float score, semantic, priority;
-  };
-  std::unordered_map<uint64_t, float> block_semantic;
-  std::vector<Candidate> ranked;
-  ranked.reserve(scores.size());
+  // Each group with its block's semantic match.
+  SemanticCache sem(semantic, [&](uint64_t b) {
+    return SemanticScore(MatchSignals(blocks_[b].rec, signals), w);
+  });
+  std::vector<PlanUnit> units;
+  units.reserve(scores.size());
   for (const auto& [gid, score] : scores) {
     const uint64_t b = gid / kGroupStride;
-    float sem = 0;
-    if (semantic) {
-      auto [it, fresh] = block_semantic.try_emplace(b, 0.0f);
-      if (fresh) {
-        it->second = SemanticScore(MatchSignals(blocks_[b].rec, signals), w);
-      }
-      sem = it->second;
+    const uint32_t g = static_cast<uint32_t>(gid % kGroupStride);
+    units.push_back({b, g, unit_tokens_[UnitSlot(b, g)], score,
+                     semantic ? sem.Get(b) : 0.0f});
+  }
+  return units;
+}
+
+std::vector<RecalledBlock> Stream::ToRecalled(const RecallPlan& plan,
+                                              bool grouped,
+                                              const float* mean_query) const {
+  std::vector<RecalledBlock> out;
+  out.reserve(plan.blocks.size());
+  for (const PlannedBlock& p : plan.blocks) {
+    const BlockEntry& e = blocks_[p.block];
+    RecalledBlock r;
+    r.block = e.rec.info;
+    r.block.tier = TierOf(e);
+    // Score MASS reports the mean query's inner product with the summary of
+    // the block's best unit; SUMMED ranked by that product already.
+    r.score = mean_query == nullptr
+                  ? p.score
+                  : Dot(mean_query,
+                        UnitSummary((p.block << UnitShift()) | p.first_group),
+                        summary_dim_);
+    r.semantic_score = p.semantic;
+    r.priority = p.priority;
+    r.mass = p.mass;
+    r.gate_weight = p.gate_weight;
+    r.was_staged = e.staged;
+    if (grouped) {
+      r.token_offsets =
+          TokenOffsets(e.rec.token_group, p.group_mask, r.block.token_count);
     }
-    ranked.push_back({gid, score, sem, scale * score + sem});
+    out.push_back(std::move(r));
   }
-  std::sort(ranked.begin(), ranked.end(),
-            [](const Candidate& a, const Candidate& b) {
-              return a.priority != b.priority ? a.priority > b.priority
-                                              : a.gid > b.gid;
-            });
-  // Fill the budget with groups, at most top_k distinct blocks.
-  std::vector<FillUnit> units;
-  units.reserve(ranked.size());
-  for (const Candidate& c : ranked) {
-    const uint64_t b = c.gid / kGroupStride;
-    units.push_back({b, unit_tokens_[UnitSlot(b, c.gid % kGroupStride)]});
-  }
-  FillState fill;
-  std::vector<size_t> taken;
-  FillBudget(units, max_tokens, top_k, &fill, &taken);
-  std::vector<RecalledBlock> chosen;
-  std::unordered_map<uint64_t, size_t> slot;  // Block -> index in chosen.
-  for (size_t i : taken) {
-    const Candidate& c = ranked[i];
-    const uint64_t b = c.gid / kGroupStride;
-    const uint8_t g = static_cast<uint8_t>(c.gid % kGroupStride);
-    const BlockRecord& rec = blocks_[b].rec;
-    auto it = slot.find(b);
-    if (it == slot.end()) {
-      RecalledBlock r;
-      r.block = rec.info;
-      r.block.tier = TierOf(blocks_[b]);
-      r.score = c.score;
-      r.semantic_score = c.semantic;
-      r.priority = c.priority;
-      r.was_staged = blocks_[b].staged;
-      it = slot.emplace(b, chosen.size()).first;
-      chosen.push_back(std::move(r));
-    }
-    RecalledBlock& r = chosen[it->second];
-    for (uint32_t t = 0; t < rec.token_group.size(); ++t) {
-      if (rec.token_group[t] == g) r.token_offsets.push_back(t);
-    }
-  }
-  for (RecalledBlock& r : chosen) {
-    std::sort(r.token_offsets.begin(), r.token_offsets.end());
-    if (r.token_offsets.size() == r.block.token_count) r.token_offsets.clear();
-  }
-  AssignGateWeights(&chosen, config_.gate_temperature, ScoreMode::kSummed);
-  return chosen;
+  return out;
 }
 
 void Stream::StageRecall(RecallResult* r, uint32_t priority) const {
@@ -279,210 +243,156 @@ size_t Stream::EligibleBlocks(uint64_t window_end) const {
 
 absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (q.query.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "query is empty; stream \"", id_, "\" expects ", summary_dim_,
-        " floats ([indexed_layer][kv_head][head_dim])"));
-  }
-  if (q.query.size() % summary_dim_ != 0 ||
-      q.query.size() / summary_dim_ > kMaxQueryVectors) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "query has ", q.query.size(), " floats; stream \"", id_,
-        "\" expects n x ", summary_dim_,
-        " (n query vectors of [indexed_layer][kv_head][head_dim], n in [1, ",
-        kMaxQueryVectors, "])"));
-  }
-  const uint32_t vectors = static_cast<uint32_t>(q.query.size() / summary_dim_);
-  const uint32_t heads = summary_dim_ / config_.geometry.head_dim;
-  KVMEM_RETURN_IF_ERROR(CheckFinite("query", q.query));
-  if (q.current_token_position > (uint64_t{1} << 63)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "current_token_position is ", q.current_token_position,
-        "; must be at most 2^63 (frame positions are at most 2^62)"));
-  }
-  if (!q.window_lse.empty()) {
-    if (q.window_lse.size() != static_cast<size_t>(vectors) * heads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("window_lse has ", q.window_lse.size(), " floats; with ",
-                       vectors, " query vector(s) stream \"", id_,
-                       "\" expects ", static_cast<size_t>(vectors) * heads,
-                       " ([query vector][indexed_layer][kv_head]) or none"));
-    }
-    KVMEM_RETURN_IF_ERROR(CheckFinite("window_lse", q.window_lse));
-  }
-  KVMEM_RETURN_IF_ERROR(ValidateSignals("signals", q.signals));
-  if (q.per_head &&
-      (q.per_layer || config_.weights.score != ScoreMode::kMass)) {
-    return absl::InvalidArgumentError(
-        q.per_layer ? "per_head and per_layer are both set; ask for one"
-                    : absl::StrCat("per_head needs score MASS; stream \"", id_,
-                                   "\" scores SUMMED"));
-  }
-  if (!(q.window_fraction >= 0.0f && q.window_fraction <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("budget.window_fraction is ",
-                                                   q.window_fraction,
-                                                   "; must be in [0, 1]"));
-  }
+  KVMEM_RETURN_IF_ERROR(ValidateRecallQuery(q, config_, summary_dim_, id_));
   RecallResult result;
-  result.top_k = q.top_k == 0 ? config_.default_top_k : q.top_k;
-  result.query_vectors = vectors;
-  if (q.max_tokens > 0) {
-    result.budget_tokens = q.max_tokens;
-  } else if (q.window_fraction > 0) {
-    result.budget_tokens = std::max<uint32_t>(
-        1,
-        static_cast<uint32_t>(q.window_fraction * config_.hot_window_tokens));
-  } else {
-    result.budget_tokens = config_.default_max_tokens;
-  }
-  if (result.top_k > kMaxTopK) {
-    return absl::InvalidArgumentError(absl::StrCat("budget.top_k is ", q.top_k,
-                                                   "; must be at most ",
-                                                   kMaxTopK, " (0: no cap)"));
-  }
-  if (result.budget_tokens > (1u << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "budget.max_tokens is ", q.max_tokens, "; must be at most ", 1u << 24));
-  }
-
-  const bool mass = config_.weights.score == ScoreMode::kMass;
+  KVMEM_RETURN_IF_ERROR(ResolveBudget(q, config_, summary_dim_, &result));
   // The mean of the query vectors: what SUMMED scores (its scores are
   // linear), and MASS's RecalledBlock.score and candidate pool.
-  std::vector<float> mean_query(q.query.begin(),
-                                q.query.begin() + summary_dim_);
-  for (uint32_t j = 1; j < vectors; ++j) {
-    Axpy(1.0f, q.query.data() + j * summary_dim_, mean_query.data(),
-         summary_dim_);
-  }
-  if (vectors > 1) {
-    for (float& x : mean_query) x /= static_cast<float>(vectors);
-  }
-  // Without a cap on blocks, SUMMED asks the index for the budget's worth
-  // (every block holds a token at least).
-  const uint32_t rank_k =
-      result.top_k > 0 ? result.top_k
-                       : std::min<uint32_t>(result.budget_tokens, kMaxTopK);
-  std::vector<std::vector<RecalledBlock>> ranked;  // One list per set.
-  std::vector<uint32_t> set_layers;
-  bool grouped = false;  // ranked[0] is already the plan (token groups).
-  bool planned = false;  // result holds the sets already (score MASS).
-  uint64_t now_frame;
-  {
-    kvmem::ReaderMutexLock lock(&mu_);
-    if (deleted_) return DeletedError();
-    now_frame = state_.last_frame < 0 ? 0 : state_.last_frame;
-    const size_t eligible = EligibleBlocks(q.current_token_position == 0
-                                               ? state_.next_token_position
-                                               : q.current_token_position + 1);
-    // The index holds every block with a disk form; blocks are in position
-    // order, so the ineligible ones are the (short) tail in the window.
-    // O(window), not O(blocks): at 100k blocks a scan of every entry cost
-    // more than the search.
-    uint64_t in_window = 0;
-    for (size_t i = eligible; i < blocks_.size(); ++i) {
-      in_window += blocks_[i].rec.disk != DiskForm::kNone;
-    }
-    result.candidates = index_.all->size() - in_window;
-    if (mass) {
-      const BlockIndex& units = index_groups() ? *index_.groups : *index_.all;
-      const uint64_t scores = uint64_t{vectors} * heads * units.size();
-      if (scores > kMaxScoresPerRecall) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "recall would score ", vectors, " query vectors x ", heads,
-            " heads x ", units.size(), " units of stream \"", id_,
-            "\" = ", scores, " scores; at most ", kMaxScoresPerRecall,
-            " per recall: send fewer query vectors"));
-      }
-      planned = true;
-      RecallByMass(q, mean_query, eligible, &result);
-    } else if (!q.per_layer && index_.groups != nullptr) {
-      grouped = true;
-      ranked.push_back(RecallGroups(mean_query.data(), q.signals, eligible,
-                                    rank_k, result.budget_tokens, q.priority,
-                                    &result.accel, &result.search_us));
-    } else if (!q.per_layer) {
-      ranked.push_back(RankCandidates(
-          *index_.all, mean_query.data(), 0, summary_dim_, q.signals, eligible,
-          rank_k, q.priority, &result.accel, &result.search_us));
-    } else {
-      for (size_t li = 0; li < config_.indexed_layers.size(); ++li) {
-        uint32_t us = 0;
-        // One indexed layer: its index is the all-layers one.
-        const BlockIndex& layer =
-            index_.layers.empty() ? *index_.all : *index_.layers[li];
-        ranked.push_back(
-            RankCandidates(layer, mean_query.data() + li * layer_dim_,
-                           li * layer_dim_, layer_dim_, q.signals, eligible,
-                           rank_k, q.priority, &result.accel, &us));
-        result.search_us += us;
-        set_layers.push_back(config_.indexed_layers[li]);
-      }
-    }
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  std::vector<std::pair<uint64_t, uint64_t>> feedback;
-  if (planned) {  // Score MASS planned under the lock; count and feed back.
-    auto account = [&](const std::vector<RecalledBlock>& blocks,
-                       uint32_t tokens) {
-      for (const auto& b : blocks) feedback.emplace_back(b.block.id, now_frame);
-      recalled_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
-      recalled_tokens_.fetch_add(tokens, std::memory_order_relaxed);
-    };
-    account(result.blocks, result.total_tokens);
-    for (const LayerRecallSet& set : result.layer_sets) {
-      account(set.blocks, set.total_tokens);
-    }
-  }
-  for (size_t i = 0; i < ranked.size(); ++i) {
-    LayerRecallSet set;
-    set.blocks = grouped ? std::move(ranked[i])
-                         : PlanBudgetedRecall(ranked[i], result.budget_tokens,
-                                              config_.gate_temperature);
-    for (const auto& b : set.blocks) {
-      set.total_tokens += RecalledTokens(b);
-      feedback.emplace_back(b.block.id, now_frame);
-    }
-    recalled_blocks_.fetch_add(set.blocks.size(), std::memory_order_relaxed);
-    recalled_tokens_.fetch_add(set.total_tokens, std::memory_order_relaxed);
-    if (q.per_layer) {
-      set.layer = set_layers[i];
-      result.layer_sets.push_back(std::move(set));
-    } else {
-      result.blocks = std::move(set.blocks);
-      result.total_tokens = set.total_tokens;
-    }
-  }
-  if (!planned) result.plan_us = MicrosSince(t1);
+  const std::vector<float> mean_query = MeanQuery(q.query, summary_dim_);
+  uint64_t now_frame = 0;
+  KVMEM_RETURN_IF_ERROR(PlanRecall(q, mean_query, &result, &now_frame));
   StageRecall(&result, q.priority);
   AccountAccel(result.accel);
   if (recalls_.fetch_add(1, std::memory_order_relaxed) % 16 == 15) {
-    std::string warning;
-    {
-      kvmem::ReaderMutexLock lock(&mu_);
-      warning = RecallFloorWarning();
-    }
-    bool crossed;
-    {
-      kvmem::MutexLock lock(&accel_mu_);
-      crossed = !warning.empty() && !below_recall_floor_;
-      below_recall_floor_ = !warning.empty();
-    }
-    if (crossed && env_.warn) env_.warn(warning);
+    WarnIfBelowRecallFloor();
   }
-  if (!feedback.empty()) {
-    // Per-layer sets may share blocks: one hit per block and query.
-    std::sort(feedback.begin(), feedback.end());
-    feedback.erase(std::unique(feedback.begin(), feedback.end()),
-                   feedback.end());
-    {
-      kvmem::MutexLock lock(&feedback_mu_);
-      recalled_.insert(recalled_.end(), feedback.begin(), feedback.end());
-    }
-    ScheduleMaintenance();
-  }
+  QueueFeedback(result, now_frame);
   result.total_us = MicrosSince(t0);
   RecordRecallLatency(result.total_us);
   return result;
+}
+
+absl::Status Stream::PlanRecall(const RecallQuery& q,
+                                const std::vector<float>& mean_query,
+                                RecallResult* r, uint64_t* now_frame) const {
+  kvmem::ReaderMutexLock lock(&mu_);
+  if (deleted_) return DeletedError();
+  *now_frame = state_.last_frame < 0 ? 0 : state_.last_frame;
+  const size_t eligible = EligibleBlocks(q.current_token_position == 0
+                                             ? state_.next_token_position
+                                             : q.current_token_position + 1);
+  // The index holds every block with a disk form; blocks are in position
+  // order, so the ineligible ones are the (short) tail in the window.
+  // O(window), not O(blocks): at 100k blocks a scan of every entry cost
+  // more than the search.
+  uint64_t in_window = 0;
+  for (size_t i = eligible; i < blocks_.size(); ++i) {
+    in_window += blocks_[i].rec.disk != DiskForm::kNone;
+  }
+  r->candidates = index_.all->size() - in_window;
+  if (config_.weights.score != ScoreMode::kMass) {
+    PlanSummed(q, mean_query, eligible, r);
+    return absl::OkStatus();
+  }
+  const BlockIndex& units = index_groups() ? *index_.groups : *index_.all;
+  const uint32_t heads = summary_dim_ / config_.geometry.head_dim;
+  const uint64_t scores = uint64_t{r->query_vectors} * heads * units.size();
+  if (scores > kMaxScoresPerRecall) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "recall would score ", r->query_vectors, " query vectors x ", heads,
+        " heads x ", units.size(), " units of stream \"", id_, "\" = ", scores,
+        " scores; at most ", kMaxScoresPerRecall,
+        " per recall: send fewer query vectors"));
+  }
+  RecallByMass(q, mean_query, eligible, r);
+  return absl::OkStatus();
+}
+
+void Stream::PlanSummed(const RecallQuery& q,
+                        const std::vector<float>& mean_query, size_t eligible,
+                        RecallResult* r) const {
+  PlanPolicy policy;
+  policy.mode = ScoreMode::kSummed;
+  policy.max_tokens = r->budget_tokens;
+  // Without a cap on blocks, SUMMED asks the index for the budget's worth
+  // (every block holds a token at least).
+  policy.top_k =
+      r->top_k > 0 ? r->top_k : std::min<uint32_t>(r->budget_tokens, kMaxTopK);
+  policy.model_scale = config_.weights.model /
+                       std::sqrt(static_cast<float>(config_.geometry.head_dim));
+  policy.gate_temperature = config_.gate_temperature;
+  auto to_set = [&](const RecallPlan& plan, bool grouped) {
+    LayerRecallSet set;
+    set.blocks = ToRecalled(plan, grouped, nullptr);
+    for (const auto& b : set.blocks) set.total_tokens += RecalledTokens(b);
+    return set;
+  };
+  LayerRecallSet one;
+  if (q.per_layer) {
+    for (size_t li = 0; li < config_.indexed_layers.size(); ++li) {
+      uint32_t us = 0;
+      // One indexed layer: its index is the all-layers one.
+      const BlockIndex& layer =
+          index_.layers.empty() ? *index_.all : *index_.layers[li];
+      std::vector<PlanUnit> units =
+          BlockCandidates(layer, mean_query.data() + li * layer_dim_,
+                          li * layer_dim_, layer_dim_, q.signals, eligible,
+                          policy.top_k, q.priority, &r->accel, &us);
+      r->search_us += us;
+      const auto t1 = std::chrono::steady_clock::now();
+      LayerRecallSet set =
+          to_set(RecallPlanner::PlanBlocks(policy, std::move(units)), false);
+      r->plan_us += MicrosSince(t1);
+      set.layer = config_.indexed_layers[li];
+      r->layer_sets.push_back(std::move(set));
+    }
+    return;
+  }
+  if (index_.groups != nullptr) {
+    std::vector<PlanUnit> units =
+        GroupCandidates(mean_query.data(), q.signals, eligible, policy.top_k,
+                        q.priority, &r->accel, &r->search_us);
+    const auto t1 = std::chrono::steady_clock::now();
+    one = to_set(RecallPlanner::Plan(policy, std::move(units)), true);
+    r->plan_us = MicrosSince(t1);
+  } else {
+    std::vector<PlanUnit> units = BlockCandidates(
+        *index_.all, mean_query.data(), 0, summary_dim_, q.signals, eligible,
+        policy.top_k, q.priority, &r->accel, &r->search_us);
+    const auto t1 = std::chrono::steady_clock::now();
+    one = to_set(RecallPlanner::PlanBlocks(policy, std::move(units)), false);
+    r->plan_us = MicrosSince(t1);
+  }
+  r->blocks = std::move(one.blocks);
+  r->total_tokens = one.total_tokens;
+}
+
+void Stream::WarnIfBelowRecallFloor() {
+  std::string warning;
+  {
+    kvmem::ReaderMutexLock lock(&mu_);
+    warning = RecallFloorWarning();
+  }
+  bool crossed;
+  {
+    kvmem::MutexLock lock(&accel_mu_);
+    crossed = !warning.empty() && !below_recall_floor_;
+    below_recall_floor_ = !warning.empty();
+  }
+  if (crossed && env_.warn) env_.warn(warning);
+}
+
+void Stream::QueueFeedback(const RecallResult& r, uint64_t now_frame) {
+  std::vector<std::pair<uint64_t, uint64_t>> feedback;
+  auto account = [&](const std::vector<RecalledBlock>& blocks,
+                     uint32_t tokens) {
+    for (const auto& b : blocks) feedback.emplace_back(b.block.id, now_frame);
+    recalled_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
+    recalled_tokens_.fetch_add(tokens, std::memory_order_relaxed);
+  };
+  if (r.layer_sets.empty()) account(r.blocks, r.total_tokens);
+  for (const LayerRecallSet& set : r.layer_sets) {
+    account(set.blocks, set.total_tokens);
+  }
+  if (feedback.empty()) return;
+  // Per-layer sets may share blocks: one hit per block and query.
+  std::sort(feedback.begin(), feedback.end());
+  feedback.erase(std::unique(feedback.begin(), feedback.end()), feedback.end());
+  {
+    kvmem::MutexLock lock(&feedback_mu_);
+    recalled_.insert(recalled_.end(), feedback.begin(), feedback.end());
+  }
+  ScheduleMaintenance();
 }
 
 }  // namespace kvmem

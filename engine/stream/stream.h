@@ -39,6 +39,8 @@
 #include "engine/codec/block_layout.h"
 #include "engine/codec/record_codec.h"
 #include "engine/index/block_index.h"
+#include "engine/recall/recall_planner.h"
+#include "engine/recall/semantic_cache.h"
 #include "engine/stream/segmenter.h"
 #include "engine/stream/semantics.h"
 #include "engine/stream/summary_builder.h"
@@ -264,21 +266,40 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // Warm-tier RAM accounting (stream and engine-wide).
   void AddWarm(int64_t bytes, bool staged) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // --- recall (stream_recall.cc) ---
-  // Scores candidates for one query vector against `index` (dims from
-  // `offset` of each summary), model + semantic, best first.
-  std::vector<RecalledBlock> RankCandidates(
-      const BlockIndex& index, const float* query, size_t offset, size_t dim,
-      const FrameSignals& signals, size_t eligible, uint32_t top_k,
-      uint32_t priority, CallCost* cost, uint32_t* search_us) const
+  // --- recall (engine/recall/stream_recall.cc) ---
+  // Under a shared mu_: the eligible blocks, the candidates and the plan
+  // into *r (score MASS or SUMMED); *now_frame: the newest frame.
+  absl::Status PlanRecall(const RecallQuery& q,
+                          const std::vector<float>& mean_query, RecallResult* r,
+                          uint64_t* now_frame) const;
+  void PlanSummed(const RecallQuery& q, const std::vector<float>& mean_query,
+                  size_t eligible, RecallResult* r) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Token-group recall (groups_per_block > 1): ranks groups of eligible
-  // blocks, fills max_tokens with them (at most top_k distinct blocks) and
-  // returns one RecalledBlock per block with its chosen token_offsets.
-  std::vector<RecalledBlock> RecallGroups(
-      const float* query, const FrameSignals& signals, size_t eligible,
-      uint32_t top_k, uint32_t max_tokens, uint32_t priority, CallCost* cost,
-      uint32_t* search_us) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Score SUMMED's candidates for one query vector against `index` (dims
+  // from `offset` of each summary): the index's best and the query's track
+  // candidates, each with its inner product and semantic score.
+  std::vector<PlanUnit> BlockCandidates(const BlockIndex& index,
+                                        const float* query, size_t offset,
+                                        size_t dim, const FrameSignals& signals,
+                                        size_t eligible, uint32_t top_k,
+                                        uint32_t priority, CallCost* cost,
+                                        uint32_t* search_us) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The same over token groups (groups_per_block > 1).
+  std::vector<PlanUnit> GroupCandidates(const float* query,
+                                        const FrameSignals& signals,
+                                        size_t eligible, uint32_t top_k,
+                                        uint32_t priority, CallCost* cost,
+                                        uint32_t* search_us) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A plan's blocks as the recall answers them (block info, tier, staging;
+  // token offsets when grouped; with mean_query, the score MASS reports).
+  std::vector<RecalledBlock> ToRecalled(const RecallPlan& plan, bool grouped,
+                                        const float* mean_query) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Counts a recall's blocks and queues their hits for maintenance.
+  void QueueFeedback(const RecallResult& r, uint64_t now_frame);
+  void WarnIfBelowRecallFloor();
   // Recent eligible, non-evicted blocks that show the query's tracks (at
   // most 64 per track), when the track or IoU weight is on: the semantic
   // signal's candidates.
@@ -306,11 +327,42 @@ class Stream : public std::enable_shared_from_this<Stream> {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // One recall set of the mass recall: the candidates `rows` (ids of
   // `unit` ids: block * UnitStride() + group) ranked by the estimate's
-  // density over head range `range`.
+  // density over head range `range`, planned by RecallPlanner.
   struct MassRows;
   LayerRecallSet FillByMass(const RecallQuery& q, size_t eligible,
                             const MassRows& rows, size_t range,
                             const RecallResult& r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The index's scan of every unit per query vector (or PoolScans).
+  void ScanUnits(const RecallQuery& q, const std::vector<float>& mean_query,
+                 size_t eligible, RecallResult* r,
+                 std::vector<SegmentScan>* scans) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Each scanned unit's tokens and role (recallable, window, ignored).
+  void ClassifyRows(const RecallQuery& q, size_t eligible, MassRows* rows) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // [vector][head]: what attention reads besides the candidates.
+  std::vector<float> WindowLse(const RecallQuery& q) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The semantic scores a mass recall knows up front.
+  SemanticCache MassSemantics(const RecallQuery& q, size_t eligible) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Exact densities over head range `range` of the rows `first` (the scan
+  // was approximate), into *density.
+  void ExactDensities(const RecallQuery& q, const MassRows& rows, size_t range,
+                      const std::vector<uint32_t>& first,
+                      std::vector<float>* dots, std::vector<float>* exact,
+                      std::vector<float>* density) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Moves the re-identification anchors (the best unit of each query
+  // track's most recent recallable block) to the front of *units.
+  void PutAnchorsFirst(const RecallQuery& q, size_t eligible,
+                       const MassRows& rows, const std::vector<float>& density,
+                       SemanticCache* sem, std::vector<bool>* ranked,
+                       std::vector<PlanUnit>* units) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::vector<uint64_t> AnchorBlocks(const RecallQuery& q,
+                                     size_t eligible) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Candidate rows for index kinds that cannot scan (FAISS approximate):
   // the index's top results for the mean query plus the hot window's

@@ -1,6 +1,7 @@
 // Stream: tier moves, budgets, prefetch staging, feedback, index rebuilds
 // and statistics.
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -365,12 +366,22 @@ absl::Status Stream::StageLikelyBlocks(const std::vector<float>& pseudo_query,
   {
     kvmem::ReaderMutexLock lock(&mu_);
     const size_t eligible = EligibleBlocks(state_.next_token_position);
-    for (const RecalledBlock& r : RankCandidates(
-             *index_.all, pseudo_query.data(), 0, summary_dim_, signals,
-             eligible, 2 * t.prefetch_blocks, 0, &prefetch_cost, nullptr)) {
-      const BlockEntry& e = blocks_[r.block.id];
+    // The best 2 x prefetch_blocks candidates as score SUMMED ranks them.
+    const uint32_t top_k = 2 * t.prefetch_blocks;
+    std::vector<PlanUnit> units =
+        BlockCandidates(*index_.all, pseudo_query.data(), 0, summary_dim_,
+                        signals, eligible, top_k, 0, &prefetch_cost, nullptr);
+    PlanPolicy policy;
+    policy.mode = ScoreMode::kSummed;
+    policy.model_scale =
+        config_.weights.model /
+        std::sqrt(static_cast<float>(config_.geometry.head_dim));
+    RecallPlanner(policy).Rank(&units);
+    if (units.size() > top_k) units.resize(top_k);
+    for (const PlanUnit& u : units) {
+      const BlockEntry& e = blocks_[u.block];
       if (e.warm || e.rec.disk == DiskForm::kNone) continue;
-      picks.push_back(r.block.id);
+      picks.push_back(u.block);
       if (picks.size() == t.prefetch_blocks) break;
     }
   }

@@ -45,22 +45,18 @@ std::string Fp16Of(std::mt19937_64& rng, size_t n) {
 // A 4-layer, 2-head, 64-dim fp16 geometry (2 KiB of KV per token).
 Geometry BenchGeometry() { return {4, 2, 64, DType::kFp16, 128}; }
 
-// PlanBudgetedRecall over N ranked candidates of 32 tokens, budget 512.
+// RecallPlanner::PlanBlocks over N candidate blocks of 32 tokens, budget
+// 512, no top_k cap (ranking included).
 void BM_RecallPlanner(benchmark::State& state) {
   std::mt19937_64 rng(1);
-  std::vector<RecalledBlock> ranked(state.range(0));
+  std::vector<PlanUnit> units(state.range(0));
   std::uniform_real_distribution<float> u(0, 1);
-  for (size_t i = 0; i < ranked.size(); ++i) {
-    ranked[i].block.id = i;
-    ranked[i].block.token_count = 32;
-    ranked[i].priority = u(rng);
-  }
-  std::sort(ranked.begin(), ranked.end(),
-            [](const RecalledBlock& a, const RecalledBlock& b) {
-              return a.priority > b.priority;
-            });
+  for (size_t i = 0; i < units.size(); ++i) units[i] = {i, 0, 32, u(rng), 0};
+  PlanPolicy policy;
+  policy.mode = ScoreMode::kSummed;
+  policy.max_tokens = 512;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(PlanBudgetedRecall(ranked, 512, 1.0f));
+    benchmark::DoNotOptimize(RecallPlanner::PlanBlocks(policy, units));
   }
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }

@@ -8,49 +8,150 @@
 namespace kvmem {
 namespace {
 
-RecalledBlock Block(uint64_t id, uint32_t tokens, float score) {
-  RecalledBlock b;
-  b.block.id = id;
-  b.block.token_count = tokens;
-  b.score = score;
-  b.priority = score;
+PlanUnit Unit(uint64_t block, uint32_t tokens, float score, uint32_t group = 0,
+              float semantic = 0) {
+  return {block, group, tokens, score, semantic};
+}
+
+PlanPolicy Summed(uint32_t max_tokens, uint32_t top_k = 0) {
+  PlanPolicy p;
+  p.mode = ScoreMode::kSummed;
+  p.max_tokens = max_tokens;
+  p.top_k = top_k;
+  return p;
+}
+
+std::vector<uint64_t> Ids(const RecallPlan& plan) {
+  std::vector<uint64_t> ids;
+  for (const PlannedBlock& b : plan.blocks) ids.push_back(b.block);
+  return ids;
+}
+
+PlannedBlock Planned(float priority, float mass = 0) {
+  PlannedBlock b;
+  b.priority = priority;
+  b.mass = mass;
   return b;
 }
 
 TEST(RecallPlannerTest, FillsBudgetInScoreOrderSkippingWhatDoesNotFit) {
-  const std::vector<RecalledBlock> ranked = {
-      Block(7, 60, 9.0f), Block(3, 50, 8.0f), Block(5, 30, 7.0f),
-      Block(1, 10, 6.0f)};
-  const auto chosen = PlanBudgetedRecall(ranked, 100, 1.0f);
+  // Given in no particular order: the planner ranks them.
+  const std::vector<PlanUnit> units = {Unit(5, 30, 7.0f), Unit(7, 60, 9.0f),
+                                       Unit(1, 10, 6.0f), Unit(3, 50, 8.0f)};
+  const RecallPlan plan = RecallPlanner::PlanBlocks(Summed(100), units);
   // 60 fits, 50 would make 110 and is skipped, 30 fits (90), 10 fits (100).
-  ASSERT_EQ(chosen.size(), 3u);
-  EXPECT_EQ(chosen[0].block.id, 7u);
-  EXPECT_EQ(chosen[1].block.id, 5u);
-  EXPECT_EQ(chosen[2].block.id, 1u);
+  EXPECT_EQ(Ids(plan), (std::vector<uint64_t>{7, 5, 1}));
+  EXPECT_EQ(plan.total_tokens, 100u);
+  EXPECT_FLOAT_EQ(plan.blocks[0].priority, 9.0f);  // model_scale 1.
 }
 
-TEST(RecallPlannerTest, NeverExceedsBudget) {
-  std::vector<RecalledBlock> ranked;
+TEST(RecallPlannerTest, NeverExceedsBudgetNorTopK) {
+  std::vector<PlanUnit> units;
   for (int i = 0; i < 200; ++i) {
-    ranked.push_back(Block(i, 1 + (i * 37) % 97, 100.0f - i));
+    units.push_back(Unit(i, 1 + (i * 37) % 97, 100.0f - i, i % 3));
   }
   for (uint32_t budget : {0u, 1u, 17u, 96u, 500u, 100000u}) {
-    uint64_t total = 0;
-    for (const auto& b : PlanBudgetedRecall(ranked, budget, 1.0f)) {
-      total += b.block.token_count;
+    for (uint32_t top_k : {0u, 1u, 5u}) {
+      for (const RecallPlan& plan :
+           {RecallPlanner::PlanBlocks(Summed(budget, top_k), units),
+            RecallPlanner::Plan(Summed(budget, top_k), units)}) {
+        uint64_t total = 0;
+        for (const PlannedBlock& b : plan.blocks) total += b.tokens;
+        EXPECT_LE(total, budget);
+        EXPECT_EQ(total, plan.total_tokens);
+        if (top_k > 0) {
+          EXPECT_LE(plan.blocks.size(), top_k);
+        }
+      }
     }
-    EXPECT_LE(total, budget);
   }
+}
+
+TEST(RecallPlannerTest, SummedBlocksCapBeforeTheFillGroupsCapDistinctBlocks) {
+  // Ranked 9, 8, 7: block 8 is too large for the budget.
+  const std::vector<PlanUnit> units = {Unit(1, 6, 9.0f), Unit(2, 20, 8.0f),
+                                       Unit(3, 4, 7.0f)};
+  // Whole blocks (SUMMED): the top_k = 2 best are 1 and 2, then the fill
+  // takes 1 only (2 does not fit, 3 was cut by top_k).
+  EXPECT_EQ(Ids(RecallPlanner::PlanBlocks(Summed(10, 2), units)),
+            (std::vector<uint64_t>{1}));
+  // The general fill caps distinct blocks taken instead: 1, then 3.
+  EXPECT_EQ(Ids(RecallPlanner::Plan(Summed(10, 2), units)),
+            (std::vector<uint64_t>{1, 3}));
+}
+
+TEST(RecallPlannerTest, GroupsOfOneBlockMergeAndTheBestUnitScoresIt) {
+  PlanPolicy p = Summed(100);
+  p.model_scale = 0.5f;
+  // Block 4's groups 2 and 0, block 9's group 1; semantic bonus on block 9.
+  const std::vector<PlanUnit> units = {
+      Unit(4, 3, 10.0f, 2), Unit(9, 5, 2.0f, 1, 4.0f), Unit(4, 7, 1.0f, 0)};
+  const RecallPlan plan = RecallPlanner::Plan(p, units);
+  // Priorities: 5, 5 (= 0.5 * 2 + 4), 0.5; the tie goes to the newer block.
+  ASSERT_EQ(Ids(plan), (std::vector<uint64_t>{9, 4}));
+  EXPECT_EQ(plan.blocks[0].group_mask, 0b10u);
+  EXPECT_EQ(plan.blocks[1].group_mask, 0b101u);
+  EXPECT_EQ(plan.blocks[1].first_group, 2u);
+  EXPECT_FLOAT_EQ(plan.blocks[1].score, 10.0f);
+  EXPECT_FLOAT_EQ(plan.blocks[1].priority, 5.0f);
+  EXPECT_EQ(plan.blocks[1].tokens, 10u);
+  EXPECT_FLOAT_EQ(plan.blocks[0].semantic, 4.0f);
+  EXPECT_NEAR(plan.blocks[0].gate_weight + plan.blocks[1].gate_weight, 1.0,
+              1e-6);
+}
+
+TEST(RecallPlannerTest, MassPlansByDensityAndSumsMassPerBlock) {
+  PlanPolicy p;
+  p.mode = ScoreMode::kMass;
+  p.max_tokens = 10;
+  p.model_weight = 1.0f;
+  RecallPlanner planner(p);
+  // Densities (mass per token): block 2 group 1 is densest.
+  std::vector<PlanUnit> units = {Unit(1, 4, 0.01f, 0), Unit(2, 4, 0.2f, 1),
+                                 Unit(2, 4, 0.05f, 0), Unit(3, 1, 0.0f, 0)};
+  planner.Rank(&units);
+  EXPECT_EQ(units[0].block, 2u);
+  EXPECT_EQ(units[0].group, 1u);
+  planner.Take(units);  // 4 + 4 of block 2, then block 3's 1 token fits (9)
+                        // before block 1's 4 would not.
+  EXPECT_EQ(planner.tokens_left(), 1u);
+  EXPECT_FALSE(planner.full());
+  // A second pass continues the fill.
+  planner.Take({Unit(7, 1, 0.001f)});
+  EXPECT_TRUE(planner.full());
+  const RecallPlan plan = planner.Finish();
+  ASSERT_EQ(Ids(plan), (std::vector<uint64_t>{2, 3, 7}));
+  EXPECT_FLOAT_EQ(plan.blocks[0].mass, 0.2f * 4 + 0.05f * 4);
+  EXPECT_FLOAT_EQ(plan.blocks[0].priority, std::log(0.2f));
+  // Density 0 has no mass and a finite priority.
+  EXPECT_EQ(plan.blocks[1].mass, 0.0f);
+  EXPECT_TRUE(std::isfinite(plan.blocks[1].priority));
+  EXPECT_EQ(plan.blocks[1].gate_weight, 0.0f);
+  EXPECT_EQ(plan.total_tokens, 10u);
+}
+
+TEST(RecallPlannerTest, UnitsOfNoTokensAreNeverTaken) {
+  const RecallPlan plan =
+      RecallPlanner::Plan(Summed(10), {Unit(1, 0, 9.0f), Unit(2, 3, 1.0f)});
+  EXPECT_EQ(Ids(plan), (std::vector<uint64_t>{2}));
+}
+
+TEST(RecallPlannerTest, TokenOffsetsOfChosenGroups) {
+  const std::vector<uint8_t> token_group = {0, 1, 1, 2, 0};
+  EXPECT_EQ(TokenOffsets(token_group, 0b010, 5), (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(TokenOffsets(token_group, 0b101, 5),
+            (std::vector<uint32_t>{0, 3, 4}));
+  EXPECT_TRUE(TokenOffsets(token_group, 0b111, 5).empty());  // Whole block.
 }
 
 TEST(RecallPlannerTest, GateWeightsAreTemperedSoftmax) {
-  std::vector<RecalledBlock> blocks = {Block(0, 1, 2.0f), Block(1, 1, 0.0f)};
+  std::vector<PlannedBlock> blocks = {Planned(2.0f), Planned(0.0f)};
   AssignGateWeights(&blocks, 2.0f, ScoreMode::kSummed);
   const double e = std::exp(1.0);  // exp(2/2) vs exp(0/2)
   EXPECT_NEAR(blocks[0].gate_weight, e / (e + 1), 1e-6);
   EXPECT_NEAR(blocks[1].gate_weight, 1 / (e + 1), 1e-6);
   // Large scores do not overflow.
-  std::vector<RecalledBlock> big = {Block(0, 1, 1e6f), Block(1, 1, 1e6f - 1)};
+  std::vector<PlannedBlock> big = {Planned(1e6f), Planned(1e6f - 1)};
   AssignGateWeights(&big, 1.0f, ScoreMode::kSummed);
   EXPECT_NEAR(big[0].gate_weight + big[1].gate_weight, 1.0, 1e-6);
   EXPECT_GT(big[0].gate_weight, big[1].gate_weight);
@@ -58,11 +159,8 @@ TEST(RecallPlannerTest, GateWeightsAreTemperedSoftmax) {
 
 TEST(RecallPlannerTest, MassGatesAreSharesOfTheSetsMass) {
   // gate_b = mass_b^(1/T) / sum over the set of mass^(1/T).
-  std::vector<RecalledBlock> blocks = {Block(0, 1, 0), Block(1, 1, 0),
-                                       Block(2, 1, 0)};
-  blocks[0].mass = 0.3f;
-  blocks[1].mass = 0.1f;
-  blocks[2].mass = 0.0f;  // Underflowed: no share.
+  std::vector<PlannedBlock> blocks = {Planned(0, 0.3f), Planned(0, 0.1f),
+                                      Planned(0, 0.0f)};  // Underflowed.
   AssignGateWeights(&blocks, 1.0f, ScoreMode::kMass);
   EXPECT_NEAR(blocks[0].gate_weight, 0.75, 1e-6);
   EXPECT_NEAR(blocks[1].gate_weight, 0.25, 1e-6);
@@ -75,27 +173,6 @@ TEST(RecallPlannerTest, MassGatesAreSharesOfTheSetsMass) {
   for (auto& x : blocks) x.mass = 0;
   AssignGateWeights(&blocks, 1.0f, ScoreMode::kMass);
   for (const auto& x : blocks) EXPECT_NEAR(x.gate_weight, 1.0 / 3, 1e-6);
-}
-
-TEST(RecallPlannerTest, FillBudgetSkipsWhatDoesNotFitAndCapsBlocks) {
-  // Units of blocks 1, 1, 2, 3, 4 with 5, 4, 3, 2, 1 tokens.
-  const std::vector<FillUnit> ranked = {{1, 5}, {1, 4}, {2, 3}, {3, 2}, {4, 1}};
-  FillState all;
-  std::vector<size_t> taken;
-  EXPECT_EQ(FillBudget(ranked, 11, 0, &all, &taken), 11u);
-  // 5 + 4 = 9; 3 would make 12 (skipped); 2 fits (11); then full.
-  EXPECT_EQ(taken, (std::vector<size_t>{0, 1, 3}));
-  EXPECT_EQ(all.blocks, (std::vector<uint64_t>{1, 3}));
-  FillState capped;
-  taken.clear();
-  // At most 2 blocks: block 1's units and block 2's; 3 and 4 are new blocks.
-  EXPECT_EQ(FillBudget(ranked, 100, 2, &capped, &taken), 12u);
-  EXPECT_EQ(taken, (std::vector<size_t>{0, 1, 2}));
-  // A fill continues over further units with its state.
-  const std::vector<FillUnit> more = {{2, 1}, {5, 1}};
-  taken.clear();
-  EXPECT_EQ(FillBudget(more, 100, 2, &capped, &taken), 13u);
-  EXPECT_EQ(taken, (std::vector<size_t>{0}));
 }
 
 // MASS ranks by density * exp(semantic / model_weight): the order of
