@@ -433,5 +433,42 @@ TEST(MassRecallSemanticsTest, SceneMatchOutsideTheMassTopIsRecalled) {
   EXPECT_LE(top_by_mass, 2);  // Mass alone rarely picks block 2.
 }
 
+// With a scene weight, a MASS recall scores every eligible block's scene up
+// front. Once a storage cap has evicted the oldest blocks and their run has
+// left RAM (BlockTable::first() > 0), that pass must start at the first
+// kept block: block ids below it have no entry to read.
+TEST(MassRecallSemanticsTest, SceneScoringSkipsTheDroppedEvictedRun) {
+  testing::TempDir dir;
+  const testing::TestGeometry g;
+  auto e = testing::OpenTestEngine(dir.path());
+  StreamConfig c = MassConfig(g, "Progressive");
+  c.weights.scene = 30;
+  const Geometry geo = WithDefaults(c).geometry;
+  c.tiers.warm_budget_bytes = 1;
+  c.tiers.storage_cap_bytes = FramePayloadBytes(geo, 8 * kFpb * 4);
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  StreamModel model(g, kFpb, kWindow, {2, 0});
+  std::mt19937_64 rng(29);
+  for (uint64_t f = 0; f < 200; ++f) {
+    FrameSignals s;
+    s.scene_embedding = {1, float(f % 3)};
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(model.AddFrame(rng, 4), f, s)).ok());
+  }
+  e->WaitForBackground();
+  const StreamStats st = *e->GetStats("s");
+  ASSERT_GT(st.evicted.blocks, 20u);  // The oldest run is gone from RAM.
+  RecallQuery q;
+  q.query = testing::RandomQuery(rng, model.summary_dim());
+  q.signals.scene_embedding = {1, 2};
+  q.max_tokens = kFpb * 4 * 3;
+  auto r = e->Recall("s", q);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->blocks.empty());
+  for (const RecalledBlock& b : r->blocks) {
+    EXPECT_GE(b.block.id, st.evicted.blocks) << "an evicted block recalled";
+  }
+}
+
 }  // namespace
 }  // namespace kvmem
