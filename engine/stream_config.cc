@@ -159,9 +159,8 @@ absl::Status CheckRange(absl::string_view field, uint64_t value, uint64_t lo,
   }
   return absl::OkStatus();
 }
-}  // namespace
-
-absl::Status ValidateStreamConfig(const StreamConfig& config) {
+// The geometry, the index's shape and the fields sized by them.
+absl::Status CheckShape(const StreamConfig& config) {
   const Geometry& g = config.geometry;
   for (auto st : {CheckRange("config.geometry.layers", g.layers, 1, 1024),
                   CheckRange("config.geometry.kv_heads", g.kv_heads, 1, 1024),
@@ -214,11 +213,13 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
         "config.index_policy.groups_per_block is ", config.groups_per_block,
         "; must be in [0, ", kMaxGroupsPerBlock, "]"));
   }
-  if (absl::Status f =
-          BlockIndex::ValidateFactory(config.index_factory, IndexDims(config));
-      !f.ok()) {
-    return f;
-  }
+  KVMEM_RETURN_IF_ERROR(
+      BlockIndex::ValidateFactory(config.index_factory, IndexDims(config)));
+  return absl::OkStatus();
+}
+
+// The recall, segmentation and tier policies.
+absl::Status CheckPolicies(const StreamConfig& config) {
   // Below 1e-3 a gate's softmax divides log-masses (down to -104) into
   // values past float; above 1e6 every gate is uniform anyway.
   if (!(config.gate_temperature >= 1e-3f && config.gate_temperature <= 1e6f)) {
@@ -276,6 +277,10 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
                        "; must be finite and in [0, 1e6]"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLabels(const StreamConfig& config) {
   if (config.labels.size() > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.labels has ", config.labels.size(), " entries; at most 16"));
@@ -289,6 +294,14 @@ absl::Status ValidateStreamConfig(const StreamConfig& config) {
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateStreamConfig(const StreamConfig& config) {
+  KVMEM_RETURN_IF_ERROR(CheckShape(config));
+  KVMEM_RETURN_IF_ERROR(CheckPolicies(config));
+  return CheckLabels(config);
 }
 
 uint64_t LayerSliceElements(const Geometry& g, uint32_t token_count) {

@@ -19,12 +19,10 @@ void NormalizeRow(float* v, size_t n) {
   }
 }
 
-}  // namespace
-
-TokenGroups BuildTokenGroups(const StreamConfig& config,
-                             const std::vector<absl::string_view>& frames,
-                             const std::vector<uint32_t>& frame_tokens,
-                             uint32_t max_groups) {
+// Keys per token of the frames: [token][indexed_layer][kv_head][head_dim].
+std::vector<float> GatherKeys(const StreamConfig& config,
+                              const std::vector<absl::string_view>& frames,
+                              const std::vector<uint32_t>& frame_tokens) {
   const Geometry& g = config.geometry;
   const std::vector<uint32_t> layers = EffectiveIndexedLayers(config);
   const size_t dim = SummaryDim(config);
@@ -52,12 +50,12 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
     }
     token0 += tc;
   }
-  TokenGroups out;
-  if (n == 0) return out;
-  const size_t k = std::min<size_t>(std::max<uint32_t>(1, max_groups), n);
-  std::vector<float> unit = keys;
-  for (size_t i = 0; i < n; ++i) NormalizeRow(unit.data() + i * dim, dim);
+  return keys;
+}
 
+// k centres over the n unit rows (dim floats each).
+std::vector<float> InitialCentres(const std::vector<float>& unit, size_t n,
+                                  size_t dim, size_t k) {
   // Farthest-point initialisation: start at token 0, then repeatedly the
   // token least similar to every centre so far.
   std::vector<float> centres(k * dim);
@@ -75,6 +73,12 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
       }
     }
   }
+  return centres;
+}
+
+// Spherical k-means from `centres`: each row's centre.
+std::vector<uint8_t> Cluster(const std::vector<float>& unit, size_t n,
+                             size_t dim, size_t k, std::vector<float> centres) {
   std::vector<uint8_t> assign(n, 0);
   for (int it = 0; it < kIterations; ++it) {
     bool changed = false;
@@ -101,7 +105,14 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
     }
     for (size_t c = 0; c < k; ++c) NormalizeRow(centres.data() + c * dim, dim);
   }
-  // Summaries: the raw mean key of each non-empty group, renumbered densely.
+  return assign;
+}
+
+// The raw mean key of each non-empty group, renumbered densely.
+TokenGroups Summaries(const std::vector<float>& keys,
+                      const std::vector<uint8_t>& assign, size_t n, size_t dim,
+                      size_t k) {
+  TokenGroups out;
   std::vector<double> sums(k * dim, 0.0);
   std::vector<uint32_t> count(k, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -122,6 +133,24 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
   out.token_group.resize(n);
   for (size_t i = 0; i < n; ++i) out.token_group[i] = dense[assign[i]];
   return out;
+}
+
+}  // namespace
+
+TokenGroups BuildTokenGroups(const StreamConfig& config,
+                             const std::vector<absl::string_view>& frames,
+                             const std::vector<uint32_t>& frame_tokens,
+                             uint32_t max_groups) {
+  const size_t dim = SummaryDim(config);
+  const std::vector<float> keys = GatherKeys(config, frames, frame_tokens);
+  const size_t n = keys.size() / std::max<size_t>(dim, 1);
+  if (n == 0) return TokenGroups();
+  const size_t k = std::min<size_t>(std::max<uint32_t>(1, max_groups), n);
+  std::vector<float> unit = keys;
+  for (size_t i = 0; i < n; ++i) NormalizeRow(unit.data() + i * dim, dim);
+  std::vector<uint8_t> assign =
+      Cluster(unit, n, dim, k, InitialCentres(unit, n, dim, k));
+  return Summaries(keys, assign, n, dim, k);
 }
 
 }  // namespace kvmem

@@ -41,6 +41,8 @@
 #include "engine/index/block_index.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/semantic_cache.h"
+#include "engine/stream/block_table.h"
+#include "engine/stream/open_block.h"
 #include "engine/stream/segmenter.h"
 #include "engine/stream/semantics.h"
 #include "engine/stream/summary_builder.h"
@@ -135,49 +137,6 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // hands the received buffer over without copying it); null when absent.
   const char* OpenPayloadData(size_t i);
 
-  struct BlockEntry {
-    BlockRecord rec;
-    std::shared_ptr<const WarmBlock> warm;  // Set while in RAM.
-    bool staged = false;                    // In RAM only because staged.
-    // Odd while a move of its durable form is being committed; bumped before
-    // and after, so readers outside append_mu_ can tell a torn read.
-    uint64_t generation = 0;
-  };
-  // The sealed blocks by id. The leading blocks that are wholly gone
-  // (evicted: no disk form, no RAM copy, no move in progress) are dropped
-  // from RAM as a run, so a stream's RAM does not grow with its age: ids
-  // below first() were all evicted. Ids in [first(), size()) are kept,
-  // evicted ones among them too (their cards, until the run reaches them).
-  // Their records stay in the store, and recovery drops the run again.
-  class BlockTable {
-   public:
-    uint64_t size() const { return first_ + kept_.size(); }  // The next id.
-    uint64_t first() const { return first_; }
-    bool Has(uint64_t id) const { return id >= first_ && id < size(); }
-    BlockEntry& operator[](uint64_t id) { return kept_[id - first_]; }
-    const BlockEntry& operator[](uint64_t id) const {
-      return kept_[id - first_];
-    }
-    std::deque<BlockEntry>::const_iterator begin() const {
-      return kept_.begin();
-    }
-    std::deque<BlockEntry>::const_iterator end() const { return kept_.end(); }
-    void push_back(BlockEntry e) { kept_.push_back(std::move(e)); }
-    // Drops leading entries while gone(entry); returns how many.
-    size_t DropLeading(const std::function<bool(const BlockEntry&)>& gone) {
-      size_t n = 0;
-      while (!kept_.empty() && gone(kept_.front())) {
-        kept_.pop_front();
-        ++first_;
-        ++n;
-      }
-      return n;
-    }
-
-   private:
-    uint64_t first_ = 0;
-    std::deque<BlockEntry> kept_;
-  };
   struct Indexes {
     std::unique_ptr<BlockIndex> all;  // Concatenated layers.
     // One per indexed layer; empty with a single indexed layer (then
@@ -201,7 +160,6 @@ class Stream : public std::enable_shared_from_this<Stream> {
   absl::Status NotFoundIfDeleted() const;
   absl::Status ValidateFrame(const Frame& frame,
                              const StreamState& state) const;
-  std::vector<float> FrameSignature(const Frame& frame) const;
 
   // Seals the open block: its record goes into *write, *state advances, and
   // the returned entry (with its warm copy) is ready to install.
@@ -209,6 +167,14 @@ class Stream : public std::enable_shared_from_this<Stream> {
                            uint64_t now_frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   void ResetOpenBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Append's steps: a frame's scene embedding size against the stream's
+  // (into next->scene_dim); after a failed commit, the open block reloaded
+  // from the store; after a commit, budgets, staging and rebuilds.
+  absl::Status TakeSceneDim(const Frame& frame, StreamState* next) const;
+  absl::Status AfterFailedCommit(const absl::Status& committed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  absl::Status AfterCommit(uint64_t frame_index, bool sealed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // Loads the unsealed block of `state` from the store into the open-block
   // builders (recovery, and after a failed commit).
   absl::Status ReplayOpenBlock(const StreamState& state)
@@ -229,6 +195,14 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // `exclude` (a block id, or -1) is never moved.
   absl::Status EnforceBudgets(uint64_t incoming_warm = 0, int64_t exclude = -1)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // The next move EnforceBudgets makes (victim -1: none).
+  struct TierMove {
+    enum Op { kDemote, kDegrade, kEvict };
+    int64_t victim = -1;
+    Op op = kDemote;
+  };
+  TierMove NextTierMove(uint64_t incoming_warm, int64_t exclude) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A recall picked staged block `id` (of `bytes` in RAM): make it warm.
   absl::Status ConfirmStaged(uint64_t id, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
@@ -418,11 +392,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   const std::unique_ptr<ReplacementPolicy> policy_;
 
   kvmem::Mutex append_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  SummaryBuilder open_summary_ ABSL_GUARDED_BY(append_mu_);
-  Segmenter segmenter_ ABSL_GUARDED_BY(append_mu_);
-  BlockSemanticsBuilder open_semantics_ ABSL_GUARDED_BY(append_mu_);
-  std::vector<std::string> open_payloads_ ABSL_GUARDED_BY(append_mu_);
-  std::vector<uint32_t> open_tokens_ ABSL_GUARDED_BY(append_mu_);
+  OpenBlock open_ ABSL_GUARDED_BY(append_mu_);
   FrameSignals latest_signals_ ABSL_GUARDED_BY(append_mu_);
   std::deque<uint64_t> staged_order_ ABSL_GUARDED_BY(append_mu_);  // FIFO.
   uint64_t blocks_since_rebuild_ ABSL_GUARDED_BY(append_mu_) = 0;

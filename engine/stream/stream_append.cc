@@ -1,0 +1,277 @@
+// Stream: the append path: frame validation, the open block, sealing, the
+// commit of a frame (and the block it seals) in one write, and installing
+// sealed blocks.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/stream/signals.h"
+#include "engine/stream/stream.h"
+#include "engine/stream_config.h"
+
+namespace kvmem {
+
+absl::Status Stream::ValidateFrame(const Frame& frame,
+                                   const StreamState& state) const {
+  if (state.closed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stream \"", id_, "\" is closed; reopen it with OpenStream to append"));
+  }
+  const uint64_t expected = static_cast<uint64_t>(state.last_frame + 1);
+  if (frame.index < expected) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "frame.frame_index ", frame.index,
+        " is already stored; last durable frame is ", state.last_frame));
+  }
+  if (frame.index > expected) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("frame.frame_index ", frame.index,
+                     " skips frames; next expected is ", expected));
+  }
+  const Geometry& g = config_.geometry;
+  if (frame.token_count == 0 || frame.token_count > g.max_tokens_per_frame) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame.token_count is ", frame.token_count,
+                     "; must be in [1, ", g.max_tokens_per_frame, "]"));
+  }
+  if (frame.first_token_position < state.next_token_position) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame.first_token_position ", frame.first_token_position,
+                     " overlaps the previous frame; must be >= ",
+                     state.next_token_position));
+  }
+  if (frame.first_token_position > (1ull << 62)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame.first_token_position ", frame.first_token_position,
+                     " is beyond 2^62"));
+  }
+  const uint64_t want = FramePayloadBytes(g, frame.token_count);
+  if (frame.payload.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame.payload has ", frame.payload.size(), " bytes; geometry (",
+        g.layers, " layers x 2 x ", g.kv_heads, " kv_heads x ",
+        frame.token_count, " tokens x ", g.head_dim, " head_dim x ",
+        DTypeBytes(g.dtype), " bytes) needs ", want));
+  }
+  // The indexed layers' keys feed summaries and indexes: a NaN or Inf there
+  // would poison every later score, and a huge finite key would overflow
+  // them. (Other values are stored as sent.)
+  const size_t width = DTypeBytes(g.dtype);
+  const uint64_t slice = LayerSliceElements(g, frame.token_count);
+  for (uint32_t layer : EffectiveIndexedLayers(config_)) {
+    const auto* k = reinterpret_cast<const uint8_t*>(frame.payload.data()) +
+                    2 * slice * width * layer;
+    const int64_t bad = FindOutOfRange(k, slice, g.dtype);
+    if (bad >= 0) {
+      const uint64_t at = static_cast<uint64_t>(bad);
+      const uint64_t per_head = uint64_t{frame.token_count} * g.head_dim;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame.payload has a key that is NaN, Inf or beyond +-65536 at "
+          "layer ",
+          layer, ", kv_head ", at / per_head, ", token ",
+          at % per_head / g.head_dim, ", dim ", at % g.head_dim,
+          "; the keys of indexed layers must be finite and in [-65536, "
+          "65536]"));
+    }
+  }
+  return ValidateSignals("frame.signals", frame.signals);
+}
+
+BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
+                                 uint64_t now_frame) {
+  BlockEntry e;
+  BlockRecord& rec = e.rec;
+  rec.info.id = state->next_block_id;
+  rec.info.first_frame = state->open_block_first_frame;
+  rec.info.last_frame =
+      state->open_block_first_frame + state->open_block_frames - 1;
+  rec.info.first_token_position = state->open_block_first_position;
+  rec.info.end_token_position = state->next_token_position;
+  rec.info.token_count = state->open_block_tokens;
+  rec.info.payload_bytes = state->open_block_payload_bytes;
+  rec.info.tier = Tier::kWarm;
+  rec.disk = DiskForm::kFrames;
+  e.warm = open_.Seal(&rec);
+  rec.last_access_frame = now_frame;
+  write->blocks.emplace_back(rec.info.id, EncodeBlock(rec));
+  state->next_block_id += 1;
+  state->open_block_frames = 0;
+  state->open_block_tokens = 0;
+  state->open_block_payload_bytes = 0;
+  return e;
+}
+
+void Stream::InstallBlock(BlockEntry entry) {
+  const BlockRecord& rec = entry.rec;
+  if (rec.disk != DiskForm::kNone) AddToIndexes(&index_, rec.info.id, rec);
+  if (rec.disk == DiskForm::kNone) {  // Recovered evicted.
+    evicted_payload_bytes_.fetch_add(rec.info.payload_bytes,
+                                     std::memory_order_relaxed);
+  }
+  for (const TrackPresence& t : rec.tracks) {
+    auto [it, inserted] = tracks_.try_emplace(t.track_id);
+    TrackHistory& h = it->second;
+    if (inserted) h.first_frame = t.first_frame;
+    h.first_frame = std::min(h.first_frame, t.first_frame);
+    h.last_frame = std::max(h.last_frame, t.last_frame);
+    h.blocks += 1;
+    track_blocks_[t.track_id].push_back(rec.info.id);
+  }
+  if (entry.warm) AddWarm(entry.warm->allocated_bytes(), false);
+  const uint32_t per = UnitsPerBlock();
+  unit_tokens_.resize(UnitSlot(rec.info.id + 1, 0), 0);
+  if (per == 1) {
+    unit_tokens_[UnitSlot(rec.info.id, 0)] = rec.info.token_count;
+  } else {
+    for (uint8_t g : rec.token_group) {
+      if (g < per) ++unit_tokens_[UnitSlot(rec.info.id, g)];
+    }
+  }
+  blocks_.push_back(std::move(entry));
+}
+
+void Stream::DropEvictedRun() {
+  const size_t dropped = blocks_.DropLeading([](const BlockEntry& e) {
+    return e.rec.disk == DiskForm::kNone && !e.warm && !e.staged &&
+           e.generation % 2 == 0;
+  });
+  if (dropped == 0) return;
+  unit_tokens_.erase(unit_tokens_.begin(),
+                     unit_tokens_.begin() + dropped * UnitsPerBlock());
+  for (auto it = track_blocks_.begin(); it != track_blocks_.end();) {
+    std::vector<uint64_t>& ids = it->second;  // Ascending.
+    ids.erase(ids.begin(),
+              std::lower_bound(ids.begin(), ids.end(), blocks_.first()));
+    it = ids.empty() ? track_blocks_.erase(it) : std::next(it);
+  }
+}
+
+Stream::OpenMean Stream::OpenBlockMean() const {
+  OpenMean m;
+  if (config_.weights.score != ScoreMode::kMass) return m;
+  m.tokens = static_cast<uint32_t>(open_.tokens());
+  if (m.tokens > 0) m.mean = open_.Mean();
+  return m;
+}
+
+void Stream::PublishOpenMean(OpenMean m) {
+  open_mean_ = std::move(m.mean);
+  open_mean_tokens_ = m.tokens;
+}
+
+absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
+  kvmem::MutexLock append_lock(&append_mu_);
+  StreamState next;
+  {
+    kvmem::ReaderMutexLock lock(&mu_);
+    if (deleted_) return DeletedError();
+    next = state_;
+  }
+  KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
+  KVMEM_RETURN_IF_ERROR(TakeSceneDim(frame, &next));
+  const std::vector<float> signature =
+      open_.shot_mode() ? open_.Signature(frame) : std::vector<float>();
+  const Segmenter::Cut cut =
+      open_.CutBefore(signature, frame.token_count, next.open_block_frames,
+                      next.open_block_tokens);
+
+  // Work on copies of the open block's state, applied only once committed.
+  StreamWrite write;
+  write.stream_id = id_;
+  std::vector<BlockEntry> sealed;
+  if (cut != Segmenter::Cut::kNone) {
+    sealed.push_back(SealOpenBlock(&next, &write, frame.index));
+    ResetOpenBlock();  // Replayed from the store if the commit fails.
+  }
+  if (next.open_block_frames == 0) {
+    next.open_block_first_frame = frame.index;
+    next.open_block_first_position = frame.first_token_position;
+  }
+  next.open_block_frames += 1;
+  next.open_block_tokens += frame.token_count;
+  next.open_block_payload_bytes += frame.payload.size();
+  next.last_frame = static_cast<int64_t>(frame.index);
+  next.next_token_position = frame.first_token_position + frame.token_count;
+  next.frames += 1;
+  next.tokens += frame.token_count;
+  next.payload_bytes += frame.payload.size();
+
+  open_.Add(&frame, signature);
+  const bool full = open_.FullAfter(next.open_block_frames);
+  if (full) sealed.push_back(SealOpenBlock(&next, &write, frame.index));
+
+  write.frame.emplace(frame.index, open_.last_payload());
+  write.frame_meta = EncodeSignals(frame.signals);
+  write.state = EncodeState(next);
+  if (absl::Status committed = env_.store->Commit(write); !committed.ok()) {
+    return AfterFailedCommit(committed);
+  }
+  if (full) ResetOpenBlock();
+  OpenMean open = OpenBlockMean();
+  {
+    kvmem::MutexLock lock(&mu_);
+    state_ = next;
+    if (cut == Segmenter::Cut::kShot) counters_.shot_cuts += 1;
+    for (BlockEntry& e : sealed) InstallBlock(std::move(e));
+    PublishOpenMean(std::move(open));
+  }
+  latest_signals_ = std::move(frame.signals);
+  blocks_since_rebuild_ += sealed.size();
+  KVMEM_RETURN_IF_ERROR(AfterCommit(frame.index, !sealed.empty()));
+  return AppendResult{next.last_frame, !sealed.empty()};
+}
+
+absl::Status Stream::TakeSceneDim(const Frame& frame, StreamState* next) const {
+  const size_t scene_dim = frame.signals.scene_embedding.size();
+  if (scene_dim != 0 && next->scene_dim != 0 && scene_dim != next->scene_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame.signals.scene_embedding has ", scene_dim,
+                     " values; stream \"", id_, "\" has had ", next->scene_dim,
+                     " (one embedding model per stream)"));
+  }
+  if (scene_dim != 0) next->scene_dim = static_cast<uint32_t>(scene_dim);
+  return absl::OkStatus();
+}
+
+absl::Status Stream::AfterFailedCommit(const absl::Status& committed) {
+  // Nothing became durable: rebuild the open block as the store has it.
+  StreamState durable;
+  {
+    kvmem::ReaderMutexLock lock(&mu_);
+    durable = state_;
+  }
+  absl::Status replayed = ReplayOpenBlock(durable);
+  if (!replayed.ok()) {
+    return absl::Status(committed.code(),
+                        absl::StrCat(committed.message(),
+                                     "; and reloading "
+                                     "the open block failed: ",
+                                     replayed.message()));
+  }
+  return committed;
+}
+
+absl::Status Stream::AfterCommit(uint64_t frame_index, bool sealed) {
+  absl::Status moved = EnforceBudgets();
+  if (moved.ok() && config_.tiers.prefetch_blocks > 0) {
+    moved = StageLikelyBlocks(
+        open_.tokens() > 0 ? open_.Mean() : std::vector<float>(),
+        latest_signals_);
+  }
+  if (sealed) MaybeScheduleRebuild();
+  if (!moved.ok()) {
+    return absl::Status(moved.code(),
+                        absl::StrCat("frame ", frame_index,
+                                     " is stored, but moving blocks between "
+                                     "tiers failed: ",
+                                     moved.message()));
+  }
+  return absl::OkStatus();
+}
+
+const char* Stream::OpenPayloadData(size_t i) {
+  kvmem::MutexLock lock(&append_mu_);
+  return open_.payload_data(i);
+}
+
+}  // namespace kvmem
