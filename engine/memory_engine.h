@@ -50,8 +50,8 @@ class StreamHandle {
   absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
-  // Payload bytes appended and not evicted, at full precision: what quotas
-  // count. O(1).
+  // Payload bytes of the frames appended and not evicted, at full
+  // precision (degradation does not shrink it): what quotas count. O(1).
   uint64_t RetainedPayloadBytes() const;
 
  private:

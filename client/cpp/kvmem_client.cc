@@ -55,36 +55,46 @@ bool KvmemClient::WaitForReady(std::chrono::milliseconds timeout) {
   return channel_->WaitForConnected(std::chrono::system_clock::now() + timeout);
 }
 
+namespace {
+
+// A unary call about one stream: the options' credentials, the stream id in
+// the request and as routing metadata.
+template <typename Req, typename Resp>
+grpc::Status StreamCall(v1::KvMemory::Stub* stub, const ClientOptions& options,
+                        grpc::Status (v1::KvMemory::Stub::*method)(
+                            grpc::ClientContext*, const Req&, Resp*),
+                        const std::string& stream_id, Req req, Resp* resp) {
+  grpc::ClientContext ctx;
+  KvmemClient::Authorize(options, &ctx, stream_id);
+  req.set_stream_id(stream_id);
+  return (stub->*method)(&ctx, req, resp);
+}
+
+}  // namespace
+
 grpc::Status KvmemClient::OpenStream(const std::string& stream_id,
                                      const v1::StreamConfig& config,
                                      v1::OpenStreamResponse* resp) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
   v1::OpenStreamRequest req;
-  req.set_stream_id(stream_id);
   *req.mutable_config() = config;
-  return stub_->OpenStream(&ctx, req, resp);
+  return StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::OpenStream,
+                    stream_id, std::move(req), resp);
 }
 
 grpc::Status KvmemClient::CloseStream(const std::string& stream_id,
                                       v1::StreamStats* stats) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
-  v1::CloseStreamRequest req;
-  req.set_stream_id(stream_id);
   v1::CloseStreamResponse resp;
-  grpc::Status s = stub_->CloseStream(&ctx, req, &resp);
+  grpc::Status s =
+      StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::CloseStream,
+                 stream_id, v1::CloseStreamRequest(), &resp);
   if (s.ok() && stats != nullptr) *stats = resp.stats();
   return s;
 }
 
 grpc::Status KvmemClient::DeleteStream(const std::string& stream_id) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
-  v1::DeleteStreamRequest req;
-  req.set_stream_id(stream_id);
   v1::DeleteStreamResponse resp;
-  return stub_->DeleteStream(&ctx, req, &resp);
+  return StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::DeleteStream,
+                    stream_id, v1::DeleteStreamRequest(), &resp);
 }
 
 grpc::Status KvmemClient::ListStreams(v1::ListStreamsResponse* resp) {
@@ -95,11 +105,8 @@ grpc::Status KvmemClient::ListStreams(v1::ListStreamsResponse* resp) {
 
 grpc::Status KvmemClient::GetStreamStats(const std::string& stream_id,
                                          v1::StreamStats* stats) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
-  v1::GetStreamStatsRequest req;
-  req.set_stream_id(stream_id);
-  return stub_->GetStreamStats(&ctx, req, stats);
+  return StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::GetStreamStats,
+                    stream_id, v1::GetStreamStatsRequest(), stats);
 }
 
 grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,

@@ -6,6 +6,21 @@
 #include <cstring>
 
 namespace kvmem {
+namespace {
+
+float FloatOfBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint32_t BitsOfFloat(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+}  // namespace
 
 size_t DTypeBytes(DType dtype) {
   switch (dtype) {
@@ -56,14 +71,11 @@ float HalfToFloat(uint16_t h) {
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+  return FloatOfBits(bits);
 }
 
 uint16_t FloatToHalf(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
+  const uint32_t bits = BitsOfFloat(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // Inf or NaN.
@@ -89,15 +101,11 @@ uint16_t FloatToHalf(float f) {
 }
 
 float Bf16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+  return FloatOfBits(static_cast<uint32_t>(b) << 16);
 }
 
 uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
+  uint32_t bits = BitsOfFloat(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40u;  // NaN.
   const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>((bits + rounding) >> 16);

@@ -193,18 +193,25 @@ inline void Bounds(const BoundInputs& in, size_t i, float* lo, float* up) {
   *up = approx + bound;
 }
 
+// Writes vector i's bounds at the end of the pending list; keeps them there
+// (count grows) when its upper bound reaches theta.
+inline void PushBounds(const BoundInputs& in, size_t i, float theta,
+                       size_t* count, SelectScratch* sc) {
+  float lo, up;
+  Bounds(in, i, &lo, &up);
+  sc->row[*count] = static_cast<uint32_t>(i);
+  sc->lower[*count] = lo;
+  sc->upper[*count] = up;
+  *count += up >= theta;
+}
+
 float ScalarSelect(const BoundInputs& in, uint32_t k, SelectScratch* sc,
                    std::vector<Survivor>* out) {
   Reserve(in.n, sc);
   float theta = -std::numeric_limits<float>::infinity();
   size_t count = 0, limit = std::max<size_t>(kFirstPrune, 4 * k);
   for (size_t i = 0; i < in.n; ++i) {
-    float lo, up;
-    Bounds(in, i, &lo, &up);
-    sc->row[count] = static_cast<uint32_t>(i);
-    sc->lower[count] = lo;
-    sc->upper[count] = up;
-    count += up >= theta;
+    PushBounds(in, i, theta, &count, sc);
     if (count >= limit) {
       theta = Prune(k, &count, sc);
       limit = std::max(2 * limit, 2 * count);
@@ -273,12 +280,7 @@ __attribute__((target("avx2"))) float Avx2Select(const BoundInputs& in,
     }
   }
   for (; i < in.n; ++i) {  // The tail, as the scalar selector.
-    float lo, up;
-    Bounds(in, i, &lo, &up);
-    sc->row[count] = static_cast<uint32_t>(i);
-    sc->lower[count] = lo;
-    sc->upper[count] = up;
-    count += up >= theta;
+    PushBounds(in, i, theta, &count, sc);
   }
   return Finish(k, count, sc, out);
 }

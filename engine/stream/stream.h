@@ -98,18 +98,13 @@ class Stream : public std::enable_shared_from_this<Stream> {
   absl::Status Close();
   absl::Status Reopen();
 
+  // What StreamHandle (engine/memory_engine.h) lends: stats, block
+  // metadata, payload reads and the bytes quotas count, documented there.
   StreamStats Stats() const;
   absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) const;
-
-  // The payload of a block in the given layout (for BLOCK_LAYER_MAJOR, the
-  // given layers; empty means all). Degraded blocks come back dequantised.
-  // *info (optional) receives the block's metadata as of the read.
   absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
-
-  // Payload bytes of the frames appended and not evicted, at full
-  // precision (degradation does not shrink it): what quotas count. O(1).
   uint64_t RetainedPayloadBytes() const;
 
   // Frames acknowledged so far: the last durable frame + 1 (0 when none).

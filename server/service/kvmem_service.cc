@@ -12,6 +12,15 @@
 namespace kvmem {
 namespace {
 
+// A stream's stats as the client names it (its id without the tenant).
+absl::Status StatsToProto(const absl::StatusOr<StreamStats>& stats,
+                          const std::string& client_id, v1::StreamStats* out) {
+  if (!stats.ok()) return stats.status();
+  ToProto(*stats, out);
+  out->set_stream_id(client_id);
+  return absl::OkStatus();
+}
+
 // Authenticates the call, parses its request, then runs
 // fn(caller, request, &response) on the executor and finishes the unary call
 // with its status (namespace prefixes scrubbed) and, when OK, the response's
@@ -109,11 +118,8 @@ grpc::ServerUnaryReactor* KvMemoryService::CloseStream(
           v1::CloseStreamResponse* resp) -> absl::Status {
         KVMEM_ASSIGN_OR_RETURN(const std::string id,
                                c.EngineId(req.stream_id()));
-        absl::StatusOr<StreamStats> s = engine_->CloseStream(id);
-        if (!s.ok()) return s.status();
-        ToProto(*s, resp->mutable_stats());
-        resp->mutable_stats()->set_stream_id(req.stream_id());
-        return absl::OkStatus();
+        return StatsToProto(engine_->CloseStream(id), req.stream_id(),
+                            resp->mutable_stats());
       });
 }
 
@@ -172,11 +178,7 @@ grpc::ServerUnaryReactor* KvMemoryService::GetStreamStats(
           v1::StreamStats* resp) -> absl::Status {
         KVMEM_ASSIGN_OR_RETURN(const std::string id,
                                c.EngineId(req.stream_id()));
-        absl::StatusOr<StreamStats> s = engine_->GetStats(id);
-        if (!s.ok()) return s.status();
-        ToProto(*s, resp);
-        resp->set_stream_id(req.stream_id());
-        return absl::OkStatus();
+        return StatsToProto(engine_->GetStats(id), req.stream_id(), resp);
       });
 }
 

@@ -11,6 +11,7 @@
 #include "engine/index/progressive_search.h"
 #include "engine/memory_engine.h"
 #include "storage/rocks_cold_store.h"
+#include "tools/bench/index_timing.h"
 
 namespace kvmem {
 namespace {
@@ -21,54 +22,36 @@ double MicrosSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
-std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
 }  // namespace
 
 void InprocIndex(uint32_t n, uint32_t dim, uint32_t k, uint32_t queries,
                  uint64_t seed, Latency* prog_lat, Latency* flat_lat,
                  double* recall, double* candidates) {
-  std::mt19937_64 rng(seed);
+  const IndexData d = RandomIndexData(n, dim, queries, seed);
   BlockIndex flat(dim, "Flat");
   ProgressiveIndex prog(dim);
   for (uint32_t i = 0; i < n; ++i) {
-    const std::vector<float> v = Gaussian(rng, dim);
-    flat.Add(i, v.data());
-    prog.Add(i, v.data());
+    flat.Add(i, d.vector(i));
+    prog.Add(i, d.vector(i));
   }
-  std::vector<std::vector<float>> qs;
-  for (uint32_t q = 0; q < queries; ++q) qs.push_back(Gaussian(rng, dim));
-  std::vector<double> a, b;
-  std::vector<std::vector<ScoredId>> got, want;
+  auto ids_of = [](const std::vector<ScoredId>& hits) {
+    std::vector<uint64_t> ids;
+    ids.reserve(hits.size());
+    for (const ScoredId& h : hits) ids.push_back(h.id);
+    return ids;
+  };
   uint64_t rescored = 0;
-  for (const auto& query : qs) {
-    const auto t0 = Clock::now();
+  const SearchRun p = TimeSearches(d, [&](const float* q) {
     ProgressiveStats st;
-    got.push_back(prog.Search(query.data(), k, &st));
-    a.push_back(MicrosSince(t0));
+    std::vector<ScoredId> hits = prog.Search(q, k, &st);
     rescored += st.candidates;
-  }
-  for (const auto& query : qs) {
-    const auto t0 = Clock::now();
-    want.push_back(flat.Search(query.data(), k));
-    b.push_back(MicrosSince(t0));
-  }
-  uint64_t hits = 0, wanted = 0;
-  for (size_t q = 0; q < qs.size(); ++q) {
-    wanted += want[q].size();
-    for (const ScoredId& w : want[q]) {
-      hits += std::any_of(got[q].begin(), got[q].end(),
-                          [&](const ScoredId& g) { return g.id == w.id; });
-    }
-  }
-  *prog_lat = Summarize(&a);
-  *flat_lat = Summarize(&b);
-  if (recall != nullptr) *recall = wanted ? double(hits) / wanted : 1.0;
+    return ids_of(hits);
+  });
+  const SearchRun f = TimeSearches(
+      d, [&](const float* q) { return ids_of(flat.Search(q, k)); });
+  *prog_lat = p.latency;
+  *flat_lat = f.latency;
+  if (recall != nullptr) *recall = RecallOf(p.answers, f.answers);
   if (candidates != nullptr) *candidates = double(rescored) / queries;
 }
 
