@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/check_layers.py catches what it must: each forbidden edge, planted in
 # a copy of the tree, makes it exit 1 naming the file; the real tree passes.
+# And tools/check_sizes.py catches a long function and a long file.
 # Usage: check_layers_selftest.sh <source-dir>
 set -euo pipefail
 src=$1
@@ -31,4 +32,23 @@ plant storage/mem_cold_store.cc '#include "engine/types.h"' "storage/ may includ
 plant base/executor.cc '#include "engine/types.h"' "base/ may include only"
 plant engine/stream/stream.cc '#include <faiss/IndexFlat.h>' "faiss only in"
 plant server/server.cc '#include "rocksdb/db.h"' "rocksdb only in"
+
+# tools/check_sizes.py: a function of 90 lines and a file of 520 are caught.
+python3 "$src/tools/check_sizes.py" "$src" > /dev/null || fail "the tree itself is over the size limits"
+rm -rf "$tmp/sizes" && mkdir -p "$tmp/sizes/engine"
+{
+  echo "namespace kvmem {"
+  echo "int Long(int x) {"
+  for i in $(seq 88); do echo "  x += $i;"; done
+  echo "  return x;"
+  echo "}"
+  echo "}  // namespace kvmem"
+} > "$tmp/sizes/engine/long.cc"
+if python3 "$src/tools/check_sizes.py" "$tmp/sizes" > "$tmp/out.txt"; then fail "a 91-line function not caught"; fi
+grep -q "engine/long.cc:2: function of 91 lines" "$tmp/out.txt" || fail "size report: $(cat "$tmp/out.txt")"
+echo "caught: $(head -1 "$tmp/out.txt")"
+{ for i in $(seq 520); do echo "// line $i"; done; } > "$tmp/sizes/engine/big.h"
+python3 "$src/tools/check_sizes.py" "$tmp/sizes" > "$tmp/out.txt" || true
+grep -q "engine/big.h: 520 lines" "$tmp/out.txt" || fail "a 520-line file not caught: $(cat "$tmp/out.txt")"
+echo "caught: $(grep big.h "$tmp/out.txt")"
 echo "PASS"
