@@ -5,9 +5,10 @@
 # runs it against a real kvmem-server on a unix socket (it checks the fetched
 # KV byte for byte); and checks with ldd that it needs neither RocksDB nor
 # FAISS (nor any other kvmem library).
-# Usage: client_only_test.sh <source-dir> <build-dir> <libkvmem_client.a> <libkvmem_proto.a>
+# Usage: client_only_test.sh <source-dir> <build-dir> <libkvmem_client.a>
+#          <libkvmem_proto.a> [<c++ compiler> [<link flags>]]
 set -euo pipefail
-src=$1 build=$2 client_lib=$3 proto_lib=$4
+src=$1 build=$2 client_lib=$3 proto_lib=$4 cxx=${5:-c++} link_flags=${6:-}
 tmp=$(mktemp -d)
 server_pid=""
 cleanup() {
@@ -34,7 +35,8 @@ target_link_libraries(client_example PRIVATE "$client_lib" "$proto_lib"
 CMAKE
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
-cmake -S "$tmp/project" -B "$tmp/out" "${generator[@]}" > "$tmp/configure.log" 2>&1 ||
+cmake -S "$tmp/project" -B "$tmp/out" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_EXE_LINKER_FLAGS="$link_flags" > "$tmp/configure.log" 2>&1 ||
   { cat "$tmp/configure.log"; fail "configure"; }
 cmake --build "$tmp/out" > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "build"; }
 example="$tmp/out/client_example"
