@@ -120,8 +120,10 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
   return k;
 }
 
-absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+// The fractions to run (the primary one included), each in (0, 4].
+absl::StatusOr<std::vector<double>> CheckEvalOptions(const EvalOptions& o) {
   const std::string bad = CheckVideoWorkloadOptions(o.workload);
   if (!bad.empty()) return absl::InvalidArgumentError(bad);
   if (o.window < 1) return absl::InvalidArgumentError("--window must be >= 1");
@@ -139,334 +141,438 @@ absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
           absl::StrCat("recall fraction ", f, " must be in (0, 4]"));
     }
   }
-  const VideoWorkload wl(o.workload);
-  const VideoWorkloadOptions& w = o.workload;
-  const uint32_t kv_heads = w.layers * w.kv_heads;
-  const uint32_t group = w.query_heads_per_kv;
-  const uint32_t cams = w.cameras;
+  return fractions;
+}
 
-  // The kvmem side: one stream per camera, configuration and kvmem policy.
-  std::unique_ptr<KvmemBackend> backend;
-  std::string temp_dir;
-  EvalResult result;
-  if (o.server.empty()) {
-    std::string dir = o.data_dir;
-    if (dir.empty()) {
-      std::string tmpl =
-          (std::filesystem::temp_directory_path() / "kvmem-eval-XXXXXX")
-              .string();
-      if (::mkdtemp(tmpl.data()) == nullptr) {
-        return absl::InternalError("cannot create a temp directory");
-      }
-      dir = temp_dir = tmpl;
+// One evaluation: every policy of every config fed the same frames and
+// scored on the same queries against the exact-attention oracle.
+class EvalRun {
+ public:
+  explicit EvalRun(const EvalOptions& o)
+      : o_(o),
+        w_(o.workload),
+        wl_(o.workload),
+        kv_heads_(w_.layers * w_.kv_heads),
+        group_(w_.query_heads_per_kv),
+        cams_(w_.cameras) {}
+  ~EvalRun() {
+    backend_.reset();
+    if (!temp_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(temp_dir_, ec);
     }
-    auto b = OpenInProcessBackend(dir);
-    if (!b.ok()) return b.status();
-    backend = std::move(*b);
-    result.kvmem_path = "in-process";
-  } else {
-    auto b = OpenGrpcBackend(o.server);
-    if (!b.ok()) return b.status();
-    backend = std::move(*b);
-    result.kvmem_path = o.server;
-  }
-  struct Cleanup {
-    std::unique_ptr<KvmemBackend>* backend;
-    std::string dir;
-    ~Cleanup() {
-      backend->reset();
-      if (!dir.empty()) {
-        std::error_code ec;
-        std::filesystem::remove_all(dir, ec);
-      }
-    }
-  } cleanup{&backend, temp_dir};
-
-  std::vector<std::pair<std::string, KvmemKnobs>> kvmems = {{"kvmem", o.kvmem}};
-  kvmems.insert(kvmems.end(), o.kvmem_variants.begin(), o.kvmem_variants.end());
-  for (const char* n : kBaselines) result.policy_names.push_back(n);
-  for (const auto& [name, k] : kvmems) result.policy_names.push_back(name);
-  if (o.references) {
-    result.policy_names.push_back("oracle_tokens");
-    result.policy_names.push_back("exact_keys_per_head");
-  }
-  const size_t num_policies = result.policy_names.size();
-  const size_t first_kvmem = std::size(kBaselines);
-
-  std::vector<Config> configs;
-  auto add_config = [&](uint32_t window, double fraction) -> absl::Status {
-    Config c;
-    c.fraction = fraction;
-    c.budget.window = window;
-    c.budget.recall = static_cast<uint32_t>(std::lround(fraction * window));
-    c.budget.block_tokens = o.frames_per_block * w.tokens_per_frame;
-    c.budget.top_k = o.top_k;
-    c.budget.bytes_per_token = wl.bytes_per_token();
-    const size_t ci = configs.size();
-    c.kvmem_ids.resize(kvmems.size());
-    for (uint32_t cam = 0; cam < cams; ++cam) {
-      std::vector<std::unique_ptr<EvalPolicy>> ps;
-      ps.push_back(MakeFullPolicy(c.budget));
-      ps.push_back(MakeStreamingLlmPolicy(c.budget));
-      ps.push_back(MakeWindowLruPolicy(c.budget));
-      ps.push_back(MakeH2oPolicy(c.budget));
-      ps.push_back(MakeMeanKeyTopkPolicy(c.budget));
-      for (size_t ki = 0; ki < kvmems.size(); ++ki) {
-        const auto& [name, knobs] = kvmems[ki];
-        const std::string id =
-            absl::StrFormat("eval-w%u-r%u-cam%u-%u-%s", window, c.budget.recall,
-                            cam, static_cast<unsigned>(ci), name);
-        KvmemRequestOptions req;
-        req.top_k = knobs.top_k;
-        req.send_budget = ki != 0;  // kvmem: the stream's default budget.
-        req.window_lse = knobs.window_lse;
-        req.query_heads = knobs.query_heads;
-        req.per_head = knobs.per_head;
-        req.head_dim = w.head_dim;
-        req.kv_heads = w.kv_heads;
-        auto k = MakeKvmemPolicy(name, c.budget, backend.get(), id,
-                                 KvmemConfig(knobs, w, window, c.budget.recall),
-                                 req);
-        if (!k.ok()) return k.status();
-        ps.push_back(std::move(*k));
-        c.kvmem_ids[ki].push_back(id);
-      }
-      if (o.references) {
-        ps.push_back(MakeOracleTokensPolicy(c.budget));
-        ps.push_back(MakeExactKeysPerHeadPolicy(c.budget, w.head_dim));
-      }
-      c.policies.push_back(std::move(ps));
-    }
-    configs.push_back(std::move(c));
-    return absl::OkStatus();
-  };
-  for (double f : fractions) {
-    absl::Status s = add_config(o.window, f);
-    if (!s.ok()) return s;
-    if (f == o.primary_fraction) result.primary = configs.size() - 1;
-  }
-  for (uint32_t extra : o.extra_windows) {
-    if (extra == o.window) continue;
-    absl::Status s = add_config(extra, o.primary_fraction);
-    if (!s.ok()) return s;
   }
 
-  std::vector<CameraTokens> cam(cams);
-  for (auto& c : cam) {
-    c.sink_tokens = w.sink_tokens;
-    c.per_token = kv_heads * w.head_dim;
-  }
+  absl::StatusOr<EvalResult> Run(const std::vector<double>& fractions);
+
+ private:
+  absl::Status OpenBackend();
+  void NamePolicies();
+  absl::Status AddConfig(uint32_t window, double fraction);
+  absl::Status AddCameraPolicies(Config* c, size_t ci, uint32_t window,
+                                 uint32_t cam);
+  absl::Status Frame(uint64_t f, uint32_t c);
+  void Truth(const WorkloadQuery& q, const CameraTokens& ct);
+  void BaseWindow(const CameraTokens& ct, uint64_t ws, uint64_t sinks);
+  absl::Status Query(uint64_t f, uint32_t c, const WorkloadQuery& q);
+  absl::Status Select(uint64_t f, uint32_t c, size_t ci, size_t pi,
+                      const WorkloadQuery& q, const QueryOracle& oracle);
+  void Score(const Selection& sel, const WorkloadQuery& q,
+             const CameraTokens& ct, const Config& cfg, QueryRow* row) const;
+  void SampleMemory(uint64_t f);
+  absl::Status Summarise();
+
+  const EvalOptions& o_;
+  const VideoWorkloadOptions& w_;
+  const VideoWorkload wl_;
+  const uint32_t kv_heads_, group_, cams_;
+  std::unique_ptr<KvmemBackend> backend_;
+  std::string temp_dir_;
+  EvalResult result_;
+  std::vector<std::pair<std::string, KvmemKnobs>> kvmems_;
+  size_t num_policies_ = 0, first_kvmem_ = 0;
+  std::vector<Config> configs_;
+  std::vector<CameraTokens> cam_;
   // Per config and policy: peaks.
-  std::vector<std::vector<uint64_t>> resident_peak(
-      configs.size(), std::vector<uint64_t>(num_policies, 0));
-  auto stored_peak = resident_peak;
-  double per_head_hit = 0, shared_hit = 0, cold_pool = 0;
-  QueryTruth t;
-  t.query_heads = kv_heads * group;
-  t.group = group;
-  t.head_dim = w.head_dim;
-  t.base_mass.resize(t.query_heads);
-  t.base_out.resize(t.query_heads);
-  std::vector<float> keys, values, acc(w.head_dim);
+  std::vector<std::vector<uint64_t>> resident_peak_, stored_peak_;
+  double per_head_hit_ = 0, shared_hit_ = 0, cold_pool_ = 0;
+  QueryTruth t_;
+  std::vector<float> keys_, values_, acc_;
+};
 
-  for (uint64_t f = 0; f < w.frames; ++f) {
-    for (uint32_t c = 0; c < cams; ++c) {
-      const WorkloadFrame frame = wl.Frame(c, f);
-      wl.FrameKV(frame, &keys, &values);
-      CameraTokens& ct = cam[c];
-      ct.keys.insert(ct.keys.end(), keys.begin(), keys.end());
-      ct.values.insert(ct.values.end(), values.begin(), values.end());
-      ct.tokens += frame.frame.header.token_count();
-      for (auto& cfg : configs) {
-        for (auto& p : cfg.policies[c]) {
-          absl::Status s = p->OnFrame(frame, ct);
-          if (!s.ok()) {
-            return absl::Status(s.code(), absl::StrCat(p->name(), " at frame ",
-                                                       f, ": ", s.message()));
-          }
-        }
-      }
-      for (const WorkloadQuery& q : wl.Queries(c, f, frame)) {
-        (q.kind == QueryKind::kProbe ? result.probe_queries
-                                     : result.frame_queries)++;
-        const uint64_t n = ct.tokens;
-        OracleAttention(ct, n, q.q_heads, kv_heads, w.head_dim, &t.probs,
-                        &t.outs);
-        t.pbar.assign(n, 0.0);
-        for (const auto& p : t.probs)
-          for (uint64_t i = 0; i < n; ++i) t.pbar[i] += p[i];
-        t.prefix.assign(n + 1, 0.0);
-        for (uint64_t i = 0; i < n; ++i) {
-          t.pbar[i] /= t.query_heads;
-          t.prefix[i + 1] = t.prefix[i] + t.pbar[i];
-        }
-        QueryOracle oracle;
-        oracle.attention = &t.pbar;
-        OracleSets(t, n, configs[result.primary].budget, ct.sink_tokens,
-                   &per_head_hit, &shared_hit, &cold_pool);
-        uint32_t base_window = UINT32_MAX;
-        for (size_t ci = 0; ci < configs.size(); ++ci) {
-          Config& cfg = configs[ci];
-          const uint64_t ws = cfg.budget.WindowStart(n);
-          const uint64_t sinks = std::min<uint64_t>(ct.sink_tokens, n);
-          if (cfg.budget.window != base_window) {
-            // The sinks and the window, which every bounded policy holds.
-            base_window = cfg.budget.window;
-            for (uint32_t qh = 0; qh < t.query_heads; ++qh) {
-              double mass = 0;
-              std::fill(acc.begin(), acc.end(), 0.0f);
-              const float* v = ct.values.data() + (qh / group) * w.head_dim;
-              auto add = [&](uint64_t i) {
-                const float pi = t.probs[qh][i];
-                mass += pi;
-                Axpy(pi, v + i * ct.per_token, acc.data(), w.head_dim);
-              };
-              for (uint64_t i = 0; i < sinks; ++i) add(i);
-              for (uint64_t i = std::max(ws, sinks); i < n; ++i) add(i);
-              t.base_mass[qh] = mass;
-              t.base_out[qh].assign(acc.begin(), acc.end());
-            }
-          }
-          const double cold_total = Sum(t.prefix, sinks, std::max(ws, sinks));
-          for (size_t pi = 0; pi < num_policies; ++pi) {
-            EvalPolicy& pol = *cfg.policies[c][pi];
-            Selection sel;
-            const auto s0 = std::chrono::steady_clock::now();
-            absl::Status s = pol.Select(q, ct, oracle, &sel);
-            const float us = std::chrono::duration<float, std::micro>(
-                                 std::chrono::steady_clock::now() - s0)
-                                 .count();
-            if (!s.ok()) {
-              return absl::Status(
-                  s.code(), absl::StrCat(pol.name(), " recall at frame ", f,
-                                         ": ", s.message()));
-            }
-            QueryRow row;
-            row.camera = c;
-            row.frame = f;
-            row.kind = q.kind;
-            row.config = static_cast<uint16_t>(ci);
-            row.policy = static_cast<uint16_t>(pi);
-            // The oracle-fed references' time is not a selection's.
-            const bool timed = pi != 0 && pi < first_kvmem + kvmems.size();
-            row.latency_us = !timed                ? 0.0f
-                             : sel.latency_us >= 0 ? sel.latency_us
-                                                   : us;
-            row.cold_total = static_cast<float>(cold_total);
-            double hit = 0;
-            if (sel.head_recalled.empty()) {
-              for (const Span& sp : sel.recalled) {
-                hit += Sum(t.prefix, sp.begin, sp.end);
-                row.injected += static_cast<uint32_t>(sp.size());
-              }
-            } else {  // Each query head reads its KV head's own set.
-              uint64_t tokens = 0;
-              for (uint32_t qh = 0; qh < t.query_heads; ++qh) {
-                for (const Span& sp : sel.head_recalled[qh / group]) {
-                  for (uint64_t i = sp.begin; i < sp.end; ++i) {
-                    hit += t.probs[qh][i];
-                  }
-                }
-              }
-              hit /= t.query_heads;
-              for (const auto& set : sel.head_recalled) {
-                for (const Span& sp : set) tokens += sp.size();
-              }
-              row.injected =
-                  static_cast<uint32_t>(tokens / sel.head_recalled.size());
-            }
-            row.cold_hit = static_cast<float>(hit);
-            ScoreOutputs(t, ct, sel, &row);
-            row.violations = sel.violations;
-            if (q.kind == QueryKind::kProbe && !q.earlier.empty() &&
-                q.earlier.back().second <= ws) {
-              row.reid = Intersects(sel.recalled, q.earlier) ? 1 : 0;
-            }
-            // Useless hits: recalled blocks with under 1 % of the mass.
-            std::vector<Span> units = sel.units;
-            if (units.empty() && !sel.everything) units = sel.recalled;
-            if (sel.everything) {  // full: every grid block outside.
-              for (uint64_t b = sinks; b < ws; b += cfg.budget.block_tokens) {
-                units.push_back(
-                    {b, std::min<uint64_t>(ws, b + cfg.budget.block_tokens)});
-              }
-            }
-            uint32_t useless = 0;
-            for (const Span& u : units) {
-              useless += Sum(t.prefix, std::max(u.begin, sinks),
-                             std::min(u.end, n)) < 0.01;
-            }
-            row.units = static_cast<uint32_t>(units.size());
-            row.degraded = sel.degraded_blocks;
-            row.useless = useless;
-            result.rows.push_back(row);
-            pol.Observe(sel, t.pbar, row.mass, ct);
-            if (pi == first_kvmem && ci == result.primary &&
-                o.record_kvmem_sets) {
-              result.kvmem_sets.push_back(sel.recalled);
-            }
-          }
-        }
-      }
-    }
-    // Memory after this frame, summed over cameras.
-    MemorySample ms;
-    ms.frame = f;
-    for (size_t ci = 0; ci < configs.size(); ++ci) {
-      for (size_t pi = 0; pi < num_policies; ++pi) {
-        uint64_t res = 0, sto = 0;
-        for (uint32_t c = 0; c < cams; ++c) {
-          res += configs[ci].policies[c][pi]->ResidentTokens(cam[c]) *
-                 wl.bytes_per_token();
-          sto += configs[ci].policies[c][pi]->StoredBytes(cam[c]);
-        }
-        resident_peak[ci][pi] = std::max(resident_peak[ci][pi], res);
-        stored_peak[ci][pi] = std::max(stored_peak[ci][pi], sto);
-        if (ci == result.primary) {
-          ms.resident.push_back(res);
-          ms.stored.push_back(sto);
-        }
-      }
-    }
-    result.memory.push_back(std::move(ms));
-    if (o.on_frame) o.on_frame(f + 1, w.frames);
+absl::Status EvalRun::OpenBackend() {
+  if (!o_.server.empty()) {
+    auto b = OpenGrpcBackend(o_.server);
+    if (!b.ok()) return b.status();
+    backend_ = std::move(*b);
+    result_.kvmem_path = o_.server;
+    return absl::OkStatus();
   }
-  backend->Settle();
+  std::string dir = o_.data_dir;
+  if (dir.empty()) {
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "kvmem-eval-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return absl::InternalError("cannot create a temp directory");
+    }
+    dir = temp_dir_ = tmpl;
+  }
+  auto b = OpenInProcessBackend(dir);
+  if (!b.ok()) return b.status();
+  backend_ = std::move(*b);
+  result_.kvmem_path = "in-process";
+  return absl::OkStatus();
+}
 
-  for (size_t ci = 0; ci < configs.size(); ++ci) {
+void EvalRun::NamePolicies() {
+  kvmems_ = {{"kvmem", o_.kvmem}};
+  kvmems_.insert(kvmems_.end(), o_.kvmem_variants.begin(),
+                 o_.kvmem_variants.end());
+  for (const char* n : kBaselines) result_.policy_names.push_back(n);
+  for (const auto& [name, k] : kvmems_) result_.policy_names.push_back(name);
+  if (o_.references) {
+    result_.policy_names.push_back("oracle_tokens");
+    result_.policy_names.push_back("exact_keys_per_head");
+  }
+  num_policies_ = result_.policy_names.size();
+  first_kvmem_ = std::size(kBaselines);
+}
+
+absl::Status EvalRun::AddConfig(uint32_t window, double fraction) {
+  Config c;
+  c.fraction = fraction;
+  c.budget.window = window;
+  c.budget.recall = static_cast<uint32_t>(std::lround(fraction * window));
+  c.budget.block_tokens = o_.frames_per_block * w_.tokens_per_frame;
+  c.budget.top_k = o_.top_k;
+  c.budget.bytes_per_token = wl_.bytes_per_token();
+  c.kvmem_ids.resize(kvmems_.size());
+  for (uint32_t cam = 0; cam < cams_; ++cam) {
+    absl::Status s = AddCameraPolicies(&c, configs_.size(), window, cam);
+    if (!s.ok()) return s;
+  }
+  configs_.push_back(std::move(c));
+  return absl::OkStatus();
+}
+
+absl::Status EvalRun::AddCameraPolicies(Config* c, size_t ci, uint32_t window,
+                                        uint32_t cam) {
+  std::vector<std::unique_ptr<EvalPolicy>> ps;
+  ps.push_back(MakeFullPolicy(c->budget));
+  ps.push_back(MakeStreamingLlmPolicy(c->budget));
+  ps.push_back(MakeWindowLruPolicy(c->budget));
+  ps.push_back(MakeH2oPolicy(c->budget));
+  ps.push_back(MakeMeanKeyTopkPolicy(c->budget));
+  for (size_t ki = 0; ki < kvmems_.size(); ++ki) {
+    const auto& [name, knobs] = kvmems_[ki];
+    const std::string id =
+        absl::StrFormat("eval-w%u-r%u-cam%u-%u-%s", window, c->budget.recall,
+                        cam, static_cast<unsigned>(ci), name);
+    KvmemRequestOptions req;
+    req.top_k = knobs.top_k;
+    req.send_budget = ki != 0;  // kvmem: the stream's default budget.
+    req.window_lse = knobs.window_lse;
+    req.query_heads = knobs.query_heads;
+    req.per_head = knobs.per_head;
+    req.head_dim = w_.head_dim;
+    req.kv_heads = w_.kv_heads;
+    auto k =
+        MakeKvmemPolicy(name, c->budget, backend_.get(), id,
+                        KvmemConfig(knobs, w_, window, c->budget.recall), req);
+    if (!k.ok()) return k.status();
+    ps.push_back(std::move(*k));
+    c->kvmem_ids[ki].push_back(id);
+  }
+  if (o_.references) {
+    ps.push_back(MakeOracleTokensPolicy(c->budget));
+    ps.push_back(MakeExactKeysPerHeadPolicy(c->budget, w_.head_dim));
+  }
+  c->policies.push_back(std::move(ps));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalResult> EvalRun::Run(const std::vector<double>& fractions) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = OpenBackend();
+  if (!s.ok()) return s;
+  NamePolicies();
+  for (double f : fractions) {
+    s = AddConfig(o_.window, f);
+    if (!s.ok()) return s;
+    if (f == o_.primary_fraction) result_.primary = configs_.size() - 1;
+  }
+  for (uint32_t extra : o_.extra_windows) {
+    if (extra == o_.window) continue;
+    s = AddConfig(extra, o_.primary_fraction);
+    if (!s.ok()) return s;
+  }
+  cam_.resize(cams_);
+  for (auto& c : cam_) {
+    c.sink_tokens = w_.sink_tokens;
+    c.per_token = kv_heads_ * w_.head_dim;
+  }
+  resident_peak_.assign(configs_.size(),
+                        std::vector<uint64_t>(num_policies_, 0));
+  stored_peak_ = resident_peak_;
+  t_.query_heads = kv_heads_ * group_;
+  t_.group = group_;
+  t_.head_dim = w_.head_dim;
+  t_.base_mass.resize(t_.query_heads);
+  t_.base_out.resize(t_.query_heads);
+  acc_.resize(w_.head_dim);
+  for (uint64_t f = 0; f < w_.frames; ++f) {
+    for (uint32_t c = 0; c < cams_; ++c) {
+      s = Frame(f, c);
+      if (!s.ok()) return s;
+    }
+    SampleMemory(f);
+    if (o_.on_frame) o_.on_frame(f + 1, w_.frames);
+  }
+  backend_->Settle();
+  s = Summarise();
+  if (!s.ok()) return s;
+  result_.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  return std::move(result_);
+}
+
+absl::Status EvalRun::Frame(uint64_t f, uint32_t c) {
+  const WorkloadFrame frame = wl_.Frame(c, f);
+  wl_.FrameKV(frame, &keys_, &values_);
+  CameraTokens& ct = cam_[c];
+  ct.keys.insert(ct.keys.end(), keys_.begin(), keys_.end());
+  ct.values.insert(ct.values.end(), values_.begin(), values_.end());
+  ct.tokens += frame.frame.header.token_count();
+  for (auto& cfg : configs_) {
+    for (auto& p : cfg.policies[c]) {
+      absl::Status s = p->OnFrame(frame, ct);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(p->name(), " at frame ", f,
+                                                   ": ", s.message()));
+      }
+    }
+  }
+  for (const WorkloadQuery& q : wl_.Queries(c, f, frame)) {
+    absl::Status s = Query(f, c, q);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void EvalRun::Truth(const WorkloadQuery& q, const CameraTokens& ct) {
+  const uint64_t n = ct.tokens;
+  OracleAttention(ct, n, q.q_heads, kv_heads_, w_.head_dim, &t_.probs,
+                  &t_.outs);
+  t_.pbar.assign(n, 0.0);
+  for (const auto& p : t_.probs)
+    for (uint64_t i = 0; i < n; ++i) t_.pbar[i] += p[i];
+  t_.prefix.assign(n + 1, 0.0);
+  for (uint64_t i = 0; i < n; ++i) {
+    t_.pbar[i] /= t_.query_heads;
+    t_.prefix[i + 1] = t_.prefix[i] + t_.pbar[i];
+  }
+}
+
+void EvalRun::BaseWindow(const CameraTokens& ct, uint64_t ws, uint64_t sinks) {
+  // The sinks and the window, which every bounded policy holds.
+  const uint64_t n = ct.tokens;
+  for (uint32_t qh = 0; qh < t_.query_heads; ++qh) {
+    double mass = 0;
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    const float* v = ct.values.data() + (qh / group_) * w_.head_dim;
+    auto add = [&](uint64_t i) {
+      const float pi = t_.probs[qh][i];
+      mass += pi;
+      Axpy(pi, v + i * ct.per_token, acc_.data(), w_.head_dim);
+    };
+    for (uint64_t i = 0; i < sinks; ++i) add(i);
+    for (uint64_t i = std::max(ws, sinks); i < n; ++i) add(i);
+    t_.base_mass[qh] = mass;
+    t_.base_out[qh].assign(acc_.begin(), acc_.end());
+  }
+}
+
+absl::Status EvalRun::Query(uint64_t f, uint32_t c, const WorkloadQuery& q) {
+  (q.kind == QueryKind::kProbe ? result_.probe_queries
+                               : result_.frame_queries)++;
+  const CameraTokens& ct = cam_[c];
+  const uint64_t n = ct.tokens;
+  Truth(q, ct);
+  QueryOracle oracle;
+  oracle.attention = &t_.pbar;
+  OracleSets(t_, n, configs_[result_.primary].budget, ct.sink_tokens,
+             &per_head_hit_, &shared_hit_, &cold_pool_);
+  uint32_t base_window = UINT32_MAX;
+  for (size_t ci = 0; ci < configs_.size(); ++ci) {
+    const Config& cfg = configs_[ci];
+    if (cfg.budget.window != base_window) {
+      base_window = cfg.budget.window;
+      BaseWindow(ct, cfg.budget.WindowStart(n),
+                 std::min<uint64_t>(ct.sink_tokens, n));
+    }
+    for (size_t pi = 0; pi < num_policies_; ++pi) {
+      absl::Status s = Select(f, c, ci, pi, q, oracle);
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EvalRun::Select(uint64_t f, uint32_t c, size_t ci, size_t pi,
+                             const WorkloadQuery& q,
+                             const QueryOracle& oracle) {
+  const CameraTokens& ct = cam_[c];
+  const Config& cfg = configs_[ci];
+  EvalPolicy& pol = *cfg.policies[c][pi];
+  const uint64_t n = ct.tokens;
+  const uint64_t ws = cfg.budget.WindowStart(n);
+  const uint64_t sinks = std::min<uint64_t>(ct.sink_tokens, n);
+  Selection sel;
+  const auto s0 = std::chrono::steady_clock::now();
+  absl::Status s = pol.Select(q, ct, oracle, &sel);
+  const float us = std::chrono::duration<float, std::micro>(
+                       std::chrono::steady_clock::now() - s0)
+                       .count();
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(pol.name(), " recall at frame ",
+                                               f, ": ", s.message()));
+  }
+  QueryRow row;
+  row.camera = c;
+  row.frame = f;
+  row.kind = q.kind;
+  row.config = static_cast<uint16_t>(ci);
+  row.policy = static_cast<uint16_t>(pi);
+  // The oracle-fed references' time is not a selection's.
+  const bool timed = pi != 0 && pi < first_kvmem_ + kvmems_.size();
+  row.latency_us = !timed ? 0.0f : sel.latency_us >= 0 ? sel.latency_us : us;
+  row.cold_total =
+      static_cast<float>(Sum(t_.prefix, sinks, std::max(ws, sinks)));
+  Score(sel, q, ct, cfg, &row);
+  result_.rows.push_back(row);
+  pol.Observe(sel, t_.pbar, row.mass, ct);
+  if (pi == first_kvmem_ && ci == result_.primary && o_.record_kvmem_sets) {
+    result_.kvmem_sets.push_back(sel.recalled);
+  }
+  return absl::OkStatus();
+}
+
+void EvalRun::Score(const Selection& sel, const WorkloadQuery& q,
+                    const CameraTokens& ct, const Config& cfg,
+                    QueryRow* row) const {
+  const uint64_t n = ct.tokens;
+  const uint64_t ws = cfg.budget.WindowStart(n);
+  const uint64_t sinks = std::min<uint64_t>(ct.sink_tokens, n);
+  double hit = 0;
+  if (sel.head_recalled.empty()) {
+    for (const Span& sp : sel.recalled) {
+      hit += Sum(t_.prefix, sp.begin, sp.end);
+      row->injected += static_cast<uint32_t>(sp.size());
+    }
+  } else {  // Each query head reads its KV head's own set.
+    uint64_t tokens = 0;
+    for (uint32_t qh = 0; qh < t_.query_heads; ++qh) {
+      for (const Span& sp : sel.head_recalled[qh / group_]) {
+        for (uint64_t i = sp.begin; i < sp.end; ++i) hit += t_.probs[qh][i];
+      }
+    }
+    hit /= t_.query_heads;
+    for (const auto& set : sel.head_recalled) {
+      for (const Span& sp : set) tokens += sp.size();
+    }
+    row->injected = static_cast<uint32_t>(tokens / sel.head_recalled.size());
+  }
+  row->cold_hit = static_cast<float>(hit);
+  ScoreOutputs(t_, ct, sel, row);
+  row->violations = sel.violations;
+  if (q.kind == QueryKind::kProbe && !q.earlier.empty() &&
+      q.earlier.back().second <= ws) {
+    row->reid = Intersects(sel.recalled, q.earlier) ? 1 : 0;
+  }
+  // Useless hits: recalled blocks with under 1 % of the mass.
+  std::vector<Span> units = sel.units;
+  if (units.empty() && !sel.everything) units = sel.recalled;
+  if (sel.everything) {  // full: every grid block outside.
+    for (uint64_t b = sinks; b < ws; b += cfg.budget.block_tokens) {
+      units.push_back({b, std::min<uint64_t>(ws, b + cfg.budget.block_tokens)});
+    }
+  }
+  uint32_t useless = 0;
+  for (const Span& u : units) {
+    useless +=
+        Sum(t_.prefix, std::max(u.begin, sinks), std::min(u.end, n)) < 0.01;
+  }
+  row->units = static_cast<uint32_t>(units.size());
+  row->degraded = sel.degraded_blocks;
+  row->useless = useless;
+}
+
+void EvalRun::SampleMemory(uint64_t f) {
+  // Memory after this frame, summed over cameras.
+  MemorySample ms;
+  ms.frame = f;
+  for (size_t ci = 0; ci < configs_.size(); ++ci) {
+    for (size_t pi = 0; pi < num_policies_; ++pi) {
+      uint64_t res = 0, sto = 0;
+      for (uint32_t c = 0; c < cams_; ++c) {
+        res += configs_[ci].policies[c][pi]->ResidentTokens(cam_[c]) *
+               wl_.bytes_per_token();
+        sto += configs_[ci].policies[c][pi]->StoredBytes(cam_[c]);
+      }
+      resident_peak_[ci][pi] = std::max(resident_peak_[ci][pi], res);
+      stored_peak_[ci][pi] = std::max(stored_peak_[ci][pi], sto);
+      if (ci == result_.primary) {
+        ms.resident.push_back(res);
+        ms.stored.push_back(sto);
+      }
+    }
+  }
+  result_.memory.push_back(std::move(ms));
+}
+
+absl::Status EvalRun::Summarise() {
+  for (size_t ci = 0; ci < configs_.size(); ++ci) {
     ConfigSummary cs;
-    cs.window = configs[ci].budget.window;
-    cs.recall = configs[ci].budget.recall;
-    cs.fraction = configs[ci].fraction;
-    for (const std::string& id : configs[ci].kvmem_ids[0]) {
+    cs.window = configs_[ci].budget.window;
+    cs.recall = configs_[ci].budget.recall;
+    cs.fraction = configs_[ci].fraction;
+    for (const std::string& id : configs_[ci].kvmem_ids[0]) {
       v1::StreamStats st;
-      absl::Status s = backend->Stats(id, &st);
+      absl::Status s = backend_->Stats(id, &st);
       if (!s.ok()) return s;
       cs.kvmem_rebuilds += st.policy().rebuilds();
       cs.kvmem_blocks += st.sealed_blocks();
     }
-    for (size_t pi = 0; pi < num_policies; ++pi) {
-      PolicySummary ps = Summarize(result, ci, pi, w.fps, cs.recall);
-      ps.resident_bytes_peak = resident_peak[ci][pi];
-      ps.stored_bytes_peak = stored_peak[ci][pi];
+    for (size_t pi = 0; pi < num_policies_; ++pi) {
+      PolicySummary ps = Summarize(result_, ci, pi, w_.fps, cs.recall);
+      ps.resident_bytes_peak = resident_peak_[ci][pi];
+      ps.stored_bytes_peak = stored_peak_[ci][pi];
       cs.policies.push_back(ps);
     }
-    result.configs.push_back(std::move(cs));
+    result_.configs.push_back(std::move(cs));
   }
-  if (cold_pool > 0) {
-    result.oracle_shared_cold_mass = shared_hit / cold_pool;
-    result.oracle_per_head_cold_mass = per_head_hit / cold_pool;
+  if (cold_pool_ > 0) {
+    result_.oracle_shared_cold_mass = shared_hit_ / cold_pool_;
+    result_.oracle_per_head_cold_mass = per_head_hit_ / cold_pool_;
   }
-  result.frames = w.frames;
-  for (const auto& c : cam) result.tokens += c.tokens;
-  for (uint32_t c = 0; c < cams; ++c) result.shots += wl.shots(c);
-  result.walks = wl.walks();
-  result.rebuild_periods =
-      static_cast<double>(result.configs[result.primary].kvmem_rebuilds) / cams;
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  return result;
+  result_.frames = w_.frames;
+  for (const auto& c : cam_) result_.tokens += c.tokens;
+  for (uint32_t c = 0; c < cams_; ++c) result_.shots += wl_.shots(c);
+  result_.walks = wl_.walks();
+  result_.rebuild_periods =
+      static_cast<double>(result_.configs[result_.primary].kvmem_rebuilds) /
+      cams_;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
+  absl::StatusOr<std::vector<double>> fractions = CheckEvalOptions(o);
+  if (!fractions.ok()) return fractions.status();
+  EvalRun run(o);
+  return run.Run(*fractions);
 }
 
 }  // namespace kvmem
