@@ -188,271 +188,320 @@ Latency Summarize(std::vector<double>* us) {
   return l;
 }
 
-absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
-  auto say = [&](const std::string& m) {
-    if (o.progress) o.progress(m);
-  };
-  if (o.streams < 1 || o.frames < 1 || o.recalls < 1) {
+namespace {
+
+// One `kvmem bench` run, phase by phase (RunBench).
+class BenchRun {
+ public:
+  explicit BenchRun(const BenchOptions& o)
+      : o_(o), g_(GeometryOf(o)), config_(DemoStreamConfig(g_)) {
+    r_.streams = o.streams;
+    r_.kernel = ActiveInt8Kernel().name;
+    r_.cpu = CpuModel();
+  }
+  absl::StatusOr<BenchReport> Run();
+
+ private:
+  void Say(const std::string& m) const {
+    if (o_.progress) o_.progress(m);
+  }
+  absl::Status InProcess();
+  void BuildFrames();
+  absl::Status StorageReference();
+  absl::Status TransportReference();
+  absl::Status OpenStreams();
+  void Ingest();
+  void Recall();
+  void EmptyRpc();
+  void Live();
+  // One live camera: n frames appended and recalled at o.fps on a Session.
+  void LiveCamera(int s, int n, const std::vector<std::vector<float>>& queries,
+                  std::vector<double>* app, std::vector<double>* rec,
+                  std::vector<double>* eng, std::vector<double>* emp);
+
+  const BenchOptions& o_;
+  const DemoGeometry g_;
+  const v1::StreamConfig config_;
+  BenchReport r_;
+  std::vector<std::vector<OutgoingFrame>> frames_;
+  double total_mb_ = 0;
+  FirstError err_;
+  std::vector<std::unique_ptr<KvmemClient>> clients_;
+  std::atomic<uint64_t> live_done_{0};
+};
+
+absl::StatusOr<BenchReport> BenchRun::Run() {
+  if (o_.streams < 1 || o_.frames < 1 || o_.recalls < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("streams, frames and recalls must be >= 1 (got ",
-                     o.streams, ", ", o.frames, ", ", o.recalls, ")"));
+                     o_.streams, ", ", o_.frames, ", ", o_.recalls, ")"));
   }
-  BenchReport r;
-  r.streams = o.streams;
-  r.kernel = ActiveInt8Kernel().name;
-  r.cpu = CpuModel();
-  const DemoGeometry g = GeometryOf(o);
-  const v1::StreamConfig config = DemoStreamConfig(g);
+  if (absl::Status s = InProcess(); !s.ok()) return s;
+  BuildFrames();
+  if (absl::Status s = StorageReference(); !s.ok()) return s;
+  if (absl::Status s = TransportReference(); !s.ok()) return s;
+  if (absl::Status s = OpenStreams(); !s.ok()) return s;
+  Ingest();
+  if (!err_.status().ok()) return err_.status();
+  Quiesce(o_.server_pid);
+  Recall();
+  if (!err_.status().ok()) return err_.status();
+  EmptyRpc();
+  if (!err_.status().ok()) return err_.status();
+  if (o_.fps > 0) Live();
+  if (!err_.status().ok()) return err_.status();
+  for (int s = 0; s < o_.streams; ++s) clients_[s]->DeleteStream(StreamId(s));
+  r_.server_rss_mib = SampleProcess(o_.server_pid).rss_mib;
+  return r_;
+}
 
+absl::Status BenchRun::InProcess() {
   // 1. In process: the recall kernel against FAISS flat.
-  say(absl::StrCat("in-process index: ", o.inproc_vectors, " x ", o.inproc_dim,
-                   ", k ", o.inproc_k));
-  InprocIndex(o.inproc_vectors, o.inproc_dim, o.inproc_k, o.inproc_queries,
-              o.seed, &r.inproc, &r.flat, &r.inproc_recall_at_k,
-              &r.inproc_candidates);
-  if (o.inproc_wide_dim > 0) {
-    say(absl::StrCat("in-process index: ", o.inproc_vectors, " x ",
-                     o.inproc_wide_dim));
-    InprocIndex(o.inproc_vectors, o.inproc_wide_dim, o.inproc_k,
-                std::max<uint32_t>(1, o.inproc_queries / 4), o.seed + 1,
-                &r.wide_inproc, &r.wide_flat, nullptr, nullptr);
+  Say(absl::StrCat("in-process index: ", o_.inproc_vectors, " x ",
+                   o_.inproc_dim, ", k ", o_.inproc_k));
+  InprocIndex(o_.inproc_vectors, o_.inproc_dim, o_.inproc_k, o_.inproc_queries,
+              o_.seed, &r_.inproc, &r_.flat, &r_.inproc_recall_at_k,
+              &r_.inproc_candidates);
+  if (o_.inproc_wide_dim > 0) {
+    Say(absl::StrCat("in-process index: ", o_.inproc_vectors, " x ",
+                     o_.inproc_wide_dim));
+    InprocIndex(o_.inproc_vectors, o_.inproc_wide_dim, o_.inproc_k,
+                std::max<uint32_t>(1, o_.inproc_queries / 4), o_.seed + 1,
+                &r_.wide_inproc, &r_.wide_flat, nullptr, nullptr);
   }
-
-  say(absl::StrCat("in-process stream recall: ", o.inproc_vectors,
+  Say(absl::StrCat("in-process stream recall: ", o_.inproc_vectors,
                    " blocks, per-head mass vs summed score"));
-  if (absl::Status st = InprocStreamRecall(o, &r.stream_mass, &r.stream_summed);
-      !st.ok()) {
-    return st;
-  }
+  return InprocStreamRecall(o_, &r_.stream_mass, &r_.stream_summed);
+}
 
+void BenchRun::BuildFrames() {
   // Every stream's frames, built once (the generator is not measured).
-  say(absl::StrCat("building ", o.streams, " x ", o.frames, " frames"));
-  std::vector<std::vector<OutgoingFrame>> frames(o.streams);
-  Parallel(o.streams, [&](int s) {
-    frames[s] = MakeFrames(g, o.seed * 1000 + s, o.frames);
+  Say(absl::StrCat("building ", o_.streams, " x ", o_.frames, " frames"));
+  frames_.resize(o_.streams);
+  Parallel(o_.streams, [&](int s) {
+    frames_[s] = MakeFrames(g_, o_.seed * 1000 + s, o_.frames);
   });
-  r.frame_bytes = frames[0][0].payload.size();
-  const double total_mb = double(r.frame_bytes) * o.frames * o.streams / 1e6;
-  FirstError err;
+  r_.frame_bytes = frames_[0][0].payload.size();
+  total_mb_ = double(r_.frame_bytes) * o_.frames * o_.streams / 1e6;
+}
 
+absl::Status BenchRun::StorageReference() {
   // 2. The storage engine alone: the same payloads, one put per frame.
-  {
-    say("storage reference: RocksDB puts");
-    RocksColdStoreOptions so;
-    so.path = o.scratch_dir + "/storage-reference";
-    auto store = OpenRocksColdStore(so);
-    if (!store.ok()) return store.status();
-    const auto t0 = Clock::now();
-    Parallel(o.streams, [&](int s) {
-      for (int i = 0; i < o.frames; ++i) {
-        StreamWrite w;
-        w.stream_id = StreamId(s);
-        w.frame.emplace(i, frames[s][i].payload);
-        if (absl::Status st = (*store)->Commit(w); !st.ok()) err.Set(st);
-      }
-    });
-    r.storage_put_mb_per_s = total_mb / Seconds(t0, Clock::now());
-  }
-  if (!err.status().ok()) return err.status();
-
-  // 3. The transport alone: a no-op AppendFrames sink in this process.
-  {
-    say("transport reference: client-streaming to a no-op sink");
-    SinkService sink;
-    const std::string path = o.scratch_dir + "/sink.sock";
-    ::unlink(path.c_str());
-    grpc::ServerBuilder b;
-    b.SetMaxReceiveMessageSize(64 << 20);
-    b.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
-    b.RegisterService(&sink);
-    std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-    if (!server) return absl::InternalError("cannot start the no-op sink");
-    const auto t0 = Clock::now();
-    Parallel(o.streams, [&](int s) {
-      auto c = OwnConnection("unix:" + path);
-      v1::AppendFramesResponse resp;
-      err.Set("sink AppendFrames",
-              c->AppendFrames(StreamId(s), frames[s], &resp));
-    });
-    r.raw_stream_mb_per_s = total_mb / Seconds(t0, Clock::now());
-    server->Shutdown(std::chrono::system_clock::now() +
-                     std::chrono::seconds(1));
-    ::unlink(path.c_str());
-  }
-  if (!err.status().ok()) return err.status();
-
-  // 4. The service: open the streams, then full-rate ingest.
-  std::vector<std::unique_ptr<KvmemClient>> clients;
-  for (int s = 0; s < o.streams; ++s) {
-    clients.push_back(OwnConnection(o.target));
-    if (!clients.back()->WaitForReady(std::chrono::seconds(10))) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot connect to ", o.target));
+  Say("storage reference: RocksDB puts");
+  RocksColdStoreOptions so;
+  so.path = o_.scratch_dir + "/storage-reference";
+  auto store = OpenRocksColdStore(so);
+  if (!store.ok()) return store.status();
+  const auto t0 = Clock::now();
+  Parallel(o_.streams, [&](int s) {
+    for (int i = 0; i < o_.frames; ++i) {
+      StreamWrite w;
+      w.stream_id = StreamId(s);
+      w.frame.emplace(i, frames_[s][i].payload);
+      if (absl::Status st = (*store)->Commit(w); !st.ok()) err_.Set(st);
     }
-    clients.back()->DeleteStream(StreamId(s));  // A rerun starts afresh.
+  });
+  r_.storage_put_mb_per_s = total_mb_ / Seconds(t0, Clock::now());
+  return err_.status();
+}
+
+absl::Status BenchRun::TransportReference() {
+  // 3. The transport alone: a no-op AppendFrames sink in this process.
+  Say("transport reference: client-streaming to a no-op sink");
+  SinkService sink;
+  const std::string path = o_.scratch_dir + "/sink.sock";
+  ::unlink(path.c_str());
+  grpc::ServerBuilder b;
+  b.SetMaxReceiveMessageSize(64 << 20);
+  b.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
+  b.RegisterService(&sink);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  if (!server) return absl::InternalError("cannot start the no-op sink");
+  const auto t0 = Clock::now();
+  Parallel(o_.streams, [&](int s) {
+    auto c = OwnConnection("unix:" + path);
+    v1::AppendFramesResponse resp;
+    err_.Set("sink AppendFrames",
+             c->AppendFrames(StreamId(s), frames_[s], &resp));
+  });
+  r_.raw_stream_mb_per_s = total_mb_ / Seconds(t0, Clock::now());
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  ::unlink(path.c_str());
+  return err_.status();
+}
+
+absl::Status BenchRun::OpenStreams() {
+  // 4. The service: open the streams (a rerun starts afresh).
+  for (int s = 0; s < o_.streams; ++s) {
+    clients_.push_back(OwnConnection(o_.target));
+    if (!clients_.back()->WaitForReady(std::chrono::seconds(10))) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot connect to ", o_.target));
+    }
+    clients_.back()->DeleteStream(StreamId(s));
     v1::OpenStreamResponse opened;
-    grpc::Status st = clients.back()->OpenStream(StreamId(s), config, &opened);
+    grpc::Status st =
+        clients_.back()->OpenStream(StreamId(s), config_, &opened);
     if (!st.ok()) {
       return absl::InternalError(
           absl::StrCat("OpenStream: ", st.error_message()));
     }
   }
-  {
-    say(absl::StrCat("ingest: ", o.streams, " streams x ", o.frames,
-                     " frames of ", r.frame_bytes / 1024, " KiB"));
-    const ProcSample p0 = SampleProcess(o.server_pid);
-    const auto t0 = Clock::now();
-    Parallel(o.streams, [&](int s) {
-      v1::AppendFramesResponse resp;
-      err.Set("AppendFrames",
-              clients[s]->AppendFrames(StreamId(s), frames[s], &resp));
-    });
-    const double secs = Seconds(t0, Clock::now());
-    r.ingest_mb_per_s = total_mb / secs;
-    r.ingest_frames_per_s = double(o.frames) * o.streams / secs;
-    r.server_cpu_ingest = (SampleProcess(o.server_pid).cpu_s - p0.cpu_s) / secs;
-  }
-  if (!err.status().ok()) return err.status();
-  Quiesce(o.server_pid);
+  return absl::OkStatus();
+}
 
+void BenchRun::Ingest() {
+  // Full-rate ingest, all streams at once.
+  Say(absl::StrCat("ingest: ", o_.streams, " streams x ", o_.frames,
+                   " frames of ", r_.frame_bytes / 1024, " KiB"));
+  const ProcSample p0 = SampleProcess(o_.server_pid);
+  const auto t0 = Clock::now();
+  Parallel(o_.streams, [&](int s) {
+    v1::AppendFramesResponse resp;
+    err_.Set("AppendFrames",
+             clients_[s]->AppendFrames(StreamId(s), frames_[s], &resp));
+  });
+  const double secs = Seconds(t0, Clock::now());
+  r_.ingest_mb_per_s = total_mb_ / secs;
+  r_.ingest_frames_per_s = double(o_.frames) * o_.streams / secs;
+  r_.server_cpu_ingest = (SampleProcess(o_.server_pid).cpu_s - p0.cpu_s) / secs;
+}
+
+void BenchRun::Recall() {
   // 5. Recall (ids and metadata, no payload), all streams at once.
-  {
-    say(absl::StrCat("recall: ", o.streams, " streams x ", o.recalls));
-    std::vector<std::vector<double>> lat(o.streams);
-    const ProcSample p0 = SampleProcess(o.server_pid);
-    const auto t0 = Clock::now();
-    Parallel(o.streams, [&](int s) {
-      CameraWorkload cam(o.seed * 1000 + s, g, 6, o.frames);
-      for (int i = 0; i < o.recalls; ++i) {
-        v1::RecallRequest req;
-        req.set_stream_id(StreamId(s));
-        const std::vector<float> q = cam.MakeQuery(i % o.frames);
-        req.mutable_query()->Assign(q.begin(), q.end());
-        req.mutable_budget()->set_top_k(o.recall_top_k);
-        req.mutable_budget()->set_max_tokens(o.recall_max_tokens);
-        v1::RecallResponse resp;
-        const auto c0 = Clock::now();
-        const grpc::Status st = clients[s]->Recall(req, &resp);
-        lat[s].push_back(MicrosSince(c0));
-        err.Set("Recall", st);
-      }
-    });
-    const double secs = Seconds(t0, Clock::now());
-    r.server_cpu_recall = (SampleProcess(o.server_pid).cpu_s - p0.cpu_s) / secs;
-    std::vector<double> all;
-    for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    r.recall = Summarize(&all);
-  }
-  if (!err.status().ok()) return err.status();
+  Say(absl::StrCat("recall: ", o_.streams, " streams x ", o_.recalls));
+  std::vector<std::vector<double>> lat(o_.streams);
+  const ProcSample p0 = SampleProcess(o_.server_pid);
+  const auto t0 = Clock::now();
+  Parallel(o_.streams, [&](int s) {
+    CameraWorkload cam(o_.seed * 1000 + s, g_, 6, o_.frames);
+    for (int i = 0; i < o_.recalls; ++i) {
+      v1::RecallRequest req;
+      req.set_stream_id(StreamId(s));
+      const std::vector<float> q = cam.MakeQuery(i % o_.frames);
+      req.mutable_query()->Assign(q.begin(), q.end());
+      req.mutable_budget()->set_top_k(o_.recall_top_k);
+      req.mutable_budget()->set_max_tokens(o_.recall_max_tokens);
+      v1::RecallResponse resp;
+      const auto c0 = Clock::now();
+      const grpc::Status st = clients_[s]->Recall(req, &resp);
+      lat[s].push_back(MicrosSince(c0));
+      err_.Set("Recall", st);
+    }
+  });
+  const double secs = Seconds(t0, Clock::now());
+  r_.server_cpu_recall = (SampleProcess(o_.server_pid).cpu_s - p0.cpu_s) / secs;
+  std::vector<double> all;
+  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  r_.recall = Summarize(&all);
+}
 
+void BenchRun::EmptyRpc() {
   // 6. An empty unary RPC from as many callers: the transport's floor.
-  {
-    say("empty unary RPC reference");
-    std::vector<std::vector<double>> lat(o.streams);
-    Parallel(o.streams, [&](int s) {
-      for (int i = 0; i < o.recalls; ++i) {
-        grpc::health::v1::HealthCheckResponse resp;
-        const auto c0 = Clock::now();
-        const grpc::Status st = clients[s]->CheckHealth("", &resp);
-        lat[s].push_back(MicrosSince(c0));
-        err.Set("Health.Check", st);
-      }
-    });
-    std::vector<double> all;
-    for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    r.empty_rpc = Summarize(&all);
-  }
-  if (!err.status().ok()) return err.status();
+  Say("empty unary RPC reference");
+  std::vector<std::vector<double>> lat(o_.streams);
+  Parallel(o_.streams, [&](int s) {
+    for (int i = 0; i < o_.recalls; ++i) {
+      grpc::health::v1::HealthCheckResponse resp;
+      const auto c0 = Clock::now();
+      const grpc::Status st = clients_[s]->CheckHealth("", &resp);
+      lat[s].push_back(MicrosSince(c0));
+      err_.Set("Health.Check", st);
+    }
+  });
+  std::vector<double> all;
+  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  r_.empty_rpc = Summarize(&all);
+}
 
+void BenchRun::Live() {
   // 7. Live: sessions append and recall each frame at the camera's pace.
-  if (o.fps > 0) {
-    say(absl::StrCat("live: ", o.streams, " sessions at ", o.fps, " fps for ",
-                     o.live_seconds, " s"));
-    r.live_fps = o.fps;
-    const int n = std::max(1, static_cast<int>(o.fps * o.live_seconds));
-    std::vector<std::vector<double>> app(o.streams), rec(o.streams),
-        eng(o.streams), emp(o.streams);
-    std::atomic<uint64_t> done{0};
-    // Frames and queries come from the ingest phase's (built before the
-    // clock starts): the load generator shares the machine's cores.
-    std::vector<std::vector<std::vector<float>>> queries(o.streams);
-    for (int s = 0; s < o.streams; ++s) {
-      CameraWorkload cam(o.seed * 1000 + s, g, 6, o.frames);
-      for (int i = 0; i < o.frames; ++i) queries[s].push_back(cam.MakeQuery(i));
-    }
-    const auto t0 = Clock::now();
-    Parallel(o.streams, [&](int s) {
-      const std::string id = StreamId(s) + "-live";
-      clients[s]->DeleteStream(id);
-      std::unique_ptr<SessionClient> session;
-      err.Set("StartSession", clients[s]->StartSession(id, &config, &session));
-      if (!session) return;
-      // Cameras start spread over one frame interval.
-      const auto start =
-          Clock::now() + std::chrono::microseconds(
-                             static_cast<int64_t>(1e6 / o.fps * s / o.streams));
-      for (int i = 0; i < n; ++i) {
-        std::this_thread::sleep_until(
-            start +
-            std::chrono::microseconds(static_cast<int64_t>(i * 1e6 / o.fps)));
-        OutgoingFrame f = frames[s][i % o.frames];
-        f.header.set_frame_index(i);
-        f.header.set_first_token_position(static_cast<uint64_t>(i) *
-                                          o.tokens_per_frame);
-        v1::AppendAck ack;
-        auto c0 = Clock::now();
-        grpc::Status st = session->Append(f, &ack);
-        app[s].push_back(MicrosSince(c0));
-        if (!st.ok()) {
-          err.Set("Session append", st);
-          return;
-        }
-        v1::RecallRequest req;
-        const std::vector<float>& q = queries[s][i % o.frames];
-        req.mutable_query()->Assign(q.begin(), q.end());
-        req.mutable_budget()->set_top_k(o.recall_top_k);
-        req.mutable_budget()->set_max_tokens(o.recall_max_tokens);
-        v1::RecallResponse resp;
-        c0 = Clock::now();
-        st = session->Recall(req, &resp);
-        rec[s].push_back(MicrosSince(c0));
-        if (!st.ok()) {
-          err.Set("Session recall", st);
-          return;
-        }
-        eng[s].push_back(resp.timing().total_us());
-        // The transport's share under the same load: an empty unary RPC
-        // (health Check) on the same connection, right after.
-        grpc::health::v1::HealthCheckResponse health;
-        c0 = Clock::now();
-        st = clients[s]->CheckHealth("", &health);
-        emp[s].push_back(MicrosSince(c0));
-        if (!st.ok()) {
-          err.Set("Health.Check", st);
-          return;
-        }
-        ++done;
-      }
-      err.Set("Session finish", session->Finish());
-      clients[s]->DeleteStream(id);
-    });
-    r.live_frames_per_s = done.load() / Seconds(t0, Clock::now());
-    std::vector<double> a, b, e, m;
-    for (int s = 0; s < o.streams; ++s) {
-      a.insert(a.end(), app[s].begin(), app[s].end());
-      b.insert(b.end(), rec[s].begin(), rec[s].end());
-      e.insert(e.end(), eng[s].begin(), eng[s].end());
-      m.insert(m.end(), emp[s].begin(), emp[s].end());
-    }
-    r.live_empty_rpc = Summarize(&m);
-    r.live_append = Summarize(&a);
-    r.live_recall = Summarize(&b);
-    r.live_recall_engine = Summarize(&e);
+  Say(absl::StrCat("live: ", o_.streams, " sessions at ", o_.fps, " fps for ",
+                   o_.live_seconds, " s"));
+  r_.live_fps = o_.fps;
+  const int n = std::max(1, static_cast<int>(o_.fps * o_.live_seconds));
+  std::vector<std::vector<double>> app(o_.streams), rec(o_.streams),
+      eng(o_.streams), emp(o_.streams);
+  // Frames and queries come from the ingest phase's (built before the
+  // clock starts): the load generator shares the machine's cores.
+  std::vector<std::vector<std::vector<float>>> queries(o_.streams);
+  for (int s = 0; s < o_.streams; ++s) {
+    CameraWorkload cam(o_.seed * 1000 + s, g_, 6, o_.frames);
+    for (int i = 0; i < o_.frames; ++i) queries[s].push_back(cam.MakeQuery(i));
   }
-  if (!err.status().ok()) return err.status();
-  for (int s = 0; s < o.streams; ++s) clients[s]->DeleteStream(StreamId(s));
-  r.server_rss_mib = SampleProcess(o.server_pid).rss_mib;
-  return r;
+  const auto t0 = Clock::now();
+  Parallel(o_.streams, [&](int s) {
+    LiveCamera(s, n, queries[s], &app[s], &rec[s], &eng[s], &emp[s]);
+  });
+  r_.live_frames_per_s = live_done_.load() / Seconds(t0, Clock::now());
+  std::vector<double> a, b, e, m;
+  for (int s = 0; s < o_.streams; ++s) {
+    a.insert(a.end(), app[s].begin(), app[s].end());
+    b.insert(b.end(), rec[s].begin(), rec[s].end());
+    e.insert(e.end(), eng[s].begin(), eng[s].end());
+    m.insert(m.end(), emp[s].begin(), emp[s].end());
+  }
+  r_.live_empty_rpc = Summarize(&m);
+  r_.live_append = Summarize(&a);
+  r_.live_recall = Summarize(&b);
+  r_.live_recall_engine = Summarize(&e);
+}
+
+void BenchRun::LiveCamera(int s, int n,
+                          const std::vector<std::vector<float>>& queries,
+                          std::vector<double>* app, std::vector<double>* rec,
+                          std::vector<double>* eng, std::vector<double>* emp) {
+  const std::string id = StreamId(s) + "-live";
+  clients_[s]->DeleteStream(id);
+  std::unique_ptr<SessionClient> session;
+  err_.Set("StartSession", clients_[s]->StartSession(id, &config_, &session));
+  if (!session) return;
+  // Cameras start spread over one frame interval.
+  const auto start =
+      Clock::now() + std::chrono::microseconds(
+                         static_cast<int64_t>(1e6 / o_.fps * s / o_.streams));
+  for (int i = 0; i < n; ++i) {
+    std::this_thread::sleep_until(
+        start +
+        std::chrono::microseconds(static_cast<int64_t>(i * 1e6 / o_.fps)));
+    OutgoingFrame f = frames_[s][i % o_.frames];
+    f.header.set_frame_index(i);
+    f.header.set_first_token_position(static_cast<uint64_t>(i) *
+                                      o_.tokens_per_frame);
+    v1::AppendAck ack;
+    auto c0 = Clock::now();
+    grpc::Status st = session->Append(f, &ack);
+    app->push_back(MicrosSince(c0));
+    if (!st.ok()) return err_.Set("Session append", st);
+    v1::RecallRequest req;
+    const std::vector<float>& q = queries[i % o_.frames];
+    req.mutable_query()->Assign(q.begin(), q.end());
+    req.mutable_budget()->set_top_k(o_.recall_top_k);
+    req.mutable_budget()->set_max_tokens(o_.recall_max_tokens);
+    v1::RecallResponse resp;
+    c0 = Clock::now();
+    st = session->Recall(req, &resp);
+    rec->push_back(MicrosSince(c0));
+    if (!st.ok()) return err_.Set("Session recall", st);
+    eng->push_back(resp.timing().total_us());
+    // The transport's share under the same load: an empty unary RPC
+    // (health Check) on the same connection, right after.
+    grpc::health::v1::HealthCheckResponse health;
+    c0 = Clock::now();
+    st = clients_[s]->CheckHealth("", &health);
+    emp->push_back(MicrosSince(c0));
+    if (!st.ok()) return err_.Set("Health.Check", st);
+    ++live_done_;
+  }
+  err_.Set("Session finish", session->Finish());
+  clients_[s]->DeleteStream(id);
+}
+
+}  // namespace
+
+absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
+  BenchRun run(o);
+  return run.Run();
 }
 
 std::string BenchJson(const BenchReport& r) {
