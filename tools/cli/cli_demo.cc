@@ -173,47 +173,46 @@ uint64_t RssBytes(pid_t pid) {
   return 0;
 }
 
-}  // namespace
+// What a demo run measured, over all cameras.
+struct DemoFigures {
+  int cameras = 0, frames = 0;
+  DemoGeometry g;
+  CameraResult total;
+  double wall = 0;
+  std::vector<v1::StreamStats> stats;
+  v1::StreamStats sum;  // Tiers and counters over all cameras.
+  std::string streams_json;
+  uint64_t rss = 0;
+  size_t fetched_blocks = 0;
+  uint64_t fetched_bytes = 0, expected_bytes = 0;
+};
 
-int RunDemo(const std::vector<std::string>&) {
-  const int cameras = absl::GetFlag(FLAGS_cameras);
-  const int frames = absl::GetFlag(FLAGS_frames);
-  const int places = absl::GetFlag(FLAGS_places);
-  if (cameras < 1 || cameras > 256 || frames < 1 || places < 1 || places > 64) {
-    std::fprintf(stderr,
-                 "kvmem demo: need 1..256 --cameras, >= 1 --frames and "
-                 "1..64 --places\n");
-    return 2;
+// Starts a local kvmem-server unless --addr names one; *addr receives the
+// target. Returns 0 or the exit status.
+int StartDemoServer(std::unique_ptr<ServerProcess>* server, std::string* addr) {
+  *addr = absl::GetFlag(FLAGS_addr);
+  if (!addr->empty()) return 0;
+  ServerProcessOptions opts;
+  opts.binary = FindServerBinary();
+  opts.data_dir = absl::GetFlag(FLAGS_data_dir);
+  opts.unix_socket = absl::StrCat("/tmp/kvmem-demo-", ::getpid(), ".sock");
+  opts.log_file = opts.data_dir + ".log";
+  *server = std::make_unique<ServerProcess>(opts);
+  std::string error;
+  if (!(*server)->Start(std::chrono::seconds(60), &error)) {
+    std::fprintf(stderr, "kvmem demo: %s (%s, log %s)\n", error.c_str(),
+                 opts.binary.c_str(), opts.log_file.c_str());
+    return 1;
   }
-  std::unique_ptr<ServerProcess> server;
-  std::string addr = absl::GetFlag(FLAGS_addr);
-  if (addr.empty()) {
-    ServerProcessOptions opts;
-    opts.binary = FindServerBinary();
-    opts.data_dir = absl::GetFlag(FLAGS_data_dir);
-    opts.unix_socket = absl::StrCat("/tmp/kvmem-demo-", ::getpid(), ".sock");
-    opts.log_file = opts.data_dir + ".log";
-    server = std::make_unique<ServerProcess>(opts);
-    std::string error;
-    if (!server->Start(std::chrono::seconds(60), &error)) {
-      std::fprintf(stderr, "kvmem demo: %s (%s, log %s)\n", error.c_str(),
-                   opts.binary.c_str(), opts.log_file.c_str());
-      return 1;
-    }
-    addr = server->target();
-    if (!absl::GetFlag(FLAGS_json)) {
-      std::printf("started %s on %s (data in %s, log %s)\n",
-                  opts.binary.c_str(), addr.c_str(), opts.data_dir.c_str(),
-                  opts.log_file.c_str());
-    }
+  *addr = (*server)->target();
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::printf("started %s on %s (data in %s, log %s)\n", opts.binary.c_str(),
+                addr->c_str(), opts.data_dir.c_str(), opts.log_file.c_str());
   }
-  auto client = KvmemClient::Connect(addr, CliClientOptions());
-  for (int c = 0; c < cameras; ++c) {
-    grpc::Status s = client->DeleteStream(absl::StrCat("demo-cam-", c));
-    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
-      return ReportError("demo: delete old stream", s);
-    }
-  }
+  return 0;
+}
+
+DemoGeometry DemoGeometryFromFlags() {
   DemoGeometry g;
   g.layers = absl::GetFlag(FLAGS_layers);
   g.kv_heads = absl::GetFlag(FLAGS_kv_heads);
@@ -224,24 +223,30 @@ int RunDemo(const std::vector<std::string>&) {
   g.recall_max_tokens = absl::GetFlag(FLAGS_recall_tokens);
   g.warm_budget_bytes = absl::GetFlag(FLAGS_warm_budget_bytes);
   g.cold_budget_bytes = absl::GetFlag(FLAGS_cold_budget_bytes);
-  std::vector<CameraResult> results(cameras);
+  return g;
+}
+
+// Every camera in its own thread; their results summed into f->total.
+grpc::Status RunCameras(KvmemClient* client, int places, DemoFigures* f,
+                        std::vector<CameraResult>* results) {
+  results->resize(f->cameras);
   std::vector<std::thread> threads;
   const auto t0 = std::chrono::steady_clock::now();
   {
-    ProgressBar progress("kvmem demo", static_cast<uint64_t>(cameras) * frames,
-                         "frames");
-    for (int c = 0; c < cameras; ++c) {
-      threads.emplace_back(RunCamera, client.get(), c, g, frames, places,
-                           absl::GetFlag(FLAGS_seed), &progress, &results[c]);
+    ProgressBar progress(
+        "kvmem demo", static_cast<uint64_t>(f->cameras) * f->frames, "frames");
+    for (int c = 0; c < f->cameras; ++c) {
+      threads.emplace_back(RunCamera, client, c, f->g, f->frames, places,
+                           absl::GetFlag(FLAGS_seed), &progress,
+                           &(*results)[c]);
     }
     for (auto& t : threads) t.join();
   }
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  CameraResult total;
-  for (auto& r : results) {
-    if (!r.status.ok()) return ReportError("demo", r.status);
+  f->wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count();
+  CameraResult& total = f->total;
+  for (auto& r : *results) {
+    if (!r.status.ok()) return r.status;
     total.bytes += r.bytes;
     total.append_seconds = std::max(total.append_seconds, r.append_seconds);
     total.append_us.insert(total.append_us.end(), r.append_us.begin(),
@@ -255,168 +260,255 @@ int RunDemo(const std::vector<std::string>&) {
     total.engine_us.insert(total.engine_us.end(), r.engine_us.begin(),
                            r.engine_us.end());
   }
-  // Fetch camera 0's last recall set back and check its size.
-  std::vector<FetchedBlock> fetched;
-  uint64_t fetched_bytes = 0, expected_bytes = 0;
-  if (!results[0].last_blocks.empty()) {
+  return grpc::Status::OK;
+}
+
+// Each camera's stats, and their tiers and counters summed.
+grpc::Status CollectStats(KvmemClient* client, DemoFigures* f) {
+  f->stats.resize(f->cameras);
+  v1::StreamStats& sum = f->sum;
+  for (int c = 0; c < f->cameras; ++c) {
+    const v1::StreamStats& st = f->stats[c];
     grpc::Status s =
-        client->FetchBlocks("demo-cam-0", results[0].last_blocks, &fetched);
-    if (!s.ok()) return ReportError("demo: fetch", s);
-    for (const auto& b : fetched) {
-      fetched_bytes += b.payload.size();
-      expected_bytes += b.info.payload_bytes();
-    }
-  }
-  std::vector<v1::StreamStats> stats(cameras);
-  v1::StreamStats sum;  // Tiers and counters over all cameras.
-  std::string streams_json;
-  for (int c = 0; c < cameras; ++c) {
-    grpc::Status st =
-        client->GetStreamStats(absl::StrCat("demo-cam-", c), &stats[c]);
-    if (!st.ok()) return ReportError("demo: stats", st);
+        client->GetStreamStats(absl::StrCat("demo-cam-", c), &f->stats[c]);
+    if (!s.ok()) return s;
     for (auto [from, to] :
-         {std::make_pair(&stats[c].warm(), sum.mutable_warm()),
-          std::make_pair(&stats[c].cold(), sum.mutable_cold()),
-          std::make_pair(&stats[c].degraded(), sum.mutable_degraded())}) {
+         {std::make_pair(&st.warm(), sum.mutable_warm()),
+          std::make_pair(&st.cold(), sum.mutable_cold()),
+          std::make_pair(&st.degraded(), sum.mutable_degraded())}) {
       to->set_blocks(to->blocks() + from->blocks());
       to->set_bytes(to->bytes() + from->bytes());
     }
     v1::PolicyStats* p = sum.mutable_policy();
-    const v1::PolicyStats& q = stats[c].policy();
+    const v1::PolicyStats& q = st.policy();
     p->set_demotions(p->demotions() + q.demotions());
     p->set_degradations(p->degradations() + q.degradations());
     p->set_promotions(p->promotions() + q.promotions());
     p->set_staged(p->staged() + q.staged());
     p->set_stage_hits(p->stage_hits() + q.stage_hits());
     p->set_shot_cuts(p->shot_cuts() + q.shot_cuts());
-    sum.set_sealed_blocks(sum.sealed_blocks() + stats[c].sealed_blocks());
-    absl::StrAppend(&streams_json, c == 0 ? "" : ", ", StreamJson(stats[c]));
+    sum.set_sealed_blocks(sum.sealed_blocks() + st.sealed_blocks());
+    absl::StrAppend(&f->streams_json, c == 0 ? "" : ", ", StreamJson(st));
   }
-  const v1::StreamStats& s0 = stats[0];
-  const uint64_t rss = server ? RssBytes(server->pid()) : 0;
-  const uint64_t bytes_per_token =
+  return grpc::Status::OK;
+}
+
+// The derived figures both outputs print.
+struct DemoRates {
+  uint64_t bytes_per_token = 0;
+  double window_mib = 0, budget_mib = 0, hit = 0, prec = 0, rnd = 0;
+  double p50 = 0, p99 = 0, e50 = 0, e99 = 0, mbps = 0, service_mbps = 0;
+  double a50 = 0, a99 = 0;
+};
+
+// (Percentile sorts the latencies in place.)
+DemoRates RatesOf(DemoFigures& f) {
+  CameraResult& total = f.total;
+  const DemoGeometry& g = f.g;
+  DemoRates d;
+  d.bytes_per_token =
       static_cast<uint64_t>(g.layers) * 2 * g.kv_heads * g.head_dim * 2;
-  const double window_mib = g.hot_window_tokens * bytes_per_token / 1048576.0;
-  const double budget_mib =
-      s0.config().recall_defaults().max_tokens() * bytes_per_token / 1048576.0;
-  const double hit =
-      total.reid_queries ? 100.0 * total.reid_hits / total.reid_queries : 0;
-  const double prec =
+  d.window_mib = g.hot_window_tokens * d.bytes_per_token / 1048576.0;
+  d.budget_mib = f.stats[0].config().recall_defaults().max_tokens() *
+                 d.bytes_per_token / 1048576.0;
+  d.hit = total.reid_queries ? 100.0 * total.reid_hits / total.reid_queries : 0;
+  d.prec =
       total.recalled ? 100.0 * total.recalled_relevant / total.recalled : 0;
-  const double rnd = total.reid_queries ? 100.0 * total.random_precision_sum /
-                                              total.reid_queries
-                                        : 0;
-  const double p50 = Percentile(total.rtt_us, 50),
-               p99 = Percentile(total.rtt_us, 99);
-  const double e50 = Percentile(total.engine_us, 50),
-               e99 = Percentile(total.engine_us, 99);
-  const double mbps = total.bytes / 1048576.0 / wall;
+  d.rnd = total.reid_queries
+              ? 100.0 * total.random_precision_sum / total.reid_queries
+              : 0;
+  d.p50 = Percentile(total.rtt_us, 50);
+  d.p99 = Percentile(total.rtt_us, 99);
+  d.e50 = Percentile(total.engine_us, 50);
+  d.e99 = Percentile(total.engine_us, 99);
+  d.mbps = total.bytes / 1048576.0 / f.wall;
   // Cameras append in parallel: service throughput is the bytes over the
   // longest time any camera spent inside Append calls.
-  const double service_mbps = total.bytes / 1048576.0 / total.append_seconds;
-  const double a50 = Percentile(total.append_us, 50);
-  const double a99 = Percentile(total.append_us, 99);
+  d.service_mbps = total.bytes / 1048576.0 / total.append_seconds;
+  d.a50 = Percentile(total.append_us, 50);
+  d.a99 = Percentile(total.append_us, 99);
+  return d;
+}
+
+void PrintDemoJson(DemoFigures& f) {
+  const DemoRates d = RatesOf(f);
+  const CameraResult& total = f.total;
+  const v1::StreamStats& s0 = f.stats[0];
+  const int cameras = f.cameras, frames = f.frames;
+  const double wall = f.wall, mbps = d.mbps, service_mbps = d.service_mbps;
+  const double a50 = d.a50, a99 = d.a99, hit = d.hit, rnd = d.rnd;
+  const double prec = d.prec, p50 = d.p50, p99 = d.p99, e50 = d.e50;
+  const double e99 = d.e99, window_mib = d.window_mib;
+  const double budget_mib = d.budget_mib;
+  const uint64_t rss = f.rss, fetched_bytes = f.fetched_bytes,
+                 expected_bytes = f.expected_bytes;
+  const std::string& streams_json = f.streams_json;
+  std::printf(
+      "{\"cameras\": %d, \"frames_per_camera\": %d, \"wall_seconds\": %.3f, "
+      "\"ingest_mib_per_s\": %.2f, \"frames_per_s\": %.1f, "
+      "\"append_service_mib_per_s\": %.2f, \"append_us_p50\": %.1f, "
+      "\"append_us_p99\": %.1f, "
+      "\"reid_queries\": %d, \"reid_top1_hits\": %d, \"reid_top1_pct\": "
+      "%.2f, "
+      "\"random_top1_pct\": %.2f, \"window_only_pct\": 0.0, "
+      "\"recalled_blocks\": %d, \"recalled_precision_pct\": %.2f, "
+      "\"recall_rtt_us_p50\": %.1f, \"recall_rtt_us_p99\": %.1f, "
+      "\"engine_us_p50\": %.1f, \"engine_us_p99\": %.1f, "
+      "\"kv_stored_mib\": %.3f, \"hot_window_mib\": %.3f, "
+      "\"recall_budget_mib\": %.3f, \"summary_kib_per_stream\": %.2f, "
+      "\"server_rss_mib\": %.1f, \"fetched_bytes\": %llu, "
+      "\"fetched_expected_bytes\": %llu, \"streams\": [%s]}\n",
+      cameras, frames, wall, mbps, cameras * frames / wall, service_mbps, a50,
+      a99, total.reid_queries, total.reid_hits, hit, rnd, total.recalled, prec,
+      p50, p99, e50, e99, total.bytes / 1048576.0, window_mib, budget_mib,
+      s0.summary_bytes() / 1024.0, rss / 1048576.0,
+      static_cast<unsigned long long>(fetched_bytes),
+      static_cast<unsigned long long>(expected_bytes), streams_json.c_str());
+}
+
+void PrintDemoText(DemoFigures& f) {
+  const DemoRates d = RatesOf(f);
+  const CameraResult& total = f.total;
+  const DemoGeometry& g = f.g;
+  const v1::StreamStats& s0 = f.stats[0];
+  const v1::StreamStats& sum = f.sum;
+  const int cameras = f.cameras, frames = f.frames;
+  const double wall = f.wall, mbps = d.mbps, service_mbps = d.service_mbps;
+  const double a50 = d.a50, a99 = d.a99, hit = d.hit, rnd = d.rnd;
+  const double prec = d.prec, p50 = d.p50, p99 = d.p99, e50 = d.e50;
+  const double e99 = d.e99, window_mib = d.window_mib;
+  const double budget_mib = d.budget_mib;
+  const uint64_t bytes_per_token = d.bytes_per_token, rss = f.rss;
+  const uint64_t fetched_bytes = f.fetched_bytes,
+                 expected_bytes = f.expected_bytes;
+  std::printf(
+      "\nkvmem demo: %d cameras x %d frames (%u tokens/frame, %u layers x %u "
+      "kv_heads x %u head_dim fp16, %.2f MiB/frame)\n",
+      cameras, frames, g.tokens_per_frame, g.layers, g.kv_heads, g.head_dim,
+      g.tokens_per_frame * bytes_per_token / 1048576.0);
+  std::printf(
+      "  ingest         %.1f MiB in %.2f s wall: %.1f MiB/s, %.0f "
+      "frames/s (with workload generation and a recall per frame)\n",
+      total.bytes / 1048576.0, wall, mbps, cameras * frames / wall);
+  std::printf(
+      "  append         %.1f MiB/s inside Append calls; per frame "
+      "p50 %.0f us, p99 %.0f us (durable ack, over Session)\n",
+      service_mbps, a50, a99);
+  std::printf(
+      "  recall quality %d queries whose place was seen before, "
+      "outside the hot window:\n",
+      total.reid_queries);
+  std::printf(
+      "                 kvmem top-1 block from that place: %.1f %% "
+      "(%d/%d)\n",
+      hit, total.reid_hits, total.reid_queries);
+  std::printf("                 a random old block would be:       %.1f %%\n",
+              rnd);
+  std::printf(
+      "                 the hot window alone holds none of them: 0 %%\n");
+  std::printf("                 precision of all %d recalled blocks: %.1f %%\n",
+              total.recalled, prec);
+  std::printf(
+      "  recall latency round trip p50 %.0f us, p99 %.0f us; engine "
+      "p50 %.0f us, p99 %.0f us\n",
+      p50, p99, e50, e99);
+  std::printf("%s", Histogram(total.rtt_us, 6, 40, "us").c_str());
+  std::printf(
+      "  memory         per camera: %.2f MiB of KV appended, kept in the "
+      "tiers below, vs a %.2f MiB hot window + %.2f MiB recall budget on "
+      "the accelerator; %.1f KiB of summaries in RAM\n",
+      s0.payload_bytes() / 1048576.0, window_mib, budget_mib,
+      s0.summary_bytes() / 1024.0);
+  std::printf(
+      "  tiers          %llu blocks (shots of up to %u frames; %llu cut at "
+      "a scene change), over all cameras:\n",
+      static_cast<unsigned long long>(sum.sealed_blocks()), g.frames_per_block,
+      static_cast<unsigned long long>(sum.policy().shot_cuts()));
+  std::printf(
+      "                 warm     %4llu blocks, %7.2f MiB of RAM: full "
+      "precision, layer-major, 4 KiB-aligned, ready to inject\n",
+      static_cast<unsigned long long>(sum.warm().blocks()),
+      sum.warm().bytes() / 1048576.0);
+  std::printf(
+      "                 cold     %4llu blocks, %7.2f MiB in RocksDB: full "
+      "precision, fetched on demand\n",
+      static_cast<unsigned long long>(sum.cold().blocks()),
+      sum.cold().bytes() / 1048576.0);
+  std::printf(
+      "                 degraded %4llu blocks, %7.2f MiB in RocksDB: int8 "
+      "per channel, flagged when recalled\n",
+      static_cast<unsigned long long>(sum.degraded().blocks()),
+      sum.degraded().bytes() / 1048576.0);
+  std::printf(
+      "                 heat-aware moves: %llu demoted, %llu degraded, %llu "
+      "promoted on recall; prefetch staged %llu, %llu confirmed by a query\n",
+      static_cast<unsigned long long>(sum.policy().demotions()),
+      static_cast<unsigned long long>(sum.policy().degradations()),
+      static_cast<unsigned long long>(sum.policy().promotions()),
+      static_cast<unsigned long long>(sum.policy().staged()),
+      static_cast<unsigned long long>(sum.policy().stage_hits()));
+  if (rss) std::printf("  server RSS     %.1f MiB\n", rss / 1048576.0);
+  std::printf(
+      "  fetch          camera 0's last recall set: %zu blocks, %llu "
+      "bytes (expected %llu)\n",
+      f.fetched_blocks, static_cast<unsigned long long>(fetched_bytes),
+      static_cast<unsigned long long>(expected_bytes));
+}
+
+}  // namespace
+
+int RunDemo(const std::vector<std::string>&) {
+  DemoFigures f;
+  f.cameras = absl::GetFlag(FLAGS_cameras);
+  f.frames = absl::GetFlag(FLAGS_frames);
+  const int places = absl::GetFlag(FLAGS_places);
+  if (f.cameras < 1 || f.cameras > 256 || f.frames < 1 || places < 1 ||
+      places > 64) {
+    std::fprintf(stderr,
+                 "kvmem demo: need 1..256 --cameras, >= 1 --frames and "
+                 "1..64 --places\n");
+    return 2;
+  }
+  std::unique_ptr<ServerProcess> server;
+  std::string addr;
+  if (int rc = StartDemoServer(&server, &addr); rc != 0) return rc;
+  auto client = KvmemClient::Connect(addr, CliClientOptions());
+  for (int c = 0; c < f.cameras; ++c) {
+    grpc::Status s = client->DeleteStream(absl::StrCat("demo-cam-", c));
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+      return ReportError("demo: delete old stream", s);
+    }
+  }
+  f.g = DemoGeometryFromFlags();
+  std::vector<CameraResult> results;
+  if (grpc::Status s = RunCameras(client.get(), places, &f, &results);
+      !s.ok()) {
+    return ReportError("demo", s);
+  }
+  // Fetch camera 0's last recall set back and check its size.
+  if (!results[0].last_blocks.empty()) {
+    std::vector<FetchedBlock> fetched;
+    grpc::Status s =
+        client->FetchBlocks("demo-cam-0", results[0].last_blocks, &fetched);
+    if (!s.ok()) return ReportError("demo: fetch", s);
+    f.fetched_blocks = fetched.size();
+    for (const auto& b : fetched) {
+      f.fetched_bytes += b.payload.size();
+      f.expected_bytes += b.info.payload_bytes();
+    }
+  }
+  if (grpc::Status s = CollectStats(client.get(), &f); !s.ok()) {
+    return ReportError("demo: stats", s);
+  }
+  f.rss = server ? RssBytes(server->pid()) : 0;
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf(
-        "{\"cameras\": %d, \"frames_per_camera\": %d, \"wall_seconds\": %.3f, "
-        "\"ingest_mib_per_s\": %.2f, \"frames_per_s\": %.1f, "
-        "\"append_service_mib_per_s\": %.2f, \"append_us_p50\": %.1f, "
-        "\"append_us_p99\": %.1f, "
-        "\"reid_queries\": %d, \"reid_top1_hits\": %d, \"reid_top1_pct\": "
-        "%.2f, "
-        "\"random_top1_pct\": %.2f, \"window_only_pct\": 0.0, "
-        "\"recalled_blocks\": %d, \"recalled_precision_pct\": %.2f, "
-        "\"recall_rtt_us_p50\": %.1f, \"recall_rtt_us_p99\": %.1f, "
-        "\"engine_us_p50\": %.1f, \"engine_us_p99\": %.1f, "
-        "\"kv_stored_mib\": %.3f, \"hot_window_mib\": %.3f, "
-        "\"recall_budget_mib\": %.3f, \"summary_kib_per_stream\": %.2f, "
-        "\"server_rss_mib\": %.1f, \"fetched_bytes\": %llu, "
-        "\"fetched_expected_bytes\": %llu, \"streams\": [%s]}\n",
-        cameras, frames, wall, mbps, cameras * frames / wall, service_mbps, a50,
-        a99, total.reid_queries, total.reid_hits, hit, rnd, total.recalled,
-        prec, p50, p99, e50, e99, total.bytes / 1048576.0, window_mib,
-        budget_mib, s0.summary_bytes() / 1024.0, rss / 1048576.0,
-        static_cast<unsigned long long>(fetched_bytes),
-        static_cast<unsigned long long>(expected_bytes), streams_json.c_str());
+    PrintDemoJson(f);
   } else {
-    std::printf(
-        "\nkvmem demo: %d cameras x %d frames (%u tokens/frame, %u layers x %u "
-        "kv_heads x %u head_dim fp16, %.2f MiB/frame)\n",
-        cameras, frames, g.tokens_per_frame, g.layers, g.kv_heads, g.head_dim,
-        g.tokens_per_frame * bytes_per_token / 1048576.0);
-    std::printf(
-        "  ingest         %.1f MiB in %.2f s wall: %.1f MiB/s, %.0f "
-        "frames/s (with workload generation and a recall per frame)\n",
-        total.bytes / 1048576.0, wall, mbps, cameras * frames / wall);
-    std::printf(
-        "  append         %.1f MiB/s inside Append calls; per frame "
-        "p50 %.0f us, p99 %.0f us (durable ack, over Session)\n",
-        service_mbps, a50, a99);
-    std::printf(
-        "  recall quality %d queries whose place was seen before, "
-        "outside the hot window:\n",
-        total.reid_queries);
-    std::printf(
-        "                 kvmem top-1 block from that place: %.1f %% "
-        "(%d/%d)\n",
-        hit, total.reid_hits, total.reid_queries);
-    std::printf("                 a random old block would be:       %.1f %%\n",
-                rnd);
-    std::printf(
-        "                 the hot window alone holds none of them: 0 %%\n");
-    std::printf(
-        "                 precision of all %d recalled blocks: %.1f %%\n",
-        total.recalled, prec);
-    std::printf(
-        "  recall latency round trip p50 %.0f us, p99 %.0f us; engine "
-        "p50 %.0f us, p99 %.0f us\n",
-        p50, p99, e50, e99);
-    std::printf("%s", Histogram(total.rtt_us, 6, 40, "us").c_str());
-    std::printf(
-        "  memory         per camera: %.2f MiB of KV appended, kept in the "
-        "tiers below, vs a %.2f MiB hot window + %.2f MiB recall budget on "
-        "the accelerator; %.1f KiB of summaries in RAM\n",
-        s0.payload_bytes() / 1048576.0, window_mib, budget_mib,
-        s0.summary_bytes() / 1024.0);
-    std::printf(
-        "  tiers          %llu blocks (shots of up to %u frames; %llu cut at "
-        "a scene change), over all cameras:\n",
-        static_cast<unsigned long long>(sum.sealed_blocks()),
-        g.frames_per_block,
-        static_cast<unsigned long long>(sum.policy().shot_cuts()));
-    std::printf(
-        "                 warm     %4llu blocks, %7.2f MiB of RAM: full "
-        "precision, layer-major, 4 KiB-aligned, ready to inject\n",
-        static_cast<unsigned long long>(sum.warm().blocks()),
-        sum.warm().bytes() / 1048576.0);
-    std::printf(
-        "                 cold     %4llu blocks, %7.2f MiB in RocksDB: full "
-        "precision, fetched on demand\n",
-        static_cast<unsigned long long>(sum.cold().blocks()),
-        sum.cold().bytes() / 1048576.0);
-    std::printf(
-        "                 degraded %4llu blocks, %7.2f MiB in RocksDB: int8 "
-        "per channel, flagged when recalled\n",
-        static_cast<unsigned long long>(sum.degraded().blocks()),
-        sum.degraded().bytes() / 1048576.0);
-    std::printf(
-        "                 heat-aware moves: %llu demoted, %llu degraded, %llu "
-        "promoted on recall; prefetch staged %llu, %llu confirmed by a query\n",
-        static_cast<unsigned long long>(sum.policy().demotions()),
-        static_cast<unsigned long long>(sum.policy().degradations()),
-        static_cast<unsigned long long>(sum.policy().promotions()),
-        static_cast<unsigned long long>(sum.policy().staged()),
-        static_cast<unsigned long long>(sum.policy().stage_hits()));
-    if (rss) std::printf("  server RSS     %.1f MiB\n", rss / 1048576.0);
-    std::printf(
-        "  fetch          camera 0's last recall set: %zu blocks, %llu "
-        "bytes (expected %llu)\n",
-        fetched.size(), static_cast<unsigned long long>(fetched_bytes),
-        static_cast<unsigned long long>(expected_bytes));
+    PrintDemoText(f);
   }
   client.reset();  // An idle channel would slow the graceful shutdown.
   if (server) server->Stop();
-  return fetched_bytes == expected_bytes ? 0 : 1;
+  return f.fetched_bytes == f.expected_bytes ? 0 : 1;
 }
 
 }  // namespace kvmem
