@@ -193,34 +193,46 @@ std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
 
 VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
     : o_(options), impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  const size_t L = latent_dim(), d = o_.head_dim;
+  impl_->BuildEntities(o_, latent_dim());
+  impl_->BuildProjections(o_, latent_dim());
+  impl_->BuildQueryHeads(o_, latent_dim());
+  impl_->BuildShots(o_);
+  impl_->BuildVisits(o_);
+}
+
+void VideoWorkload::Impl::BuildEntities(const VideoWorkloadOptions& o,
+                                        size_t L) {
   // Orthonormal entity directions: the first columns of a random orthogonal
   // matrix (Gram-Schmidt on Gaussian vectors).
   const std::vector<std::vector<float>> basis = Orthonormal(
-      L, EntityDirections(o_),
-      [&](uint32_t i) { return Gaussian(Seed(o_.seed, kBasis, i), L, 1.0f); });
-  m.sink = basis[0];
-  m.place.assign(basis.begin() + 1, basis.begin() + 1 + o_.places);
-  m.object.assign(basis.begin() + 1 + o_.places,
-                  basis.begin() + 1 + o_.places + o_.objects);
-  if (o_.lookalike > 0) {
+      L, EntityDirections(o),
+      [&](uint32_t i) { return Gaussian(Seed(o.seed, kBasis, i), L, 1.0f); });
+  sink = basis[0];
+  place.assign(basis.begin() + 1, basis.begin() + 1 + o.places);
+  object.assign(basis.begin() + 1 + o.places,
+                basis.begin() + 1 + o.places + o.objects);
+  if (o.lookalike > 0) {
     // Objects of a class share a prototype: cosine `lookalike` between them.
-    const auto* proto = &basis[1 + o_.places + o_.objects];
-    for (uint32_t ob = 0; ob < o_.objects; ++ob) {
-      for (auto& e : m.object[ob]) e *= std::sqrt(1 - o_.lookalike);
-      AddScaled(&m.object[ob], proto[ob % o_.object_classes],
-                std::sqrt(o_.lookalike));
+    const auto* proto = &basis[1 + o.places + o.objects];
+    for (uint32_t ob = 0; ob < o.objects; ++ob) {
+      for (auto& e : object[ob]) e *= std::sqrt(1 - o.lookalike);
+      AddScaled(&object[ob], proto[ob % o.object_classes],
+                std::sqrt(o.lookalike));
     }
   }
-  for (uint32_t s = 0; s < o_.tokens_per_frame; ++s) {
-    m.patch.push_back(Gaussian(Seed(o_.seed, kPatch, 0, s), L, 1.0f));
-    Normalize(&m.patch.back());
+  for (uint32_t s = 0; s < o.tokens_per_frame; ++s) {
+    patch.push_back(Gaussian(Seed(o.seed, kPatch, 0, s), L, 1.0f));
+    Normalize(&patch.back());
   }
-  for (uint32_t j = 0; j < o_.object_tokens; ++j) {
-    m.part.push_back(Gaussian(Seed(o_.seed, kPatch, 1, j), L, 1.0f));
-    Normalize(&m.part.back());
+  for (uint32_t j = 0; j < o.object_tokens; ++j) {
+    part.push_back(Gaussian(Seed(o.seed, kPatch, 1, j), L, 1.0f));
+    Normalize(&part.back());
   }
+}
+
+void VideoWorkload::Impl::BuildProjections(const VideoWorkloadOptions& o,
+                                           size_t L) {
+  const size_t d = o.head_dim;
   // Low-frequency pairs (large i) get more of each row's energy; the gains
   // are normalised to mean square 1.
   const size_t pairs = d / 2;
@@ -228,91 +240,101 @@ VideoWorkload::VideoWorkload(const VideoWorkloadOptions& options)
   double sq = 0;
   for (size_t i = 0; i < pairs; ++i) {
     const double x = pairs > 1 ? static_cast<double>(i) / (pairs - 1) : 0.5;
-    gain[i] = static_cast<float>(std::exp(o_.low_freq_bias * (x - 0.5)));
+    gain[i] = static_cast<float>(std::exp(o.low_freq_bias * (x - 0.5)));
     sq += gain[i] * gain[i];
   }
   for (auto& g : gain) g /= static_cast<float>(std::sqrt(sq / pairs));
   for (size_t i = 0; i < pairs; ++i) {
-    m.theta.push_back(std::pow(o_.rope_base, -2.0 * i / d));
+    theta.push_back(std::pow(o.rope_base, -2.0 * i / d));
   }
   // Entries of variance 1/head_dim keep |A x| ~ |x|, so a query of scale s
   // against its own token's key has a logit of about s whatever the shapes.
-  const size_t heads = static_cast<size_t>(o_.layers) * o_.kv_heads;
+  const size_t heads = static_cast<size_t>(o.layers) * o.kv_heads;
   const float sigma = static_cast<float>(1 / std::sqrt(d));
   const size_t rank = std::max<size_t>(
-      1, static_cast<size_t>(std::lround(o_.head_subspace * L)));
+      1, static_cast<size_t>(std::lround(o.head_subspace * L)));
   for (size_t lh = 0; lh < heads; ++lh) {
-    std::vector<float> a =
-        Gaussian(Seed(o_.seed, kProject, 0, lh), d * L, sigma);
+    std::vector<float> ah =
+        Gaussian(Seed(o.seed, kProject, 0, lh), d * L, sigma);
     if (rank < L) {  // This head sees a random subspace of the latent.
-      a = ProjectRows(a, d, L, rank, Seed(o_.seed, kProject, 2, lh));
+      ah = ProjectRows(ah, d, L, rank, Seed(o.seed, kProject, 2, lh));
     }
     for (size_t r = 0; r < d; ++r)
-      for (size_t c = 0; c < L; ++c) a[r * L + c] *= gain[r / 2];
-    m.a.push_back(std::move(a));
-    m.b.push_back(Gaussian(Seed(o_.seed, kProject, 1, lh), d * L, sigma));
+      for (size_t c = 0; c < L; ++c) ah[r * L + c] *= gain[r / 2];
+    a.push_back(std::move(ah));
+    b.push_back(Gaussian(Seed(o.seed, kProject, 1, lh), d * L, sigma));
   }
+}
+
+void VideoWorkload::Impl::BuildQueryHeads(const VideoWorkloadOptions& o,
+                                          size_t L) {
+  const size_t heads = static_cast<size_t>(o.layers) * o.kv_heads;
   // Query heads: a seeded sharp_head_fraction of them are sharp.
-  const size_t qheads = heads * o_.query_heads_per_kv;
+  const size_t qheads = heads * o.query_heads_per_kv;
   std::vector<size_t> order(qheads);
   for (size_t i = 0; i < qheads; ++i) order[i] = i;
-  std::mt19937_64 head_rng(Seed(o_.seed, kProject, 3));
+  std::mt19937_64 head_rng(Seed(o.seed, kProject, 3));
   std::shuffle(order.begin(), order.end(), head_rng);
   const size_t sharp = static_cast<size_t>(
-      std::lround(o_.sharp_head_fraction * static_cast<double>(qheads)));
-  m.qscale.assign(qheads, o_.query_scale * o_.diffuse_scale);
-  for (size_t i = 0; i < sharp; ++i) m.qscale[order[i]] = o_.query_scale;
-  m.scene_proj = Gaussian(Seed(o_.seed, kScene, 0), o_.scene_dim * L, 1.0f);
+      std::lround(o.sharp_head_fraction * static_cast<double>(qheads)));
+  qscale.assign(qheads, o.query_scale * o.diffuse_scale);
+  for (size_t i = 0; i < sharp; ++i) qscale[order[i]] = o.query_scale;
+  scene_proj = Gaussian(Seed(o.seed, kScene, 0), o.scene_dim * L, 1.0f);
+}
 
+void VideoWorkload::Impl::BuildShots(const VideoWorkloadOptions& o) {
   // Shots per camera: each camera cuts among its own places, revisiting them.
-  m.shots.resize(o_.cameras);
-  m.places.resize(o_.cameras);
-  for (uint32_t c = 0; c < o_.cameras; ++c) {
-    std::mt19937_64 rng(Seed(o_.seed, kShots, c));
-    std::vector<uint32_t> all(o_.places);
-    for (uint32_t p = 0; p < o_.places; ++p) all[p] = p;
+  shots.resize(o.cameras);
+  places.resize(o.cameras);
+  for (uint32_t c = 0; c < o.cameras; ++c) {
+    std::mt19937_64 rng(Seed(o.seed, kShots, c));
+    std::vector<uint32_t> all(o.places);
+    for (uint32_t p = 0; p < o.places; ++p) all[p] = p;
     std::shuffle(all.begin(), all.end(), rng);
-    m.places[c].assign(all.begin(), all.begin() + o_.places_per_camera);
-    std::uniform_int_distribution<uint32_t> pick(0, o_.places_per_camera - 1);
+    places[c].assign(all.begin(), all.begin() + o.places_per_camera);
+    std::uniform_int_distribution<uint32_t> pick(0, o.places_per_camera - 1);
     uint64_t f = 0;
     int64_t last = -1;
-    while (f < o_.frames) {
-      uint32_t p = m.places[c][pick(rng)];
-      if (o_.places_per_camera > 1) {
-        while (static_cast<int64_t>(p) == last) p = m.places[c][pick(rng)];
+    while (f < o.frames) {
+      uint32_t p = places[c][pick(rng)];
+      if (o.places_per_camera > 1) {
+        while (static_cast<int64_t>(p) == last) p = places[c][pick(rng)];
       }
-      m.shots[c].push_back({f, p});
+      shots[c].push_back({f, p});
       last = p;
       f += std::max<uint64_t>(
-          1, static_cast<uint64_t>(
-                 LogUniform(rng, o_.shot_min_s, o_.shot_max_s) * o_.fps));
+          1, static_cast<uint64_t>(LogUniform(rng, o.shot_min_s, o.shot_max_s) *
+                                   o.fps));
     }
   }
+}
+
+void VideoWorkload::Impl::BuildVisits(const VideoWorkloadOptions& o) {
   // One global schedule of object visits: gap, visit, gap, visit...; the
   // next visit stays on the camera or walks to another one.
-  m.visits.resize(o_.objects);
-  for (uint32_t ob = 0; ob < o_.objects; ++ob) {
-    std::mt19937_64 rng(Seed(o_.seed, kVisits, ob));
+  visits.resize(o.objects);
+  for (uint32_t ob = 0; ob < o.objects; ++ob) {
+    std::mt19937_64 rng(Seed(o.seed, kVisits, ob));
     std::uniform_real_distribution<double> u(0, 1);
-    std::uniform_int_distribution<uint32_t> cam(0, o_.cameras - 1);
+    std::uniform_int_distribution<uint32_t> cam(0, o.cameras - 1);
     uint32_t c = cam(rng);
-    double t = u(rng) * o_.gap_max_s * 0.5;
+    double t = u(rng) * o.gap_max_s * 0.5;
     for (uint32_t serial = 0;; ++serial) {
-      const uint64_t begin = static_cast<uint64_t>(t * o_.fps);
-      if (begin >= o_.frames) break;
-      const double len = LogUniform(rng, o_.visit_min_s, o_.visit_max_s);
+      const uint64_t begin = static_cast<uint64_t>(t * o.fps);
+      if (begin >= o.frames) break;
+      const double len = LogUniform(rng, o.visit_min_s, o.visit_max_s);
       const uint64_t end = std::min<uint64_t>(
-          o_.frames, begin + std::max<uint64_t>(1, len * o_.fps));
-      m.visits[ob].push_back({c, begin, end, serial});
-      const bool walk = o_.cameras > 1 && u(rng) < o_.walk_probability;
+          o.frames, begin + std::max<uint64_t>(1, len * o.fps));
+      visits[ob].push_back({c, begin, end, serial});
+      const bool walk = o.cameras > 1 && u(rng) < o.walk_probability;
       if (walk) {
         uint32_t next = cam(rng);
         while (next == c) next = cam(rng);
         c = next;
-        ++m.walks;
-        t = static_cast<double>(end) / o_.fps + o_.gap_min_s;  // Walking over.
+        ++walks;
+        t = static_cast<double>(end) / o.fps + o.gap_min_s;  // Walking over.
       } else {
-        t = static_cast<double>(end) / o_.fps + DrawGap(o_, rng);
+        t = static_cast<double>(end) / o.fps + DrawGap(o, rng);
       }
     }
   }

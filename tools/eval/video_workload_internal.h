@@ -112,6 +112,14 @@ struct VideoWorkload::Impl {
   std::vector<std::vector<uint32_t>> places;  // Per camera: its places.
   uint64_t walks = 0;
 
+  // Construction steps (video_workload.cc), each from its own seeds;
+  // latent: VideoWorkload::latent_dim().
+  void BuildEntities(const VideoWorkloadOptions& o, size_t latent);
+  void BuildProjections(const VideoWorkloadOptions& o, size_t latent);
+  void BuildQueryHeads(const VideoWorkloadOptions& o, size_t latent);
+  void BuildShots(const VideoWorkloadOptions& o);
+  void BuildVisits(const VideoWorkloadOptions& o);
+
   const video_internal::Shot& ShotAt(uint32_t camera, uint64_t f,
                                      uint64_t* serial) const {
     const auto& s = shots[camera];
