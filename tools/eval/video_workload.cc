@@ -117,6 +117,26 @@ double DrawGap(const VideoWorkloadOptions& o, std::mt19937_64& rng) {
   }
   return LogUniform(rng, o.gap_min_s, o.gap_max_s);
 }
+
+// The detection of object ob at frame f of its visit v: a box drifting
+// across the view during the visit.
+void AddDetection(uint64_t seed, int ob, const Visit& v, uint64_t f,
+                  v1::Detection* det) {
+  std::mt19937_64 box_rng(Seed(seed, kBox, ob, v.serial));
+  std::uniform_real_distribution<float> u(0.05f, 0.6f);
+  const float x0 = u(box_rng), y0 = u(box_rng);
+  const float w = 0.1f + 0.25f * (u(box_rng) - 0.05f);
+  const float drift =
+      0.3f * static_cast<float>(f - v.begin) /
+      static_cast<float>(std::max<uint64_t>(1, v.end - v.begin));
+  det->set_track_id(static_cast<uint64_t>(ob) + 1);
+  det->set_class_id(static_cast<uint32_t>(ob % 3));
+  det->set_x_min(std::min(x0 + drift, 1.0f - w));
+  det->set_y_min(y0);
+  det->set_x_max(std::min(x0 + drift, 1.0f - w) + w);
+  det->set_y_max(std::min(1.0f, y0 + w * 1.5f));
+  det->set_score(0.9f);
+}
 }  // namespace
 
 uint32_t VideoWorkload::latent_dim() const {
@@ -351,9 +371,52 @@ uint64_t VideoWorkload::shots(uint32_t camera) const {
 }
 uint64_t VideoWorkload::walks() const { return impl_->walks; }
 
+void VideoWorkload::Impl::EncodeKV(const VideoWorkloadOptions& o, size_t L,
+                                   const std::vector<std::vector<float>>& x,
+                                   uint64_t pos0, std::string* payload) const {
+  const size_t d = o.head_dim, T = x.size();
+  const size_t slice = static_cast<size_t>(o.kv_heads) * T * d;
+  payload->resize(static_cast<size_t>(o.layers) * 2 * slice * 2);
+  std::vector<float> buf(slice);
+  auto* dst = reinterpret_cast<uint8_t*>(payload->data());
+  for (uint32_t l = 0; l < o.layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t h = 0; h < o.kv_heads; ++h) {
+        const std::vector<float>& p =
+            kv == 0 ? a[l * o.kv_heads + h] : b[l * o.kv_heads + h];
+        for (size_t t = 0; t < T; ++t) {
+          float* y = buf.data() + (h * T + t) * d;
+          for (size_t r = 0; r < d; ++r) y[r] = Dot(&p[r * L], x[t].data(), L);
+          if (kv == 0) {  // RoPE at the token's absolute position.
+            Rope(y, d, static_cast<double>(pos0 + t), theta);
+          }
+        }
+      }
+      EncodeFromFloat(buf.data(), buf.size(), DType::kFp16, dst);
+      dst += buf.size() * 2;
+    }
+  }
+}
+
+std::vector<float> VideoWorkload::Impl::Scene(
+    const VideoWorkloadOptions& o, size_t L, uint32_t shot_place,
+    const std::vector<float>& shot_vec) const {
+  // Scene embedding: the place seen through a fixed projection, plus a
+  // little per-shot lighting.
+  std::vector<float> scene(o.scene_dim, 0.0f);
+  for (size_t r = 0; r < o.scene_dim; ++r) {
+    for (size_t c = 0; c < L; ++c)
+      scene[r] +=
+          scene_proj[r * L + c] *
+          (place[shot_place][c] + 0.1f * shot_vec[c] / std::sqrt(float(L)));
+  }
+  Normalize(&scene);
+  return scene;
+}
+
 WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   const Impl& m = *impl_;
-  const size_t L = latent_dim(), d = o_.head_dim, T = o_.tokens_per_frame;
+  const size_t L = latent_dim(), T = o_.tokens_per_frame;
   WorkloadFrame out;
   uint64_t shot_serial = 0;
   const Shot& shot = m.ShotAt(camera, f, &shot_serial);
@@ -389,22 +452,7 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
       AddScaled(&x[s], visit_vec, 0.3f / std::sqrt(float(L)));
       out.token_object[s] = ob;
     }
-    // The detection: a box drifting across the view during the visit.
-    std::mt19937_64 box_rng(Seed(o_.seed, kBox, ob, v.serial));
-    std::uniform_real_distribution<float> u(0.05f, 0.6f);
-    const float x0 = u(box_rng), y0 = u(box_rng);
-    const float w = 0.1f + 0.25f * (u(box_rng) - 0.05f);
-    const float drift =
-        0.3f * static_cast<float>(f - v.begin) /
-        static_cast<float>(std::max<uint64_t>(1, v.end - v.begin));
-    v1::Detection* det = sig->add_detections();
-    det->set_track_id(static_cast<uint64_t>(ob) + 1);
-    det->set_class_id(static_cast<uint32_t>(ob % 3));
-    det->set_x_min(std::min(x0 + drift, 1.0f - w));
-    det->set_y_min(y0);
-    det->set_x_max(std::min(x0 + drift, 1.0f - w) + w);
-    det->set_y_max(std::min(1.0f, y0 + w * 1.5f));
-    det->set_score(0.9f);
+    AddDetection(o_.seed, ob, v, f, sig->add_detections());
   }
   if (f == 0) {
     for (size_t s = 0; s < o_.sink_tokens; ++s) {
@@ -416,17 +464,9 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
     for (auto& e : t) e += noise(noise_rng);
     Normalize(&t);
   }
-  // Scene embedding: the place seen through a fixed projection, plus a
-  // little per-shot lighting.
-  std::vector<float> scene(o_.scene_dim, 0.0f);
-  for (size_t r = 0; r < o_.scene_dim; ++r) {
-    for (size_t c = 0; c < L; ++c)
-      scene[r] +=
-          m.scene_proj[r * L + c] *
-          (m.place[shot.place][c] + 0.1f * shot_vec[c] / std::sqrt(float(L)));
+  for (float e : m.Scene(o_, L, shot.place, shot_vec)) {
+    sig->add_scene_embedding(e);
   }
-  Normalize(&scene);
-  for (float e : scene) sig->add_scene_embedding(e);
 
   // KV: layer-major, K then V, [kv_heads][tokens][head_dim], fp16.
   const uint64_t pos0 = f * T;
@@ -435,28 +475,8 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   fr.header.set_timestamp_us(static_cast<int64_t>(f * 1e6 / o_.fps));
   fr.header.set_first_token_position(pos0);
   fr.header.set_token_count(static_cast<uint32_t>(T));
-  const size_t slice = static_cast<size_t>(o_.kv_heads) * T * d;
-  fr.payload.resize(static_cast<size_t>(o_.layers) * 2 * slice * 2);
+  m.EncodeKV(o_, L, x, pos0, &fr.payload);
   fr.header.set_payload_bytes(fr.payload.size());
-  std::vector<float> buf(slice);
-  auto* dst = reinterpret_cast<uint8_t*>(fr.payload.data());
-  for (uint32_t l = 0; l < o_.layers; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
-      for (uint32_t h = 0; h < o_.kv_heads; ++h) {
-        const std::vector<float>& p =
-            kv == 0 ? m.a[l * o_.kv_heads + h] : m.b[l * o_.kv_heads + h];
-        for (size_t t = 0; t < T; ++t) {
-          float* y = buf.data() + (h * T + t) * d;
-          for (size_t r = 0; r < d; ++r) y[r] = Dot(&p[r * L], x[t].data(), L);
-          if (kv == 0) {  // RoPE at the token's absolute position.
-            Rope(y, d, static_cast<double>(pos0 + t), m.theta);
-          }
-        }
-      }
-      EncodeFromFloat(buf.data(), buf.size(), DType::kFp16, dst);
-      dst += buf.size() * 2;
-    }
-  }
   return out;
 }
 

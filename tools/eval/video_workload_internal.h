@@ -119,6 +119,15 @@ struct VideoWorkload::Impl {
   void BuildQueryHeads(const VideoWorkloadOptions& o, size_t latent);
   void BuildShots(const VideoWorkloadOptions& o);
   void BuildVisits(const VideoWorkloadOptions& o);
+  // A frame's KV from its token latents x: layer-major, K then V,
+  // [kv_heads][tokens][head_dim], fp16, keys RoPE'd from position pos0.
+  void EncodeKV(const VideoWorkloadOptions& o, size_t latent,
+                const std::vector<std::vector<float>>& x, uint64_t pos0,
+                std::string* payload) const;
+  // The scene embedding of a shot at a place.
+  std::vector<float> Scene(const VideoWorkloadOptions& o, size_t latent,
+                           uint32_t shot_place,
+                           const std::vector<float>& shot_vec) const;
 
   const video_internal::Shot& ShotAt(uint32_t camera, uint64_t f,
                                      uint64_t* serial) const {
