@@ -124,6 +124,17 @@ struct VideoWorkload::Impl {
   void EncodeKV(const VideoWorkloadOptions& o, size_t latent,
                 const std::vector<std::vector<float>>& x, uint64_t pos0,
                 std::string* payload) const;
+  // Queries (video_queries.cc): the query heads reading latents xs at
+  // `position` into q; the latent of token s of a frame; the probes of
+  // objects entering camera at frame f again, appended to *out.
+  void QueryHeads(const VideoWorkloadOptions& o, size_t latent,
+                  size_t summary_dim, uint64_t position,
+                  std::vector<std::vector<float>> xs, WorkloadQuery* q) const;
+  std::vector<float> TokenLatent(const VideoWorkloadOptions& o,
+                                 const WorkloadFrame& frame, size_t s) const;
+  void Probes(const VideoWorkloadOptions& o, size_t latent, size_t summary_dim,
+              uint32_t camera, uint64_t f, const WorkloadFrame& frame,
+              std::vector<WorkloadQuery>* out) const;
   // The scene embedding of a shot at a place.
   std::vector<float> Scene(const VideoWorkloadOptions& o, size_t latent,
                            uint32_t shot_place,
