@@ -181,9 +181,9 @@ int RunMatrix(EvalOptions o) {
 
 }  // namespace
 
-int RunEval(const std::vector<std::string>&) {
-  EvalOptions o;
-  VideoWorkloadOptions& w = o.workload;
+// The workload's flags into *w; 0, or 2 after a message for a bad flag.
+int WorkloadFromFlags(VideoWorkloadOptions* wp) {
+  VideoWorkloadOptions& w = *wp;
   w.cameras = static_cast<uint32_t>(std::max(
       0, FlagOr(FLAGS_cameras, "cameras", static_cast<int>(w.cameras))));
   w.frames = static_cast<uint32_t>(
@@ -239,6 +239,12 @@ int RunEval(const std::vector<std::string>&) {
                  gaps.c_str());
     return 2;
   }
+  return 0;
+}
+
+// The evaluation's and kvmem's flags into *o; 0, or 2 after a message.
+int EvalOptionsFromFlags(EvalOptions* op) {
+  EvalOptions& o = *op;
   o.window = FlagOr(FLAGS_hot_window_tokens, "hot_window_tokens", o.window);
   o.frames_per_block =
       FlagOr(FLAGS_frames_per_block, "frames_per_block", o.frames_per_block);
@@ -288,6 +294,13 @@ int RunEval(const std::vector<std::string>&) {
   }
   o.out_dir = absl::GetFlag(FLAGS_out);
 
+  return 0;
+}
+
+int RunEval(const std::vector<std::string>&) {
+  EvalOptions o;
+  if (int rc = WorkloadFromFlags(&o.workload); rc != 0) return rc;
+  if (int rc = EvalOptionsFromFlags(&o); rc != 0) return rc;
   const std::string via = absl::GetFlag(FLAGS_via);
   // A server this command starts is stopped and its data removed on every
   // way out.
