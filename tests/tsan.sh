@@ -16,7 +16,9 @@ CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DKVMEM_TSAN=ON \
 cmake --build build-tsan -j2 --target kvmem_unit_tests
 export TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp"
 # The long runs measure RSS and heap, which TSan's shadow memory swamps.
-build-tsan/bin/kvmem_unit_tests --gtest_filter="${1:--LongRunTest.*}" 2>&1 | tee build-tsan/tsan.log
+# ServerTest runs a whole gRPC server in process: its threads are gRPC's
+# (uninstrumented), so TSan sees its epoll and abseil internals as races.
+build-tsan/bin/kvmem_unit_tests --gtest_filter="${1:--LongRunTest.*:ServerTest.*}" 2>&1 | tee build-tsan/tsan.log
 reports=$(grep -c "^WARNING: ThreadSanitizer" build-tsan/tsan.log || true)
 echo "tsan: $reports reports (build-tsan/tsan.log)"
 [ "$reports" = 0 ]
