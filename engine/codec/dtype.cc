@@ -131,6 +131,32 @@ __attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* src,
   for (; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
 }
 
+void StoreU16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xffu);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+// F16C rounds to nearest even like FloatToHalf, for every finite value and
+// infinity, subnormal results included. A NaN it converts keeps its payload
+// where FloatToHalf makes it canonical, so a run of 8 holding a NaN goes the
+// scalar way: the bits are FloatToHalf's for every input.
+__attribute__((target("avx,f16c"))) void FloatToHalfF16c(const float* src,
+                                                         size_t n,
+                                                         uint8_t* dst) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0) {
+      for (size_t j = i; j < i + 8; ++j)
+        StoreU16(dst + 2 * j, FloatToHalf(src[j]));
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i),
+                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) StoreU16(dst + 2 * i, FloatToHalf(src[i]));
+}
+
 bool HasF16c() {
   // CPUID leaf 1, ECX: bit 28 AVX, bit 29 F16C (clang 14's
   // __builtin_cpu_supports does not know "f16c").
@@ -144,6 +170,13 @@ bool HasF16c() {
 }
 #endif
 }  // namespace
+
+const char* Fp16Kernel() {
+#if defined(__x86_64__)
+  if (HasF16c()) return "f16c";
+#endif
+  return "scalar";
+}
 
 void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst) {
   switch (dtype) {
@@ -207,6 +240,13 @@ void AccumulateAsFloat(const uint8_t* src, size_t n, DType dtype, double* acc) {
 void EncodeFromFloat(const float* src, size_t n, DType dtype, uint8_t* dst) {
   switch (dtype) {
     case DType::kFp16:
+#if defined(__x86_64__)
+      if (HasF16c()) {
+        FloatToHalfF16c(src, n, dst);
+        return;
+      }
+#endif
+      [[fallthrough]];
     case DType::kBf16:
       for (size_t i = 0; i < n; ++i) {
         const uint16_t v =

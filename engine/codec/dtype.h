@@ -31,6 +31,11 @@ uint16_t FloatToBf16(float f);  // Round to nearest even.
 // REQUIRES: dtype has a non-zero DTypeBytes; src holds n * DTypeBytes bytes.
 void AccumulateAsFloat(const uint8_t* src, size_t n, DType dtype, double* acc);
 
+// The fp16 conversions EncodeFromFloat and DecodeToFloat use on this CPU:
+// "f16c" (AVX + F16C, bit-identical to FloatToHalf / HalfToFloat) or
+// "scalar".
+const char* Fp16Kernel();
+
 // Writes n fp32 values as dtype elements to dst (n * DTypeBytes bytes).
 void EncodeFromFloat(const float* src, size_t n, DType dtype, uint8_t* dst);
 

@@ -1,8 +1,10 @@
 #include "engine/codec/dtype.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -60,6 +62,70 @@ TEST(DTypeTest, BulkHalfDecodeEqualsScalarForEveryHalf) {
     }
   }
   EXPECT_EQ(out[65533], 0.0f);  // Half 0.
+}
+
+// The bulk encoder (F16C where the CPU has it) gives exactly the scalar
+// conversion's bits: every half's value, the float just above and below it,
+// the exact midpoints between neighbouring halves (ties to even), the
+// subnormal and overflow boundaries, infinities, NaNs with payloads (a run
+// of 8 holding one goes the scalar way), 1M random floats, odd lengths.
+TEST(DTypeTest, BulkHalfEncodeEqualsScalarBitForBit) {
+  std::printf("fp16 conversions on this CPU: %s\n", Fp16Kernel());
+  std::vector<float> in;
+  auto bits_to_float = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    in.push_back(f);
+    in.push_back(std::nextafter(f, INFINITY));
+    in.push_back(std::nextafter(f, -INFINITY));
+    const float next = HalfToFloat(static_cast<uint16_t>(h + 1));
+    if (!std::isnan(next) && std::isfinite(f) && std::isfinite(next)) {
+      in.push_back(f + (next - f) / 2);  // Exact in float: a tie.
+    }
+  }
+  for (uint32_t b = 0x33000000u - 4096; b < 0x38800000u + 4096; b += 997) {
+    in.push_back(bits_to_float(b));  // Subnormal halves and their edge.
+    in.push_back(-bits_to_float(b));
+  }
+  for (uint32_t b = 0x477fe000u; b < 0x47800000u + 4096; ++b) {
+    in.push_back(bits_to_float(b));  // Around 65504 and the overflow.
+  }
+  for (uint32_t payload : {1u, 0x1fffu, 0x2000u, 0x400000u, 0x7fffffu}) {
+    in.push_back(bits_to_float(0x7f800000u | payload));
+    in.push_back(bits_to_float(0xff800000u | payload));
+  }
+  in.push_back(INFINITY);
+  in.push_back(-INFINITY);
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < 1000000; ++i) {
+    in.push_back(bits_to_float(static_cast<uint32_t>(rng())));
+  }
+  for (size_t offset : {0u, 3u}) {
+    const size_t n = in.size() - offset - 5;  // Not a multiple of 8.
+    std::vector<uint8_t> out(2 * n);
+    EncodeFromFloat(in.data() + offset, n, DType::kFp16, out.data());
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t want = FloatToHalf(in[offset + i]);
+      const uint16_t got =
+          static_cast<uint16_t>(out[2 * i] | out[2 * i + 1] << 8);
+      if (got != want && ++wrong <= 5) {
+        ADD_FAILURE() << "float bits " << std::hex <<
+            [&] {
+              uint32_t b;
+              std::memcpy(&b, &in[offset + i], 4);
+              return b;
+            }() << ": got "
+                      << got << ", want " << want;
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << "of " << n;
+  }
 }
 
 TEST(DTypeTest, Bf16RoundTripAndRounding) {
