@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "tools/bench/bench.h"
+#include "tools/bench/bench_fetch.h"
 #include "tools/cli/cli.h"
 #include "tools/common/server_process.h"
 
@@ -24,6 +25,12 @@ ABSL_FLAG(double, live_seconds, 10, "bench: length of the live phase.");
 ABSL_FLAG(uint64_t, warm_budget_mib, 64,
           "bench: warm (RAM) budget per stream; past it blocks are demoted, "
           "rewriting their KV layer-major on disk.");
+ABSL_FLAG(bool, fetch, false,
+          "bench: instead of the load phases, the token path: FetchBlocks per "
+          "tier (warm, cold, degraded) at a 7B and the demo's geometry beside "
+          "memcpy, a raw unix socket and a trivial gRPC server of the same "
+          "bytes, and recall + fetch end to end (tools/bench/bench_fetch.h).");
+ABSL_FLAG(int, fetch_calls, 25, "bench --fetch: calls per figure (median).");
 ABSL_FLAG(uint32_t, index_vectors, 10800,
           "bench: summaries in the in-process index figures (10,800: one "
           "camera-hour at 3 fps).");
@@ -96,6 +103,19 @@ int RunBench(const std::vector<std::string>&) {
     }
     o.target = server->target();
     o.server_pid = server->process().pid();
+  }
+  if (absl::GetFlag(FLAGS_fetch)) {
+    const int calls = std::max(1, absl::GetFlag(FLAGS_fetch_calls));
+    absl::StatusOr<FetchReport> f = RunFetchBench(o, calls);
+    server.reset();
+    std::filesystem::remove_all(o.scratch_dir, ec);
+    if (own_scratch) std::filesystem::remove_all(scratch, ec);
+    if (!f.ok()) {
+      std::fprintf(stderr, "kvmem bench: %s\n", f.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%s", json ? FetchJson(*f).c_str() : FetchText(*f).c_str());
+    return 0;
   }
   absl::StatusOr<BenchReport> r = kvmem::RunBench(o);
   server.reset();
