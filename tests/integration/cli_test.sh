@@ -180,6 +180,24 @@ assert b["streams"] == 2 and b["frame_bytes"] == 262144, b
 assert b["live_frames_per_s"] > 0 and b["server_rss_mib"] > 0, b
 print("cli bench checks passed")
 PY
+# kvmem bench --fetch: every tier and reference measured over the same set
+# (FetchBlocks checks each call's bytes), in JSON and as text.
+"$bin/kvmem" bench --fetch --fetch_calls=2 --scratch_dir="$tmp/fetch" --json \
+  > "$tmp/fetch.json" 2> "$tmp/fetch.err" || fail "bench --fetch failed: $(cat "$tmp/fetch.err")"
+python3 - "$tmp" <<'PY'
+import json, sys
+f = json.load(open(f"{sys.argv[1]}/fetch.json"))
+for p in ["fetch_", "fetch_demo_"]:
+    for k in ["memcpy", "unix_socket", "trivial_grpc", "warm_grpc", "cold", "degraded"]:
+        assert f[f"{p}{k}_mb_per_s"] > 0, (p, k, f)
+    assert f[f"{p}warm_shm_mb_per_s"] is None, f  # Not built yet.
+assert f["fetch_set_mib"] == 64.0 and f["fetch_demo_set_mib"] == 16.0, f
+assert f["recall_fetch_7b_p50_ms"] > 0 and f["recall_fetch_7b_mib"] > 0, f
+print("cli bench --fetch checks passed")
+PY
+"$bin/kvmem" bench --fetch --fetch_calls=1 --scratch_dir="$tmp/fetch" > "$tmp/fetch.txt" 2>/dev/null ||
+  fail "bench --fetch (text) failed"
+grep -q "recall + fetch, 7B" "$tmp/fetch.txt" || fail "bench --fetch summary: $(cat "$tmp/fetch.txt")"
 
 # 7. errors: exit code 1 and the gRPC code on stderr; usage errors exit 2.
 set +e
