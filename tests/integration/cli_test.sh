@@ -188,7 +188,8 @@ python3 - "$tmp" <<'PY'
 import json, sys
 f = json.load(open(f"{sys.argv[1]}/fetch.json"))
 for p in ["fetch_", "fetch_demo_"]:
-    for k in ["memcpy", "unix_socket", "trivial_grpc", "warm_grpc", "cold", "degraded"]:
+    for k in ["memcpy", "unix_socket", "trivial_grpc", "store_get", "warm_grpc", "cold",
+              "degraded"]:
         assert f[f"{p}{k}_mb_per_s"] > 0, (p, k, f)
     assert f[f"{p}warm_shm_mb_per_s"] is None, f  # Not built yet.
 assert f["fetch_set_mib"] == 64.0 and f["fetch_demo_set_mib"] == 16.0, f

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cpp/kvmem_client.h"
 #include "engine/codec/dtype.h"
+#include "storage/rocks_cold_store.h"
 #include "tools/bench/bench_inproc.h"
 
 namespace kvmem {
@@ -251,6 +252,57 @@ absl::StatusOr<double> TrivialGrpcMbps(const FetchGeometry& g, int calls,
   return MbPerS(g.block_bytes() * g.blocks, *secs);
 }
 
+// The storage engine alone: the set's layer records (a cold block's durable
+// form, one per layer) put into a RocksDB store of the server's default
+// options in scratch, pushed out of the memtable into blob files, then read
+// back with one Get per record, as a cold FetchBlocks must.
+absl::StatusOr<double> StoreGetMbps(const FetchGeometry& g, int calls,
+                                    const std::string& scratch) {
+  RocksColdStoreOptions so;
+  so.path = scratch + "/get-reference";
+  auto store = OpenRocksColdStore(so);
+  if (!store.ok()) return store.status();
+  const uint64_t layer_bytes = g.block_bytes() / g.layers;
+  for (uint32_t b = 0; b < g.blocks; ++b) {
+    StreamWrite w;
+    w.stream_id = "get-reference";
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      w.block_layers.push_back(
+          {b, l, RandomFp16(layer_bytes / 2, b * 1000 + l)});
+    }
+    if (absl::Status s = (*store)->Commit(w); !s.ok()) return s;
+  }
+  // Then twice the write buffer of other records: the set leaves the
+  // memtable for blob files, where an old (cold) block's records are.
+  const std::string filler = RandomFp16(layer_bytes / 2, 99);
+  for (uint64_t put = 0, b = 0; put < 2 * so.write_buffer_bytes; ++b) {
+    StreamWrite w;
+    w.stream_id = "get-filler";
+    for (uint32_t l = 0; l < g.layers; ++l, put += filler.size()) {
+      w.block_layers.push_back({b, l, filler});
+    }
+    if (absl::Status s = (*store)->Commit(w); !s.ok()) return s;
+  }
+  std::vector<double> secs;
+  for (int i = 0; i < calls; ++i) {
+    uint64_t got = 0;
+    const auto t0 = Clock::now();
+    for (uint32_t b = 0; b < g.blocks; ++b) {
+      for (uint32_t l = 0; l < g.layers; ++l) {
+        absl::StatusOr<std::string> rec =
+            (*store)->GetBlockLayer("get-reference", b, l);
+        if (!rec.ok()) return rec.status();
+        got += rec->size();
+      }
+    }
+    secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (got != g.block_bytes() * g.blocks) {
+      return absl::DataLossError("the Get reference read the wrong size");
+    }
+  }
+  return MbPerS(g.block_bytes() * g.blocks, Median(secs));
+}
+
 // One geometry: references, then the three tiers.
 absl::StatusOr<FetchFigures> MeasureGeometry(const BenchOptions& o, int calls,
                                              const FetchGeometry& g, bool drop,
@@ -263,6 +315,9 @@ absl::StatusOr<FetchFigures> MeasureGeometry(const BenchOptions& o, int calls,
   absl::StatusOr<double> trivial = TrivialGrpcMbps(g, calls, o.scratch_dir);
   if (!trivial.ok()) return trivial.status();
   f.trivial_grpc = *trivial;
+  absl::StatusOr<double> get = StoreGetMbps(g, calls, o.scratch_dir);
+  if (!get.ok()) return get.status();
+  f.store_get = *get;
   std::vector<uint64_t> ids(g.blocks);
   for (uint32_t i = 0; i < g.blocks; ++i) ids[i] = i;
   for (FetchTier tier :
@@ -376,10 +431,11 @@ std::string FetchJson(const FetchReport& r) {
         "  \"%strivial_grpc_mb_per_s\": %.0f,\n"
         "  \"%swarm_grpc_mb_per_s\": %.0f,\n"
         "  \"%swarm_shm_mb_per_s\": null,\n"
+        "  \"%sstore_get_mb_per_s\": %.0f,\n"
         "  \"%scold_mb_per_s\": %.0f,\n  \"%scold_dropped_mb_per_s\": %s,\n"
         "  \"%sdegraded_mb_per_s\": %.0f,\n",
         p, f.set_bytes / 1048576.0, p, f.memcpy, p, f.unix_socket, p,
-        f.trivial_grpc, p, f.warm_grpc, p, p, f.cold, p,
+        f.trivial_grpc, p, f.warm_grpc, p, p, f.store_get, p, f.cold, p,
         r.page_cache_dropped ? absl::StrFormat("%.0f", f.cold_dropped) : "null",
         p, f.degraded);
   }
@@ -400,13 +456,16 @@ std::string FetchText(const FetchReport& r) {
     absl::StrAppendFormat(
         &s,
         "  %-5s %u x %u x %u fp16, %u blocks = %.1f MiB\n"
-        "        memcpy %.0f | unix socket %.0f | trivial gRPC %.0f\n"
-        "        warm %.0f (%.2fx trivial) | cold %.0f | cold, cache "
+        "        memcpy %.0f | unix socket %.0f | trivial gRPC %.0f | "
+        "RocksDB Get %.0f\n"
+        "        warm %.0f (%.2fx trivial) | cold %.0f (%.2fx Get) | cold, "
+        "cache "
         "dropped %s | degraded %.0f (%.2fx cold's time)\n",
         f.g.name, f.g.layers, f.g.kv_heads, f.g.head_dim, f.g.blocks,
         f.set_bytes / 1048576.0, f.memcpy, f.unix_socket, f.trivial_grpc,
-        f.warm_grpc, f.trivial_grpc > 0 ? f.warm_grpc / f.trivial_grpc : 0,
-        f.cold,
+        f.store_get, f.warm_grpc,
+        f.trivial_grpc > 0 ? f.warm_grpc / f.trivial_grpc : 0, f.cold,
+        f.store_get > 0 ? f.cold / f.store_get : 0,
         r.page_cache_dropped ? absl::StrFormat("%.0f", f.cold_dropped)
                              : std::string("not permitted"),
         f.degraded, f.degraded > 0 ? f.cold / f.degraded : 0);

@@ -3,8 +3,9 @@
 // cache warm and, where root may drop it, dropped; degraded) and per
 // geometry (a 7B model's, the demo's), FetchBlocks of a recall-sized set
 // through KvmemClient, beside references measured in the same run over the
-// same bytes: memcpy, a raw unix socket between two threads, and a trivial
-// gRPC server in this process streaming them as FetchBlocks does; plus
+// same bytes: memcpy, a raw unix socket between two threads, a trivial
+// gRPC server in this process streaming them as FetchBlocks does, and
+// RocksDB's Get of the same layer records in a store of its own; plus
 // recall + fetch end to end at the 7B geometry against the frame period.
 #ifndef KVMEM_TOOLS_BENCH_BENCH_FETCH_H_
 #define KVMEM_TOOLS_BENCH_BENCH_FETCH_H_
@@ -40,6 +41,9 @@ struct FetchFigures {
   FetchGeometry g;
   uint64_t set_bytes = 0;
   double memcpy = 0, unix_socket = 0, trivial_grpc = 0;
+  // RocksDB alone: one Get per layer record of the set, store of the
+  // server's default options (the cold tier's reference).
+  double store_get = 0;
   double warm_grpc = 0, cold = 0, cold_dropped = 0, degraded = 0;
 };
 
