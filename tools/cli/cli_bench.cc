@@ -49,6 +49,22 @@ ABSL_DECLARE_FLAG(uint32_t, hot_window_tokens);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 
 namespace kvmem {
+namespace {
+
+// Prints a report, as JSON or text; 1 after a message when the run failed.
+template <typename Report>
+int PrintReport(const absl::StatusOr<Report>& r, bool json,
+                std::string (*as_json)(const Report&),
+                std::string (*as_text)(const Report&)) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvmem bench: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s", json ? as_json(*r).c_str() : as_text(*r).c_str());
+  return 0;
+}
+
+}  // namespace
 
 int RunBench(const std::vector<std::string>&) {
   BenchOptions o;
@@ -104,29 +120,20 @@ int RunBench(const std::vector<std::string>&) {
     o.target = server->target();
     o.server_pid = server->process().pid();
   }
-  if (absl::GetFlag(FLAGS_fetch)) {
-    const int calls = std::max(1, absl::GetFlag(FLAGS_fetch_calls));
-    absl::StatusOr<FetchReport> f = RunFetchBench(o, calls);
+  auto cleanup = [&] {
     server.reset();
     std::filesystem::remove_all(o.scratch_dir, ec);
     if (own_scratch) std::filesystem::remove_all(scratch, ec);
-    if (!f.ok()) {
-      std::fprintf(stderr, "kvmem bench: %s\n", f.status().ToString().c_str());
-      return 1;
-    }
-    std::printf("%s", json ? FetchJson(*f).c_str() : FetchText(*f).c_str());
-    return 0;
+  };
+  if (absl::GetFlag(FLAGS_fetch)) {
+    const int calls = std::max(1, absl::GetFlag(FLAGS_fetch_calls));
+    absl::StatusOr<FetchReport> f = RunFetchBench(o, calls);
+    cleanup();
+    return PrintReport(f, json, FetchJson, FetchText);
   }
   absl::StatusOr<BenchReport> r = kvmem::RunBench(o);
-  server.reset();
-  std::filesystem::remove_all(o.scratch_dir, ec);
-  if (own_scratch) std::filesystem::remove_all(scratch, ec);
-  if (!r.ok()) {
-    std::fprintf(stderr, "kvmem bench: %s\n", r.status().ToString().c_str());
-    return 1;
-  }
-  std::printf("%s", json ? BenchJson(*r).c_str() : BenchText(*r).c_str());
-  return 0;
+  cleanup();
+  return PrintReport(r, json, BenchJson, BenchText);
 }
 
 }  // namespace kvmem
