@@ -115,6 +115,10 @@ namespace {
 uint16_t LoadU16(const uint8_t* p) {
   return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
 }
+void StoreU16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xffu);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
 }  // namespace
 
 namespace {
@@ -129,11 +133,6 @@ __attribute__((target("avx,f16c"))) void HalfToFloatF16c(const uint8_t* src,
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
   }
   for (; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
-}
-
-void StoreU16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v & 0xffu);
-  p[1] = static_cast<uint8_t>(v >> 8);
 }
 
 // F16C rounds to nearest even like FloatToHalf, for every finite value and
@@ -249,10 +248,8 @@ void EncodeFromFloat(const float* src, size_t n, DType dtype, uint8_t* dst) {
       [[fallthrough]];
     case DType::kBf16:
       for (size_t i = 0; i < n; ++i) {
-        const uint16_t v =
-            dtype == DType::kFp16 ? FloatToHalf(src[i]) : FloatToBf16(src[i]);
-        dst[2 * i] = static_cast<uint8_t>(v & 0xffu);
-        dst[2 * i + 1] = static_cast<uint8_t>(v >> 8);
+        StoreU16(dst + 2 * i, dtype == DType::kFp16 ? FloatToHalf(src[i])
+                                                    : FloatToBf16(src[i]));
       }
       return;
     case DType::kFp32:

@@ -42,6 +42,11 @@ uint32_t MicrosSince(std::chrono::steady_clock::time_point t0) {
           .count());
 }
 
+// The token group of a unit id (block << shift | group).
+uint32_t GroupOf(uint64_t unit, uint32_t shift) {
+  return static_cast<uint32_t>(unit & ((uint64_t{1} << shift) - 1));
+}
+
 // The units no first pass ranked that still fit `left` tokens, with their
 // scanned density and known semantic score.
 std::vector<PlanUnit> RestUnits(const std::vector<uint64_t>& ids,
@@ -57,8 +62,8 @@ std::vector<PlanUnit> RestUnits(const std::vector<uint64_t>& ids,
       continue;
     }
     const uint64_t b = ids[i] >> shift;
-    units.push_back({b, static_cast<uint32_t>(ids[i] & ((1u << shift) - 1)),
-                     tokens[i], density[i], sem.Known(b)});
+    units.push_back(
+        {b, GroupOf(ids[i], shift), tokens[i], density[i], sem.Known(b)});
   }
   return units;
 }
@@ -227,7 +232,6 @@ void Stream::ClassifyRows(const RecallQuery& q, size_t eligible,
   const std::vector<SegmentScan>& scans = *rows->scans;
   const size_t n = scans[0].ids.size();
   const uint32_t shift = UnitShift();
-  const uint64_t mask = (uint64_t{1} << shift) - 1;
   rows->tokens.resize(n);
   rows->role.resize(n);
   rows->counted.resize(n);
@@ -236,7 +240,7 @@ void Stream::ClassifyRows(const RecallQuery& q, size_t eligible,
   const uint64_t* ids = scans[0].ids.data();
   for (size_t i = 0; i < n; ++i) {
     const uint64_t b = ids[i] >> shift;
-    const uint32_t tokens = unit_tokens_[UnitSlot(b, ids[i] & mask)];
+    const uint32_t tokens = unit_tokens_[UnitSlot(b, GroupOf(ids[i], shift))];
     const CandidateRole role = b < eligible   ? CandidateRole::kRecall
                                : front_window ? CandidateRole::kIgnore
                                               : CandidateRole::kWindow;
@@ -315,9 +319,8 @@ LayerRecallSet Stream::FillByMass(const RecallQuery& q, size_t eligible,
   units.reserve(first_rows.size());
   for (size_t k = 0; k < first_rows.size(); ++k) {
     const uint64_t unit = ids[first_rows[k]], b = unit >> shift;
-    units.push_back({b, static_cast<uint32_t>(unit & ((1u << shift) - 1)),
-                     rows.tokens[first_rows[k]], first_density[k],
-                     sem.on() ? sem.Get(b) : 0.0f});
+    units.push_back({b, GroupOf(unit, shift), rows.tokens[first_rows[k]],
+                     first_density[k], sem.on() ? sem.Get(b) : 0.0f});
   }
   planner.Rank(&units);
   if (w.track > 0 && !q.signals.detections.empty()) {
@@ -420,7 +423,7 @@ void Stream::PutAnchorsFirst(const RecallQuery& q, size_t eligible,
   for (size_t k : best) {
     if (k == n) continue;
     const uint64_t b = ids[k] >> shift;
-    const uint32_t g = static_cast<uint32_t>(ids[k] & ((1u << shift) - 1));
+    const uint32_t g = GroupOf(ids[k], shift);
     auto in_first = std::find_if(
         units->begin(), units->end(),
         [&](const PlanUnit& u) { return u.block == b && u.group == g; });

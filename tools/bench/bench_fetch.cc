@@ -32,10 +32,8 @@ const char* TierName(FetchTier t) {
                                  : "degraded";
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+// The median, as Summarize (bench.h) computes it.
+double Median(std::vector<double> v) { return Summarize(&v).p50_us; }
 
 double MbPerS(uint64_t bytes, double seconds) {
   return seconds > 0 ? bytes / 1e6 / seconds : 0;
