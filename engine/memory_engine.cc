@@ -376,6 +376,13 @@ absl::StatusOr<std::vector<PayloadPiece>> StreamHandle::ReadBlockPayload(
     const std::vector<uint32_t>& layers, BlockInfo* info) const {
   return stream_->ReadBlockPayload(block_id, layout, layers, info);
 }
+absl::StatusOr<uint64_t> StreamHandle::ReadBlockPayloadInto(
+    uint64_t block_id, PayloadLayout layout,
+    const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+    BlockInfo* info) const {
+  return stream_->ReadBlockPayloadInto(block_id, layout, layers, dst, capacity,
+                                       info);
+}
 uint64_t StreamHandle::RetainedPayloadBytes() const {
   return stream_->RetainedPayloadBytes();
 }

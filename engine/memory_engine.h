@@ -50,6 +50,13 @@ class StreamHandle {
   absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
+  // The same bytes written to dst (capacity bytes; BlockPayloadBytes of the
+  // block, else OUT_OF_RANGE) with one copy from RAM or from the store's
+  // read; returns the bytes written.
+  absl::StatusOr<uint64_t> ReadBlockPayloadInto(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+      BlockInfo* info = nullptr) const;
   // Payload bytes of the frames appended and not evicted, at full
   // precision (degradation does not shrink it): what quotas count. O(1).
   uint64_t RetainedPayloadBytes() const;

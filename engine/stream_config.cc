@@ -313,6 +313,14 @@ uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count) {
          LayerSliceElements(g, token_count) * DTypeBytes(g.dtype);
 }
 
+uint64_t BlockPayloadBytes(const Geometry& g, uint32_t token_count,
+                           PayloadLayout layout, size_t layers) {
+  if (layout == PayloadLayout::kFrameMajor || layers == 0) {
+    return FramePayloadBytes(g, token_count);
+  }
+  return layers * 2 * LayerSliceElements(g, token_count) * DTypeBytes(g.dtype);
+}
+
 uint32_t SummaryDim(const StreamConfig& config) {
   return static_cast<uint32_t>(EffectiveIndexedLayers(config).size()) *
          config.geometry.kv_heads * config.geometry.head_dim;

@@ -56,6 +56,12 @@ absl::Status ValidateStreamConfig(const StreamConfig& config);
 // Payload bytes of a frame of token_count tokens.
 uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count);
 
+// Bytes of a block of token_count tokens as FetchBlocks sends it: all its
+// frames (kFrameMajor), or `layers` layer records, K then V each
+// (kBlockLayerMajor; 0 layers: all of them).
+uint64_t BlockPayloadBytes(const Geometry& g, uint32_t token_count,
+                           PayloadLayout layout, size_t layers);
+
 // Elements of one layer's K (or V) for token_count tokens.
 uint64_t LayerSliceElements(const Geometry& g, uint32_t token_count);
 

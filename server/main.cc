@@ -122,6 +122,14 @@ ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
 ABSL_FLAG(int32_t, max_chunk_bytes, 4 << 20,
           "Largest FetchBlocks chunk, in bytes (must be below "
           "--max_message_bytes).");
+ABSL_FLAG(uint64_t, shm_max_total_bytes, 4ull << 30,
+          "Shared-memory delivery (over --unix_socket): all arenas together "
+          "at most this; 0 turns it off.");
+ABSL_FLAG(uint64_t, shm_max_arena_bytes, 1ull << 30,
+          "The largest shared-memory arena one client may attach.");
+ABSL_FLAG(uint32_t, shm_lease_ms, 30000,
+          "A shared-memory lease not released by then may be reclaimed (its "
+          "bytes overwritten by a later delivery).");
 ABSL_FLAG(uint64_t, global_warm_budget_bytes, 1ull << 30,
           "RAM all streams' warm blocks may hold together (0: no cap; "
           "each stream's tier_policy.warm_budget_bytes still applies).");
@@ -234,6 +242,9 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  o.shm.max_total_bytes = absl::GetFlag(FLAGS_shm_max_total_bytes);
+  o.shm.max_arena_bytes = absl::GetFlag(FLAGS_shm_max_arena_bytes);
+  o.shm.lease = std::chrono::milliseconds(absl::GetFlag(FLAGS_shm_lease_ms));
   return o;
 }
 

@@ -39,6 +39,18 @@ absl::Status CheckOptions(const ServerOptions& o) {
                      " must be >= 65536 and --max_chunk_bytes=", max_chunk,
                      " in [1024, max_message_bytes - 4096]"));
   }
+  if (o.shm.max_total_bytes > 0 &&
+      (o.shm.max_arena_bytes < 4096 ||
+       o.shm.max_arena_bytes > o.shm.max_total_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm_max_arena_bytes=", o.shm.max_arena_bytes,
+        " must be in [4096, --shm_max_total_bytes=", o.shm.max_total_bytes,
+        "]"));
+  }
+  if (o.shm.lease.count() < 1 || o.shm.lease.count() > 3600 * 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm_lease_ms=", o.shm.lease.count(), " must be in [1, 3600000]"));
+  }
   return absl::OkStatus();
 }
 
@@ -110,8 +122,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   s->metrics_ =
       std::make_unique<ServerMetrics>(s->engine_.get(), metrics_options);
   KVMEM_RETURN_IF_ERROR(s->StartMetrics());
+  if (!o.unix_socket.empty() && o.shm.max_total_bytes > 0) {
+    ShmOptions shm = o.shm;
+    if (shm.socket_path.empty()) shm.socket_path = o.unix_socket + ".shm";
+    KVMEM_ASSIGN_OR_RETURN(s->shm_, ShmArenas::Start(shm));
+    spdlog::info("shared memory: hand-off socket {}, arenas up to {} bytes",
+                 shm.socket_path, shm.max_arena_bytes);
+  }
   ServiceOptions service_options;
   service_options.metrics = s->metrics_.get();
+  service_options.shm = s->shm_.get();
+  service_options.max_inline_bytes =
+      static_cast<uint64_t>(o.max_message_bytes) - (1u << 20);
   service_options.max_chunk_bytes = static_cast<uint32_t>(o.max_chunk_bytes);
   service_options.tenancy = s->tenancy_.get();
   service_options.admission = s->admission_.get();

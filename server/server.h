@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "engine/memory_engine.h"
 #include "server/ops/tenancy.h"
+#include "server/service/shm_arenas.h"
 #include "storage/rocks_cold_store.h"
 
 namespace grpc {
@@ -63,6 +64,10 @@ struct ServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  // Shared-memory delivery for same-host clients (server/service/
+  // shm_arenas.h): on when unix_socket is set and shm.max_total_bytes > 0;
+  // the hand-off socket is shm.socket_path, or unix_socket + ".shm".
+  ShmOptions shm;
 };
 
 class Server {
@@ -82,6 +87,8 @@ class Server {
   int metrics_port() const { return metrics_port_; }
   const std::string& instance_name() const { return instance_; }
   MemoryEngine& engine() { return *engine_; }
+  // Null when the server has no shared memory.
+  ShmArenas* shm() { return shm_.get(); }
 
  private:
   Server() = default;
@@ -102,6 +109,7 @@ class Server {
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<ShmArenas> shm_;
   std::unique_ptr<KvMemoryService> service_;
   std::unique_ptr<grpc::Server> grpc_;
   bool stopped_ = false;

@@ -182,8 +182,7 @@ grpc::Status KvmemClient::StartSession(const std::string& stream_id,
                                        const v1::StreamConfig* config,
                                        std::unique_ptr<SessionClient>* session,
                                        v1::OpenStreamResponse* opened) {
-  std::unique_ptr<SessionClient> s(
-      new SessionClient(stub_.get(), options_, stream_id));
+  std::unique_ptr<SessionClient> s(new SessionClient(this, stream_id));
   v1::SessionRequest req;
   req.mutable_open()->set_stream_id(stream_id);
   if (config != nullptr) *req.mutable_open()->mutable_config() = *config;
@@ -195,12 +194,10 @@ grpc::Status KvmemClient::StartSession(const std::string& stream_id,
   return grpc::Status::OK;
 }
 
-SessionClient::SessionClient(v1::KvMemory::Stub* stub,
-                             const ClientOptions& options,
-                             const std::string& stream_id)
-    : chunk_bytes_(options.chunk_bytes) {
-  KvmemClient::Authorize(options, &ctx_, stream_id);
-  stream_ = stub->Session(&ctx_);
+SessionClient::SessionClient(KvmemClient* client, const std::string& stream_id)
+    : client_(client), chunk_bytes_(client->options().chunk_bytes) {
+  KvmemClient::Authorize(client->options(), &ctx_, stream_id);
+  stream_ = client->stub()->Session(&ctx_);
 }
 
 SessionClient::~SessionClient() {

@@ -10,7 +10,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,10 @@ struct ClientOptions {
   // run with --tls_client_ca_file). tls_server_name overrides the name the
   // certificate is checked against (default: the target's host).
   std::string tls_ca_file, tls_cert_file, tls_key_file, tls_server_name;
+  // The shared-memory arena attached on first use (AttachSharedMemory):
+  // room for the leases held at once (e.g. two recall sets of a 7B model,
+  // 2 x ~72 MiB, when one is released after the next arrives).
+  uint64_t shm_arena_bytes = 256ull << 20;
 };
 
 // A frame to upload: header fields (its payload field is ignored) and payload.
@@ -47,6 +53,59 @@ struct OutgoingFrame {
 struct FetchedBlock {
   v1::RecalledBlock info;
   std::string payload;  // All its frames, concatenated as appended.
+};
+
+// How FetchBlocks lays out and chunks the bytes.
+struct FetchOptions {
+  v1::PayloadLayout layout = v1::PAYLOAD_LAYOUT_UNSPECIFIED;  // FRAME_MAJOR
+  std::vector<uint32_t> layers;  // BLOCK_LAYER_MAJOR only; empty: all.
+  uint32_t max_chunk_bytes = 0;  // 0: the server's default (1 MiB).
+};
+
+// One block's bytes, where they are: in shared memory, in a caller's buffer
+// or in a Delivery's own storage.
+struct BlockView {
+  uint64_t block_id = 0;
+  v1::RecalledBlock info;  // FetchBlocks only (a recall has it in its set).
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+class ClientArena;  // A mapped shared-memory arena (client/cpp/shm.cc).
+class KvmemClient;
+
+// Blocks delivered by FetchShared or a recall with delivery. Through shared
+// memory the views point into the client's read-only mapping of its arena,
+// held under a lease: they stay valid until Release (or destruction), and
+// the server does not reuse the range before then, for at least the lease
+// time the server grants (AttachSharedMemoryResponse.lease_ms). Inline
+// bytes belong to the Delivery.
+class Delivery {
+ public:
+  Delivery() = default;
+  Delivery(Delivery&& other) noexcept { *this = std::move(other); }
+  Delivery& operator=(Delivery&& other) noexcept;
+  ~Delivery();
+
+  const std::vector<BlockView>& blocks() const { return blocks_; }
+  uint64_t bytes() const { return bytes_; }
+  bool shared_memory() const { return arena_ != nullptr; }
+  uint64_t lease_id() const { return lease_id_; }
+
+  // Gives the lease back (nothing to do for inline bytes). DATA_LOSS when
+  // the server had reclaimed it (held past lease_ms): the bytes may have
+  // been overwritten while they were read.
+  grpc::Status Release();
+
+ private:
+  friend class KvmemClient;
+  friend class SessionClient;
+  KvmemClient* client_ = nullptr;
+  std::shared_ptr<ClientArena> arena_;
+  uint64_t lease_id_ = 0;
+  uint64_t bytes_ = 0;
+  std::vector<BlockView> blocks_;
+  std::vector<std::string> owned_;  // Inline bytes.
 };
 
 class SessionClient;
@@ -98,6 +157,41 @@ class KvmemClient {
                            std::vector<FetchedBlock>* blocks,
                            uint32_t max_chunk_bytes = 0);
 
+  // FetchBlocks into a buffer the caller reuses from call to call (grown
+  // when too small, never shrunk): no allocation or page faults once it is
+  // large enough. views[i] points into *buffer.
+  grpc::Status FetchInto(const std::string& stream_id,
+                         const std::vector<uint64_t>& block_ids,
+                         const FetchOptions& options,
+                         std::vector<uint8_t>* buffer,
+                         std::vector<BlockView>* views);
+
+  // Shared memory (a unix-socket target on the server's host): attaches an
+  // arena of `bytes` (0: the server's largest) once; later calls are no-ops
+  // while it is attached. FetchShared and shared-memory recalls attach one
+  // on first use, and again after a server restart.
+  grpc::Status AttachSharedMemory(uint64_t bytes = 0);
+  // The arena's id (0: none attached).
+  uint64_t shm_arena_id() const;
+
+  // The blocks' bytes placed in this client's arena by the server (one
+  // copy there, none through the socket); views in *out.
+  grpc::Status FetchShared(const std::string& stream_id,
+                           const std::vector<uint64_t>& block_ids,
+                           const FetchOptions& options, Delivery* out);
+
+  // Recall with delivery of the recalled blocks' bytes in the same
+  // exchange (req.delivery: MODE_INLINE or MODE_SHARED_MEMORY; its
+  // shm_arena_id is filled in, attaching when needed; held_block_ids left
+  // out). Without delivery set, *delivered ends up empty.
+  grpc::Status RecallDelivered(v1::RecallRequest req, v1::RecallResponse* resp,
+                               Delivery* delivered);
+
+  // Gives leases back (Delivery::Release calls this).
+  grpc::Status ReleaseLeases(uint64_t arena_id,
+                             const std::vector<uint64_t>& lease_ids,
+                             v1::ReleaseLeasesResponse* resp);
+
   // grpc.health.v1 Check for a service ("" is the server as a whole).
   grpc::Status CheckHealth(const std::string& service,
                            grpc::health::v1::HealthCheckResponse* resp);
@@ -111,15 +205,27 @@ class KvmemClient {
 
   v1::KvMemory::Stub* stub() { return stub_.get(); }
   const ClientOptions& options() const { return options_; }
+  ~KvmemClient();
 
  private:
+  friend class SessionClient;
   KvmemClient(std::shared_ptr<grpc::Channel> channel,
               const ClientOptions& options);
+  std::shared_ptr<ClientArena> Arena() const;
+  // Fills req's arena id for a shared-memory recall (attaching first).
+  grpc::Status PrepareDelivery(v1::RecallRequest* req);
+  // A Delivery of resp.delivered (shared memory or inline, moved out).
+  grpc::Status TakeDelivery(v1::RecallResponse* resp, Delivery* out);
+  // Runs call; on a NOT_FOUND naming the arena (the server restarted, or
+  // dropped it), attaches a new one and runs call once more.
+  grpc::Status WithArena(const std::function<grpc::Status(uint64_t)>& call);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvMemory::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   ClientOptions options_;
+  mutable std::mutex arena_mu_;
+  std::shared_ptr<ClientArena> arena_;  // Guarded by arena_mu_.
 };
 
 // A live-camera Session: each call writes its request and waits for the
@@ -134,18 +240,23 @@ class SessionClient {
   // Runs a recall on the session's stream (stream_id in req may be empty).
   // A rejected query returns its status; the session stays usable.
   grpc::Status Recall(const v1::RecallRequest& req, v1::RecallResponse* resp);
+  // Recall with delivery, as KvmemClient::RecallDelivered (a shared-memory
+  // arena is the client's that started the session, which must outlive
+  // it).
+  grpc::Status RecallDelivered(v1::RecallRequest req, v1::RecallResponse* resp,
+                               Delivery* delivered);
 
   // Half-closes and returns the call's final status.
   grpc::Status Finish();
 
  private:
   friend class KvmemClient;
-  SessionClient(v1::KvMemory::Stub* stub, const ClientOptions& options,
-                const std::string& stream_id);
+  SessionClient(KvmemClient* client, const std::string& stream_id);
   grpc::Status Exchange(v1::SessionRequest* req, v1::SessionResponse* resp,
                         bool wait_for_response);
   grpc::Status Broken();
 
+  KvmemClient* const client_;
   grpc::ClientContext ctx_;
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>>

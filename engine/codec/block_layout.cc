@@ -84,11 +84,32 @@ absl::string_view WarmBlock::V(uint32_t layer) const {
 }
 
 std::string WarmBlock::LayerRecord(uint32_t layer) const {
-  std::string out;
-  out.reserve(2 * slice_bytes_);
-  out.append(K(layer).data(), K(layer).size());
-  out.append(V(layer).data(), V(layer).size());
+  std::string out(2 * slice_bytes_, '\0');
+  CopyLayerRecord(layer, reinterpret_cast<uint8_t*>(out.data()));
   return out;
+}
+
+void WarmBlock::CopyLayerRecord(uint32_t layer, uint8_t* dst) const {
+  std::memcpy(dst, K(layer).data(), slice_bytes_);
+  std::memcpy(dst + slice_bytes_, V(layer).data(), slice_bytes_);
+}
+
+uint8_t* WarmBlock::CopyFrame(size_t token_offset, uint32_t t,
+                              uint8_t* dst) const {
+  const Geometry& g = geometry_;
+  const size_t row = static_cast<size_t>(g.head_dim) * DTypeBytes(g.dtype);
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint8_t* src = data_ + LayerOffset(l) + kv * padded_slice_;
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        std::memcpy(
+            dst, src + (static_cast<size_t>(h) * tokens_ + token_offset) * row,
+            t * row);
+        dst += t * row;
+      }
+    }
+  }
+  return dst;
 }
 
 std::vector<std::string> WarmBlock::ToFrames(
@@ -101,22 +122,19 @@ std::vector<std::string> WarmBlock::ToFrames(
   for (uint32_t t : frame_tokens) {
     std::string& out = frames.emplace_back(
         static_cast<size_t>(2) * g.layers * g.kv_heads * t * row, '\0');
-    char* dst = out.data();
-    for (uint32_t l = 0; l < g.layers; ++l) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const uint8_t* src = data_ + LayerOffset(l) + kv * padded_slice_;
-        for (uint32_t h = 0; h < g.kv_heads; ++h) {
-          std::memcpy(
-              dst,
-              src + (static_cast<size_t>(h) * tokens_ + token_offset) * row,
-              t * row);
-          dst += t * row;
-        }
-      }
-    }
+    CopyFrame(token_offset, t, reinterpret_cast<uint8_t*>(out.data()));
     token_offset += t;
   }
   return frames;
+}
+
+void WarmBlock::CopyFrames(const std::vector<uint32_t>& frame_tokens,
+                           uint8_t* dst) const {
+  size_t token_offset = 0;
+  for (uint32_t t : frame_tokens) {
+    dst = CopyFrame(token_offset, t, dst);
+    token_offset += t;
+  }
 }
 
 }  // namespace kvmem

@@ -51,15 +51,23 @@ class WarmBlock {
 
   // K then V of a layer, unpadded: the on-disk and wire form of one layer.
   std::string LayerRecord(uint32_t layer) const;
+  // LayerRecord written to dst (2 * slice bytes), one copy.
+  void CopyLayerRecord(uint32_t layer, uint8_t* dst) const;
   // The block as its frames, each exactly as appended.
   std::vector<std::string> ToFrames(
       const std::vector<uint32_t>& frame_tokens) const;
+  // ToFrames' frames back to back, written to dst (FramePayloadBytes of
+  // every frame), one copy.
+  void CopyFrames(const std::vector<uint32_t>& frame_tokens,
+                  uint8_t* dst) const;
 
   size_t allocated_bytes() const { return layer_stride_ * geometry_.layers; }
   uint32_t tokens() const { return tokens_; }
 
  private:
   WarmBlock(const Geometry& g, uint32_t tokens);
+  // Frame of t tokens starting at token_offset into dst; returns its end.
+  uint8_t* CopyFrame(size_t token_offset, uint32_t t, uint8_t* dst) const;
   uint8_t* MutableSlice(uint32_t layer, int kv) {
     return data_ + LayerOffset(layer) + kv * padded_slice_;
   }

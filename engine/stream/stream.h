@@ -105,6 +105,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
+  absl::StatusOr<uint64_t> ReadBlockPayloadInto(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+      BlockInfo* info = nullptr) const;
   uint64_t RetainedPayloadBytes() const;
 
   // Frames acknowledged so far: the last durable frame + 1 (0 when none).
@@ -223,6 +227,25 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // Reads a block's layers from wherever they are (RAM, frames, layers).
   absl::StatusOr<std::unique_ptr<WarmBlock>> LoadBlock(
       const BlockRecord& rec) const;
+  // The stored records (K then V, full precision) of the given layers of a
+  // block kept as layers (kFull or kInt8, dequantised).
+  absl::StatusOr<std::vector<std::string>> LoadLayerRecords(
+      const BlockRecord& rec, const std::vector<uint32_t>& layers) const;
+  // A block as one read sees it: in RAM, or (BLOCK_LAYER_MAJOR of a block
+  // stored as layers) only the wanted layers' records, straight from the
+  // store; either way consistent with one generation of the block.
+  struct BlockSnapshot {
+    BlockRecord rec;
+    BlockInfo info;                         // Tier as of the read.
+    std::shared_ptr<const WarmBlock> warm;  // Set, or
+    std::vector<std::string> records;       // one per wanted layer.
+  };
+  absl::StatusOr<BlockSnapshot> SnapshotBlock(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& wanted) const;
+  // layers, or every layer when empty; INVALID_ARGUMENT for one out of range.
+  absl::StatusOr<std::vector<uint32_t>> WantedLayers(
+      const std::vector<uint32_t>& layers) const;
   absl::Status CommitRecord(const BlockRecord& rec, StreamWrite write);
   // Commits a change of block id's durable form (its new record and the
   // storage changes in `write`) with the block's generation odd meanwhile;

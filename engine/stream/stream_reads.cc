@@ -1,6 +1,7 @@
 // Stream: block reads (GetBlock, payloads in either layout) and loading a
 // block's layers from wherever they are.
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -24,9 +25,8 @@ absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
   return info;
 }
 
-absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
-    uint64_t block_id, PayloadLayout layout,
-    const std::vector<uint32_t>& layers, BlockInfo* info) const {
+absl::StatusOr<std::vector<uint32_t>> Stream::WantedLayers(
+    const std::vector<uint32_t>& layers) const {
   const Geometry& g = config_.geometry;
   for (uint32_t l : layers) {
     if (l >= g.layers) {
@@ -34,12 +34,20 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
           "layers has ", l, "; the stream has ", g.layers, " layers"));
     }
   }
-  BlockRecord rec;
-  std::shared_ptr<const WarmBlock> warm;
+  std::vector<uint32_t> wanted = layers;
+  if (wanted.empty()) {
+    for (uint32_t l = 0; l < g.layers; ++l) wanted.push_back(l);
+  }
+  return wanted;
+}
+
+absl::StatusOr<Stream::BlockSnapshot> Stream::SnapshotBlock(
+    uint64_t block_id, PayloadLayout layout,
+    const std::vector<uint32_t>& wanted) const {
+  BlockSnapshot snap;
   // A tier move may replace the block's durable form while we read it: the
   // block's generation is odd during a move and changes with it, so a read
   // that overlapped one is done again.
-  BlockInfo read_info;
   for (int attempt = 0;; ++attempt) {
     uint64_t generation;
     {
@@ -48,16 +56,30 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
       if (!blocks_.Has(block_id)) return MissingBlockError(block_id);
       const BlockEntry& e = blocks_[block_id];
       generation = e.generation;
-      rec = e.rec;
-      warm = e.warm;
-      read_info = e.rec.info;
-      read_info.tier = TierOf(e);
+      snap.rec = e.rec;
+      snap.warm = e.warm;
+      snap.info = e.rec.info;
+      snap.info.tier = TierOf(e);
     }
-    absl::StatusOr<std::unique_ptr<WarmBlock>> loaded =
+    absl::Status loaded =
         absl::UnavailableError("a move of the block is being committed");
+    std::unique_ptr<WarmBlock> block;
     if (generation % 2 == 0) {
-      if (warm) break;
-      loaded = LoadBlock(rec);
+      if (snap.warm) break;
+      // Layer-major reads of a block stored as layers take the store's
+      // records as they are (no detour through a WarmBlock).
+      if (layout == PayloadLayout::kBlockLayerMajor &&
+          (snap.rec.disk == DiskForm::kFull ||
+           snap.rec.disk == DiskForm::kInt8)) {
+        absl::StatusOr<std::vector<std::string>> r =
+            LoadLayerRecords(snap.rec, wanted);
+        loaded = r.status();
+        if (r.ok()) snap.records = *std::move(r);
+      } else {
+        absl::StatusOr<std::unique_ptr<WarmBlock>> b = LoadBlock(snap.rec);
+        loaded = b.status();
+        if (b.ok()) block = *std::move(b);
+      }
     }
     bool unchanged;
     {
@@ -66,34 +88,73 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
           blocks_.Has(block_id) && blocks_[block_id].generation == generation;
     }
     if (loaded.ok() && unchanged) {
-      warm = *std::move(loaded);
+      snap.warm = std::move(block);
       break;
     }
-    if ((unchanged && generation % 2 == 0) || attempt == 10000) {
-      return loaded.status();
-    }
+    if ((unchanged && generation % 2 == 0) || attempt == 10000) return loaded;
+    snap.records.clear();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  if (info != nullptr) *info = read_info;
   // Had the stream been deleted (and its id reused) during the read, the
   // bytes could belong to the new stream.
   KVMEM_RETURN_IF_ERROR(NotFoundIfDeleted());
+  return snap;
+}
+
+absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
+    uint64_t block_id, PayloadLayout layout,
+    const std::vector<uint32_t>& layers, BlockInfo* info) const {
+  KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
+                         WantedLayers(layers));
+  KVMEM_ASSIGN_OR_RETURN(BlockSnapshot snap,
+                         SnapshotBlock(block_id, layout, wanted));
+  if (info != nullptr) *info = snap.info;
   std::vector<PayloadPiece> pieces;
+  const uint64_t first = snap.rec.info.first_frame;
   if (layout == PayloadLayout::kFrameMajor) {
-    uint64_t f = rec.info.first_frame;
-    for (std::string& bytes : warm->ToFrames(rec.frame_tokens)) {
+    uint64_t f = first;
+    for (std::string& bytes : snap.warm->ToFrames(snap.rec.frame_tokens)) {
       pieces.push_back({f++, 0, std::move(bytes)});
     }
     return pieces;
   }
-  std::vector<uint32_t> wanted = layers;
-  if (wanted.empty()) {
-    for (uint32_t l = 0; l < g.layers; ++l) wanted.push_back(l);
-  }
-  for (uint32_t l : wanted) {
-    pieces.push_back({rec.info.first_frame, l, warm->LayerRecord(l)});
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    pieces.push_back({first, wanted[i],
+                      snap.warm ? snap.warm->LayerRecord(wanted[i])
+                                : std::move(snap.records[i])});
   }
   return pieces;
+}
+
+absl::StatusOr<uint64_t> Stream::ReadBlockPayloadInto(
+    uint64_t block_id, PayloadLayout layout,
+    const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+    BlockInfo* info) const {
+  KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
+                         WantedLayers(layers));
+  KVMEM_ASSIGN_OR_RETURN(BlockSnapshot snap,
+                         SnapshotBlock(block_id, layout, wanted));
+  if (info != nullptr) *info = snap.info;
+  const uint64_t bytes = BlockPayloadBytes(
+      config_.geometry, snap.rec.info.token_count, layout, wanted.size());
+  if (bytes != capacity) {
+    return absl::OutOfRangeError(
+        absl::StrCat("block ", block_id, " has ", bytes, " payload bytes in ",
+                     "this layout; the destination holds ", capacity));
+  }
+  if (layout == PayloadLayout::kFrameMajor) {
+    snap.warm->CopyFrames(snap.rec.frame_tokens, dst);
+    return bytes;
+  }
+  const uint64_t record = bytes / wanted.size();
+  for (size_t i = 0; i < wanted.size(); ++i, dst += record) {
+    if (snap.warm) {
+      snap.warm->CopyLayerRecord(wanted[i], dst);
+    } else {
+      std::memcpy(dst, snap.records[i].data(), record);
+    }
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
@@ -111,22 +172,10 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
     }
     case DiskForm::kFull:
     case DiskForm::kInt8: {
-      std::vector<std::string> layers;
-      for (uint32_t l = 0; l < g.layers; ++l) {
-        KVMEM_ASSIGN_OR_RETURN(std::string bytes,
-                               env_.store->GetBlockLayer(id_, rec.info.id, l));
-        if (rec.disk == DiskForm::kInt8) {
-          KVMEM_ASSIGN_OR_RETURN(
-              bytes, DequantizeLayer(g, rec.info.token_count, bytes));
-        }
-        if (bytes.size() != 2 * LayerSliceElements(g, rec.info.token_count) *
-                                DTypeBytes(g.dtype)) {
-          return absl::DataLossError(absl::StrCat("layer ", l, " of block ",
-                                                  rec.info.id, " has ",
-                                                  bytes.size(), " bytes"));
-        }
-        layers.push_back(std::move(bytes));
-      }
+      std::vector<uint32_t> all(g.layers);
+      for (uint32_t l = 0; l < g.layers; ++l) all[l] = l;
+      KVMEM_ASSIGN_OR_RETURN(std::vector<std::string> layers,
+                             LoadLayerRecords(rec, all));
       return WarmBlock::FromLayers(g, rec.info.token_count, layers);
     }
     case DiskForm::kNone:
@@ -134,6 +183,30 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
   }
   return absl::NotFoundError(absl::StrCat(
       "block ", rec.info.id, " of stream \"", id_, "\" was evicted"));
+}
+
+absl::StatusOr<std::vector<std::string>> Stream::LoadLayerRecords(
+    const BlockRecord& rec, const std::vector<uint32_t>& layers) const {
+  const Geometry& g = config_.geometry;
+  const uint64_t want =
+      2 * LayerSliceElements(g, rec.info.token_count) * DTypeBytes(g.dtype);
+  std::vector<std::string> out;
+  out.reserve(layers.size());
+  for (uint32_t l : layers) {
+    KVMEM_ASSIGN_OR_RETURN(std::string bytes,
+                           env_.store->GetBlockLayer(id_, rec.info.id, l));
+    if (rec.disk == DiskForm::kInt8) {
+      KVMEM_ASSIGN_OR_RETURN(bytes,
+                             DequantizeLayer(g, rec.info.token_count, bytes));
+    }
+    if (bytes.size() != want) {
+      return absl::DataLossError(absl::StrCat("layer ", l, " of block ",
+                                              rec.info.id, " has ",
+                                              bytes.size(), " bytes"));
+    }
+    out.push_back(std::move(bytes));
+  }
+  return out;
 }
 
 }  // namespace kvmem

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "base/status_macros.h"
+#include "server/service/delivery.h"
 #include "server/service/proto_convert.h"
 #include "server/service/reactors.h"
 #include "server/service/status_util.h"
@@ -82,6 +83,23 @@ absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
   if (!r.ok()) return r.status();
   ToProto(*r, resp);
   return absl::OkStatus();
+}
+
+bool Delivers(const v1::RecallRequest& req) {
+  return req.delivery().mode() != v1::RecallDelivery::MODE_UNSPECIFIED;
+}
+
+absl::Status RunRecallDelivering(MemoryEngine* engine, const Caller& caller,
+                                 const ServiceOptions& options,
+                                 const std::string& engine_id,
+                                 const v1::RecallRequest& req,
+                                 v1::RecallResponse* resp, bool session) {
+  KVMEM_RETURN_IF_ERROR(
+      RunRecall(engine, engine_id, req, resp, options.metrics, session));
+  if (!Delivers(req)) return absl::OkStatus();
+  KVMEM_ASSIGN_OR_RETURN(const StreamHandle stream, engine->Find(engine_id));
+  return DeliverRecall(options.shm, caller, stream, req.delivery(),
+                       options.max_inline_bytes, resp);
 }
 
 KvMemoryService::KvMemoryService(MemoryEngine* engine, Executor* executor,
@@ -185,7 +203,8 @@ grpc::ServerUnaryReactor* KvMemoryService::GetStreamStats(
 grpc::ServerUnaryReactor* KvMemoryService::Recall(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
     grpc::ByteBuffer* out) {
-  // Recall touches only RAM (summaries and index): run it inline.
+  // Recall touches only RAM (summaries and index): run it inline. With
+  // delivery it may read the store: on the executor.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::StatusOr<Caller> c =
       Caller::Enter(options_.tenancy, options_.admission, *ctx);
@@ -193,6 +212,19 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
   v1::RecallRequest req;
   v1::RecallResponse resp;
   if (s.ok()) s = ParseRequest(*in, &req);
+  if (s.ok() && Delivers(req)) {
+    executor_->Submit([this, reactor, out, req = std::move(req),
+                       c = *std::move(c)] {
+      v1::RecallResponse resp;
+      absl::StatusOr<std::string> id = c.EngineId(req.stream_id());
+      const absl::Status s = c.Scrub(
+          id.ok() ? RunRecallDelivering(engine_, c, options_, *id, req, &resp,
+                                        /*session=*/false)
+                  : id.status());
+      reactor->Finish(s.ok() ? SerializeMessage(resp, out) : ToGrpcStatus(s));
+    });
+    return reactor;
+  }
   if (s.ok()) {
     absl::StatusOr<std::string> id = c->EngineId(req.stream_id());
     s = id.ok() ? RunRecall(engine_, *id, req, &resp, options_.metrics)
@@ -235,8 +267,7 @@ KvMemoryService::Session(grpc::CallbackServerContext* ctx) {
         grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>(
         c.status());
   }
-  return NewSessionReactor(engine_, executor_, *std::move(c),
-                           options_.session_queue_limit, options_.metrics);
+  return NewSessionReactor(engine_, executor_, *std::move(c), options_);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvMemoryService::FetchBlocks(
@@ -250,7 +281,69 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* KvMemoryService::FetchBlocks(
     return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>(s);
   }
   return NewFetchBlocksReactor(engine_, executor_, *std::move(c), req,
-                               options_.max_chunk_bytes);
+                               options_);
+}
+
+namespace {
+
+// Shared memory needs the caller on this host: a unix-socket connection.
+absl::Status OnUnixSocket(const grpc::CallbackServerContext& ctx) {
+  if (ctx.peer().rfind("unix:", 0) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "shared memory is for clients on the server's host, connected over its "
+      "unix socket; this call came from ",
+      ctx.peer(), " (use FetchBlocks' byte stream)"));
+}
+
+absl::Status NoShm() {
+  return absl::FailedPreconditionError(
+      "this server has no shared memory (it serves no unix socket, or runs "
+      "with --shm_max_total_bytes=0)");
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KvMemoryService::AttachSharedMemory(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
+  const absl::Status local = OnUnixSocket(*ctx);
+  return Deferred<v1::AttachSharedMemoryRequest,
+                  v1::AttachSharedMemoryResponse>(
+      ctx, in, out, options_, executor_,
+      [=](const Caller& c, const v1::AttachSharedMemoryRequest& req,
+          v1::AttachSharedMemoryResponse* resp) -> absl::Status {
+        KVMEM_RETURN_IF_ERROR(local);
+        if (options_.shm == nullptr) return NoShm();
+        KVMEM_ASSIGN_OR_RETURN(ShmArenas::Created a,
+                               options_.shm->Create(c.tenant(), req.bytes()));
+        resp->set_arena_id(a.arena_id);
+        resp->set_token(a.token);
+        resp->set_bytes(a.bytes);
+        resp->set_socket_path(options_.shm->options().socket_path);
+        resp->set_lease_ms(
+            static_cast<uint64_t>(options_.shm->options().lease.count()));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* KvMemoryService::ReleaseLeases(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+    grpc::ByteBuffer* out) {
+  return Deferred<v1::ReleaseLeasesRequest, v1::ReleaseLeasesResponse>(
+      ctx, in, out, options_, executor_,
+      [=](const Caller& c, const v1::ReleaseLeasesRequest& req,
+          v1::ReleaseLeasesResponse* resp) -> absl::Status {
+        if (options_.shm == nullptr) return NoShm();
+        KVMEM_ASSIGN_OR_RETURN(
+            ShmArenas::Released r,
+            options_.shm->Release(
+                c.tenant(), req.arena_id(),
+                std::vector<uint64_t>(req.lease_ids().begin(),
+                                      req.lease_ids().end())));
+        resp->set_released(r.released);
+        for (uint64_t id : r.expired) resp->add_expired(id);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace kvmem

@@ -16,6 +16,7 @@
 #include "kvmem/v1/service.grpc.pb.h"
 #include "server/ops/metrics.h"
 #include "server/ops/tenancy.h"
+#include "server/service/shm_arenas.h"
 
 namespace kvmem {
 
@@ -32,6 +33,12 @@ struct ServiceOptions {
   // Recall latency and deleted streams' counters go here; null: not
   // recorded. REQUIRES: outlives the service.
   ServerMetrics* metrics = nullptr;
+  // Shared-memory arenas (AttachSharedMemory, delivery into them); null:
+  // none. REQUIRES: outlives the service.
+  ShmArenas* shm = nullptr;
+  // The most KV bytes a recall delivers inline (keep below the transport's
+  // max message size).
+  uint64_t max_inline_bytes = 60ull << 20;
 };
 
 // The generated service with every method taking raw bytes
@@ -46,7 +53,12 @@ using KvMemoryRawService = v1::KvMemory::WithRawCallbackMethod_OpenStream<
                         v1::KvMemory::WithRawCallbackMethod_Recall<
                             v1::KvMemory::WithRawCallbackMethod_Session<
                                 v1::KvMemory::WithRawCallbackMethod_FetchBlocks<
-                                    v1::KvMemory::Service>>>>>>>>>;
+                                    v1::KvMemory::
+                                        WithRawCallbackMethod_AttachSharedMemory<
+                                            v1::KvMemory::
+                                                WithRawCallbackMethod_ReleaseLeases<
+                                                    v1::KvMemory::
+                                                        Service>>>>>>>>>>>;
 
 class KvMemoryService final : public KvMemoryRawService {
  public:
@@ -79,6 +91,12 @@ class KvMemoryService final : public KvMemoryRawService {
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchBlocks(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) override;
+  grpc::ServerUnaryReactor* AttachSharedMemory(grpc::CallbackServerContext* ctx,
+                                               const grpc::ByteBuffer* req,
+                                               grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* ReleaseLeases(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req,
+                                          grpc::ByteBuffer* resp) override;
 
  private:
   MemoryEngine* const engine_;
@@ -94,6 +112,17 @@ class KvMemoryService final : public KvMemoryRawService {
 absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
                        const v1::RecallRequest& req, v1::RecallResponse* resp,
                        ServerMetrics* metrics = nullptr, bool session = false);
+
+// True when a recall also delivers its blocks' bytes (req.delivery).
+bool Delivers(const v1::RecallRequest& req);
+
+// RunRecall, then, when the request asks for it, delivery of the recalled
+// blocks' bytes (server/service/delivery.h).
+absl::Status RunRecallDelivering(MemoryEngine* engine, const Caller& caller,
+                                 const ServiceOptions& options,
+                                 const std::string& engine_id,
+                                 const v1::RecallRequest& req,
+                                 v1::RecallResponse* resp, bool session);
 
 // Shared by OpenStream and Session: opens the caller's stream req.stream_id.
 absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,

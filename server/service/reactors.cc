@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/service/delivery.h"
 #include "server/service/frame_ingest.h"
 #include "server/service/kvmem_service.h"
 #include "server/service/proto_convert.h"
@@ -108,14 +109,15 @@ class FetchBlocksReactor final
     : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchBlocksReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                     const v1::FetchBlocksRequest& req, uint32_t max_chunk)
-      : executor_(executor), caller_(std::move(caller)) {
+                     ShmArenas* shm, const v1::FetchBlocksRequest& req,
+                     uint32_t max_chunk)
+      : executor_(executor), caller_(std::move(caller)), shm_(shm) {
     absl::Status s = Prepare(engine, req, max_chunk);
     if (!s.ok()) {
       Finish(ToGrpcStatus(caller_.Scrub(s)));
       return;
     }
-    executor_->Submit([this] { Next(); });
+    Continue();
   }
 
   void OnWriteDone(bool ok) override {
@@ -124,7 +126,7 @@ class FetchBlocksReactor final
                           "the client stopped reading"));
       return;
     }
-    executor_->Submit([this] { Next(); });
+    Continue();
   }
   void OnDone() override { delete this; }
 
@@ -145,38 +147,72 @@ class FetchBlocksReactor final
           absl::StrCat("max_chunk_bytes is ", req.max_chunk_bytes(),
                        "; the server allows at most ", max_chunk));
     }
-    switch (req.layout()) {
-      case v1::PAYLOAD_LAYOUT_UNSPECIFIED:
-      case v1::PAYLOAD_LAYOUT_FRAME_MAJOR:
-        layout_ = PayloadLayout::kFrameMajor;
-        if (req.layers_size() > 0) {
-          return absl::InvalidArgumentError(
-              "layers is set; it needs layout "
-              "PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR");
-        }
-        break;
-      case v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR:
-        layout_ = PayloadLayout::kBlockLayerMajor;
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            absl::StrCat("layout is ", static_cast<int>(req.layout()),
-                         "; use FRAME_MAJOR or BLOCK_LAYER_MAJOR"));
-    }
+    KVMEM_ASSIGN_OR_RETURN(layout_,
+                           LayoutFromProto(req.layout(), req.layers_size()));
     layers_.assign(req.layers().begin(), req.layers().end());
     chunk_ = req.max_chunk_bytes() == 0 ? std::min(1u << 20, max_chunk)
                                         : req.max_chunk_bytes();
+    arena_id_ = req.shm_arena_id();
+    all_warm_ = true;
     for (uint64_t id : req.block_ids()) {
       absl::StatusOr<BlockInfo> b = stream_->GetBlock(id);
       if (!b.ok()) return b.status();
       blocks_.push_back(*b);
+      all_warm_ = all_warm_ && b->tier == Tier::kWarm;
     }
     return absl::OkStatus();
   }
 
-  // Sends the next chunk, reading the next block when the current one is
-  // used up; finishes after the last block.
+  // Blocks in RAM are read on this thread (a copy, no storage); others on
+  // the executor, as RocksDB reads may block. (A block that left RAM since
+  // Prepare is read here all the same: a rare, bounded read.)
+  void Continue() {
+    if (all_warm_) {
+      Next();
+    } else {
+      executor_->Submit([this] { Next(); });
+    }
+  }
+
+  // Shared memory: every block placed under one lease, then one message per
+  // block naming its region.
+  absl::Status Place() {
+    std::vector<uint64_t> ids;
+    for (const BlockInfo& b : blocks_) ids.push_back(b.id);
+    KVMEM_ASSIGN_OR_RETURN(
+        Placed p,
+        PlaceBlocks(shm_, caller_, arena_id_, *stream_, ids, layout_, layers_));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      v1::FetchBlocksResponse& r = placed_.emplace_back();
+      r.set_block_id(ids[i]);
+      r.set_frame_index(p.blocks[i].first_frame);
+      ToProto(p.blocks[i], r.mutable_block());
+      *r.mutable_shm() = p.regions[i];
+      r.set_last_chunk_of_block(true);
+    }
+    return absl::OkStatus();
+  }
+
+  // Sends the next message: the next chunk (reading the next block when the
+  // current one is used up) or, shared memory, the next block's region;
+  // finishes after the last.
   void Next() {
+    if (arena_id_ != 0) {
+      if (!placed_done_) {
+        placed_done_ = true;
+        const absl::Status s = Place();
+        if (!s.ok()) {
+          Finish(ToGrpcStatus(caller_.Scrub(s)));
+          return;
+        }
+      }
+      if (block_ >= placed_.size()) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      Write(placed_[block_++]);
+      return;
+    }
     while (piece_ >= pieces_.size()) {
       if (block_ >= blocks_.size()) {
         Finish(grpc::Status::OK);
@@ -213,7 +249,11 @@ class FetchBlocksReactor final
       piece_pos_ = 0;
     }
     resp_.set_last_chunk_of_block(piece_ == pieces_.size());
-    const grpc::Status serialized = SerializeMessage(resp_, &out_);
+    Write(resp_);
+  }
+
+  void Write(const v1::FetchBlocksResponse& r) {
+    const grpc::Status serialized = SerializeMessage(r, &out_);
     if (!serialized.ok()) {
       Finish(serialized);
       return;
@@ -223,11 +263,16 @@ class FetchBlocksReactor final
 
   Executor* const executor_;
   const Caller caller_;
+  ShmArenas* const shm_;
   std::optional<StreamHandle> stream_;
   PayloadLayout layout_ = PayloadLayout::kFrameMajor;
   std::vector<uint32_t> layers_;
   std::vector<BlockInfo> blocks_;
+  bool all_warm_ = false;
   uint32_t chunk_ = 0;
+  uint64_t arena_id_ = 0;
+  bool placed_done_ = false;
+  std::vector<v1::FetchBlocksResponse> placed_;
   size_t block_ = 0;
   BlockInfo current_;
   std::vector<PayloadPiece> pieces_;
@@ -235,7 +280,7 @@ class FetchBlocksReactor final
   size_t piece_pos_ = 0;
   uint64_t block_offset_ = 0;
   v1::FetchBlocksResponse resp_;
-  grpc::ByteBuffer out_;  // resp_'s bytes, the write in flight.
+  grpc::ByteBuffer out_;  // The message's bytes, the write in flight.
 };
 
 }  // namespace
@@ -248,9 +293,9 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewAppendFramesReactor(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFetchBlocksReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
-    const v1::FetchBlocksRequest& req, uint32_t max_chunk_bytes) {
-  return new FetchBlocksReactor(engine, executor, std::move(caller), req,
-                                max_chunk_bytes);
+    const v1::FetchBlocksRequest& req, const ServiceOptions& options) {
+  return new FetchBlocksReactor(engine, executor, std::move(caller),
+                                options.shm, req, options.max_chunk_bytes);
 }
 
 }  // namespace kvmem

@@ -16,6 +16,8 @@
 
 namespace kvmem {
 
+struct ServiceOptions;  // server/service/kvmem_service.h
+
 // Each takes the authenticated caller (its tenant's namespace, its slot
 // among the calls in flight, its quotas).
 // Messages travel as raw bytes (server/service/wire.h): the reactors parse what
@@ -26,11 +28,11 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* NewAppendFramesReactor(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewSessionReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
-    uint32_t queue_limit, ServerMetrics* metrics);
+    const ServiceOptions& options);
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFetchBlocksReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
-    const v1::FetchBlocksRequest& req, uint32_t max_chunk_bytes);
+    const v1::FetchBlocksRequest& req, const ServiceOptions& options);
 
 }  // namespace kvmem
 

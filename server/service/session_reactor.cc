@@ -32,12 +32,12 @@ class SessionReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionReactor(MemoryEngine* engine, Executor* executor, Caller caller,
-                 uint32_t queue_limit, ServerMetrics* metrics)
+                 const ServiceOptions& options)
       : engine_(engine),
         executor_(executor),
         caller_(std::move(caller)),
-        queue_limit_(queue_limit),
-        metrics_(metrics) {
+        options_(options),
+        queue_limit_(options.session_queue_limit) {
     StartRead(&in_);
   }
 
@@ -64,8 +64,10 @@ class SessionReactor final
     }
     // A query touches only RAM (summaries and index), like the unary
     // Recall: it runs inline on this callback thread rather than queueing
-    // behind other calls' RocksDB commits on the executor.
-    if (req_.item_case() == v1::SessionRequest::kRecall) {
+    // behind other calls' RocksDB commits on the executor. One that also
+    // delivers bytes may read the store: the executor.
+    if (req_.item_case() == v1::SessionRequest::kRecall &&
+        !Delivers(req_.recall())) {
       RunTask();
     } else {
       executor_->Submit([this] { RunTask(); });
@@ -220,8 +222,8 @@ class SessionReactor final
   MemoryEngine* const engine_;
   Executor* const executor_;
   const Caller caller_;
+  const ServiceOptions& options_;
   const uint32_t queue_limit_;
-  ServerMetrics* const metrics_;
   std::string client_id_;  // The caller's name for the bound stream.
   // Touched only by OnReadDone and the running task (one at a time): gRPC
   // delivers no read while one is being handled.
@@ -292,17 +294,14 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
     }
     case v1::SessionRequest::kRecall: {
       absl::Status s;
-      if (req_.recall().stream_id().empty() && ingest_) {
-        s = RunRecall(engine_, ingest_->stream().id(), req_.recall(),
-                      resp->mutable_recall(), metrics_, /*session=*/true);
-      } else {
-        absl::StatusOr<std::string> id =
-            caller_.EngineId(req_.recall().stream_id());
-        s = id.ok()
-                ? RunRecall(engine_, *id, req_.recall(), resp->mutable_recall(),
-                            metrics_, /*session=*/true)
-                : id.status();
-      }
+      absl::StatusOr<std::string> id =
+          req_.recall().stream_id().empty() && ingest_
+              ? absl::StatusOr<std::string>(ingest_->stream().id())
+              : caller_.EngineId(req_.recall().stream_id());
+      s = id.ok() ? RunRecallDelivering(engine_, caller_, options_, *id,
+                                        req_.recall(), resp->mutable_recall(),
+                                        /*session=*/true)
+                  : id.status();
       s = caller_.Scrub(s);
       if (!s.ok()) {
         resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));
@@ -320,9 +319,8 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewSessionReactor(
     MemoryEngine* engine, Executor* executor, Caller caller,
-    uint32_t queue_limit, ServerMetrics* metrics) {
-  return new SessionReactor(engine, executor, std::move(caller), queue_limit,
-                            metrics);
+    const ServiceOptions& options) {
+  return new SessionReactor(engine, executor, std::move(caller), options);
 }
 
 }  // namespace kvmem

@@ -1,0 +1,496 @@
+#include "server/service/shm_arenas.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvmem {
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr size_t kTokenBytes = 32;  // Hex digits.
+constexpr size_t kReclaimedMemory = 4096;
+
+uint64_t RoundUp(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+absl::Status Errno(absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+uint64_t RandomU64() {
+  uint64_t v = 0;
+  while (v == 0) {
+    if (::getrandom(&v, sizeof v, 0) != sizeof v) v = 0;
+  }
+  return v;
+}
+
+}  // namespace
+
+class ShmArenas::Arena {
+ public:
+  Arena(std::string tenant, uint64_t id, int memfd, uint8_t* base,
+        uint64_t bytes, std::string token,
+        std::chrono::steady_clock::time_point attach_by)
+      : tenant_(std::move(tenant)),
+        id_(id),
+        memfd_(memfd),
+        base_(base),
+        bytes_(bytes),
+        token_(std::move(token)),
+        attach_by_(attach_by) {
+    free_[0] = bytes;
+  }
+  ~Arena() {
+    ::munmap(base_, bytes_);
+    ::close(memfd_);
+  }
+
+  struct Range {
+    uint64_t offset = 0, bytes = 0;
+    std::chrono::steady_clock::time_point expires;
+  };
+
+  // First fit; when nothing fits, reclaims the expired leases (*reclaimed
+  // counts them) and tries again.
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> Allocate(
+      uint64_t bytes, std::chrono::milliseconds lease, uint64_t* reclaimed) {
+    const auto now = std::chrono::steady_clock::now();
+    bytes = RoundUp(bytes);
+    kvmem::MutexLock lock(&mu_);
+    std::optional<uint64_t> at = FirstFit(bytes);
+    if (!at) {
+      for (auto it = leases_.begin(); it != leases_.end();) {
+        if (it->second.expires > now) {
+          ++it;
+          continue;
+        }
+        FreeLocked(it->second);
+        Remember(it->first);
+        ++*reclaimed;
+        it = leases_.erase(it);
+      }
+      at = FirstFit(bytes);
+    }
+    if (!at) {
+      uint64_t leased = 0;
+      for (const auto& [id, r] : leases_) leased += r.bytes;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "shared-memory arena ", id_, " has no free range of ", bytes,
+          " bytes: ", leased, " of its ", bytes_, " bytes are held by ",
+          leases_.size(),
+          " live leases; release them (ReleaseLeases) or attach a larger "
+          "arena"));
+    }
+    const uint64_t lease_id = ++next_lease_;
+    leases_[lease_id] = {*at, bytes, now + lease};
+    return std::make_pair(lease_id, *at);
+  }
+
+  // Releases live leases; ids reclaimed earlier go to *expired. An id that
+  // is neither is INVALID_ARGUMENT and nothing is released.
+  absl::Status Release(const std::vector<uint64_t>& ids, uint32_t* released,
+                       std::vector<uint64_t>* expired) {
+    kvmem::MutexLock lock(&mu_);
+    for (uint64_t id : ids) {
+      if (leases_.count(id) == 0 && reclaimed_ids_.count(id) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lease_ids has ", id, ", not a live lease of arena ",
+                         id_, " (released already, or never issued)"));
+      }
+    }
+    for (uint64_t id : ids) {
+      auto it = leases_.find(id);
+      if (it == leases_.end()) {
+        reclaimed_ids_.erase(id);
+        expired->push_back(id);
+        continue;
+      }
+      FreeLocked(it->second);
+      leases_.erase(it);
+      ++*released;
+    }
+    return absl::OkStatus();
+  }
+
+  void Abandon(uint64_t lease_id) {
+    kvmem::MutexLock lock(&mu_);
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end()) return;
+    FreeLocked(it->second);
+    leases_.erase(it);
+  }
+
+  void AddStats(ShmStats* s) const {
+    kvmem::MutexLock lock(&mu_);
+    s->leases += leases_.size();
+    for (const auto& [id, r] : leases_) s->leased_bytes += r.bytes;
+  }
+
+  const std::string tenant_;
+  const uint64_t id_;
+  const int memfd_;
+  uint8_t* const base_;
+  const uint64_t bytes_;
+  // Hand-off state: guarded by ShmArenas::mu_.
+  std::string token_;
+  std::chrono::steady_clock::time_point attach_by_;
+  int conn_ = -1;  // The client's hand-off connection once attached.
+
+ private:
+  std::optional<uint64_t> FirstFit(uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const uint64_t at = it->first, left = it->second - bytes;
+      free_.erase(it);
+      if (left > 0) free_[at + bytes] = left;
+      return at;
+    }
+    return std::nullopt;
+  }
+  // Returns a range to the free map, merging it with its neighbours.
+  void FreeLocked(const Range& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t at = r.offset, n = r.bytes;
+    auto next = free_.lower_bound(at);
+    if (next != free_.end() && at + n == next->first) {
+      n += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == at) {
+        at = prev->first;
+        n += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[at] = n;
+  }
+  void Remember(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reclaimed_ids_.size() >= kReclaimedMemory) {
+      reclaimed_ids_.erase(reclaimed_ids_.begin());
+    }
+    reclaimed_ids_.insert(id);
+  }
+
+  mutable kvmem::Mutex mu_;
+  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
+  std::map<uint64_t, Range> leases_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> reclaimed_ids_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<ShmArenas>> ShmArenas::Start(
+    ShmOptions options) {
+  std::unique_ptr<ShmArenas> s(new ShmArenas(std::move(options)));
+  const std::string& path = s->options_.socket_path;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the shared-memory socket path \"", path, "\" is empty or longer than ",
+        sizeof addr.sun_path - 1, " bytes"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  s->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0) return Errno("socket");
+  ::unlink(path.c_str());
+  // Owner-only from the start: the umask covers the window before chmod.
+  const mode_t old_mask = ::umask(0077);
+  const int bound =
+      ::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::umask(old_mask);
+  if (bound != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind the shared-memory socket ", path, ": ",
+                     std::strerror(errno)));
+  }
+  if (::listen(s->listen_fd_, 64) != 0) return Errno("listen");
+  if (::pipe2(s->wake_, O_CLOEXEC) != 0) return Errno("pipe2");
+  s->thread_ = std::thread([p = s.get()] { p->Serve(); });
+  return s;
+}
+
+ShmArenas::~ShmArenas() {
+  if (thread_.joinable()) {
+    const char c = 'q';
+    (void)!::write(wake_[1], &c, 1);
+    thread_.join();
+  }
+  for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
+    if (fd >= 0) ::close(fd);
+  }
+  if (listen_fd_ >= 0) ::unlink(options_.socket_path.c_str());
+  kvmem::MutexLock lock(&mu_);
+  for (auto& [id, a] : arenas_) {
+    if (a->conn_ >= 0) ::close(a->conn_);
+  }
+  arenas_.clear();
+}
+
+absl::StatusOr<ShmArenas::Created> ShmArenas::Create(const std::string& tenant,
+                                                     uint64_t bytes) {
+  if (bytes == 0) bytes = options_.max_arena_bytes;
+  if (bytes > options_.max_arena_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes is ", bytes, "; this server's arenas hold at most ",
+        options_.max_arena_bytes, " (kvmem-server --shm_max_arena_bytes)"));
+  }
+  bytes = RoundUp(bytes);
+  {
+    kvmem::MutexLock lock(&mu_);
+    if (total_bytes_ + bytes > options_.max_total_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "an arena of ", bytes, " bytes would take this server's arenas to ",
+          total_bytes_ + bytes, " bytes; it allows ", options_.max_total_bytes,
+          " (kvmem-server --shm_max_total_bytes)"));
+    }
+    total_bytes_ += bytes;
+  }
+  auto unreserve = [&] {
+    kvmem::MutexLock lock(&mu_);
+    total_bytes_ -= bytes;
+  };
+  const int fd = ::memfd_create("kvmem-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    unreserve();
+    return Errno("memfd_create");
+  }
+  void* base = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
+          0) {
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (base == MAP_FAILED) {
+    const absl::Status s = Errno("an arena's memfd (ftruncate, seal, mmap)");
+    ::close(fd);
+    unreserve();
+    return s;
+  }
+  Created c;
+  c.bytes = bytes;
+  const uint64_t t[2] = {RandomU64(), RandomU64()};
+  c.token = absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(t), sizeof t));
+  kvmem::MutexLock lock(&mu_);
+  do {
+    c.arena_id = RandomU64();
+  } while (arenas_.contains(c.arena_id));
+  arenas_[c.arena_id] = std::make_shared<Arena>(
+      tenant, c.arena_id, fd, static_cast<uint8_t*>(base), bytes, c.token,
+      std::chrono::steady_clock::now() + options_.attach_timeout);
+  return c;
+}
+
+std::shared_ptr<ShmArenas::Arena> ShmArenas::Find(const std::string& tenant,
+                                                  uint64_t arena_id) const {
+  kvmem::MutexLock lock(&mu_);
+  auto it = arenas_.find(arena_id);
+  if (it == arenas_.end() || it->second->tenant_ != tenant) return nullptr;
+  return it->second;
+}
+
+absl::StatusOr<ShmArenas::Lease> ShmArenas::Reserve(const std::string& tenant,
+                                                    uint64_t arena_id,
+                                                    uint64_t bytes) {
+  std::shared_ptr<Arena> a = Find(tenant, arena_id);
+  if (a == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "shared-memory arena ", arena_id,
+        " is not known to this server (its client left, or the server "
+        "restarted): attach again (AttachSharedMemory)"));
+  }
+  {
+    kvmem::MutexLock lock(&mu_);
+    if (a->conn_ < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shared-memory arena ", arena_id,
+                       " has not been picked up on its hand-off socket yet"));
+    }
+  }
+  Lease l;
+  l.arena = a;
+  if (bytes == 0) return l;
+  if (bytes > a->bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the response needs ", bytes, " bytes; shared-memory arena ", arena_id,
+        " holds ", a->bytes_, ": attach a larger arena or fetch fewer blocks"));
+  }
+  uint64_t reclaimed = 0;
+  auto got = a->Allocate(bytes, options_.lease, &reclaimed);
+  if (reclaimed > 0) {
+    kvmem::MutexLock lock(&mu_);
+    reclaimed_ += reclaimed;
+  }
+  if (!got.ok()) return got.status();
+  l.lease_id = got->first;
+  l.offset = got->second;
+  l.bytes = bytes;
+  l.data = a->base_ + l.offset;
+  return l;
+}
+
+void ShmArenas::Abandon(const Lease& lease) {
+  if (lease.arena != nullptr && lease.lease_id != 0) {
+    lease.arena->Abandon(lease.lease_id);
+  }
+}
+
+absl::StatusOr<ShmArenas::Released> ShmArenas::Release(
+    const std::string& tenant, uint64_t arena_id,
+    const std::vector<uint64_t>& lease_ids) {
+  std::shared_ptr<Arena> a = Find(tenant, arena_id);
+  if (a == nullptr) {
+    return absl::NotFoundError(absl::StrCat("shared-memory arena ", arena_id,
+                                            " is not known to this server"));
+  }
+  Released r;
+  absl::Status s = a->Release(lease_ids, &r.released, &r.expired);
+  if (!s.ok()) return s;
+  return r;
+}
+
+ShmStats ShmArenas::Stats() const {
+  ShmStats s;
+  std::vector<std::shared_ptr<Arena>> arenas;
+  {
+    kvmem::MutexLock lock(&mu_);
+    s.arenas = arenas_.size();
+    s.arena_bytes = total_bytes_;
+    s.reclaimed_leases = reclaimed_;
+    s.dead_clients = dead_clients_;
+    for (const auto& [id, a] : arenas_) arenas.push_back(a);
+  }
+  for (const auto& a : arenas) a->AddStats(&s);
+  return s;
+}
+
+void ShmArenas::Drop(uint64_t arena_id, bool dead_client) {
+  std::shared_ptr<Arena> a;
+  {
+    kvmem::MutexLock lock(&mu_);
+    auto it = arenas_.find(arena_id);
+    if (it == arenas_.end()) return;
+    a = std::move(it->second);
+    arenas_.erase(it);
+    total_bytes_ -= a->bytes_;
+    if (dead_client) ++dead_clients_;
+    if (a->conn_ >= 0) ::close(a->conn_);
+    a->conn_ = -1;
+  }
+  // The mapping goes when the last lease being written lets go of it.
+}
+
+// A pending connection sends the 32 hex digits of a token; the arena they
+// name gets the connection, and the client a read-only descriptor.
+void ShmArenas::HandOff(int conn) {
+  char token[kTokenBytes];
+  size_t got = 0;
+  while (got < kTokenBytes) {
+    pollfd p{conn, POLLIN, 0};
+    if (::poll(&p, 1, 2000) != 1) break;
+    const ssize_t n = ::recv(conn, token + got, kTokenBytes - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  std::shared_ptr<Arena> a;
+  if (got == kTokenBytes) {
+    const absl::string_view t(token, kTokenBytes);
+    kvmem::MutexLock lock(&mu_);
+    for (auto& [id, arena] : arenas_) {
+      if (!arena->token_.empty() && arena->token_ == t) {
+        a = arena;
+        arena->token_.clear();  // One use.
+        break;
+      }
+    }
+  }
+  if (a == nullptr) {
+    ::close(conn);
+    return;
+  }
+  // The arena counts as attached before the client can hear so: its next
+  // call may come before this thread runs again.
+  {
+    kvmem::MutexLock lock(&mu_);
+    if (!arenas_.contains(a->id_)) {
+      ::close(conn);
+      return;
+    }
+    a->conn_ = conn;
+  }
+  const int ro = ::open(absl::StrCat("/proc/self/fd/", a->memfd_).c_str(),
+                        O_RDONLY | O_CLOEXEC);
+  uint64_t payload[2] = {a->id_, a->bytes_};
+  iovec iov{payload, sizeof payload};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &ro, sizeof ro);
+  const bool sent =
+      ro >= 0 && ::sendmsg(conn, &msg, MSG_NOSIGNAL) == sizeof payload;
+  if (ro >= 0) ::close(ro);
+  if (!sent) Drop(a->id_, false);  // Closes conn.
+}
+
+// The hand-off thread: accepts, hands off, and watches attached clients'
+// connections (EOF: the client is gone, its arena with it).
+void ShmArenas::Serve() {
+  for (;;) {
+    std::vector<pollfd> fds = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    std::vector<uint64_t> ids = {0, 0};
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<uint64_t> stale;
+    {
+      kvmem::MutexLock lock(&mu_);
+      for (const auto& [id, a] : arenas_) {
+        if (a->conn_ >= 0) {
+          fds.push_back({a->conn_, POLLIN, 0});
+          ids.push_back(id);
+        } else if (!a->token_.empty() && now > a->attach_by_) {
+          stale.push_back(id);
+        }
+      }
+    }
+    for (uint64_t id : stale) Drop(id, false);
+    if (::poll(fds.data(), fds.size(), 500) < 0 && errno != EINTR) return;
+    if (fds[0].revents != 0) return;
+    if (fds[1].revents & POLLIN) {
+      const int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (conn >= 0) HandOff(conn);
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      char buf[64];
+      const ssize_t n = ::recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        Drop(ids[i], true);
+      }
+    }
+  }
+}
+
+}  // namespace kvmem

@@ -1,0 +1,448 @@
+// The token path against the real kvmem-server (issue 18): shared-memory
+// delivery (memfd + SCM_RIGHTS, leases), fetches into a reused buffer, and
+// recall with delivery and deltas. Every path is checked byte for byte
+// against the frames the test appended; then lease expiry, a client killed
+// while holding leases, a server restart under a client's mapping, and
+// tenants that cannot reach each other's arenas.
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "client/cpp/kvmem_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/stream_model.h"
+#include "tests/wire_fixture.h"
+#include "tools/common/server_process.h"
+
+extern char** environ;
+
+namespace kvmem {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::StreamModel;
+using testing::TestGeometry;
+using testing::ToOutgoing;
+using StatusCode = grpc::StatusCode;
+
+constexpr uint32_t kFpb = 2;     // Frames per block.
+constexpr uint32_t kTokens = 8;  // Tokens per frame.
+constexpr char kKeyA[] = "key-of-tenant-a-0123456789";
+constexpr char kKeyB[] = "key-of-tenant-b-9876543210";
+
+enum class Tier { kWarm, kCold, kDegraded };
+
+v1::StreamConfig Config(const TestGeometry& g, Tier tier) {
+  v1::StreamConfig c = testing::WireConfig(g, kFpb * kTokens, kFpb, {1});
+  c.mutable_block_policy()->set_mode(v1::SEGMENT_MODE_FIXED);
+  v1::TierPolicy* t = c.mutable_tier_policy();
+  t->set_warm_budget_bytes(tier == Tier::kWarm ? (1ull << 30) : 1);
+  if (tier == Tier::kDegraded) t->set_cold_budget_bytes(1);
+  return c;
+}
+
+// A block's bytes as the test computes them from the frames it appended:
+// the frames back to back, or (layer-major) K then V of each wanted layer,
+// each [kv_heads][tokens][head_dim].
+std::string Expected(const StreamModel& m, const TestGeometry& g,
+                     uint64_t block, bool layer_major,
+                     std::vector<uint32_t> layers = {}) {
+  const auto& frames = m.frames();
+  std::string out;
+  if (!layer_major) {
+    for (uint32_t f = 0; f < kFpb; ++f) out += frames[block * kFpb + f].bytes;
+    return out;
+  }
+  if (layers.empty()) {
+    for (uint32_t l = 0; l < g.layers; ++l) layers.push_back(l);
+  }
+  const size_t row = size_t{g.head_dim} * 2;  // fp16
+  for (uint32_t l : layers) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t f = 0; f < kFpb; ++f) {
+          const std::string& b = frames[block * kFpb + f].bytes;
+          const size_t slice = size_t{g.kv_heads} * kTokens * row;
+          out.append(b, (2 * l + kv) * slice + h * kTokens * row,
+                     kTokens * row);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::string Bytes(const BlockView& v) {
+  return std::string(reinterpret_cast<const char*>(v.data), v.size);
+}
+
+class ShmTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    clients_.clear();
+    if (server_ != nullptr) {
+      EXPECT_EQ(server_->Stop(), 0);
+    }
+  }
+
+  void Start(std::vector<std::string> args = {}) {
+    ServerProcessOptions o;
+    o.binary = KVMEM_SERVER_BINARY;
+    o.data_dir = dir_.path() + "/data";
+    o.unix_socket = dir_.path() + "/kvmem.sock";
+    o.listen = "127.0.0.1:0";
+    o.log_file = dir_.path() + "/server.log";
+    o.extra_args = std::move(args);
+    server_ = std::make_unique<ServerProcess>(o);
+    std::string error;
+    ASSERT_TRUE(server_->Start(std::chrono::seconds(30), &error)) << error;
+  }
+
+  KvmemClient* Client(const std::string& key = "", bool tcp = false,
+                      uint64_t arena_bytes = 0) {
+    ClientOptions o;
+    o.api_key = key;
+    o.own_connection = true;
+    if (arena_bytes != 0) o.shm_arena_bytes = arena_bytes;
+    clients_.push_back(KvmemClient::Connect(
+        tcp ? server_->tcp_target() : server_->target(), o));
+    return clients_.back().get();
+  }
+
+  // Opens `id` in `tier` and appends `blocks` blocks (+1 frame, so the last
+  // block is sealed and past nothing); waits until block 0 is in the tier.
+  void Load(KvmemClient* c, const std::string& id, Tier tier, uint32_t blocks) {
+    v1::OpenStreamResponse opened;
+    ASSERT_TRUE(c->OpenStream(id, Config(g_, tier), &opened).ok());
+    std::vector<OutgoingFrame> frames;
+    for (uint32_t f = 0; f < blocks * kFpb + 1; ++f) {
+      frames.push_back(ToOutgoing(model_.AddFrame(rng_, kTokens), f));
+    }
+    v1::AppendFramesResponse resp;
+    grpc::Status s = c->AppendFrames(id, frames, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const v1::Tier want = tier == Tier::kWarm   ? v1::TIER_WARM
+                          : tier == Tier::kCold ? v1::TIER_COLD
+                                                : v1::TIER_DEGRADED;
+    for (int i = 0; i < 500; ++i) {
+      std::vector<FetchedBlock> b;
+      ASSERT_TRUE(c->FetchBlocks(id, {0}, &b).ok());
+      if (b[0].info.tier() == want) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "block 0 of " << id << " never reached tier " << want;
+  }
+
+  v1::RecallRequest Query(const std::string& id, float seed) {
+    v1::RecallRequest r;
+    r.set_stream_id(id);
+    std::mt19937_64 rng(static_cast<uint64_t>(seed * 1000));
+    std::normal_distribution<float> n(0, 1);
+    for (size_t i = 0; i < model_.summary_dim(); ++i) r.add_query(n(rng));
+    r.mutable_budget()->set_max_tokens(2 * kFpb * kTokens);
+    return r;
+  }
+
+  testing::TempDir dir_;
+  TestGeometry g_;
+  std::mt19937_64 rng_{18};
+  StreamModel model_{g_, kFpb, kFpb* kTokens, {1}};
+  std::unique_ptr<ServerProcess> server_;
+  std::vector<std::unique_ptr<KvmemClient>> clients_;
+};
+
+// Warm and cold blocks come back byte-exact through every path (gRPC
+// stream, the reused buffer, shared memory) in both layouts and for a
+// subset of layers; degraded blocks equal through all paths.
+TEST_F(ShmTest, EveryPathAndTierIsByteExact) {
+  Start();
+  KvmemClient* c = Client();
+  const std::vector<uint64_t> ids = {2, 0, 1};
+  std::vector<uint8_t> buffer;
+  for (Tier tier : {Tier::kWarm, Tier::kCold, Tier::kDegraded}) {
+    const std::string id = "cam-" + std::to_string(static_cast<int>(tier));
+    model_ = StreamModel(g_, kFpb, kFpb * kTokens, {1});
+    Load(c, id, tier, 3);
+    for (int layout = 0; layout < 3; ++layout) {
+      FetchOptions o;
+      std::vector<uint32_t> layers;
+      if (layout > 0) o.layout = v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR;
+      if (layout == 2) layers = o.layers = {2, 0};
+      SCOPED_TRACE(id + " layout " + std::to_string(layout));
+      std::vector<BlockView> into;
+      grpc::Status s = c->FetchInto(id, ids, o, &buffer, &into);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      Delivery shared;
+      s = c->FetchShared(id, ids, o, &shared);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      ASSERT_TRUE(shared.shared_memory());
+      ASSERT_EQ(shared.blocks().size(), ids.size());
+      ASSERT_EQ(into.size(), ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) {
+        EXPECT_EQ(shared.blocks()[i].info.block_id(), ids[i]);
+        EXPECT_EQ(Bytes(shared.blocks()[i]), Bytes(into[i]));
+        if (tier != Tier::kDegraded) {
+          EXPECT_EQ(Bytes(into[i]),
+                    Expected(model_, g_, ids[i], layout > 0, layers));
+        } else {
+          EXPECT_EQ(into[i].size,
+                    Expected(model_, g_, ids[i], layout > 0, layers).size());
+        }
+      }
+      EXPECT_TRUE(shared.Release().ok());
+    }
+  }
+}
+
+// Recall with delivery: the recalled blocks' bytes in the same exchange,
+// inline and through shared memory, unary and over a Session; a recall that
+// says which blocks it holds gets only the others.
+TEST_F(ShmTest, RecallDeliversItsSetAndDeltasMoveOnlyNewBlocks) {
+  Start();
+  KvmemClient* c = Client();
+  Load(c, "cam", Tier::kWarm, 6);
+  for (auto mode : {v1::RecallDelivery::MODE_INLINE,
+                    v1::RecallDelivery::MODE_SHARED_MEMORY}) {
+    SCOPED_TRACE(mode);
+    v1::RecallRequest req = Query("cam", 1);
+    req.mutable_delivery()->set_mode(mode);
+    req.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+    v1::RecallResponse resp;
+    Delivery d;
+    grpc::Status s = c->RecallDelivered(req, &resp, &d);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_GE(resp.blocks_size(), 2);
+    ASSERT_EQ(d.blocks().size(), static_cast<size_t>(resp.blocks_size()));
+    EXPECT_EQ(d.shared_memory(),
+              mode == v1::RecallDelivery::MODE_SHARED_MEMORY);
+    uint64_t bytes = 0;
+    for (int i = 0; i < resp.blocks_size(); ++i) {
+      EXPECT_EQ(d.blocks()[i].block_id, resp.blocks(i).block_id());
+      EXPECT_EQ(Bytes(d.blocks()[i]),
+                Expected(model_, g_, resp.blocks(i).block_id(), true));
+      bytes += d.blocks()[i].size;
+    }
+    EXPECT_EQ(resp.delivered_bytes(), bytes);
+
+    // The next frame's recall: the client holds the first block of the set
+    // (and one the set does not have): only the rest moves.
+    v1::RecallRequest next = req;
+    next.mutable_delivery()->add_held_block_ids(resp.blocks(0).block_id());
+    next.mutable_delivery()->add_held_block_ids(999);
+    v1::RecallResponse again;
+    Delivery delta;
+    s = c->RecallDelivered(next, &again, &delta);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(again.blocks_size(), resp.blocks_size());
+    EXPECT_EQ(again.held_blocks(), 1u);
+    ASSERT_EQ(delta.blocks().size(),
+              static_cast<size_t>(resp.blocks_size() - 1));
+    for (const BlockView& v : delta.blocks()) {
+      EXPECT_NE(v.block_id, resp.blocks(0).block_id());
+      EXPECT_EQ(Bytes(v), Expected(model_, g_, v.block_id, true));
+    }
+    EXPECT_EQ(again.delivered_bytes(), bytes - d.blocks()[0].size);
+
+    // Over a Session.
+    std::unique_ptr<SessionClient> session;
+    ASSERT_TRUE(c->StartSession("cam", nullptr, &session).ok());
+    v1::RecallResponse sresp;
+    Delivery sd;
+    v1::RecallRequest sreq = next;
+    sreq.clear_stream_id();
+    s = session->RecallDelivered(sreq, &sresp, &sd);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(sd.blocks().size(), delta.blocks().size());
+    for (size_t i = 0; i < sd.blocks().size(); ++i) {
+      EXPECT_EQ(Bytes(sd.blocks()[i]), Bytes(delta.blocks()[i]));
+    }
+    EXPECT_TRUE(sd.Release().ok());
+    EXPECT_TRUE(session->Finish().ok());
+  }
+}
+
+// A lease held past --shm_lease_ms is reclaimed when the arena needs the
+// room, and its holder hears so (DATA_LOSS) on release; before that, a
+// full arena answers RESOURCE_EXHAUSTED and takes nothing.
+TEST_F(ShmTest, LeasesExpireOnlyWhenTheRoomIsNeeded) {
+  Start({"--shm_lease_ms=300"});
+  const uint64_t block =
+      uint64_t{kFpb} * g_.layers * 2 * g_.kv_heads * kTokens * g_.head_dim * 2;
+  // Room for one lease of two blocks (leases take whole 4 KiB pages), not
+  // two.
+  KvmemClient* c = Client("", false, 3 * block);
+  Load(c, "cam", Tier::kWarm, 4);
+  Delivery a, b;
+  ASSERT_TRUE(c->FetchShared("cam", {0, 1}, {}, &a).ok());
+  grpc::Status s = c->FetchShared("cam", {2, 3}, {}, &b);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("live leases"));
+  EXPECT_EQ(Bytes(a.blocks()[1]), Expected(model_, g_, 1, false));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  s = c->FetchShared("cam", {2, 3}, {}, &b);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Bytes(b.blocks()[0]), Expected(model_, g_, 2, false));
+  s = a.Release();
+  EXPECT_EQ(s.error_code(), StatusCode::DATA_LOSS) << s.error_message();
+  const uint64_t lease = b.lease_id();
+  EXPECT_TRUE(b.Release().ok());
+  // A released lease cannot be released twice.
+  v1::ReleaseLeasesResponse r;
+  s = c->ReleaseLeases(c->shm_arena_id(), {lease}, &r);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("released already"));
+}
+
+// Attaches an arena that fills the server's shared memory, fetches under a
+// lease, says "holding" and waits to be killed. Run by the test below as a
+// child process (the same binary).
+TEST(ShmChild, HoldLeasesUntilKilled) {
+  const char* target = std::getenv("KVMEM_SHM_CHILD_TARGET");
+  if (target == nullptr) GTEST_SKIP() << "run by ClientKilledHoldingLeases";
+  ClientOptions o;
+  o.shm_arena_bytes = 8 << 20;
+  auto c = KvmemClient::Connect(target, o);
+  Delivery d;
+  grpc::Status s = c->FetchShared("cam", {0, 1}, {}, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::printf("holding %zu blocks\n", d.blocks().size());
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+// A client killed while it holds an arena and a lease frees both at once
+// (its hand-off connection closes with it): the server's whole shared
+// memory, which the dead client held, is free for the next client.
+TEST_F(ShmTest, ClientKilledHoldingLeasesFreesItsArena) {
+  Start({"--shm_max_total_bytes=8388608", "--shm_max_arena_bytes=8388608"});
+  KvmemClient* c = Client("", false, 8 << 20);
+  Load(c, "cam", Tier::kWarm, 2);
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  const std::string target = "KVMEM_SHM_CHILD_TARGET=" + server_->target();
+  std::vector<char*> env = {const_cast<char*>(target.c_str())};
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  env.push_back(nullptr);
+  char filter[] = "--gtest_filter=ShmChild.HoldLeasesUntilKilled";
+  char self[] = "/proc/self/exe";
+  char* argv[] = {self, filter, nullptr};
+  pid_t child;
+  ASSERT_EQ(posix_spawn(&child, self, &fa, nullptr, argv, env.data()), 0);
+  ::close(out[1]);
+  std::string said;
+  char buf[256];
+  while (said.find("holding 2 blocks") == std::string::npos) {
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    ASSERT_GT(n, 0) << "the child ended early: " << said;
+    said.append(buf, static_cast<size_t>(n));
+  }
+  // While the child lives, its arena holds all the server allows.
+  grpc::Status s = c->AttachSharedMemory();
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(out[0]);
+  for (int i = 0; i < 100 && !s.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    s = c->AttachSharedMemory();
+  }
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  Delivery d;
+  s = c->FetchShared("cam", {0, 1}, {}, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Bytes(d.blocks()[1]), Expected(model_, g_, 1, false));
+}
+
+// A server restart under a client's mapping: the bytes it holds stay as
+// they were, its release is quietly done, and its next fetch attaches a
+// new arena by itself and is byte-exact.
+TEST_F(ShmTest, ServerRestartKeepsHeldBytesAndReattaches) {
+  Start();
+  KvmemClient* c = Client();
+  Load(c, "cam", Tier::kCold, 3);
+  Delivery held;
+  ASSERT_TRUE(c->FetchShared("cam", {0, 1, 2}, {}, &held).ok());
+  const uint64_t arena = c->shm_arena_id();
+  EXPECT_EQ(server_->Stop(), 0);
+  Start();
+  ASSERT_TRUE(c->WaitForReady(std::chrono::seconds(10)));
+  for (uint64_t b = 0; b < 3; ++b) {
+    EXPECT_EQ(Bytes(held.blocks()[b]), Expected(model_, g_, b, false));
+  }
+  EXPECT_TRUE(held.Release().ok());
+  Delivery d;
+  grpc::Status s = c->FetchShared("cam", {2, 1}, {}, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_NE(c->shm_arena_id(), arena);
+  EXPECT_EQ(Bytes(d.blocks()[0]), Expected(model_, g_, 2, false));
+  EXPECT_EQ(Bytes(d.blocks()[1]), Expected(model_, g_, 1, false));
+}
+
+// Tenants: one cannot place bytes in, or release leases of, another's
+// arena, nor pick up its descriptor with a made-up token; a TCP caller
+// gets no shared memory at all.
+TEST_F(ShmTest, ArenasBelongToTheirTenantAndToThisHost) {
+  const std::string keys = dir_.path() + "/keys";
+  std::ofstream(keys) << "tenant-a:" << kKeyA << "\ntenant-b:" << kKeyB << "\n";
+  Start({"--api_keys_file=" + keys});
+  KvmemClient* a = Client(kKeyA);
+  KvmemClient* b = Client(kKeyB);
+  Load(a, "cam", Tier::kWarm, 2);
+  Load(b, "cam", Tier::kWarm, 2);  // Same name, b's own stream.
+  Delivery da;
+  ASSERT_TRUE(a->FetchShared("cam", {0}, {}, &da).ok());
+  ASSERT_TRUE(b->AttachSharedMemory().ok());
+  // b's request naming a's arena (the stream is b's own "cam").
+  grpc::ClientContext ctx;
+  KvmemClient::Authorize(b->options(), &ctx, "cam");
+  v1::FetchBlocksRequest req;
+  req.set_stream_id("cam");
+  req.add_block_ids(0);
+  req.set_shm_arena_id(a->shm_arena_id());
+  auto reader = b->stub()->FetchBlocks(&ctx, req);
+  v1::FetchBlocksResponse r;
+  EXPECT_FALSE(reader->Read(&r));
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND) << s.error_message();
+  v1::ReleaseLeasesResponse rel;
+  s = b->ReleaseLeases(a->shm_arena_id(), {da.lease_id()}, &rel);
+  EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND);
+  // A made-up token gets no descriptor: the server just hangs up.
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = dir_.path() + "/kvmem.sock.shm";
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::write(fd, std::string(32, '0').data(), 32), 32);
+  char got[16];
+  EXPECT_EQ(::read(fd, got, sizeof got), 0);
+  ::close(fd);
+  // a's bytes are untouched and its release works.
+  EXPECT_EQ(Bytes(da.blocks()[0]), Expected(model_, g_, 0, false));
+  EXPECT_TRUE(da.Release().ok());
+  // Over TCP: no shared memory.
+  KvmemClient* remote = Client(kKeyA, /*tcp=*/true);
+  s = remote->AttachSharedMemory();
+  EXPECT_EQ(s.error_code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("unix socket"));
+}
+
+}  // namespace
+}  // namespace kvmem
