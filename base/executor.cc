@@ -1,5 +1,8 @@
 #include "base/executor.h"
 
+#include <atomic>
+#include <memory>
+
 namespace kvmem {
 
 Executor::Executor(int threads) {
@@ -36,6 +39,37 @@ void Executor::Run() {
     }
     task();
   }
+}
+
+void ParallelFor(Executor* executor, size_t n, int helpers,
+                 const std::function<void(size_t)>& fn) {
+  struct State {
+    explicit State(size_t n) : n(n) {}
+    const size_t n;
+    std::atomic<size_t> next{0};
+    kvmem::Mutex mu;
+    size_t done ABSL_GUARDED_BY(mu) = 0;
+    static bool AllDone(State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return s->done == s->n;
+    }
+  };
+  auto state = std::make_shared<State>(n);
+  // fn is only called for a claimed index, and this call returns after all
+  // n have run: a helper that starts later finds nothing left and never
+  // touches fn.
+  auto work = [state, n, f = &fn] {
+    for (size_t i; (i = state->next.fetch_add(1)) < n;) {
+      (*f)(i);
+      kvmem::MutexLock lock(&state->mu);
+      ++state->done;
+    }
+  };
+  for (int h = 0; h < helpers && static_cast<size_t>(h + 1) < n; ++h) {
+    executor->Submit(work);
+  }
+  work();
+  kvmem::MutexLock lock(&state->mu);
+  state->mu.Await(kvmem::Condition(&State::AllDone, state.get()));
 }
 
 }  // namespace kvmem

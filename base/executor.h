@@ -36,6 +36,13 @@ class Executor {
   std::vector<std::thread> workers_;
 };
 
+// Runs fn(0), ..., fn(n - 1) on this thread and on up to `helpers` tasks of
+// `executor`, each claiming the next index as it becomes free; returns when
+// all have run. Safe from a task of the same executor: an index no helper
+// has claimed yet is run here, so this never waits on a queued task.
+void ParallelFor(Executor* executor, size_t n, int helpers,
+                 const std::function<void(size_t)>& fn);
+
 }  // namespace kvmem
 
 #endif  // KVMEM_BASE_EXECUTOR_H_

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "engine/codec/dtype.h"
 
 namespace kvmem {
@@ -257,7 +259,34 @@ struct StreamStats {
 struct PayloadPiece {
   uint64_t frame_index = 0;  // FRAME_MAJOR: the frame; else the block's first.
   uint32_t layer = 0;        // BLOCK_LAYER_MAJOR: the layer.
-  std::string bytes;
+  // The bytes: parts back to back, in memory that `keep` holds alive (a
+  // warm block's own, or a buffer made for the read), so a sender can hand
+  // them on without copying.
+  std::vector<absl::string_view> parts;
+  std::shared_ptr<const void> keep;
+
+  size_t size() const {
+    size_t n = 0;
+    for (absl::string_view p : parts) n += p.size();
+    return n;
+  }
+  std::string ToString() const {
+    std::string out;
+    out.reserve(size());
+    for (absl::string_view p : parts) out.append(p.data(), p.size());
+    return out;
+  }
+  // A piece owning `bytes`.
+  static PayloadPiece Owning(uint64_t frame_index, uint32_t layer,
+                             std::string bytes) {
+    auto owned = std::make_shared<const std::string>(std::move(bytes));
+    PayloadPiece p;
+    p.frame_index = frame_index;
+    p.layer = layer;
+    p.parts = {*owned};
+    p.keep = std::move(owned);
+    return p;
+  }
 };
 
 enum class PayloadLayout { kFrameMajor, kBlockLayerMajor };

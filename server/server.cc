@@ -132,6 +132,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   ServiceOptions service_options;
   service_options.metrics = s->metrics_.get();
   service_options.shm = s->shm_.get();
+  service_options.copy_helpers = std::clamp(
+      static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 3);
   service_options.max_inline_bytes =
       static_cast<uint64_t>(o.max_message_bytes) - (1u << 20);
   service_options.max_chunk_bytes = static_cast<uint32_t>(o.max_chunk_bytes);

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "base/crc32c.h"
 #include "base/sync.h"
 #include "rocksdb/db.h"
 #include "rocksdb/filter_policy.h"
@@ -276,6 +277,38 @@ uint64_t AutoReserve(const RocksColdStoreOptions& o) {
          (64ull << 20);
 }
 
+// A layer record's trailer: CRC32C of the bytes (little-endian), then
+// kLayerMagic.
+constexpr char kLayerMagic[4] = {'K', 'V', 'C', '1'};
+constexpr size_t kTrailerBytes = 8;
+
+std::string LayerTrailer(absl::string_view bytes) {
+  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+  std::string t(kTrailerBytes, '\0');
+  for (int i = 0; i < 4; ++i) t[i] = static_cast<char>(crc >> (8 * i));
+  std::memcpy(t.data() + 4, kLayerMagic, 4);
+  return t;
+}
+
+// True (and the trailer stripped from *v) when *v ends with a trailer whose
+// CRC matches. Otherwise the caller reads the record again with RocksDB's
+// own check: a record written without a trailer, or a damaged one (which
+// that check then reports).
+bool StripLayerTrailer(std::string* v) {
+  if (v->size() < kTrailerBytes ||
+      std::memcmp(v->data() + v->size() - 4, kLayerMagic, 4) != 0) {
+    return false;
+  }
+  const size_t n = v->size() - kTrailerBytes;
+  uint32_t stored = 0;
+  for (int i = 0; i < 4; ++i) {
+    stored |= uint32_t{static_cast<uint8_t>((*v)[n + i])} << (8 * i);
+  }
+  if (Crc32c(v->data(), n) != stored) return false;
+  v->resize(n);
+  return true;
+}
+
 class RocksColdStore final : public ColdStore {
  public:
   // Opens read-write; on a disk too full to open read-write (RocksDB
@@ -344,8 +377,15 @@ class RocksColdStore final : public ColdStore {
       }
     }
     for (const auto& l : write.block_layers) {
-      batch.Put(block_layers_, LayerKey(write.stream_id, l.block_id, l.layer),
-                l.bytes);
+      const std::string key = LayerKey(write.stream_id, l.block_id, l.layer);
+      if (!options_.layer_checksums) {
+        batch.Put(block_layers_, key, l.bytes);
+        continue;
+      }
+      const std::string trailer = LayerTrailer(l.bytes);
+      const rocksdb::Slice key_part(key), parts[2] = {l.bytes, trailer};
+      batch.Put(block_layers_, rocksdb::SliceParts(&key_part, 1),
+                rocksdb::SliceParts(parts, 2));
     }
     for (const auto& [id, record] : write.blocks) {
       batch.Put(blocks_, NumberedKey(write.stream_id, id), record);
@@ -369,10 +409,28 @@ class RocksColdStore final : public ColdStore {
   absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
                                             uint64_t block_id,
                                             uint32_t layer) override {
-    return Get(&RocksColdStore::block_layers_,
-               LayerKey(stream_id, block_id, layer),
-               absl::StrCat("layer ", layer, " of block ", block_id,
-                            " of stream ", stream_id));
+    const std::string key = LayerKey(stream_id, block_id, layer);
+    auto what = [&] {
+      return absl::StrCat("layer ", layer, " of block ", block_id,
+                          " of stream ", stream_id);
+    };
+    // Our own checksum (RocksDB's off); a record without a good one is read
+    // again with RocksDB's: older records, or damaged ones (DATA_LOSS).
+    absl::StatusOr<std::string> v =
+        Get(&RocksColdStore::block_layers_, key, what(),
+            /*verify=*/options_.verify_layers_with_rocksdb);
+    if (options_.verify_layers_with_rocksdb) {
+      if (v.ok()) StripLayerTrailer(&*v);
+      return v;
+    }
+    if (!v.ok() || StripLayerTrailer(&*v)) return v;
+    // RocksDB's check passed: a trailer that checks now was damaged in
+    // flight the first time; none (or one that does not check) is an older
+    // record's last bytes, returned whole (a wrong size is the engine's
+    // DATA_LOSS).
+    v = Get(&RocksColdStore::block_layers_, key, what(), /*verify=*/true);
+    if (v.ok()) StripLayerTrailer(&*v);
+    return v;
   }
 
   absl::Status ScanBlocks(
@@ -702,12 +760,13 @@ class RocksColdStore final : public ColdStore {
   // cf names the handle member: read under the lock, a reopen replaces it.
   absl::StatusOr<std::string> Get(
       rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,
-      const std::string& what) {
+      const std::string& what, bool verify = true) {
     std::string value;
     kvmem::ReaderMutexLock lock(&db_mu_);
     KVMEM_STORE_OPEN_OR_RETURN();
-    rocksdb::Status s =
-        db_.db->Get(rocksdb::ReadOptions(), this->*cf, key, &value);
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = verify;
+    rocksdb::Status s = db_.db->Get(ro, this->*cf, key, &value);
     if (s.IsNotFound()) {
       return absl::NotFoundError(absl::StrCat(what, " is not stored"));
     }

@@ -59,6 +59,17 @@ struct RocksColdStoreOptions {
   // memtable sizes plus 64 MiB; 0: no guard.
   static constexpr uint64_t kAutoReserve = UINT64_MAX;
   uint64_t reserve_bytes = kAutoReserve;
+  // Block layer records (the cold and degraded tiers' form) carry a CRC32C
+  // of their own (base/crc32c.h: SSE4.2 where the CPU has it) in an 8-byte
+  // trailer, and are read with RocksDB's checksum off: Debian's RocksDB
+  // checks blobs in software at ~1.6 GB/s. A record without the trailer
+  // (written before, or with this false) is read with RocksDB's check. A
+  // mismatch is DATA_LOSS either way. false: write records as before (tests
+  // of stores written by older builds).
+  bool layer_checksums = true;
+  // Read layer records with RocksDB's own check only (one verified Get):
+  // the reference `kvmem bench --fetch` measures the trailer against.
+  bool verify_layers_with_rocksdb = false;
 };
 
 // Opens (creating if missing) the store at options.path.

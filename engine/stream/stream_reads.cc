@@ -114,14 +114,22 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
   if (layout == PayloadLayout::kFrameMajor) {
     uint64_t f = first;
     for (std::string& bytes : snap.warm->ToFrames(snap.rec.frame_tokens)) {
-      pieces.push_back({f++, 0, std::move(bytes)});
+      pieces.push_back(PayloadPiece::Owning(f++, 0, std::move(bytes)));
     }
     return pieces;
   }
   for (size_t i = 0; i < wanted.size(); ++i) {
-    pieces.push_back({first, wanted[i],
-                      snap.warm ? snap.warm->LayerRecord(wanted[i])
-                                : std::move(snap.records[i])});
+    if (!snap.warm) {
+      pieces.push_back(
+          PayloadPiece::Owning(first, wanted[i], std::move(snap.records[i])));
+      continue;
+    }
+    // Straight from the warm block's memory, K then V.
+    PayloadPiece& p = pieces.emplace_back();
+    p.frame_index = first;
+    p.layer = wanted[i];
+    p.parts = {snap.warm->K(wanted[i]), snap.warm->V(wanted[i])};
+    p.keep = snap.warm;
   }
   return pieces;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.pb.h"
 #include "server/ops/tenancy.h"
@@ -30,8 +31,10 @@ struct Placed {
 
 // Reserves one lease of the caller's arena for the blocks (in this order)
 // and writes each block's payload there, one copy from RAM or the store's
-// read. On error the lease is given back. shm null: FAILED_PRECONDITION.
-absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, const Caller& caller,
+// read, blocks in parallel on this thread and up to `helpers` executor
+// tasks. On error the lease is given back. shm null: FAILED_PRECONDITION.
+absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, Executor* executor,
+                                   int helpers, const Caller& caller,
                                    uint64_t arena_id,
                                    const StreamHandle& stream,
                                    const std::vector<uint64_t>& block_ids,
@@ -41,8 +44,8 @@ absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, const Caller& caller,
 // Fills resp->delivered for a recall made with req.delivery: every block of
 // resp (of all its sets, once, in recall order) the client does not hold.
 // Inline bytes count against max_inline_bytes (RESOURCE_EXHAUSTED beyond).
-absl::Status DeliverRecall(ShmArenas* shm, const Caller& caller,
-                           const StreamHandle& stream,
+absl::Status DeliverRecall(ShmArenas* shm, Executor* executor, int helpers,
+                           const Caller& caller, const StreamHandle& stream,
                            const v1::RecallDelivery& req,
                            uint64_t max_inline_bytes, v1::RecallResponse* resp);
 

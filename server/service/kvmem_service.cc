@@ -89,7 +89,8 @@ bool Delivers(const v1::RecallRequest& req) {
   return req.delivery().mode() != v1::RecallDelivery::MODE_UNSPECIFIED;
 }
 
-absl::Status RunRecallDelivering(MemoryEngine* engine, const Caller& caller,
+absl::Status RunRecallDelivering(MemoryEngine* engine, Executor* executor,
+                                 const Caller& caller,
                                  const ServiceOptions& options,
                                  const std::string& engine_id,
                                  const v1::RecallRequest& req,
@@ -98,8 +99,8 @@ absl::Status RunRecallDelivering(MemoryEngine* engine, const Caller& caller,
       RunRecall(engine, engine_id, req, resp, options.metrics, session));
   if (!Delivers(req)) return absl::OkStatus();
   KVMEM_ASSIGN_OR_RETURN(const StreamHandle stream, engine->Find(engine_id));
-  return DeliverRecall(options.shm, caller, stream, req.delivery(),
-                       options.max_inline_bytes, resp);
+  return DeliverRecall(options.shm, executor, options.copy_helpers, caller,
+                       stream, req.delivery(), options.max_inline_bytes, resp);
 }
 
 KvMemoryService::KvMemoryService(MemoryEngine* engine, Executor* executor,
@@ -217,10 +218,11 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
                        c = *std::move(c)] {
       v1::RecallResponse resp;
       absl::StatusOr<std::string> id = c.EngineId(req.stream_id());
-      const absl::Status s = c.Scrub(
-          id.ok() ? RunRecallDelivering(engine_, c, options_, *id, req, &resp,
-                                        /*session=*/false)
-                  : id.status());
+      const absl::Status s =
+          c.Scrub(id.ok() ? RunRecallDelivering(engine_, executor_, c, options_,
+                                                *id, req, &resp,
+                                                /*session=*/false)
+                          : id.status());
       reactor->Finish(s.ok() ? SerializeMessage(resp, out) : ToGrpcStatus(s));
     });
     return reactor;

@@ -36,6 +36,9 @@ struct ServiceOptions {
   // Shared-memory arenas (AttachSharedMemory, delivery into them); null:
   // none. REQUIRES: outlives the service.
   ShmArenas* shm = nullptr;
+  // Executor tasks that help copy a shared-memory delivery's blocks (beside
+  // the task placing them).
+  int copy_helpers = 1;
   // The most KV bytes a recall delivers inline (keep below the transport's
   // max message size).
   uint64_t max_inline_bytes = 60ull << 20;
@@ -118,7 +121,8 @@ bool Delivers(const v1::RecallRequest& req);
 
 // RunRecall, then, when the request asks for it, delivery of the recalled
 // blocks' bytes (server/service/delivery.h).
-absl::Status RunRecallDelivering(MemoryEngine* engine, const Caller& caller,
+absl::Status RunRecallDelivering(MemoryEngine* engine, Executor* executor,
+                                 const Caller& caller,
                                  const ServiceOptions& options,
                                  const std::string& engine_id,
                                  const v1::RecallRequest& req,

@@ -298,10 +298,11 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
           req_.recall().stream_id().empty() && ingest_
               ? absl::StatusOr<std::string>(ingest_->stream().id())
               : caller_.EngineId(req_.recall().stream_id());
-      s = id.ok() ? RunRecallDelivering(engine_, caller_, options_, *id,
-                                        req_.recall(), resp->mutable_recall(),
-                                        /*session=*/true)
-                  : id.status();
+      s = id.ok()
+              ? RunRecallDelivering(engine_, executor_, caller_, options_, *id,
+                                    req_.recall(), resp->mutable_recall(),
+                                    /*session=*/true)
+              : id.status();
       s = caller_.Scrub(s);
       if (!s.ok()) {
         resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));

@@ -36,6 +36,58 @@ grpc::Status SerializeMessage(const google::protobuf::MessageLite& msg,
                                                                &own_buffer);
 }
 
+namespace {
+
+// Appends v as a protobuf varint.
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+void DropKeep(void* keep) {
+  delete static_cast<std::shared_ptr<const void>*>(keep);
+}
+
+}  // namespace
+
+grpc::Status SerializeWithBytes(const google::protobuf::MessageLite& msg,
+                                uint32_t field,
+                                const std::vector<absl::string_view>& parts,
+                                const std::shared_ptr<const void>& keep,
+                                grpc::ByteBuffer* out) {
+  // Parts this small are cheaper to copy than to track.
+  constexpr size_t kCopyBelow = 4096;
+  std::string head;
+  if (!msg.AppendToString(&head)) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        "a response failed to serialise");
+  }
+  size_t n = 0;
+  for (absl::string_view p : parts) n += p.size();
+  AppendVarint((uint64_t{field} << 3) | 2, &head);  // Length-delimited.
+  AppendVarint(n, &head);
+  std::vector<grpc::Slice> slices;
+  for (absl::string_view p : parts) {
+    if (p.size() < kCopyBelow) {
+      head.append(p.data(), p.size());
+      continue;
+    }
+    if (!head.empty()) {
+      slices.emplace_back(head);
+      head.clear();
+    }
+    slices.emplace_back(const_cast<char*>(p.data()), p.size(), &DropKeep,
+                        new std::shared_ptr<const void>(keep));
+  }
+  if (!head.empty()) slices.emplace_back(head);
+  grpc::ByteBuffer b(slices.data(), slices.size());
+  out->Swap(&b);
+  return grpc::Status::OK;
+}
+
 absl::Status BadMessage(uint64_t n, absl::string_view type) {
   return absl::InvalidArgumentError(absl::StrCat(
       "message ", n, " of this call is not a valid ", type,

@@ -13,6 +13,8 @@
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -33,6 +35,16 @@ absl::Status ParseRequest(const grpc::ByteBuffer& in,
 // Serialises msg into *out (replacing what it held).
 grpc::Status SerializeMessage(const google::protobuf::MessageLite& msg,
                               grpc::ByteBuffer* out);
+
+// Serialises msg followed by bytes field `field` holding `parts` back to
+// back, without copying large parts: the buffer's slices point into them,
+// and `keep` (which must own their memory) lives until gRPC lets go of the
+// last slice. REQUIRES: msg has no value in `field` itself.
+grpc::Status SerializeWithBytes(const google::protobuf::MessageLite& msg,
+                                uint32_t field,
+                                const std::vector<absl::string_view>& parts,
+                                const std::shared_ptr<const void>& keep,
+                                grpc::ByteBuffer* out);
 
 // INVALID_ARGUMENT for message n (1-based) of a client stream that failed to
 // parse as `type`: the call stops there, nothing from it on is stored.

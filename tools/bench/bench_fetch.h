@@ -35,27 +35,52 @@ struct FetchGeometry {
 // 128-token frames; 8 blocks of 8 frames = 16 MiB).
 std::vector<FetchGeometry> DefaultFetchGeometries();
 
+// How the client fetches: gRPC bytes into a reused buffer (FetchInto) or
+// as new strings per block (FetchBlocks), or shared memory (FetchShared);
+// block layer-major (the layout warm blocks and the layer records have) or
+// frame-major.
+enum class FetchPath { kGrpc, kGrpcFrames, kShm, kShmFrames };
+inline constexpr FetchPath kFetchPaths[] = {
+    FetchPath::kGrpc, FetchPath::kGrpcFrames, FetchPath::kShm,
+    FetchPath::kShmFrames};
+// "grpc", "grpc_frame_major", "shm", "shm_frame_major".
+const char* FetchPathName(FetchPath p);
+
 // MB/s (1e6 bytes per second) of the set, from the median of `calls` calls;
 // 0 when not measured.
 struct FetchFigures {
   FetchGeometry g;
   uint64_t set_bytes = 0;
-  double memcpy = 0, unix_socket = 0, trivial_grpc = 0;
+  double memcpy = 0, unix_socket = 0;
+  // The trivial gRPC server, through FetchInto (as kGrpc) and FetchBlocks
+  // (as kGrpcFrames).
+  double trivial_grpc = 0, trivial_grpc_strings = 0;
   // RocksDB alone: one Get per layer record of the set, store of the
-  // server's default options (the cold tier's reference).
-  double store_get = 0;
-  double warm_grpc = 0, cold = 0, cold_dropped = 0, degraded = 0;
+  // server's default options (the cold tier's reference): RocksDB's check
+  // off and kvmem's CRC32C trailer checked, as the server reads; and
+  // RocksDB's own check (software CRC32C in Debian's build).
+  double store_get = 0, store_get_rocksdb_crc = 0;
+  // [tier: warm, cold, degraded][FetchPath]
+  double tier[3][4] = {};
+  double cold_dropped = 0;  // kGrpc, page cache dropped before each call.
 };
 
 struct FetchReport {
-  std::string cpu, fp16_kernel;
+  std::string cpu, fp16_kernel, crc_kernel;
   int calls = 0;
   bool page_cache_dropped = false;  // cold_dropped measured.
   std::vector<FetchFigures> geometries;
-  // Recall (a 614-token budget: 9 blocks of 64 tokens, 72 MiB) + FetchBlocks
-  // of its set, warm tier, 7B geometry; per call, in ms.
-  Latency recall_fetch_ms;
+  // Recall (a 614-token budget: 9 blocks of 64 tokens, 72 MiB) with its
+  // set's bytes, warm tier, 7B geometry, layer-major; per call, in ms:
+  // delivered through shared memory in the same exchange, and a Recall
+  // then FetchInto over gRPC; the recall alone for scale.
+  Latency recall_fetch_ms, recall_fetch_grpc_ms, recall_only_ms;
   uint64_t recall_fetch_bytes = 0;
+  // A camera's frame-to-frame recalls (a slowly turning query, 30 frames)
+  // naming the blocks held from the previous frame: mean bytes delivered
+  // per recall, against the whole set each time.
+  double delta_mean_mib = 0, full_mean_mib = 0;
+  double delta_mean_blocks = 0, full_mean_blocks = 0;
 };
 
 // o.target: the kvmem-server; o.scratch_dir: for the sockets (must exist).

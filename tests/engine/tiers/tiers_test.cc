@@ -213,7 +213,7 @@ TEST(TiersTest, DemoteDegradeEvictFetchAndRecover) {
       auto pieces = stream.ReadBlockPayload(b, PayloadLayout::kFrameMajor, {});
       ASSERT_TRUE(pieces.ok()) << pieces.status();
       std::string got;
-      for (const auto& p : *pieces) got += p.bytes;
+      for (const auto& p : *pieces) got += p.ToString();
       const std::string want = m.BlockBytes(b);
       if (!info->degraded) {
         EXPECT_EQ(got, want) << "block " << b;
@@ -561,7 +561,7 @@ TEST(TiersTest, ReadsRacingTierMovesStayConsistent) {
         continue;
       }
       std::string got;
-      for (const auto& p : *pieces) got += p.bytes;
+      for (const auto& p : *pieces) got += p.ToString();
       const std::string want = m.BlockBytes(b);
       if (got.size() != want.size()) {
         ++failures;

@@ -1,0 +1,288 @@
+// The FetchBlocks reactor: the blocks' bytes as a stream of chunks, or
+// placed in the caller's shared-memory arena.
+//
+// Byte stream. Chunks go out straight from where the bytes are (a warm
+// block's memory, the store's read) as slices of the message
+// (SerializeWithBytes), from the gRPC thread that saw the last write done.
+// Blocks are read one ahead: while block i's chunks are being sent, block
+// i+1 is read on the executor (a RocksDB read may block), so storage and
+// the socket work at the same time. Warm blocks are read inline (a copy of
+// RAM). A reader that finds the next block not read yet leaves a
+// continuation that the read runs when it ends.
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/sync.h"
+#include "server/service/delivery.h"
+#include "server/service/kvmem_service.h"
+#include "server/service/proto_convert.h"
+#include "server/service/reactors.h"
+#include "server/service/status_util.h"
+#include "server/service/wire.h"
+
+namespace kvmem {
+namespace {
+
+// One block read ahead of the sender.
+struct Ahead {
+  kvmem::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::StatusOr<std::vector<PayloadPiece>> pieces ABSL_GUARDED_BY(mu);
+  BlockInfo info ABSL_GUARDED_BY(mu);
+  // Set by a sender that found the read not done; the read runs it.
+  std::function<void()> then ABSL_GUARDED_BY(mu);
+};
+
+class FetchBlocksReactor final
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  FetchBlocksReactor(MemoryEngine* engine, Executor* executor, Caller caller,
+                     const ServiceOptions& options,
+                     const v1::FetchBlocksRequest& req)
+      : executor_(executor),
+        caller_(std::move(caller)),
+        shm_(options.shm),
+        helpers_(options.copy_helpers) {
+    const uint32_t max_chunk = options.max_chunk_bytes;
+    absl::Status s = Prepare(engine, req, max_chunk);
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(caller_.Scrub(s)));
+      return;
+    }
+    if (arena_id_ != 0) {
+      // Shared memory: one step, on the executor unless every block is in
+      // RAM.
+      if (all_warm_) {
+        Place();
+      } else {
+        executor_->Submit([this] { Place(); });
+      }
+      return;
+    }
+    ReadAhead(0);
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the client stopped reading"));
+      return;
+    }
+    if (arena_id_ != 0) {
+      NextPlaced();
+    } else {
+      Next();
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Prepare(MemoryEngine* engine, const v1::FetchBlocksRequest& req,
+                       uint32_t max_chunk) {
+    KVMEM_ASSIGN_OR_RETURN(const std::string id,
+                           caller_.EngineId(req.stream_id()));
+    absl::StatusOr<StreamHandle> stream = engine->Find(id);
+    if (!stream.ok()) return stream.status();
+    stream_ = *std::move(stream);
+    if (req.block_ids_size() == 0 || req.block_ids_size() > 1024) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block_ids has ", req.block_ids_size(), " ids; must be 1..1024"));
+    }
+    if (req.max_chunk_bytes() > max_chunk) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_chunk_bytes is ", req.max_chunk_bytes(),
+                       "; the server allows at most ", max_chunk));
+    }
+    KVMEM_ASSIGN_OR_RETURN(layout_,
+                           LayoutFromProto(req.layout(), req.layers_size()));
+    layers_.assign(req.layers().begin(), req.layers().end());
+    chunk_ = req.max_chunk_bytes() == 0 ? std::min(1u << 20, max_chunk)
+                                        : req.max_chunk_bytes();
+    arena_id_ = req.shm_arena_id();
+    all_warm_ = true;
+    for (uint64_t id : req.block_ids()) {
+      absl::StatusOr<BlockInfo> b = stream_->GetBlock(id);
+      if (!b.ok()) return b.status();
+      blocks_.push_back(*b);
+      all_warm_ = all_warm_ && b->tier == Tier::kWarm;
+    }
+    return absl::OkStatus();
+  }
+
+  // Starts reading block i (none past the last): inline when it was in
+  // RAM at Prepare (a block that left RAM since is read here all the same:
+  // rare and bounded), else on the executor.
+  void ReadAhead(size_t i) {
+    if (i >= blocks_.size()) {
+      ahead_ = nullptr;
+      return;
+    }
+    auto a = std::make_shared<Ahead>();
+    ahead_ = a;
+    auto read = [a, stream = *stream_, id = blocks_[i].id, layout = layout_,
+                 layers = layers_] {
+      BlockInfo info;
+      absl::StatusOr<std::vector<PayloadPiece>> pieces =
+          stream.ReadBlockPayload(id, layout, layers, &info);
+      std::function<void()> then;
+      {
+        kvmem::MutexLock lock(&a->mu);
+        a->pieces = std::move(pieces);
+        a->info = info;
+        a->done = true;
+        then = std::move(a->then);
+      }
+      if (then) then();
+    };
+    if (blocks_[i].tier == Tier::kWarm) {
+      read();
+    } else {
+      executor_->Submit(std::move(read));
+    }
+  }
+
+  // Sends the next chunk, taking the next block (read ahead) when the
+  // current one is used up; finishes after the last.
+  void Next() {
+    while (piece_ >= pieces_.size()) {
+      if (ahead_ == nullptr) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      std::shared_ptr<Ahead> a = ahead_;
+      {
+        kvmem::MutexLock lock(&a->mu);
+        if (!a->done) {
+          a->then = [this] { Next(); };
+          return;
+        }
+        if (!a->pieces.ok()) {
+          Finish(ToGrpcStatus(caller_.Scrub(a->pieces.status())));
+          return;
+        }
+        // The header carries the block as read (a tier move may have
+        // changed it since the request was checked).
+        pieces_ = *std::move(a->pieces);
+        current_ = a->info;
+      }
+      ReadAhead(++block_);
+      piece_ = 0;
+      piece_pos_ = 0;
+      block_offset_ = 0;
+    }
+    SendChunk();
+  }
+
+  // [piece_pos_, + chunk) of the current piece, from where its bytes are.
+  void SendChunk() {
+    const PayloadPiece& p = pieces_[piece_];
+    const size_t piece_bytes = p.size();
+    resp_.Clear();
+    resp_.set_block_id(current_.id);
+    resp_.set_frame_index(p.frame_index);
+    resp_.set_layer(p.layer);
+    resp_.set_offset(block_offset_);
+    if (block_offset_ == 0) ToProto(current_, resp_.mutable_block());
+    const size_t n = std::min<size_t>(chunk_, piece_bytes - piece_pos_);
+    std::vector<absl::string_view> chunk;
+    size_t skip = piece_pos_, left = n;
+    for (absl::string_view part : p.parts) {
+      if (skip >= part.size()) {
+        skip -= part.size();
+        continue;
+      }
+      const size_t take = std::min(left, part.size() - skip);
+      chunk.push_back(part.substr(skip, take));
+      skip = 0;
+      left -= take;
+      if (left == 0) break;
+    }
+    const std::shared_ptr<const void> keep = p.keep;
+    piece_pos_ += n;
+    block_offset_ += n;
+    if (piece_pos_ == piece_bytes) {
+      ++piece_;
+      piece_pos_ = 0;
+    }
+    resp_.set_last_chunk_of_block(piece_ == pieces_.size());
+    const grpc::Status serialized = SerializeWithBytes(
+        resp_, v1::FetchBlocksResponse::kDataFieldNumber, chunk, keep, &out_);
+    if (!serialized.ok()) {
+      Finish(serialized);
+      return;
+    }
+    StartWrite(&out_);
+  }
+
+  // Shared memory: every block placed under one lease, then one message
+  // per block naming its region.
+  void Place() {
+    std::vector<uint64_t> ids;
+    for (const BlockInfo& b : blocks_) ids.push_back(b.id);
+    absl::StatusOr<Placed> p =
+        PlaceBlocks(shm_, executor_, helpers_, caller_, arena_id_, *stream_,
+                    ids, layout_, layers_);
+    if (!p.ok()) {
+      Finish(ToGrpcStatus(caller_.Scrub(p.status())));
+      return;
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      v1::FetchBlocksResponse& r = placed_.emplace_back();
+      r.set_block_id(ids[i]);
+      r.set_frame_index(p->blocks[i].first_frame);
+      ToProto(p->blocks[i], r.mutable_block());
+      *r.mutable_shm() = p->regions[i];
+      r.set_last_chunk_of_block(true);
+    }
+    NextPlaced();
+  }
+
+  void NextPlaced() {
+    if (block_ >= placed_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const grpc::Status serialized = SerializeMessage(placed_[block_++], &out_);
+    if (!serialized.ok()) {
+      Finish(serialized);
+      return;
+    }
+    StartWrite(&out_);
+  }
+
+  Executor* const executor_;
+  const Caller caller_;
+  ShmArenas* const shm_;
+  const int helpers_;
+  std::optional<StreamHandle> stream_;
+  PayloadLayout layout_ = PayloadLayout::kFrameMajor;
+  std::vector<uint32_t> layers_;
+  std::vector<BlockInfo> blocks_;  // As at Prepare.
+  bool all_warm_ = false;
+  uint32_t chunk_ = 0;
+  uint64_t arena_id_ = 0;
+  std::vector<v1::FetchBlocksResponse> placed_;
+  size_t block_ = 0;  // The next block to send (or to place).
+  std::shared_ptr<Ahead> ahead_;
+  BlockInfo current_;
+  std::vector<PayloadPiece> pieces_;
+  size_t piece_ = 0;
+  size_t piece_pos_ = 0;
+  uint64_t block_offset_ = 0;
+  v1::FetchBlocksResponse resp_;
+  grpc::ByteBuffer out_;  // The message's bytes, the write in flight.
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewFetchBlocksReactor(
+    MemoryEngine* engine, Executor* executor, Caller caller,
+    const v1::FetchBlocksRequest& req, const ServiceOptions& options) {
+  return new FetchBlocksReactor(engine, executor, std::move(caller), options,
+                                req);
+}
+
+}  // namespace kvmem
