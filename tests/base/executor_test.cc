@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -75,6 +76,37 @@ TEST(ExecutorTest, FewerThanOneThreadMeansOne) {
     e.Submit([&ran] { ran.fetch_add(1); });
   }
   EXPECT_EQ(ran.load(), 1);
+}
+
+// ParallelFor runs every index exactly once, uses the executor's threads,
+// and finishes when called from a task of an executor whose every worker
+// is busy (the caller runs what no helper has claimed).
+TEST(ExecutorTest, ParallelForRunsEachIndexOnceEvenFromASaturatedPool) {
+  Executor e(2);
+  std::vector<std::atomic<int>> hits(1000);
+  ParallelFor(&e, hits.size(), 3, [&](size_t i) { hits[i].fetch_add(1); });
+  for (const auto& h : hits) EXPECT_EQ(h.load(), 1);
+
+  std::atomic<int> done{0};
+  std::atomic<bool> release{false};
+  // Both workers run a ParallelFor whose helpers can never start: the one
+  // worker left is blocked until both calls return.
+  for (int t = 0; t < 2; ++t) {
+    e.Submit([&] {
+      std::atomic<int> ran{0};
+      ParallelFor(&e, 50, 4, [&](size_t) { ran.fetch_add(1); });
+      EXPECT_EQ(ran.load(), 50);
+      done.fetch_add(1);
+    });
+  }
+  e.Submit([&] {
+    while (!release.load()) std::this_thread::yield();
+  });
+  for (int i = 0; i < 2000 && done.load() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(done.load(), 2);
+  release.store(true);
 }
 
 }  // namespace

@@ -180,20 +180,28 @@ assert b["streams"] == 2 and b["frame_bytes"] == 262144, b
 assert b["live_frames_per_s"] > 0 and b["server_rss_mib"] > 0, b
 print("cli bench checks passed")
 PY
-# kvmem bench --fetch: every tier and reference measured over the same set
-# (FetchBlocks checks each call's bytes), in JSON and as text.
+# kvmem bench --fetch: every tier, path and reference measured over the same
+# set (each call's bytes counted; shared-memory bytes compared with gRPC's),
+# in JSON and as text.
 "$bin/kvmem" bench --fetch --fetch_calls=2 --scratch_dir="$tmp/fetch" --json \
   > "$tmp/fetch.json" 2> "$tmp/fetch.err" || fail "bench --fetch failed: $(cat "$tmp/fetch.err")"
 python3 - "$tmp" <<'PY'
 import json, sys
 f = json.load(open(f"{sys.argv[1]}/fetch.json"))
 for p in ["fetch_", "fetch_demo_"]:
-    for k in ["memcpy", "unix_socket", "trivial_grpc", "store_get", "warm_grpc", "cold",
-              "degraded"]:
+    for k in ["memcpy", "unix_socket", "trivial_grpc", "trivial_grpc_strings", "store_get",
+              "store_get_rocksdb_crc", "warm_grpc", "warm_grpc_frame_major", "warm_shm",
+              "warm_shm_frame_major", "cold", "cold_grpc_frame_major", "cold_shm",
+              "cold_shm_frame_major", "degraded", "degraded_grpc_frame_major",
+              "degraded_shm", "degraded_shm_frame_major"]:
         assert f[f"{p}{k}_mb_per_s"] > 0, (p, k, f)
-    assert f[f"{p}warm_shm_mb_per_s"] is None, f  # Not built yet.
 assert f["fetch_set_mib"] == 64.0 and f["fetch_demo_set_mib"] == 16.0, f
-assert f["recall_fetch_7b_p50_ms"] > 0 and f["recall_fetch_7b_mib"] > 0, f
+assert f["crc32c_kernel"] in ("sse4.2", "scalar"), f
+for k in ["recall_fetch_7b_p50_ms", "recall_fetch_7b_p99_ms", "recall_fetch_7b_grpc_p50_ms",
+          "recall_only_7b_p50_ms", "recall_fetch_7b_mib", "full_recall_mean_mib"]:
+    assert f[k] > 0, (k, f)
+# Deltas move less than whole sets.
+assert f["delta_recall_mean_mib"] < f["full_recall_mean_mib"], f
 print("cli bench --fetch checks passed")
 PY
 "$bin/kvmem" bench --fetch --fetch_calls=1 --scratch_dir="$tmp/fetch" > "$tmp/fetch.txt" 2>/dev/null ||

@@ -59,7 +59,7 @@ TEST(FrameIngestTest, WholeFramePayloadReachesTheStreamWithoutACopy) {
   // Frames 0..3 make block 0 (4 frames per block): its last piece is frame 3.
   ASSERT_TRUE(payload.ok()) << payload.status();
   ASSERT_EQ(payload->size(), 4u);
-  EXPECT_EQ(payload->back().bytes, f.payload);
+  EXPECT_EQ(payload->back().ToString(), f.payload);
 }
 
 }  // namespace

@@ -27,28 +27,31 @@ from kvmem.errors import (AlreadyExistsError, DeadlineExceededError,  # noqa: E4
 from kvmem.kv import (bf16_to_float32, decode_kv, encode_frame,  # noqa: E402
                       float32_to_bf16, numpy_dtype, stack_kv)
 from kvmem.messages import (AcceleratorStats, AppendAck,  # noqa: E402
-                            AppendFramesResponse, BlockPolicy, Detection,
+                            AppendFramesResponse, BlockPolicy,
+                            DeliveredBlock, Detection,
                             DType, FrameSignals, IndexPolicy, IndexStats,
                             LayerRecallSet, OpenStreamResponse, PayloadLayout,
                             PolicyStats, RecallBudget, RecallDefaults,
                             RecalledBlock, RecallPolicy, RecallResponse,
                             RecallTiming, ReplacementPolicy, ScoreMode,
-                            SegmentMode,
+                            SegmentMode, ShmRegion,
                             StreamConfig, StreamGeometry, StreamStats, Tier,
                             TierPolicy, TierStats)
 from kvmem.client import (STREAM_ID_HEADER, Client, FetchedBlock,  # noqa: E402
                           Frame, Session, connect)
+from kvmem.shm import Delivery, SharedBlock  # noqa: E402
 
 __all__ = [
     "AcceleratorStats", "AlreadyExistsError", "AppendAck", "AppendFramesResponse",
-    "BlockPolicy", "Client", "DType", "DeadlineExceededError", "Detection",
+    "BlockPolicy", "Client", "DType", "DeadlineExceededError", "DeliveredBlock",
+    "Delivery", "Detection",
     "FailedPreconditionError", "FetchedBlock", "Frame", "FrameSignals",
     "IndexPolicy", "IndexStats", "InvalidArgumentError", "KvmemError",
     "LayerRecallSet", "NotFoundError", "OpenStreamResponse", "PayloadLayout",
     "PermissionDeniedError", "PolicyStats", "RecallBudget", "RecallDefaults",
     "RecallPolicy", "RecallResponse", "RecallTiming", "RecalledBlock",
     "ReplacementPolicy", "ResourceExhaustedError", "STREAM_ID_HEADER",
-    "ScoreMode",
+    "ScoreMode", "SharedBlock", "ShmRegion",
     "SegmentMode", "Session", "StreamConfig", "StreamGeometry", "StreamStats",
     "Tier", "TierPolicy", "TierStats", "UnauthenticatedError",
     "UnavailableError", "bf16_to_float32", "connect", "decode_kv",

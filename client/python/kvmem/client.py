@@ -15,6 +15,7 @@ from kvmem import _pb
 from kvmem.errors import (KvmemError, error_for, error_from_code_value,
                           error_from_rpc)
 from kvmem.kv import decode_kv, encode_frame
+from kvmem.shm import Arena, Delivery, block_views
 from kvmem.messages import (AppendAck, AppendFramesResponse, FrameSignals,
                             OpenStreamResponse, PayloadLayout, RecalledBlock,
                             RecallResponse, StreamConfig, StreamGeometry,
@@ -166,6 +167,8 @@ class Client:
         self._auth: list[tuple[str, str]] = (
             [("authorization", "Bearer " + api_key)] if api_key else [])
         self._lock = threading.Lock()
+        self._arena: Optional[Arena] = None
+        self.shm_arena_bytes = 256 << 20
         self._geometry: dict[str, StreamGeometry] = {}
         self._cursor: dict[str, _Cursor] = {}
 
@@ -426,6 +429,136 @@ class Client:
                                     kv=kv, frame_indices=indices, frames=frames))
         return out
 
+    # -- shared memory ----------------------------------------------------
+
+    def attach_shared_memory(self, nbytes: int = 0,
+                             timeout: Optional[float] = None) -> None:
+        """Attaches a shared-memory arena of nbytes (0: shm_arena_bytes,
+        256 MiB) once; a unix-socket target on the server's host only
+        (FailedPreconditionError otherwise). fetch_shared and shared-memory
+        recalls attach on first use, and again after a server restart."""
+        with self._lock:
+            if self._arena is not None:
+                return
+        resp = self._call(self._stub.AttachSharedMemory,
+                          pb.AttachSharedMemoryRequest(bytes=nbytes or self.shm_arena_bytes),
+                          None, timeout)
+        arena = Arena(resp)
+        with self._lock:
+            if self._arena is None:
+                self._arena = arena
+
+    @property
+    def shm_arena_id(self) -> int:
+        with self._lock:
+            return self._arena.id if self._arena is not None else 0
+
+    def _with_arena(self, fn):
+        """fn(arena); once more on a new arena when the server no longer
+        knows this one (it restarted)."""
+        for attempt in range(2):
+            self.attach_shared_memory()
+            with self._lock:
+                arena = self._arena
+            try:
+                return fn(arena)
+            except KvmemError as e:
+                if attempt or e.code != grpc.StatusCode.NOT_FOUND or \
+                        "shared-memory arena" not in e.message:
+                    raise
+                with self._lock:
+                    if self._arena is arena:
+                        self._arena = None
+
+    def _release(self, arena: Arena, lease: int) -> None:
+        try:
+            resp = self._call(self._stub.ReleaseLeases,
+                              pb.ReleaseLeasesRequest(arena_id=arena.id, lease_ids=[lease]),
+                              None, None)
+        except KvmemError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                return  # The server restarted: nobody wrote our mapping since.
+            raise
+        if resp.expired:
+            raise error_for(grpc.StatusCode.DATA_LOSS,
+                            f"lease {lease} was reclaimed by the server (held past "
+                            "lease_ms): its bytes may have been overwritten while read")
+
+    def fetch_shared(self, stream_id: str, block_ids: Sequence[int], *,
+                     layout: PayloadLayout = PayloadLayout.BLOCK_LAYER_MAJOR,
+                     layers: Optional[Sequence[int]] = None,
+                     timeout: Optional[float] = None) -> Delivery:
+        """The blocks placed in this client's shared-memory arena by the
+        server: read-only views (and kv arrays, BLOCK_LAYER_MAJOR), no bytes
+        through the socket. Release the Delivery when done."""
+        geometry = self.geometry(stream_id)
+        n_layers = len(layers) if layers else geometry.layers
+
+        def fetch(arena: Arena) -> Delivery:
+            req = pb.FetchBlocksRequest(stream_id=stream_id, block_ids=list(block_ids),
+                                        layout=int(layout), layers=list(layers or []),
+                                        shm_arena_id=arena.id)
+            try:
+                msgs = list(self._stub.FetchBlocks(
+                    req, metadata=self.metadata(stream_id),
+                    timeout=self.timeout if timeout is None else timeout))
+            except grpc.RpcError as e:
+                raise error_from_rpc(e) from None
+            items = [(m.block_id, from_proto(RecalledBlock, m.block), m.shm, None)
+                     for m in msgs]
+            blocks = block_views(arena, geometry, n_layers,
+                                 layout == PayloadLayout.BLOCK_LAYER_MAJOR, items)
+            return Delivery(blocks=blocks, lease_id=msgs[0].shm.lease_id if msgs else 0,
+                            nbytes=sum(len(b.data) for b in blocks),
+                            _client=self, _arena=arena)
+
+        return self._with_arena(fetch)
+
+    def _delivering(self, req: "pb.RecallRequest", stream_id: str, mode: str,
+                    layout: PayloadLayout, layers, held, exchange):
+        """Runs a recall with delivery: exchange(req) -> pb.RecallResponse."""
+        if mode not in ("shm", "inline"):
+            raise ValueError(f"mode is {mode!r}; use 'shm' or 'inline'")
+        d = req.delivery
+        d.mode = (pb.RecallDelivery.MODE_SHARED_MEMORY if mode == "shm"
+                  else pb.RecallDelivery.MODE_INLINE)
+        d.layout = int(layout)
+        d.layers.extend(list(layers or []))
+        d.held_block_ids.extend(list(held))
+        geometry = self.geometry(stream_id)
+        n_layers = len(layers) if layers else geometry.layers
+
+        def run(arena: Optional[Arena]):
+            if arena is not None:
+                d.shm_arena_id = arena.id
+            resp = exchange(req)
+            items = [(b.block_id, None, b.shm if b.HasField("shm") else None,
+                      None if b.HasField("shm") else b.data) for b in resp.delivered]
+            blocks = block_views(arena, geometry, n_layers,
+                                 layout == PayloadLayout.BLOCK_LAYER_MAJOR, items)
+            lease = resp.delivered[0].shm.lease_id if (arena is not None and
+                                                       resp.delivered) else 0
+            resp.ClearField("delivered")
+            return (from_proto(RecallResponse, resp),
+                    Delivery(blocks=blocks, lease_id=lease, nbytes=resp.delivered_bytes,
+                             _client=self, _arena=arena))
+
+        return self._with_arena(run) if mode == "shm" else run(None)
+
+    def recall_delivered(self, stream_id: str, query, *, mode: str = "shm",
+                         layout: PayloadLayout = PayloadLayout.BLOCK_LAYER_MAJOR,
+                         layers: Optional[Sequence[int]] = None,
+                         held: Sequence[int] = (), timeout: Optional[float] = None,
+                         **recall_args) -> tuple[RecallResponse, Delivery]:
+        """recall() and the recalled blocks' bytes in the same exchange: mode
+        "shm" (views into the shared-memory arena) or "inline". held: block
+        ids this client holds already; they are left out (the response's
+        held_blocks counts them). Release the Delivery when done."""
+        req = _recall_request(stream_id, query, **_recall_defaults(recall_args))
+        return self._delivering(
+            req, stream_id, mode, layout, layers, held,
+            lambda r: self._call(self._stub.Recall, r, stream_id, timeout))
+
     # -- session ----------------------------------------------------------
 
     def session(self, stream_id: str, config: Optional[StreamConfig] = None,
@@ -433,6 +566,18 @@ class Client:
         """Starts a Session (the bidirectional live-camera call) bound to the
         stream, opening it with config when given. Use as a context manager."""
         return Session(self, stream_id, config, timeout)
+
+
+def _recall_defaults(args: dict) -> dict:
+    """recall()'s keyword arguments with their defaults, for _recall_request."""
+    out = dict(top_k=0, max_tokens=0, window_fraction=0.0, current_token_position=0,
+               signals=None, per_layer=False, priority=0, window_lse=None,
+               per_head=False)
+    unknown = set(args) - set(out)
+    if unknown:
+        raise TypeError(f"unknown recall arguments: {sorted(unknown)}")
+    out.update(args)
+    return out
 
 
 def _header(f: Frame, tokens: int, cursor: _Cursor) -> "types_pb.FrameHeader":
@@ -549,6 +694,18 @@ class Session:
                               window_lse=window_lse, per_head=per_head)
         resp = self._exchange(pb.SessionRequest(recall=req), wait=True)
         return from_proto(RecallResponse, resp.recall)
+
+    def recall_delivered(self, query, *, mode: str = "shm",
+                         layout: PayloadLayout = PayloadLayout.BLOCK_LAYER_MAJOR,
+                         layers: Optional[Sequence[int]] = None,
+                         held: Sequence[int] = (),
+                         **recall_args) -> tuple[RecallResponse, Delivery]:
+        """Client.recall_delivered over the session (the arena is the
+        client's)."""
+        req = _recall_request("", query, **_recall_defaults(recall_args))
+        return self._client._delivering(
+            req, self.stream_id, mode, layout, layers, held,
+            lambda r: self._exchange(pb.SessionRequest(recall=r), wait=True).recall)
 
     def close(self) -> None:
         """Half-closes the call and waits for its final status (raises if it

@@ -238,6 +238,25 @@ class LayerRecallSet:
 
 
 @dataclass
+class ShmRegion:
+    """Bytes in a shared-memory arena: [offset, offset + length) under a lease."""
+
+    lease_id: int = 0
+    offset: int = 0
+    length: int = 0
+
+
+@dataclass
+class DeliveredBlock:
+    """A recalled block's bytes delivered with the recall: inline in data, or
+    in shared memory at shm (Client.recall_delivered turns these into views)."""
+
+    block_id: int = 0
+    data: bytes = b""
+    shm: ShmRegion = field(default_factory=ShmRegion)
+
+
+@dataclass
 class RecallResponse:
     """A recall set: blocks best first, never more than budget_tokens tokens."""
 
@@ -251,6 +270,11 @@ class RecallResponse:
     recalled_mass: float = 0.0
     window_estimated: bool = False
     query_vectors: int = 0
+    # With delivery: the blocks' bytes (those the client did not say it
+    # holds), their total, and how many recalled blocks were left out.
+    delivered: list[DeliveredBlock] = field(default_factory=list)
+    delivered_bytes: int = 0
+    held_blocks: int = 0
 
     @property
     def block_ids(self) -> list[int]:
@@ -378,6 +402,8 @@ MIRRORS: dict[type, str] = {
     RecallBudget: "RecallBudget",
     LayerRecallSet: "LayerRecallSet",
     RecallResponse: "RecallResponse",
+    ShmRegion: "ShmRegion",
+    DeliveredBlock: "DeliveredBlock",
     TierStats: "TierStats",
     PolicyStats: "PolicyStats",
     IndexStats: "IndexStats",

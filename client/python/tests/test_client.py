@@ -249,6 +249,54 @@ class RealServerTest(unittest.TestCase):
             with self.assertRaises(kvmem.FailedPreconditionError):
                 s.append(extra)
 
+    def test_shared_memory_and_recall_delivery(self):
+        """fetch_shared gives numpy views into the read-only arena, equal to
+        fetch_blocks' bytes in both layouts; recall_delivered delivers the set
+        (shm and inline, unary and over a session) and leaves out held
+        blocks."""
+        fs = self._stream("shm")
+        c = self.client
+        ids = [3, 0, 1]
+        for layout in (kvmem.PayloadLayout.BLOCK_LAYER_MAJOR,
+                       kvmem.PayloadLayout.FRAME_MAJOR):
+            want = c.fetch_blocks("shm", ids, layout=layout)
+            with c.fetch_shared("shm", ids, layout=layout) as d:
+                self.assertEqual([b.block_id for b in d.blocks], ids)
+                self.assertGreater(d.lease_id, 0)
+                for got, w in zip(d.blocks, want):
+                    self.assertEqual(bytes(got.data), w.payload)
+                    self.assertEqual(got.info.block_id, w.info.block_id)
+                    if layout == kvmem.PayloadLayout.BLOCK_LAYER_MAJOR:
+                        np.testing.assert_array_equal(got.kv, w.kv)
+                        self.assertFalse(got.kv.flags.writeable)
+                        with self.assertRaises(ValueError):
+                            got.kv[0, 0, 0, 0, 0] = 1
+        self.assertGreater(c.shm_arena_id, 0)
+        q = np.random.default_rng(9).standard_normal(LAYERS * HEADS * DIM)
+        plain = c.recall("shm", q, max_tokens=24)
+        self.assertGreaterEqual(len(plain.blocks), 2)
+        for mode in ("shm", "inline"):
+            with self.subTest(mode=mode):
+                r, d = c.recall_delivered("shm", q, mode=mode, max_tokens=24)
+                self.assertEqual(r.block_ids, plain.block_ids)
+                self.assertEqual([b.block_id for b in d.blocks], r.block_ids)
+                for b in d.blocks:
+                    i = 2 * b.block_id
+                    np.testing.assert_array_equal(b.kv, np.concatenate(fs[i:i + 2], axis=3))
+                self.assertEqual(d.nbytes, sum(len(b.data) for b in d.blocks))
+                d.release()
+                # The next frame holds the first block: only the rest moves.
+                first = r.block_ids[0]
+                r2, d2 = c.recall_delivered("shm", q, mode=mode, max_tokens=24,
+                                            held=[first])
+                self.assertEqual(r2.held_blocks, 1)
+                self.assertEqual([b.block_id for b in d2.blocks], r.block_ids[1:])
+                d2.release()
+        with c.session("shm") as s:
+            r, d = s.recall_delivered(q, max_tokens=24, held=plain.block_ids[:1])
+            self.assertEqual([b.block_id for b in d.blocks], plain.block_ids[1:])
+            d.release()
+
     def test_fp32_and_bf16_streams(self):
         for dtype, np_in in ((kvmem.DType.FP32, np.float32), (kvmem.DType.BF16, np.float32)):
             with self.subTest(dtype=dtype.name):
