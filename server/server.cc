@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     ShmOptions shm = o.shm;
     if (shm.socket_path.empty()) shm.socket_path = o.unix_socket + ".shm";
     KVMEM_ASSIGN_OR_RETURN(s->shm_, ShmArenas::Start(shm));
+    s->metrics_->WatchSharedMemory(s->shm_.get());
     spdlog::info("shared memory: hand-off socket {}, arenas up to {} bytes",
                  shm.socket_path, shm.max_arena_bytes);
   }
@@ -273,6 +274,7 @@ void Server::Shutdown(std::chrono::system_clock::time_point deadline) {
   service_.reset();
   exposer_.reset();   // Scrapes read the engine.
   executor_.reset();  // Runs every queued task.
+  shm_.reset();       // After the tasks that place blocks in arenas.
   metrics_.reset();
   admission_.reset();
   engine_.reset();  // Closes RocksDB, syncing the WAL.

@@ -105,11 +105,12 @@ class Server {
   // (closing RocksDB).
   std::unique_ptr<MemoryEngine> engine_;
   std::unique_ptr<Executor> executor_;
+  // After the metrics endpoint that reads it, before the service.
+  std::unique_ptr<ShmArenas> shm_;
   std::unique_ptr<Tenancy> tenancy_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::unique_ptr<ShmArenas> shm_;
   std::unique_ptr<KvMemoryService> service_;
   std::unique_ptr<grpc::Server> grpc_;
   bool stopped_ = false;

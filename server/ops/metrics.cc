@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "server/service/shm_arenas.h"
 
 namespace kvmem {
 namespace {
@@ -161,7 +162,53 @@ class MetricsCollector final : public prometheus::Collectable {
     }
   }
 
+  void WatchSharedMemory(const ShmArenas* shm) {
+    kvmem::MutexLock lock(&mu_);
+    shm_ = shm;
+  }
+
   std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> out = CollectStreams();
+    kvmem::MutexLock lock(&mu_);
+    if (shm_ != nullptr) AddShm(shm_->Stats(), &out);
+    return out;
+  }
+
+ private:
+  static void AddShm(const ShmStats& s, std::vector<MetricFamily>* out) {
+    const struct {
+      const char* name;
+      const char* help;
+      MetricType type;
+      uint64_t value;
+    } series[] = {
+        {"kvmem_shm_arenas",
+         "Shared-memory arenas attached (or awaiting "
+         "their hand-off).",
+         MetricType::Gauge, s.arenas},
+        {"kvmem_shm_arena_bytes", "Their sizes summed.", MetricType::Gauge,
+         s.arena_bytes},
+        {"kvmem_shm_leases", "Live leases (delivered, not released).",
+         MetricType::Gauge, s.leases},
+        {"kvmem_shm_leased_bytes", "Bytes under live leases.",
+         MetricType::Gauge, s.leased_bytes},
+        {"kvmem_shm_reclaimed_leases_total",
+         "Leases held past "
+         "--shm_lease_ms and taken back for room.",
+         MetricType::Counter, s.reclaimed_leases},
+        {"kvmem_shm_dead_clients_total",
+         "Arenas freed because their "
+         "client's hand-off connection closed without a goodbye.",
+         MetricType::Counter, s.dead_clients},
+    };
+    for (const auto& x : series) {
+      MetricFamily f = Family(x.name, x.help, x.type);
+      AddValue(&f, {}, static_cast<double>(x.value));
+      out->push_back(std::move(f));
+    }
+  }
+
+  std::vector<MetricFamily> CollectStreams() const {
     std::vector<StreamStats> streams = engine_->ListStreams();
     std::sort(streams.begin(), streams.end(),
               [](const StreamStats& a, const StreamStats& b) {
@@ -255,6 +302,7 @@ class MetricsCollector final : public prometheus::Collectable {
   }
 
   const MemoryEngine* const engine_;
+  const ShmArenas* shm_ ABSL_GUARDED_BY(mu_) = nullptr;
   const size_t cap_;
   const std::shared_ptr<prometheus::Registry> calls_;
   mutable kvmem::Mutex mu_;
@@ -410,6 +458,10 @@ void ServerMetrics::ObserveRecall(bool session, double seconds) {
 
 void ServerMetrics::RetireStream(const StreamStats& stats) {
   collector_->Retire(stats);
+}
+
+void ServerMetrics::WatchSharedMemory(const ShmArenas* shm) {
+  collector_->WatchSharedMemory(shm);
 }
 
 std::shared_ptr<prometheus::Collectable> ServerMetrics::collectable() const {

@@ -37,6 +37,8 @@ class Family;
 
 namespace kvmem {
 
+class ShmArenas;  // server/service/shm_arenas.h
+
 // The per-stream counters the scrape reads (index into StreamCounters).
 inline constexpr int kStreamCounterCount = 17;
 using StreamCounters = std::array<double, kStreamCounterCount>;
@@ -60,6 +62,9 @@ class ServerMetrics {
   // Keeps a stream's counters in the global totals; call with its last
   // stats when it is deleted.
   void RetireStream(const StreamStats& stats);
+  // Shared-memory arenas and leases (kvmem_shm_*), read at scrape time.
+  // REQUIRES: shm outlives the metrics endpoint; set before serving.
+  void WatchSharedMemory(const ShmArenas* shm);
 
   // What Exposer::RegisterCollectable takes.
   std::shared_ptr<prometheus::Collectable> collectable() const;

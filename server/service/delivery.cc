@@ -7,6 +7,12 @@
 
 namespace kvmem {
 
+absl::Status NoSharedMemory() {
+  return absl::FailedPreconditionError(
+      "this server has no shared memory (it serves no unix socket, or runs "
+      "with --shm_max_total_bytes=0)");
+}
+
 absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
                                               int layers) {
   switch (layout) {
@@ -33,11 +39,7 @@ absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, Executor* executor,
                                    const std::vector<uint64_t>& block_ids,
                                    PayloadLayout layout,
                                    const std::vector<uint32_t>& layers) {
-  if (shm == nullptr) {
-    return absl::FailedPreconditionError(
-        "this server has no shared memory (it serves no unix socket, or "
-        "runs with --shm_max_total_bytes=0)");
-  }
+  if (shm == nullptr) return NoSharedMemory();
   const Geometry& g = stream.config().geometry;
   for (uint32_t l : layers) {
     if (l >= g.layers) {

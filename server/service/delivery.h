@@ -17,6 +17,9 @@
 
 namespace kvmem {
 
+// FAILED_PRECONDITION: this server has no shared memory.
+absl::Status NoSharedMemory();
+
 // The engine's layout for a request's layout and layers (layers need
 // BLOCK_LAYER_MAJOR); INVALID_ARGUMENT naming the field otherwise.
 absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,

@@ -297,12 +297,6 @@ absl::Status OnUnixSocket(const grpc::CallbackServerContext& ctx) {
       ctx.peer(), " (use FetchBlocks' byte stream)"));
 }
 
-absl::Status NoShm() {
-  return absl::FailedPreconditionError(
-      "this server has no shared memory (it serves no unix socket, or runs "
-      "with --shm_max_total_bytes=0)");
-}
-
 }  // namespace
 
 grpc::ServerUnaryReactor* KvMemoryService::AttachSharedMemory(
@@ -315,7 +309,7 @@ grpc::ServerUnaryReactor* KvMemoryService::AttachSharedMemory(
       [=](const Caller& c, const v1::AttachSharedMemoryRequest& req,
           v1::AttachSharedMemoryResponse* resp) -> absl::Status {
         KVMEM_RETURN_IF_ERROR(local);
-        if (options_.shm == nullptr) return NoShm();
+        if (options_.shm == nullptr) return NoSharedMemory();
         KVMEM_ASSIGN_OR_RETURN(ShmArenas::Created a,
                                options_.shm->Create(c.tenant(), req.bytes()));
         resp->set_arena_id(a.arena_id);
@@ -335,7 +329,7 @@ grpc::ServerUnaryReactor* KvMemoryService::ReleaseLeases(
       ctx, in, out, options_, executor_,
       [=](const Caller& c, const v1::ReleaseLeasesRequest& req,
           v1::ReleaseLeasesResponse* resp) -> absl::Status {
-        if (options_.shm == nullptr) return NoShm();
+        if (options_.shm == nullptr) return NoSharedMemory();
         KVMEM_ASSIGN_OR_RETURN(
             ShmArenas::Released r,
             options_.shm->Release(

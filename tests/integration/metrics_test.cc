@@ -187,6 +187,18 @@ TEST(MetricsTest, ScrapeMatchesTheWorkDone) {
   }
   EXPECT_GT(checked, 20);
 
+  // Shared memory: an arena with a live lease, then released.
+  Delivery held;
+  ASSERT_TRUE(client->FetchShared("a", {0, 1}, {}, &held).ok());
+  auto shm = Parse(Scrape(port));
+  EXPECT_EQ(shm["kvmem_shm_arenas"], 1);
+  EXPECT_EQ(shm["kvmem_shm_arena_bytes"], client->options().shm_arena_bytes);
+  EXPECT_EQ(shm["kvmem_shm_leases"], 1);
+  EXPECT_GE(shm["kvmem_shm_leased_bytes"], held.bytes());
+  EXPECT_EQ(shm["kvmem_shm_reclaimed_leases_total"], 0);
+  ASSERT_TRUE(held.Release().ok());
+  EXPECT_EQ(Parse(Scrape(port))["kvmem_shm_leases"], 0);
+
   // Deleting the stream in "~other" takes nothing back from any counter.
   ASSERT_TRUE(client->DeleteStream("c").ok());
   auto after = Parse(Scrape(port));
