@@ -82,13 +82,14 @@ TEST(ExecutorTest, FewerThanOneThreadMeansOne) {
 // and finishes when called from a task of an executor whose every worker
 // is busy (the caller runs what no helper has claimed).
 TEST(ExecutorTest, ParallelForRunsEachIndexOnceEvenFromASaturatedPool) {
-  Executor e(2);
+  // Before the executor: its destructor runs the tasks still queued.
+  std::atomic<int> done{0};
+  std::atomic<bool> release{false};
   std::vector<std::atomic<int>> hits(1000);
+  Executor e(2);
   ParallelFor(&e, hits.size(), 3, [&](size_t i) { hits[i].fetch_add(1); });
   for (const auto& h : hits) EXPECT_EQ(h.load(), 1);
 
-  std::atomic<int> done{0};
-  std::atomic<bool> release{false};
   // Both workers run a ParallelFor whose helpers can never start: the one
   // worker left is blocked until both calls return.
   for (int t = 0; t < 2; ++t) {

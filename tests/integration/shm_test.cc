@@ -341,7 +341,9 @@ TEST_F(ShmTest, ClientKilledHoldingLeasesFreesItsArena) {
   char self[] = "/proc/self/exe";
   char* argv[] = {self, filter, nullptr};
   pid_t child;
-  ASSERT_EQ(posix_spawn(&child, self, &fa, nullptr, argv, env.data()), 0);
+  const int spawned = posix_spawn(&child, self, &fa, nullptr, argv, env.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ASSERT_EQ(spawned, 0);
   ::close(out[1]);
   std::string said;
   char buf[256];
