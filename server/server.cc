@@ -135,8 +135,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   service_options.shm = s->shm_.get();
   service_options.copy_helpers = std::clamp(
       static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 3);
+  // Room for the rest of the response (the recall set) beside the bytes.
+  const uint64_t max_msg = static_cast<uint64_t>(o.max_message_bytes);
   service_options.max_inline_bytes =
-      static_cast<uint64_t>(o.max_message_bytes) - (1u << 20);
+      max_msg - std::min<uint64_t>(1u << 20, max_msg / 2);
   service_options.max_chunk_bytes = static_cast<uint32_t>(o.max_chunk_bytes);
   service_options.tenancy = s->tenancy_.get();
   service_options.admission = s->admission_.get();

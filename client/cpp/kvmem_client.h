@@ -212,13 +212,22 @@ class KvmemClient {
   KvmemClient(std::shared_ptr<grpc::Channel> channel,
               const ClientOptions& options);
   std::shared_ptr<ClientArena> Arena() const;
-  // Fills req's arena id for a shared-memory recall (attaching first).
-  grpc::Status PrepareDelivery(v1::RecallRequest* req);
-  // A Delivery of resp.delivered (shared memory or inline, moved out).
-  grpc::Status TakeDelivery(v1::RecallResponse* resp, Delivery* out);
-  // Runs call; on a NOT_FOUND naming the arena (the server restarted, or
-  // dropped it), attaches a new one and runs call once more.
-  grpc::Status WithArena(const std::function<grpc::Status(uint64_t)>& call);
+  // A Delivery of resp.delivered (shared memory in `arena`, or inline
+  // bytes moved out of resp).
+  grpc::Status TakeDelivery(const std::shared_ptr<ClientArena>& arena,
+                            v1::RecallResponse* resp, Delivery* out);
+  // A recall with delivery through `recall` (unary or a session's), the
+  // arena's id filled in for shared memory.
+  grpc::Status Delivering(
+      v1::RecallRequest* req, v1::RecallResponse* resp, Delivery* delivered,
+      const std::function<grpc::Status(const v1::RecallRequest&,
+                                       v1::RecallResponse*)>& recall);
+  // Runs call with the attached arena (attaching first); on a NOT_FOUND
+  // naming the arena (the server restarted, or dropped it), attaches a new
+  // one and runs call once more.
+  grpc::Status WithArena(
+      const std::function<grpc::Status(const std::shared_ptr<ClientArena>&)>&
+          call);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvMemory::Stub> stub_;

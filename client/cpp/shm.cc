@@ -167,18 +167,28 @@ grpc::Status KvmemClient::AttachSharedMemory(uint64_t bytes) {
 }
 
 grpc::Status KvmemClient::WithArena(
-    const std::function<grpc::Status(uint64_t)>& call) {
+    const std::function<grpc::Status(const std::shared_ptr<ClientArena>&)>&
+        call) {
   for (int attempt = 0;; ++attempt) {
     grpc::Status s = AttachSharedMemory();
     if (!s.ok()) return s;
-    const uint64_t id = shm_arena_id();
-    s = call(id);
+    // The call and the views it makes use this arena, whatever another
+    // thread attaches meanwhile.
+    const std::shared_ptr<ClientArena> arena = Arena();
+    if (arena == nullptr) {  // Another thread dropped it meanwhile.
+      if (attempt > 0) {
+        return Fail(grpc::StatusCode::UNAVAILABLE,
+                    "the shared-memory arena was dropped while attaching");
+      }
+      continue;
+    }
+    s = call(arena);
     if (attempt > 0 || s.error_code() != grpc::StatusCode::NOT_FOUND ||
         s.error_message().find("shared-memory arena") == std::string::npos) {
       return s;
     }
     std::lock_guard<std::mutex> lock(arena_mu_);
-    if (arena_ != nullptr && arena_->id() == id) arena_ = nullptr;
+    if (arena_ == arena) arena_ = nullptr;
   }
 }
 
@@ -267,13 +277,13 @@ grpc::Status KvmemClient::FetchShared(const std::string& stream_id,
                                       Delivery* out) {
   Delivery d;
   d.client_ = this;
-  grpc::Status s = WithArena([&](uint64_t arena_id) {
+  grpc::Status s = WithArena([&](const std::shared_ptr<ClientArena>& arena) {
     grpc::ClientContext ctx;
     Authorize(options_, &ctx, stream_id);
     v1::FetchBlocksRequest req = FetchRequest(stream_id, block_ids, options);
-    req.set_shm_arena_id(arena_id);
+    req.set_shm_arena_id(arena->id());
     auto reader = stub_->FetchBlocks(&ctx, req);
-    d.arena_ = Arena();
+    d.arena_ = arena;
     v1::FetchBlocksResponse r;
     d.blocks_.clear();
     d.bytes_ = 0;
@@ -296,17 +306,9 @@ grpc::Status KvmemClient::FetchShared(const std::string& stream_id,
   return grpc::Status::OK;
 }
 
-grpc::Status KvmemClient::PrepareDelivery(v1::RecallRequest* req) {
-  if (req->delivery().mode() != v1::RecallDelivery::MODE_SHARED_MEMORY) {
-    return grpc::Status::OK;
-  }
-  grpc::Status s = AttachSharedMemory();
-  if (s.ok()) req->mutable_delivery()->set_shm_arena_id(shm_arena_id());
-  return s;
-}
-
-grpc::Status KvmemClient::TakeDelivery(v1::RecallResponse* resp,
-                                       Delivery* out) {
+grpc::Status KvmemClient::TakeDelivery(
+    const std::shared_ptr<ClientArena>& arena, v1::RecallResponse* resp,
+    Delivery* out) {
   Delivery d;
   d.client_ = this;
   d.bytes_ = resp->delivered_bytes();
@@ -314,12 +316,13 @@ grpc::Status KvmemClient::TakeDelivery(v1::RecallResponse* resp,
   for (v1::DeliveredBlock& b : *resp->mutable_delivered()) {
     BlockView& v = d.blocks_.emplace_back();
     if (b.has_shm()) {
-      if (d.arena_ == nullptr) d.arena_ = Arena();
-      d.lease_id_ = b.shm().lease_id();
-      if (d.arena_ == nullptr) {
-        return Fail(grpc::StatusCode::INTERNAL, "no arena for a delivery");
+      if (arena == nullptr) {
+        return Fail(grpc::StatusCode::INTERNAL,
+                    "shared-memory delivery without an arena");
       }
-      grpc::Status s = View(*d.arena_, b.block_id(), b.shm(), &v);
+      d.arena_ = arena;
+      d.lease_id_ = b.shm().lease_id();
+      grpc::Status s = View(*arena, b.block_id(), b.shm(), &v);
       if (!s.ok()) return s;
     } else {
       d.owned_.push_back(std::move(*b.mutable_data()));
@@ -333,38 +336,38 @@ grpc::Status KvmemClient::TakeDelivery(v1::RecallResponse* resp,
   return grpc::Status::OK;
 }
 
+grpc::Status KvmemClient::Delivering(
+    v1::RecallRequest* req, v1::RecallResponse* resp, Delivery* delivered,
+    const std::function<grpc::Status(const v1::RecallRequest&,
+                                     v1::RecallResponse*)>& recall) {
+  if (req->delivery().mode() != v1::RecallDelivery::MODE_SHARED_MEMORY) {
+    grpc::Status s = recall(*req, resp);
+    return s.ok() ? TakeDelivery(nullptr, resp, delivered) : s;
+  }
+  return WithArena([&](const std::shared_ptr<ClientArena>& arena) {
+    req->mutable_delivery()->set_shm_arena_id(arena->id());
+    grpc::Status s = recall(*req, resp);
+    return s.ok() ? TakeDelivery(arena, resp, delivered) : s;
+  });
+}
+
 grpc::Status KvmemClient::RecallDelivered(v1::RecallRequest req,
                                           v1::RecallResponse* resp,
                                           Delivery* delivered) {
-  auto call = [&](uint64_t) {
-    grpc::Status s = PrepareDelivery(&req);
-    if (!s.ok()) return s;
-    grpc::ClientContext ctx;
-    Authorize(options_, &ctx, req.stream_id());
-    return stub_->Recall(&ctx, req, resp);
-  };
-  grpc::Status s =
-      req.delivery().mode() == v1::RecallDelivery::MODE_SHARED_MEMORY
-          ? WithArena(call)
-          : call(0);
-  if (!s.ok()) return s;
-  return TakeDelivery(resp, delivered);
+  return Delivering(&req, resp, delivered,
+                    [this](const v1::RecallRequest& r, v1::RecallResponse* o) {
+                      return Recall(r, o);
+                    });
 }
 
 grpc::Status SessionClient::RecallDelivered(v1::RecallRequest req,
                                             v1::RecallResponse* resp,
                                             Delivery* delivered) {
-  auto call = [&](uint64_t) {
-    grpc::Status s = client_->PrepareDelivery(&req);
-    if (!s.ok()) return s;
-    return Recall(req, resp);
-  };
-  grpc::Status s =
-      req.delivery().mode() == v1::RecallDelivery::MODE_SHARED_MEMORY
-          ? client_->WithArena(call)
-          : call(0);
-  if (!s.ok()) return s;
-  return client_->TakeDelivery(resp, delivered);
+  return client_->Delivering(
+      &req, resp, delivered,
+      [this](const v1::RecallRequest& r, v1::RecallResponse* o) {
+        return Recall(r, o);
+      });
 }
 
 }  // namespace kvmem

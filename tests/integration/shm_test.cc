@@ -270,6 +270,32 @@ TEST_F(ShmTest, RecallDeliversItsSetAndDeltasMoveOnlyNewBlocks) {
   }
 }
 
+// Inline delivery is bounded by what one response may carry: beyond it,
+// RESOURCE_EXHAUSTED naming the sizes, and shared memory still delivers.
+TEST_F(ShmTest, InlineDeliveryBeyondAResponseIsResourceExhausted) {
+  Start({"--max_message_bytes=65536", "--max_chunk_bytes=32768"});
+  g_.head_dim = 64;  // 24 KiB blocks: two exceed the 32 KiB left inline.
+  model_ = StreamModel(g_, kFpb, kFpb * kTokens, {1});
+  KvmemClient* c = Client();
+  Load(c, "cam", Tier::kWarm, 6);
+  v1::RecallRequest req = Query("cam", 3);
+  req.mutable_budget()->set_max_tokens(4 * kFpb * kTokens);
+  req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_INLINE);
+  v1::RecallResponse resp;
+  Delivery d;
+  grpc::Status s = c->RecallDelivered(req, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("at most 32768"));
+  req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
+  s = c->RecallDelivered(req, &resp, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_GE(d.blocks().size(), 2u);
+  for (const BlockView& v : d.blocks()) {
+    EXPECT_EQ(Bytes(v), Expected(model_, g_, v.block_id, false));
+  }
+}
+
 // A lease held past --shm_lease_ms is reclaimed when the arena needs the
 // room, and its holder hears so (DATA_LOSS) on release; before that, a
 // full arena answers RESOURCE_EXHAUSTED and takes nothing.
