@@ -399,19 +399,9 @@ void ShmArenas::Drop(uint64_t arena_id, bool dead_client) {
 
 // A pending connection sends the 32 hex digits of a token; the arena they
 // name gets the connection, and the client a read-only descriptor.
-void ShmArenas::HandOff(int conn) {
-  char token[kTokenBytes];
-  size_t got = 0;
-  while (got < kTokenBytes) {
-    pollfd p{conn, POLLIN, 0};
-    if (::poll(&p, 1, 2000) != 1) break;
-    const ssize_t n = ::recv(conn, token + got, kTokenBytes - got, 0);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
+void ShmArenas::HandOff(int conn, absl::string_view t) {
   std::shared_ptr<Arena> a;
-  if (got == kTokenBytes) {
-    const absl::string_view t(token, kTokenBytes);
+  if (t.size() == kTokenBytes) {
     kvmem::MutexLock lock(&mu_);
     for (auto& [id, arena] : arenas_) {
       if (!arena->token_.empty() && arena->token_ == t) {
@@ -456,12 +446,22 @@ void ShmArenas::HandOff(int conn) {
   if (!sent) Drop(a->id_, false);  // Closes conn.
 }
 
-// The hand-off thread: accepts, hands off, and watches attached clients'
-// connections (EOF: the client is gone, its arena with it).
+// The hand-off thread: accepts connections and reads their tokens (all
+// without blocking: a connection that says nothing is closed after
+// kHandOffWait, and stalls nobody meanwhile), hands off, and watches
+// attached clients' connections (EOF: the client is gone, its arena with
+// it).
 void ShmArenas::Serve() {
+  constexpr auto kHandOffWait = std::chrono::seconds(2);
+  struct Pending {
+    std::string token;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<int, Pending> pending;
+  enum Kind { kWake, kListen, kAttached, kPending };
   for (;;) {
     std::vector<pollfd> fds = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    std::vector<uint64_t> ids = {0, 0};
+    std::vector<std::pair<Kind, uint64_t>> what = {{kWake, 0}, {kListen, 0}};
     const auto now = std::chrono::steady_clock::now();
     std::vector<uint64_t> stale;
     {
@@ -469,28 +469,57 @@ void ShmArenas::Serve() {
       for (const auto& [id, a] : arenas_) {
         if (a->conn_ >= 0) {
           fds.push_back({a->conn_, POLLIN, 0});
-          ids.push_back(id);
+          what.emplace_back(kAttached, id);
         } else if (!a->token_.empty() && now > a->attach_by_) {
           stale.push_back(id);
         }
       }
     }
     for (uint64_t id : stale) Drop(id, false);
-    if (::poll(fds.data(), fds.size(), 500) < 0 && errno != EINTR) return;
-    if (fds[0].revents != 0) return;
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (now > it->second.until) {
+        ::close(it->first);
+        it = pending.erase(it);
+        continue;
+      }
+      fds.push_back({it->first, POLLIN, 0});
+      what.emplace_back(kPending, 0);
+      ++it;
+    }
+    if (::poll(fds.data(), fds.size(), 200) < 0 && errno != EINTR) break;
+    if (fds[0].revents != 0) break;
     if (fds[1].revents & POLLIN) {
-      const int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (conn >= 0) HandOff(conn);
+      const int conn =
+          ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (conn >= 0) pending[conn] = {std::string(), now + kHandOffWait};
     }
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
-      char buf[64];
-      const ssize_t n = ::recv(fds[i].fd, buf, sizeof buf, MSG_DONTWAIT);
+      const int fd = fds[i].fd;
+      if (what[i].first == kAttached) {
+        char buf[64];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+          Drop(what[i].second, true);
+        }
+        continue;
+      }
+      Pending& p = pending[fd];
+      char buf[kTokenBytes];
+      const ssize_t n =
+          ::recv(fd, buf, kTokenBytes - p.token.size(), MSG_DONTWAIT);
+      if (n > 0) p.token.append(buf, static_cast<size_t>(n));
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-        Drop(ids[i], true);
+        ::close(fd);
+        pending.erase(fd);
+      } else if (p.token.size() == kTokenBytes) {
+        const std::string token = std::move(p.token);
+        pending.erase(fd);
+        HandOff(fd, token);
       }
     }
   }
+  for (const auto& [fd, p] : pending) ::close(fd);
 }
 
 }  // namespace kvmem

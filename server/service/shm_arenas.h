@@ -38,6 +38,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "base/sync.h"
 
 namespace kvmem {
@@ -113,7 +114,8 @@ class ShmArenas {
  private:
   explicit ShmArenas(ShmOptions options) : options_(std::move(options)) {}
   void Serve();
-  void HandOff(int conn);
+  // conn sent `token`: gives it its arena's descriptor, or closes it.
+  void HandOff(int conn, absl::string_view token);
   void Drop(uint64_t arena_id, bool dead_client);
   std::shared_ptr<Arena> Find(const std::string& tenant,
                               uint64_t arena_id) const;

@@ -107,6 +107,30 @@ TEST_F(ShmArenasTest, HandOffGivesOneReadOnlyDescriptorPerToken) {
       absl::StatusCode::kNotFound);
 }
 
+// A local process that connects and says nothing stalls nobody: the next
+// client's hand-off goes through at once, and the silent one is hung up on.
+TEST_F(ShmArenasTest, ASilentConnectionDoesNotStallHandOffs) {
+  Start();
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string& path = arenas_->options().socket_path;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int silent = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr),
+            0);
+  ASSERT_EQ(::send(silent, "0123", 4, 0), 4);  // A token's start, no more.
+  auto c = arenas_->Create("t", 4096);
+  ASSERT_TRUE(c.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  HandOff h;
+  Pickup(path, c->token, &h);
+  EXPECT_GE(h.fd, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  char b;
+  EXPECT_EQ(::read(silent, &b, 1), 0);  // Closed after its 2 s.
+  ::close(silent);
+}
+
 TEST_F(ShmArenasTest, LeasesFitReuseExpireAndReport) {
   ShmOptions o;
   o.lease = std::chrono::milliseconds(50);
