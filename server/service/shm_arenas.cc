@@ -11,11 +11,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <optional>
-#include <set>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "server/service/lease_table.h"
 
 namespace kvmem {
 
@@ -23,7 +22,6 @@ namespace {
 
 constexpr uint64_t kPage = 4096;
 constexpr size_t kTokenBytes = 32;  // Hex digits.
-constexpr size_t kReclaimedMemory = 4096;
 
 uint64_t RoundUp(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
@@ -41,6 +39,8 @@ uint64_t RandomU64() {
 
 }  // namespace
 
+// An arena: the memfd, the server's mapping of it, its leases and its
+// hand-off state.
 class ShmArenas::Arena {
  public:
   Arena(std::string tenant, uint64_t id, int memfd, uint8_t* base,
@@ -51,94 +51,12 @@ class ShmArenas::Arena {
         memfd_(memfd),
         base_(base),
         bytes_(bytes),
+        leases_(id, bytes),
         token_(std::move(token)),
-        attach_by_(attach_by) {
-    free_[0] = bytes;
-  }
+        attach_by_(attach_by) {}
   ~Arena() {
     ::munmap(base_, bytes_);
     ::close(memfd_);
-  }
-
-  struct Range {
-    uint64_t offset = 0, bytes = 0;
-    std::chrono::steady_clock::time_point expires;
-  };
-
-  // First fit; when nothing fits, reclaims the expired leases (*reclaimed
-  // counts them) and tries again.
-  absl::StatusOr<std::pair<uint64_t, uint64_t>> Allocate(
-      uint64_t bytes, std::chrono::milliseconds lease, uint64_t* reclaimed) {
-    const auto now = std::chrono::steady_clock::now();
-    bytes = RoundUp(bytes);
-    kvmem::MutexLock lock(&mu_);
-    std::optional<uint64_t> at = FirstFit(bytes);
-    if (!at) {
-      for (auto it = leases_.begin(); it != leases_.end();) {
-        if (it->second.expires > now) {
-          ++it;
-          continue;
-        }
-        FreeLocked(it->second);
-        Remember(it->first);
-        ++*reclaimed;
-        it = leases_.erase(it);
-      }
-      at = FirstFit(bytes);
-    }
-    if (!at) {
-      uint64_t leased = 0;
-      for (const auto& [id, r] : leases_) leased += r.bytes;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "shared-memory arena ", id_, " has no free range of ", bytes,
-          " bytes: ", leased, " of its ", bytes_, " bytes are held by ",
-          leases_.size(),
-          " live leases; release them (ReleaseLeases) or attach a larger "
-          "arena"));
-    }
-    const uint64_t lease_id = ++next_lease_;
-    leases_[lease_id] = {*at, bytes, now + lease};
-    return std::make_pair(lease_id, *at);
-  }
-
-  // Releases live leases; ids reclaimed earlier go to *expired. An id that
-  // is neither is INVALID_ARGUMENT and nothing is released.
-  absl::Status Release(const std::vector<uint64_t>& ids, uint32_t* released,
-                       std::vector<uint64_t>* expired) {
-    kvmem::MutexLock lock(&mu_);
-    for (uint64_t id : ids) {
-      if (leases_.count(id) == 0 && reclaimed_ids_.count(id) == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("lease_ids has ", id, ", not a live lease of arena ",
-                         id_, " (released already, or never issued)"));
-      }
-    }
-    for (uint64_t id : ids) {
-      auto it = leases_.find(id);
-      if (it == leases_.end()) {
-        reclaimed_ids_.erase(id);
-        expired->push_back(id);
-        continue;
-      }
-      FreeLocked(it->second);
-      leases_.erase(it);
-      ++*released;
-    }
-    return absl::OkStatus();
-  }
-
-  void Abandon(uint64_t lease_id) {
-    kvmem::MutexLock lock(&mu_);
-    auto it = leases_.find(lease_id);
-    if (it == leases_.end()) return;
-    FreeLocked(it->second);
-    leases_.erase(it);
-  }
-
-  void AddStats(ShmStats* s) const {
-    kvmem::MutexLock lock(&mu_);
-    s->leases += leases_.size();
-    for (const auto& [id, r] : leases_) s->leased_bytes += r.bytes;
   }
 
   const std::string tenant_;
@@ -146,53 +64,11 @@ class ShmArenas::Arena {
   const int memfd_;
   uint8_t* const base_;
   const uint64_t bytes_;
+  LeaseTable leases_;
   // Hand-off state: guarded by ShmArenas::mu_.
   std::string token_;
   std::chrono::steady_clock::time_point attach_by_;
   int conn_ = -1;  // The client's hand-off connection once attached.
-
- private:
-  std::optional<uint64_t> FirstFit(uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < bytes) continue;
-      const uint64_t at = it->first, left = it->second - bytes;
-      free_.erase(it);
-      if (left > 0) free_[at + bytes] = left;
-      return at;
-    }
-    return std::nullopt;
-  }
-  // Returns a range to the free map, merging it with its neighbours.
-  void FreeLocked(const Range& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    uint64_t at = r.offset, n = r.bytes;
-    auto next = free_.lower_bound(at);
-    if (next != free_.end() && at + n == next->first) {
-      n += next->second;
-      next = free_.erase(next);
-    }
-    if (next != free_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == at) {
-        at = prev->first;
-        n += prev->second;
-        free_.erase(prev);
-      }
-    }
-    free_[at] = n;
-  }
-  void Remember(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (reclaimed_ids_.size() >= kReclaimedMemory) {
-      reclaimed_ids_.erase(reclaimed_ids_.begin());
-    }
-    reclaimed_ids_.insert(id);
-  }
-
-  mutable kvmem::Mutex mu_;
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
-  std::map<uint64_t, Range> leases_ ABSL_GUARDED_BY(mu_);
-  std::set<uint64_t> reclaimed_ids_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<ShmArenas>> ShmArenas::Start(
@@ -333,7 +209,7 @@ absl::StatusOr<ShmArenas::Lease> ShmArenas::Reserve(const std::string& tenant,
         " holds ", a->bytes_, ": attach a larger arena or fetch fewer blocks"));
   }
   uint64_t reclaimed = 0;
-  auto got = a->Allocate(bytes, options_.lease, &reclaimed);
+  auto got = a->leases_.Allocate(RoundUp(bytes), options_.lease, &reclaimed);
   if (reclaimed > 0) {
     kvmem::MutexLock lock(&mu_);
     reclaimed_ += reclaimed;
@@ -348,7 +224,7 @@ absl::StatusOr<ShmArenas::Lease> ShmArenas::Reserve(const std::string& tenant,
 
 void ShmArenas::Abandon(const Lease& lease) {
   if (lease.arena != nullptr && lease.lease_id != 0) {
-    lease.arena->Abandon(lease.lease_id);
+    lease.arena->leases_.Abandon(lease.lease_id);
   }
 }
 
@@ -361,7 +237,7 @@ absl::StatusOr<ShmArenas::Released> ShmArenas::Release(
                                             " is not known to this server"));
   }
   Released r;
-  absl::Status s = a->Release(lease_ids, &r.released, &r.expired);
+  absl::Status s = a->leases_.Release(lease_ids, &r.released, &r.expired);
   if (!s.ok()) return s;
   return r;
 }
@@ -377,7 +253,11 @@ ShmStats ShmArenas::Stats() const {
     s.dead_clients = dead_clients_;
     for (const auto& [id, a] : arenas_) arenas.push_back(a);
   }
-  for (const auto& a : arenas) a->AddStats(&s);
+  for (const auto& a : arenas) {
+    const LeaseTable::Totals t = a->leases_.Live();
+    s.leases += t.leases;
+    s.leased_bytes += t.bytes;
+  }
   return s;
 }
 
