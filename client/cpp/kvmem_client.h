@@ -167,9 +167,11 @@ class KvmemClient {
                          std::vector<BlockView>* views);
 
   // Shared memory (a unix-socket target on the server's host): attaches an
-  // arena of `bytes` (0: the server's largest) once; later calls are no-ops
-  // while it is attached. FetchShared and shared-memory recalls attach one
-  // on first use, and again after a server restart.
+  // arena of `bytes` (0: options().shm_arena_bytes); while one is attached,
+  // a call asking for no more than it holds does nothing, and one asking
+  // for more attaches a larger arena in its place (deliveries in the old
+  // one stay valid until released). FetchShared and shared-memory recalls
+  // attach on first use, and again after a server restart.
   grpc::Status AttachSharedMemory(uint64_t bytes = 0);
   // The arena's id (0: none attached).
   uint64_t shm_arena_id() const;

@@ -150,7 +150,10 @@ uint64_t KvmemClient::shm_arena_id() const {
 }
 
 grpc::Status KvmemClient::AttachSharedMemory(uint64_t bytes) {
-  if (Arena() != nullptr) return grpc::Status::OK;
+  const std::shared_ptr<ClientArena> attached = Arena();
+  if (attached != nullptr && attached->bytes() >= bytes) {
+    return grpc::Status::OK;
+  }
   grpc::ClientContext ctx;
   Authorize(options_, &ctx);
   v1::AttachSharedMemoryRequest req;
@@ -162,7 +165,9 @@ grpc::Status KvmemClient::AttachSharedMemory(uint64_t bytes) {
   s = ClientArena::Attach(resp, &a);
   if (!s.ok()) return s;
   std::lock_guard<std::mutex> lock(arena_mu_);
-  if (arena_ == nullptr) arena_ = std::move(a);
+  // A larger one replaces the arena; deliveries in the old one keep it (and
+  // its hand-off connection) until they are released.
+  if (arena_ == attached) arena_ = std::move(a);
   return grpc::Status::OK;
 }
 

@@ -327,6 +327,18 @@ TEST_F(ShmTest, LeasesExpireOnlyWhenTheRoomIsNeeded) {
   s = c->ReleaseLeases(c->shm_arena_id(), {lease}, &r);
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("released already"));
+  // A set larger than the arena: RESOURCE_EXHAUSTED, until a larger arena
+  // is attached in its place.
+  const uint64_t small = c->shm_arena_id();
+  Delivery all;
+  s = c->FetchShared("cam", {0, 1, 2, 3}, {}, &all);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  ASSERT_TRUE(c->AttachSharedMemory(8 * block).ok());
+  EXPECT_NE(c->shm_arena_id(), small);
+  s = c->FetchShared("cam", {0, 1, 2, 3}, {}, &all);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Bytes(all.blocks()[3]), Expected(model_, g_, 3, false));
 }
 
 // Attaches an arena that fills the server's shared memory, fetches under a

@@ -434,18 +434,22 @@ class Client:
     def attach_shared_memory(self, nbytes: int = 0,
                              timeout: Optional[float] = None) -> None:
         """Attaches a shared-memory arena of nbytes (0: shm_arena_bytes,
-        256 MiB) once; a unix-socket target on the server's host only
-        (FailedPreconditionError otherwise). fetch_shared and shared-memory
-        recalls attach on first use, and again after a server restart."""
+        256 MiB); a unix-socket target on the server's host only
+        (FailedPreconditionError otherwise). While one is attached, asking
+        for no more than it holds does nothing and asking for more attaches
+        a larger one in its place (deliveries in the old one stay valid).
+        fetch_shared and shared-memory recalls attach on first use, and again
+        after a server restart."""
         with self._lock:
-            if self._arena is not None:
-                return
+            attached = self._arena
+        if attached is not None and attached.size >= nbytes:
+            return
         resp = self._call(self._stub.AttachSharedMemory,
                           pb.AttachSharedMemoryRequest(bytes=nbytes or self.shm_arena_bytes),
                           None, timeout)
         arena = Arena(resp)
         with self._lock:
-            if self._arena is None:
+            if self._arena is attached:
                 self._arena = arena
 
     @property

@@ -272,6 +272,15 @@ class RealServerTest(unittest.TestCase):
                         with self.assertRaises(ValueError):
                             got.kv[0, 0, 0, 0, 0] = 1
         self.assertGreater(c.shm_arena_id, 0)
+        # Asking for more than the arena holds attaches a larger one.
+        first = c.shm_arena_id
+        c.attach_shared_memory(c.shm_arena_bytes)  # Enough: nothing happens.
+        self.assertEqual(c.shm_arena_id, first)
+        c.attach_shared_memory(2 * c.shm_arena_bytes)
+        self.assertNotEqual(c.shm_arena_id, first)
+        with c.fetch_shared("shm", [0]) as d:
+            self.assertEqual(bytes(d.blocks[0].data), c.fetch_blocks(
+                "shm", [0], layout=kvmem.PayloadLayout.BLOCK_LAYER_MAJOR)[0].payload)
         q = np.random.default_rng(9).standard_normal(LAYERS * HEADS * DIM)
         plain = c.recall("shm", q, max_tokens=24)
         self.assertGreaterEqual(len(plain.blocks), 2)
