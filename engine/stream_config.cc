@@ -313,6 +313,23 @@ uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count) {
          LayerSliceElements(g, token_count) * DTypeBytes(g.dtype);
 }
 
+absl::Status ValidateLayerList(const Geometry& g,
+                               const std::vector<uint32_t>& layers) {
+  std::vector<bool> seen(g.layers, false);
+  for (uint32_t l : layers) {
+    if (l >= g.layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers has ", l, "; the stream has ", g.layers, " layers"));
+    }
+    if (seen[l]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers names layer ", l, " twice"));
+    }
+    seen[l] = true;
+  }
+  return absl::OkStatus();
+}
+
 uint64_t BlockPayloadBytes(const Geometry& g, uint32_t token_count,
                            PayloadLayout layout, size_t layers) {
   if (layout == PayloadLayout::kFrameMajor || layers == 0) {

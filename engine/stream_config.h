@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -55,6 +56,12 @@ absl::Status ValidateStreamConfig(const StreamConfig& config);
 
 // Payload bytes of a frame of token_count tokens.
 uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count);
+
+// OK when `layers` (a request's layer list, BLOCK_LAYER_MAJOR) names each
+// of the geometry's layers at most once; INVALID_ARGUMENT naming the first
+// that is out of range or repeated.
+absl::Status ValidateLayerList(const Geometry& g,
+                               const std::vector<uint32_t>& layers);
 
 // Bytes of a block of token_count tokens as FetchBlocks sends it: all its
 // frames (kFrameMajor), or `layers` layer records, K then V each

@@ -277,13 +277,19 @@ uint64_t AutoReserve(const RocksColdStoreOptions& o) {
          (64ull << 20);
 }
 
-// A layer record's trailer: CRC32C of the bytes (little-endian), then
-// kLayerMagic.
+// A layer record's trailer: CRC32C of its key then its bytes (little-
+// endian), then kLayerMagic. The key is in the CRC so that a read that
+// lands on another record (a damaged or stale blob index, which RocksDB
+// does not check with its checksums off) fails it.
 constexpr char kLayerMagic[4] = {'K', 'V', 'C', '1'};
 constexpr size_t kTrailerBytes = 8;
 
-std::string LayerTrailer(absl::string_view bytes) {
-  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+uint32_t LayerCrc(absl::string_view key, const char* bytes, size_t n) {
+  return Crc32c(bytes, n, Crc32c(key.data(), key.size()));
+}
+
+std::string LayerTrailer(absl::string_view key, absl::string_view bytes) {
+  const uint32_t crc = LayerCrc(key, bytes.data(), bytes.size());
   std::string t(kTrailerBytes, '\0');
   for (int i = 0; i < 4; ++i) t[i] = static_cast<char>(crc >> (8 * i));
   std::memcpy(t.data() + 4, kLayerMagic, 4);
@@ -294,7 +300,7 @@ std::string LayerTrailer(absl::string_view bytes) {
 // CRC matches. Otherwise the caller reads the record again with RocksDB's
 // own check: a record written without a trailer, or a damaged one (which
 // that check then reports).
-bool StripLayerTrailer(std::string* v) {
+bool StripLayerTrailer(absl::string_view key, std::string* v) {
   if (v->size() < kTrailerBytes ||
       std::memcmp(v->data() + v->size() - 4, kLayerMagic, 4) != 0) {
     return false;
@@ -304,7 +310,7 @@ bool StripLayerTrailer(std::string* v) {
   for (int i = 0; i < 4; ++i) {
     stored |= uint32_t{static_cast<uint8_t>((*v)[n + i])} << (8 * i);
   }
-  if (Crc32c(v->data(), n) != stored) return false;
+  if (LayerCrc(key, v->data(), n) != stored) return false;
   v->resize(n);
   return true;
 }
@@ -382,7 +388,7 @@ class RocksColdStore final : public ColdStore {
         batch.Put(block_layers_, key, l.bytes);
         continue;
       }
-      const std::string trailer = LayerTrailer(l.bytes);
+      const std::string trailer = LayerTrailer(key, l.bytes);
       const rocksdb::Slice key_part(key), parts[2] = {l.bytes, trailer};
       batch.Put(block_layers_, rocksdb::SliceParts(&key_part, 1),
                 rocksdb::SliceParts(parts, 2));
@@ -414,22 +420,24 @@ class RocksColdStore final : public ColdStore {
       return absl::StrCat("layer ", layer, " of block ", block_id,
                           " of stream ", stream_id);
     };
-    // Our own checksum (RocksDB's off); a record without a good one is read
-    // again with RocksDB's: older records, or damaged ones (DATA_LOSS).
-    absl::StatusOr<std::string> v =
-        Get(&RocksColdStore::block_layers_, key, what(),
-            /*verify=*/options_.verify_layers_with_rocksdb);
     if (options_.verify_layers_with_rocksdb) {
-      if (v.ok()) StripLayerTrailer(&*v);
+      absl::StatusOr<std::string> v =
+          Get(&RocksColdStore::block_layers_, key, what(), /*verify=*/true);
+      if (v.ok()) StripLayerTrailer(key, &*v);
       return v;
     }
-    if (!v.ok() || StripLayerTrailer(&*v)) return v;
+    // Our own checksum (RocksDB's off, and nothing it reads so kept in its
+    // block cache unchecked); a record without a good one is read again
+    // with RocksDB's: older records, or damaged ones (DATA_LOSS).
+    absl::StatusOr<std::string> v =
+        Get(&RocksColdStore::block_layers_, key, what(), /*verify=*/false);
+    if (!v.ok() || StripLayerTrailer(key, &*v)) return v;
     // RocksDB's check passed: a trailer that checks now was damaged in
     // flight the first time; none (or one that does not check) is an older
     // record's last bytes, returned whole (a wrong size is the engine's
     // DATA_LOSS).
     v = Get(&RocksColdStore::block_layers_, key, what(), /*verify=*/true);
-    if (v.ok()) StripLayerTrailer(&*v);
+    if (v.ok()) StripLayerTrailer(key, &*v);
     return v;
   }
 
@@ -766,6 +774,7 @@ class RocksColdStore final : public ColdStore {
     KVMEM_STORE_OPEN_OR_RETURN();
     rocksdb::ReadOptions ro;
     ro.verify_checksums = verify;
+    ro.fill_cache = verify;  // Unchecked blocks stay out of the cache.
     rocksdb::Status s = db_.db->Get(ro, this->*cf, key, &value);
     if (s.IsNotFound()) {
       return absl::NotFoundError(absl::StrCat(what, " is not stored"));

@@ -28,12 +28,7 @@ absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
 absl::StatusOr<std::vector<uint32_t>> Stream::WantedLayers(
     const std::vector<uint32_t>& layers) const {
   const Geometry& g = config_.geometry;
-  for (uint32_t l : layers) {
-    if (l >= g.layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layers has ", l, "; the stream has ", g.layers, " layers"));
-    }
-  }
+  KVMEM_RETURN_IF_ERROR(ValidateLayerList(g, layers));
   std::vector<uint32_t> wanted = layers;
   if (wanted.empty()) {
     for (uint32_t l = 0; l < g.layers; ++l) wanted.push_back(l);

@@ -41,12 +41,7 @@ absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, Executor* executor,
                                    const std::vector<uint32_t>& layers) {
   if (shm == nullptr) return NoSharedMemory();
   const Geometry& g = stream.config().geometry;
-  for (uint32_t l : layers) {
-    if (l >= g.layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layers has ", l, "; the stream has ", g.layers, " layers"));
-    }
-  }
+  KVMEM_RETURN_IF_ERROR(ValidateLayerList(g, layers));
   Placed p;
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
@@ -82,6 +77,7 @@ absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, Executor* executor,
     r.set_offset(p.lease.offset + at[i]);
     r.set_length(sizes[i]);
   }
+  shm->Written(p.lease);
   return p;
 }
 

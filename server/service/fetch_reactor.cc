@@ -67,6 +67,8 @@ class FetchBlocksReactor final
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
+      // A lease the client will never hear of in full goes back now.
+      if (lease_) shm_->Abandon(*lease_);
       Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                           "the client stopped reading"));
       return;
@@ -229,6 +231,7 @@ class FetchBlocksReactor final
       Finish(ToGrpcStatus(caller_.Scrub(p.status())));
       return;
     }
+    lease_ = p->lease;
     for (size_t i = 0; i < ids.size(); ++i) {
       v1::FetchBlocksResponse& r = placed_.emplace_back();
       r.set_block_id(ids[i]);
@@ -247,6 +250,7 @@ class FetchBlocksReactor final
     }
     const grpc::Status serialized = SerializeMessage(placed_[block_++], &out_);
     if (!serialized.ok()) {
+      if (lease_) shm_->Abandon(*lease_);
       Finish(serialized);
       return;
     }
@@ -265,6 +269,7 @@ class FetchBlocksReactor final
   uint32_t chunk_ = 0;
   uint64_t arena_id_ = 0;
   std::vector<v1::FetchBlocksResponse> placed_;
+  std::optional<ShmArenas::Lease> lease_;  // Shared memory, once placed.
   size_t block_ = 0;  // The next block to send (or to place).
   std::shared_ptr<Ahead> ahead_;
   BlockInfo current_;

@@ -1,5 +1,6 @@
 #include "server/service/lease_table.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,7 @@ LeaseTable::LeaseTable(uint64_t arena_id, uint64_t bytes)
 }
 
 absl::StatusOr<std::pair<uint64_t, uint64_t>> LeaseTable::Allocate(
-    uint64_t bytes, std::chrono::milliseconds lease, uint64_t* reclaimed) {
+    uint64_t bytes, uint64_t* reclaimed) {
   const auto now = std::chrono::steady_clock::now();
   kvmem::MutexLock lock(&mu_);
   std::optional<uint64_t> at = FirstFit(bytes);
@@ -47,13 +48,28 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> LeaseTable::Allocate(
         "arena"));
   }
   const uint64_t lease_id = ++next_lease_;
-  leases_[lease_id] = {*at, bytes, now + lease};
+  leases_[lease_id] = {*at, bytes,
+                       std::chrono::steady_clock::time_point::max()};
   return std::make_pair(lease_id, *at);
 }
 
-absl::Status LeaseTable::Release(const std::vector<uint64_t>& ids,
+void LeaseTable::Start(uint64_t lease_id, std::chrono::milliseconds lease) {
+  kvmem::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it != leases_.end()) {
+    it->second.expires = std::chrono::steady_clock::now() + lease;
+  }
+}
+
+absl::Status LeaseTable::Release(const std::vector<uint64_t>& asked,
                                  uint32_t* released,
                                  std::vector<uint64_t>* expired) {
+  // A lease named twice is released once (not reported expired the second
+  // time).
+  std::vector<uint64_t> ids;
+  for (uint64_t id : asked) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
   kvmem::MutexLock lock(&mu_);
   for (uint64_t id : ids) {
     if (leases_.count(id) == 0 && reclaimed_ids_.count(id) == 0) {

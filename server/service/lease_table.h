@@ -28,9 +28,13 @@ class LeaseTable {
 
   // (lease id, offset) of a free range of `bytes`, first fit; when none is
   // free, reclaims the expired leases (*reclaimed counts them) and tries
-  // again. RESOURCE_EXHAUSTED when live leases leave no room.
-  absl::StatusOr<std::pair<uint64_t, uint64_t>> Allocate(
-      uint64_t bytes, std::chrono::milliseconds lease, uint64_t* reclaimed);
+  // again. RESOURCE_EXHAUSTED when live leases leave no room. The new lease
+  // cannot expire until Start: the server is still writing it.
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> Allocate(uint64_t bytes,
+                                                         uint64_t* reclaimed);
+  // The lease's bytes are written and on their way: it may expire `lease`
+  // from now.
+  void Start(uint64_t lease_id, std::chrono::milliseconds lease);
 
   // Releases live leases; ids reclaimed earlier go to *expired. An id that
   // is neither is INVALID_ARGUMENT and nothing is released.

@@ -147,11 +147,20 @@ absl::StatusOr<ShmArenas::Created> ShmArenas::Create(const std::string& tenant,
     unreserve();
     return Errno("memfd_create");
   }
+  // The server's writable mapping first; then seals: no growing or
+  // shrinking (a client's mapping can never lose its pages), and no new
+  // writable mapping or write() by anyone (a client that reopens its
+  // descriptor read-write through /proc still cannot write).
   void* base = MAP_FAILED;
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
-      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
-          0) {
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
     base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (base != MAP_FAILED &&
+      ::fcntl(fd, F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE |
+                  F_SEAL_SEAL) != 0) {
+    ::munmap(base, bytes);
+    base = MAP_FAILED;
   }
   if (base == MAP_FAILED) {
     const absl::Status s = Errno("an arena's memfd (ftruncate, seal, mmap)");
@@ -209,7 +218,7 @@ absl::StatusOr<ShmArenas::Lease> ShmArenas::Reserve(const std::string& tenant,
         " holds ", a->bytes_, ": attach a larger arena or fetch fewer blocks"));
   }
   uint64_t reclaimed = 0;
-  auto got = a->leases_.Allocate(RoundUp(bytes), options_.lease, &reclaimed);
+  auto got = a->leases_.Allocate(RoundUp(bytes), &reclaimed);
   if (reclaimed > 0) {
     kvmem::MutexLock lock(&mu_);
     reclaimed_ += reclaimed;
@@ -220,6 +229,12 @@ absl::StatusOr<ShmArenas::Lease> ShmArenas::Reserve(const std::string& tenant,
   l.bytes = bytes;
   l.data = a->base_ + l.offset;
   return l;
+}
+
+void ShmArenas::Written(const Lease& lease) {
+  if (lease.arena != nullptr && lease.lease_id != 0) {
+    lease.arena->leases_.Start(lease.lease_id, options_.lease);
+  }
 }
 
 void ShmArenas::Abandon(const Lease& lease) {
@@ -337,10 +352,19 @@ void ShmArenas::Serve() {
     std::string token;
     std::chrono::steady_clock::time_point until;
   };
+  // At most this many connections waiting to send their token; the
+  // listener is not polled meanwhile (nor for a moment after a failed
+  // accept, e.g. out of descriptors), so neither floods nor spins.
+  constexpr size_t kMaxPending = 64;
   std::map<int, Pending> pending;
+  auto accept_after = std::chrono::steady_clock::now();
   enum Kind { kWake, kListen, kAttached, kPending };
   for (;;) {
-    std::vector<pollfd> fds = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    const bool listening = pending.size() < kMaxPending &&
+                           std::chrono::steady_clock::now() >= accept_after;
+    std::vector<pollfd> fds = {
+        {wake_[0], POLLIN, 0},
+        {listen_fd_, static_cast<short>(listening ? POLLIN : 0), 0}};
     std::vector<std::pair<Kind, uint64_t>> what = {{kWake, 0}, {kListen, 0}};
     const auto now = std::chrono::steady_clock::now();
     std::vector<uint64_t> stale;
@@ -371,7 +395,11 @@ void ShmArenas::Serve() {
     if (fds[1].revents & POLLIN) {
       const int conn =
           ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (conn >= 0) pending[conn] = {std::string(), now + kHandOffWait};
+      if (conn >= 0) {
+        pending[conn] = {std::string(), now + kHandOffWait};
+      } else if (errno != EAGAIN && errno != EINTR) {
+        accept_after = now + std::chrono::milliseconds(100);
+      }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;

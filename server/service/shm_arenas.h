@@ -97,7 +97,11 @@ class ShmArenas {
   // RESOURCE_EXHAUSTED when live leases leave no room.
   absl::StatusOr<Lease> Reserve(const std::string& tenant, uint64_t arena_id,
                                 uint64_t bytes);
-  // Gives back a reservation whose response was never sent (an error).
+  // The lease's bytes are written: its lease time starts (until then it
+  // cannot be reclaimed).
+  void Written(const Lease& lease);
+  // Gives back a reservation whose response was never sent (an error, a
+  // cancelled call).
   void Abandon(const Lease& lease);
 
   struct Released {

@@ -839,6 +839,21 @@ TEST_F(ServerTest, BadInputCatalogue) {
          });
        },
        StatusCode::INVALID_ARGUMENT, "layers has 9"},
+      // A layer named again and again would make the server read (and
+      // hold) the same record without bound.
+      {"FetchBlocks", "layer 1 named twice",
+       [&] {
+         return fetch([](auto* r) {
+           r->set_layout(v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+           r->add_layers(1);
+           r->add_layers(0);
+           r->add_layers(1);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "layers names layer 1 twice"},
+      {"FetchBlocks", "an arena this server never made",
+       [&] { return fetch([](auto* r) { r->set_shm_arena_id(12345); }); },
+       StatusCode::NOT_FOUND, "shared-memory arena 12345"},
       {"Session", "a frame before open",
        [&] {
          v1::SessionRequest q;

@@ -4,6 +4,7 @@
 // reservations from many threads at once.
 #include "server/service/shm_arenas.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -89,6 +91,16 @@ TEST_F(ShmArenasTest, HandOffGivesOneReadOnlyDescriptorPerToken) {
       ::mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, h.fd, 0),
       MAP_FAILED);
   EXPECT_EQ(errno, EACCES);
+  // Reopened read-write through /proc, the sealed memfd still refuses a
+  // writable mapping and write().
+  const int rw =
+      ::open(("/proc/self/fd/" + std::to_string(h.fd)).c_str(), O_RDWR);
+  ASSERT_GE(rw, 0) << std::strerror(errno);
+  EXPECT_EQ(::mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0),
+            MAP_FAILED);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(::write(rw, "x", 1), -1);
+  ::close(rw);
   void* map = ::mmap(nullptr, h.bytes, PROT_READ, MAP_SHARED, h.fd, 0);
   ASSERT_NE(map, MAP_FAILED);
   auto lease = arenas_->Reserve("t", c->arena_id, 5000);
@@ -144,6 +156,13 @@ TEST_F(ShmArenasTest, LeasesFitReuseExpireAndReport) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->offset, 0u);
   EXPECT_EQ(b->offset, 4096u);
+  // A lease still being written never expires, however long it takes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_EQ(arenas_->Reserve("t", c->arena_id, 2 * 4096).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(arenas_->Stats().reclaimed_leases, 0u);
+  arenas_->Written(*a);
+  arenas_->Written(*b);
   // 1 page left: 2 do not fit while both leases live.
   auto full = arenas_->Reserve("t", c->arena_id, 2 * 4096);
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
@@ -157,6 +176,7 @@ TEST_F(ShmArenasTest, LeasesFitReuseExpireAndReport) {
   auto a2 = arenas_->Reserve("t", c->arena_id, 4096);
   ASSERT_TRUE(a2.ok());
   EXPECT_EQ(a2->offset, 0u);
+  arenas_->Written(*a2);
   // A second release of a lease is INVALID_ARGUMENT and releases nothing.
   EXPECT_EQ(arenas_->Release("t", c->arena_id, {a2->lease_id, a->lease_id})
                 .status()
@@ -169,7 +189,9 @@ TEST_F(ShmArenasTest, LeasesFitReuseExpireAndReport) {
   auto big = arenas_->Reserve("t", c->arena_id, 4 * 4096);
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(arenas_->Stats().reclaimed_leases, 2u);
-  r = arenas_->Release("t", c->arena_id, {b->lease_id, big->lease_id});
+  // Named twice, a lease is released once (not reported expired).
+  r = arenas_->Release("t", c->arena_id,
+                       {b->lease_id, big->lease_id, big->lease_id});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->released, 1u);
   EXPECT_EQ(r->expired, std::vector<uint64_t>{b->lease_id});
