@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -27,6 +28,15 @@ uint64_t RoundUp(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
 absl::Status Errno(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// Appends what fd has (up to max bytes, without waiting) to *out; false
+// at EOF or on an error (the peer is gone).
+bool ReadSome(int fd, size_t max, std::string* out) {
+  char buf[64];
+  const ssize_t n = ::recv(fd, buf, std::min(max, sizeof buf), MSG_DONTWAIT);
+  if (n > 0) out->append(buf, static_cast<size_t>(n));
+  return n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR));
 }
 
 uint64_t RandomU64() {
@@ -405,19 +415,12 @@ void ShmArenas::Serve() {
       if (fds[i].revents == 0) continue;
       const int fd = fds[i].fd;
       if (what[i].first == kAttached) {
-        char buf[64];
-        const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-          Drop(what[i].second, true);
-        }
+        std::string ignored;  // A client has nothing to say after its token.
+        if (!ReadSome(fd, 64, &ignored)) Drop(what[i].second, true);
         continue;
       }
       Pending& p = pending[fd];
-      char buf[kTokenBytes];
-      const ssize_t n =
-          ::recv(fd, buf, kTokenBytes - p.token.size(), MSG_DONTWAIT);
-      if (n > 0) p.token.append(buf, static_cast<size_t>(n));
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      if (!ReadSome(fd, kTokenBytes - p.token.size(), &p.token)) {
         ::close(fd);
         pending.erase(fd);
       } else if (p.token.size() == kTokenBytes) {
