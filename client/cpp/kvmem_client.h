@@ -74,7 +74,8 @@ struct BlockView {
 class ClientArena;  // A mapped shared-memory arena (client/cpp/shm.cc).
 class KvmemClient;
 
-// Blocks delivered by FetchShared or a recall with delivery. Through shared
+// Blocks delivered by FetchShared or a recall with delivery (REQUIRES: the
+// KvmemClient that made it outlives it). Through shared
 // memory the views point into the client's read-only mapping of its arena,
 // held under a lease: they stay valid until Release (or destruction), and
 // the server does not reuse the range before then, for at least the lease
@@ -92,10 +93,15 @@ class Delivery {
   bool shared_memory() const { return arena_ != nullptr; }
   uint64_t lease_id() const { return lease_id_; }
 
-  // Gives the lease back (nothing to do for inline bytes). DATA_LOSS when
-  // the server had reclaimed it (held past lease_ms): the bytes may have
-  // been overwritten while they were read.
+  // Gives the lease back now (nothing to do for inline bytes). DATA_LOSS
+  // when the server had reclaimed it (held past lease_ms): the bytes may
+  // have been overwritten while they were read.
   grpc::Status Release();
+  // Gives the lease back with this client's next shared-memory fetch or
+  // recall (no round trip of its own; what a front end does each frame).
+  // Whether the bytes stayed intact is not reported: use Release for that.
+  // Destruction and move-assignment do this.
+  void ReleaseLater();
 
  private:
   friend class KvmemClient;
@@ -211,6 +217,7 @@ class KvmemClient {
 
  private:
   friend class SessionClient;
+  friend class Delivery;
   KvmemClient(std::shared_ptr<grpc::Channel> channel,
               const ClientOptions& options);
   std::shared_ptr<ClientArena> Arena() const;
@@ -234,9 +241,15 @@ class KvmemClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvMemory::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  // Leases to release with the next delivery into arena `arena_id`.
+  void DeferRelease(uint64_t arena_id, uint64_t lease_id);
+  std::vector<uint64_t> TakeDeferred(uint64_t arena_id);
+
   ClientOptions options_;
   mutable std::mutex arena_mu_;
   std::shared_ptr<ClientArena> arena_;  // Guarded by arena_mu_.
+  // (arena id, lease id) released by ReleaseLater; guarded by arena_mu_.
+  std::vector<std::pair<uint64_t, uint64_t>> deferred_;
 };
 
 // A live-camera Session: each call writes its request and waits for the

@@ -101,7 +101,7 @@ grpc::Status ClientArena::Attach(const v1::AttachSharedMemoryResponse& r,
 
 Delivery& Delivery::operator=(Delivery&& other) noexcept {
   if (this != &other) {
-    Release().IgnoreError();
+    ReleaseLater();
     client_ = other.client_;
     arena_ = std::move(other.arena_);
     lease_id_ = std::exchange(other.lease_id_, 0);
@@ -113,7 +113,35 @@ Delivery& Delivery::operator=(Delivery&& other) noexcept {
   return *this;
 }
 
-Delivery::~Delivery() { Release().IgnoreError(); }
+Delivery::~Delivery() { ReleaseLater(); }
+
+void Delivery::ReleaseLater() {
+  if (arena_ != nullptr && lease_id_ != 0 && client_ != nullptr) {
+    client_->DeferRelease(arena_->id(), lease_id_);
+  }
+  lease_id_ = 0;
+  arena_ = nullptr;
+  blocks_.clear();
+  owned_.clear();
+  bytes_ = 0;
+}
+
+void KvmemClient::DeferRelease(uint64_t arena_id, uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  deferred_.emplace_back(arena_id, lease_id);
+}
+
+std::vector<uint64_t> KvmemClient::TakeDeferred(uint64_t arena_id) {
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  std::vector<uint64_t> ids;
+  // Those of other (older) arenas go with them: an arena is freed, leases
+  // and all, when its last delivery lets go of it.
+  for (const auto& [arena, lease] : deferred_) {
+    if (arena == arena_id) ids.push_back(lease);
+  }
+  deferred_.clear();
+  return ids;
+}
 
 grpc::Status Delivery::Release() {
   const uint64_t lease = std::exchange(lease_id_, 0);
@@ -287,6 +315,7 @@ grpc::Status KvmemClient::FetchShared(const std::string& stream_id,
     Authorize(options_, &ctx, stream_id);
     v1::FetchBlocksRequest req = FetchRequest(stream_id, block_ids, options);
     req.set_shm_arena_id(arena->id());
+    for (uint64_t id : TakeDeferred(arena->id())) req.add_release_lease_ids(id);
     auto reader = stub_->FetchBlocks(&ctx, req);
     d.arena_ = arena;
     v1::FetchBlocksResponse r;
@@ -350,7 +379,10 @@ grpc::Status KvmemClient::Delivering(
     return s.ok() ? TakeDelivery(nullptr, resp, delivered) : s;
   }
   return WithArena([&](const std::shared_ptr<ClientArena>& arena) {
-    req->mutable_delivery()->set_shm_arena_id(arena->id());
+    v1::RecallDelivery* d = req->mutable_delivery();
+    d->set_shm_arena_id(arena->id());
+    d->clear_release_lease_ids();
+    for (uint64_t id : TakeDeferred(arena->id())) d->add_release_lease_ids(id);
     grpc::Status s = recall(*req, resp);
     return s.ok() ? TakeDelivery(arena, resp, delivered) : s;
   });

@@ -32,14 +32,13 @@ absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
   }
 }
 
-absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, Executor* executor,
-                                   int helpers, const Caller& caller,
-                                   uint64_t arena_id,
-                                   const StreamHandle& stream,
-                                   const std::vector<uint64_t>& block_ids,
-                                   PayloadLayout layout,
-                                   const std::vector<uint32_t>& layers) {
+absl::StatusOr<Placed> PlaceBlocks(
+    ShmArenas* shm, Executor* executor, int helpers, const Caller& caller,
+    uint64_t arena_id, const StreamHandle& stream,
+    const std::vector<uint64_t>& block_ids, PayloadLayout layout,
+    const std::vector<uint32_t>& layers, const std::vector<uint64_t>& release) {
   if (shm == nullptr) return NoSharedMemory();
+  shm->ReleaseLive(caller.tenant(), arena_id, release);
   const Geometry& g = stream.config().geometry;
   KVMEM_RETURN_IF_ERROR(ValidateLayerList(g, layers));
   Placed p;
@@ -120,8 +119,11 @@ absl::Status DeliverRecall(ShmArenas* shm, Executor* executor, int helpers,
   }
   if (req.mode() == v1::RecallDelivery::MODE_SHARED_MEMORY) {
     KVMEM_ASSIGN_OR_RETURN(
-        Placed p, PlaceBlocks(shm, executor, helpers, caller,
-                              req.shm_arena_id(), stream, ids, layout, layers));
+        Placed p,
+        PlaceBlocks(shm, executor, helpers, caller, req.shm_arena_id(), stream,
+                    ids, layout, layers,
+                    std::vector<uint64_t>(req.release_lease_ids().begin(),
+                                          req.release_lease_ids().end())));
     for (size_t i = 0; i < ids.size(); ++i) {
       v1::DeliveredBlock* d = resp->add_delivered();
       d->set_block_id(ids[i]);

@@ -36,13 +36,15 @@ struct Placed {
 // and writes each block's payload there, one copy from RAM or the store's
 // read, blocks in parallel on this thread and up to `helpers` executor
 // tasks. On error the lease is given back. shm null: FAILED_PRECONDITION.
+// Leases in `release` (the client is done with them) are released first.
 absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, Executor* executor,
                                    int helpers, const Caller& caller,
                                    uint64_t arena_id,
                                    const StreamHandle& stream,
                                    const std::vector<uint64_t>& block_ids,
                                    PayloadLayout layout,
-                                   const std::vector<uint32_t>& layers);
+                                   const std::vector<uint32_t>& layers,
+                                   const std::vector<uint64_t>& release = {});
 
 // Fills resp->delivered for a recall made with req.delivery: every block of
 // resp (of all its sets, once, in recall order) the client does not hold.

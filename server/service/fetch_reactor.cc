@@ -104,6 +104,8 @@ class FetchBlocksReactor final
     chunk_ = req.max_chunk_bytes() == 0 ? std::min(1u << 20, max_chunk)
                                         : req.max_chunk_bytes();
     arena_id_ = req.shm_arena_id();
+    release_.assign(req.release_lease_ids().begin(),
+                    req.release_lease_ids().end());
     all_warm_ = true;
     for (uint64_t id : req.block_ids()) {
       absl::StatusOr<BlockInfo> b = stream_->GetBlock(id);
@@ -226,7 +228,7 @@ class FetchBlocksReactor final
     for (const BlockInfo& b : blocks_) ids.push_back(b.id);
     absl::StatusOr<Placed> p =
         PlaceBlocks(shm_, executor_, helpers_, caller_, arena_id_, *stream_,
-                    ids, layout_, layers_);
+                    ids, layout_, layers_, release_);
     if (!p.ok()) {
       Finish(ToGrpcStatus(caller_.Scrub(p.status())));
       return;
@@ -268,6 +270,7 @@ class FetchBlocksReactor final
   bool all_warm_ = false;
   uint32_t chunk_ = 0;
   uint64_t arena_id_ = 0;
+  std::vector<uint64_t> release_;  // Leases to release before placing.
   std::vector<v1::FetchBlocksResponse> placed_;
   std::optional<ShmArenas::Lease> lease_;  // Shared memory, once placed.
   size_t block_ = 0;  // The next block to send (or to place).

@@ -110,6 +110,10 @@ class ShmArenas {
   };
   absl::StatusOr<Released> Release(const std::string& tenant, uint64_t arena_id,
                                    const std::vector<uint64_t>& lease_ids);
+  // Releases those of lease_ids that are live leases of the tenant's arena
+  // and ignores the rest (releases that ride on a later delivery).
+  void ReleaseLive(const std::string& tenant, uint64_t arena_id,
+                   const std::vector<uint64_t>& lease_ids);
 
   ShmStats Stats() const;
   const ShmOptions& options() const { return options_; }

@@ -341,6 +341,40 @@ TEST_F(ShmTest, LeasesExpireOnlyWhenTheRoomIsNeeded) {
   EXPECT_EQ(Bytes(all.blocks()[3]), Expected(model_, g_, 3, false));
 }
 
+// A front end releases each frame's lease with the next frame's delivery:
+// the room comes back without a ReleaseLeases round trip (the arena holds
+// one set at a time here, so the second fetch needs the first's room).
+TEST_F(ShmTest, DeferredReleasesRideOnTheNextDelivery) {
+  Start();
+  const uint64_t block =
+      uint64_t{kFpb} * g_.layers * 2 * g_.kv_heads * kTokens * g_.head_dim * 2;
+  KvmemClient* c = Client("", false, 3 * block);
+  Load(c, "cam", Tier::kWarm, 6);
+  Delivery a;
+  ASSERT_TRUE(c->FetchShared("cam", {0, 1}, {}, &a).ok());
+  const uint64_t first = a.lease_id();
+  a.ReleaseLater();
+  EXPECT_TRUE(a.blocks().empty());
+  Delivery b;
+  grpc::Status s = c->FetchShared("cam", {2, 3}, {}, &b);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Bytes(b.blocks()[1]), Expected(model_, g_, 3, false));
+  v1::ReleaseLeasesResponse r;
+  EXPECT_EQ(c->ReleaseLeases(c->shm_arena_id(), {first}, &r).error_code(),
+            StatusCode::INVALID_ARGUMENT);  // Released already.
+  // The same through recalls: each frame's delivery releases the last.
+  v1::RecallRequest req = Query("cam", 4);
+  req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
+  b.ReleaseLater();
+  for (int frame = 0; frame < 5; ++frame) {
+    v1::RecallResponse resp;
+    Delivery d;  // Its destructor defers its release to the next frame.
+    s = c->RecallDelivered(req, &resp, &d);
+    ASSERT_TRUE(s.ok()) << frame << ": " << s.error_message();
+    ASSERT_EQ(d.blocks().size(), 2u);
+  }
+}
+
 // Attaches an arena that fills the server's shared memory, fetches under a
 // lease, says "holding" and waits to be killed. Run by the test below as a
 // child process (the same binary).

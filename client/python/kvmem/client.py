@@ -168,6 +168,7 @@ class Client:
             [("authorization", "Bearer " + api_key)] if api_key else [])
         self._lock = threading.Lock()
         self._arena: Optional[Arena] = None
+        self._deferred: list[tuple[int, int]] = []  # (arena id, lease id)
         self.shm_arena_bytes = 256 << 20
         self._geometry: dict[str, StreamGeometry] = {}
         self._cursor: dict[str, _Cursor] = {}
@@ -474,6 +475,18 @@ class Client:
                     if self._arena is arena:
                         self._arena = None
 
+    def _defer_release(self, arena: Arena, lease: int) -> None:
+        with self._lock:
+            self._deferred.append((arena.id, lease))
+
+    def _take_deferred(self, arena: Arena) -> list[int]:
+        """Leases of this arena to release with the next delivery (those of
+        older arenas go with them)."""
+        with self._lock:
+            ids = [lease for a, lease in self._deferred if a == arena.id]
+            self._deferred = []
+        return ids
+
     def _release(self, arena: Arena, lease: int) -> None:
         try:
             resp = self._call(self._stub.ReleaseLeases,
@@ -501,7 +514,8 @@ class Client:
         def fetch(arena: Arena) -> Delivery:
             req = pb.FetchBlocksRequest(stream_id=stream_id, block_ids=list(block_ids),
                                         layout=int(layout), layers=list(layers or []),
-                                        shm_arena_id=arena.id)
+                                        shm_arena_id=arena.id,
+                                        release_lease_ids=self._take_deferred(arena))
             try:
                 msgs = list(self._stub.FetchBlocks(
                     req, metadata=self.metadata(stream_id),
@@ -535,6 +549,8 @@ class Client:
         def run(arena: Optional[Arena]):
             if arena is not None:
                 d.shm_arena_id = arena.id
+                del d.release_lease_ids[:]
+                d.release_lease_ids.extend(self._take_deferred(arena))
             resp = exchange(req)
             items = [(b.block_id, None, b.shm if b.HasField("shm") else None,
                       None if b.HasField("shm") else b.data) for b in resp.delivered]

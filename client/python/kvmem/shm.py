@@ -96,6 +96,14 @@ class Delivery:
             return
         self._client._release(arena, lease)
 
+    def release_later(self) -> None:
+        """Gives the lease back with the client's next shared-memory fetch or
+        recall (no round trip of its own); expiry is not reported."""
+        lease, arena = self.lease_id, self._arena
+        self.lease_id, self._arena, self.blocks = 0, None, []
+        if lease and arena is not None and self._client is not None:
+            self._client._defer_release(arena, lease)
+
     def __enter__(self) -> "Delivery":
         return self
 

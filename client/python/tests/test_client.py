@@ -301,6 +301,16 @@ class RealServerTest(unittest.TestCase):
                 self.assertEqual(r2.held_blocks, 1)
                 self.assertEqual([b.block_id for b in d2.blocks], r.block_ids[1:])
                 d2.release()
+        # A lease released later rides on the next delivery.
+        d = c.fetch_shared("shm", [0])
+        lease, arena = d.lease_id, c.shm_arena_id
+        d.release_later()
+        c.fetch_shared("shm", [1]).release()
+        from kvmem.v1 import service_pb2
+        with self.assertRaises(grpc.RpcError) as cm:  # Released already.
+            c.stub.ReleaseLeases(service_pb2.ReleaseLeasesRequest(
+                arena_id=arena, lease_ids=[lease]), metadata=c.metadata())
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         with c.session("shm") as s:
             r, d = s.recall_delivered(q, max_tokens=24, held=plain.block_ids[:1])
             self.assertEqual([b.block_id for b in d.blocks], plain.block_ids[1:])
