@@ -32,6 +32,28 @@ absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
   }
 }
 
+namespace {
+
+// The payload bytes of each block in the layout (layers checked first), and
+// their sum in *total.
+absl::StatusOr<std::vector<uint64_t>> PayloadSizes(
+    const StreamHandle& stream, const std::vector<uint64_t>& block_ids,
+    PayloadLayout layout, const std::vector<uint32_t>& layers,
+    uint64_t* total) {
+  const Geometry& g = stream.config().geometry;
+  KVMEM_RETURN_IF_ERROR(ValidateLayerList(g, layers));
+  std::vector<uint64_t> sizes;
+  *total = 0;
+  for (uint64_t id : block_ids) {
+    KVMEM_ASSIGN_OR_RETURN(const BlockInfo b, stream.GetBlock(id));
+    sizes.push_back(BlockPayloadBytes(g, b.token_count, layout, layers.size()));
+    *total += sizes.back();
+  }
+  return sizes;
+}
+
+}  // namespace
+
 absl::StatusOr<Placed> PlaceBlocks(
     ShmArenas* shm, Executor* executor, int helpers, const Caller& caller,
     uint64_t arena_id, const StreamHandle& stream,
@@ -39,16 +61,11 @@ absl::StatusOr<Placed> PlaceBlocks(
     const std::vector<uint32_t>& layers, const std::vector<uint64_t>& release) {
   if (shm == nullptr) return NoSharedMemory();
   shm->ReleaseLive(caller.tenant(), arena_id, release);
-  const Geometry& g = stream.config().geometry;
-  KVMEM_RETURN_IF_ERROR(ValidateLayerList(g, layers));
-  Placed p;
-  std::vector<uint64_t> sizes;
   uint64_t total = 0;
-  for (uint64_t id : block_ids) {
-    KVMEM_ASSIGN_OR_RETURN(const BlockInfo b, stream.GetBlock(id));
-    sizes.push_back(BlockPayloadBytes(g, b.token_count, layout, layers.size()));
-    total += sizes.back();
-  }
+  KVMEM_ASSIGN_OR_RETURN(
+      const std::vector<uint64_t> sizes,
+      PayloadSizes(stream, block_ids, layout, layers, &total));
+  Placed p;
   KVMEM_ASSIGN_OR_RETURN(p.lease,
                          shm->Reserve(caller.tenant(), arena_id, total));
   std::vector<uint64_t> at(block_ids.size(), 0);
@@ -137,14 +154,9 @@ absl::Status DeliverRecall(ShmArenas* shm, Executor* executor, int helpers,
         absl::StrCat("delivery.mode is ", static_cast<int>(req.mode()),
                      "; use MODE_INLINE or MODE_SHARED_MEMORY"));
   }
-  const Geometry& g = stream.config().geometry;
   uint64_t total = 0;
-  std::vector<uint64_t> sizes;
-  for (uint64_t id : ids) {
-    KVMEM_ASSIGN_OR_RETURN(const BlockInfo b, stream.GetBlock(id));
-    sizes.push_back(BlockPayloadBytes(g, b.token_count, layout, layers.size()));
-    total += sizes.back();
-  }
+  KVMEM_ASSIGN_OR_RETURN(const std::vector<uint64_t> sizes,
+                         PayloadSizes(stream, ids, layout, layers, &total));
   if (total > max_inline_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "inline delivery of ", ids.size(), " blocks is ", total,
