@@ -1,5 +1,6 @@
 #include "client/cpp/kvmem_client.h"
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -140,33 +141,101 @@ grpc::Status KvmemClient::Recall(const v1::RecallRequest& req,
   return stub_->Recall(&ctx, req, resp);
 }
 
+v1::FetchBlocksRequest KvmemClient::FetchRequest(
+    const std::string& stream_id, const std::vector<uint64_t>& block_ids,
+    const FetchOptions& o) {
+  v1::FetchBlocksRequest req;
+  req.set_stream_id(stream_id);
+  for (uint64_t id : block_ids) req.add_block_ids(id);
+  req.set_max_chunk_bytes(o.max_chunk_bytes);
+  req.set_layout(o.layout);
+  for (uint32_t l : o.layers) req.add_layers(l);
+  return req;
+}
+
+namespace {
+
+// Reads a FetchBlocks byte stream to its end, each chunk checked to continue
+// its block: on_chunk(chunk, first), first when the chunk starts a block.
+// DATA_LOSS (the call cancelled) for a chunk out of order.
+grpc::Status ReadFetchStream(
+    grpc::ClientContext* ctx,
+    grpc::ClientReader<v1::FetchBlocksResponse>* reader,
+    const std::function<void(v1::FetchBlocksResponse*, bool)>& on_chunk) {
+  v1::FetchBlocksResponse chunk;
+  bool in_block = false;
+  uint64_t block_bytes = 0;  // Of the current block, so far.
+  while (reader->Read(&chunk)) {
+    if (chunk.has_block()) {
+      in_block = true;
+      block_bytes = 0;
+    }
+    if (!in_block || block_bytes != chunk.offset()) {
+      ctx->TryCancel();
+      reader->Finish().IgnoreError();
+      return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                          "FetchBlocks chunks arrived out of order");
+    }
+    block_bytes += chunk.data().size();
+    on_chunk(&chunk, chunk.has_block());
+  }
+  return reader->Finish();
+}
+
+}  // namespace
+
 grpc::Status KvmemClient::FetchBlocks(const std::string& stream_id,
                                       const std::vector<uint64_t>& block_ids,
                                       std::vector<FetchedBlock>* blocks,
                                       uint32_t max_chunk_bytes) {
   grpc::ClientContext ctx;
   Authorize(options_, &ctx, stream_id);
-  v1::FetchBlocksRequest req;
-  req.set_stream_id(stream_id);
-  for (uint64_t id : block_ids) req.add_block_ids(id);
-  req.set_max_chunk_bytes(max_chunk_bytes);
-  auto reader = stub_->FetchBlocks(&ctx, req);
-  v1::FetchBlocksResponse chunk;
+  FetchOptions options;
+  options.max_chunk_bytes = max_chunk_bytes;
+  auto reader =
+      stub_->FetchBlocks(&ctx, FetchRequest(stream_id, block_ids, options));
   blocks->clear();
-  while (reader->Read(&chunk)) {
-    if (chunk.has_block()) {
-      blocks->push_back({chunk.block(), std::string()});
-      blocks->back().payload.reserve(chunk.block().payload_bytes());
-    }
-    if (blocks->empty() || blocks->back().payload.size() != chunk.offset()) {
-      ctx.TryCancel();
-      reader->Finish().IgnoreError();
-      return grpc::Status(grpc::StatusCode::DATA_LOSS,
-                          "FetchBlocks chunks arrived out of order");
-    }
-    blocks->back().payload.append(chunk.data());
+  return ReadFetchStream(
+      &ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
+        if (first) {
+          blocks->push_back({chunk->block(), std::string()});
+          blocks->back().payload.reserve(chunk->block().payload_bytes());
+        }
+        blocks->back().payload.append(chunk->data());
+      });
+}
+
+grpc::Status KvmemClient::FetchInto(const std::string& stream_id,
+                                    const std::vector<uint64_t>& block_ids,
+                                    const FetchOptions& options,
+                                    std::vector<uint8_t>* buffer,
+                                    std::vector<BlockView>* views) {
+  grpc::ClientContext ctx;
+  Authorize(options_, &ctx, stream_id);
+  auto reader =
+      stub_->FetchBlocks(&ctx, FetchRequest(stream_id, block_ids, options));
+  views->clear();
+  std::vector<size_t> starts;
+  size_t used = 0;
+  grpc::Status s = ReadFetchStream(
+      &ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
+        if (first) {
+          starts.push_back(used);
+          BlockView& v = views->emplace_back();
+          v.block_id = chunk->block_id();
+          v.info = chunk->block();
+        }
+        const std::string& d = chunk->data();
+        if (buffer->size() < used + d.size()) buffer->resize(used + d.size());
+        std::memcpy(buffer->data() + used, d.data(), d.size());
+        used += d.size();
+        views->back().size += d.size();
+      });
+  // Pointers last: the buffer may have grown while the chunks came.
+  for (size_t i = 0; i < views->size(); ++i) {
+    (*views)[i].data = buffer->data() + starts[i];
   }
-  return reader->Finish();
+  return s;
 }
 
 grpc::Status KvmemClient::CheckHealth(

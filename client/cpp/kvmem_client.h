@@ -218,6 +218,9 @@ class KvmemClient {
  private:
   friend class SessionClient;
   friend class Delivery;
+  static v1::FetchBlocksRequest FetchRequest(
+      const std::string& stream_id, const std::vector<uint64_t>& block_ids,
+      const FetchOptions& options);
   KvmemClient(std::shared_ptr<grpc::Channel> channel,
               const ClientOptions& options);
   std::shared_ptr<ClientArena> Arena() const;

@@ -238,18 +238,6 @@ grpc::Status KvmemClient::ReleaseLeases(uint64_t arena_id,
 
 namespace {
 
-v1::FetchBlocksRequest FetchRequest(const std::string& stream_id,
-                                    const std::vector<uint64_t>& block_ids,
-                                    const FetchOptions& o) {
-  v1::FetchBlocksRequest req;
-  req.set_stream_id(stream_id);
-  for (uint64_t id : block_ids) req.add_block_ids(id);
-  req.set_max_chunk_bytes(o.max_chunk_bytes);
-  req.set_layout(o.layout);
-  for (uint32_t l : o.layers) req.add_layers(l);
-  return req;
-}
-
 // A region of the arena as a view; DATA_LOSS when it lies outside.
 grpc::Status View(const ClientArena& a, uint64_t block_id,
                   const v1::ShmRegion& r, BlockView* v) {
@@ -265,44 +253,6 @@ grpc::Status View(const ClientArena& a, uint64_t block_id,
 }
 
 }  // namespace
-
-grpc::Status KvmemClient::FetchInto(const std::string& stream_id,
-                                    const std::vector<uint64_t>& block_ids,
-                                    const FetchOptions& options,
-                                    std::vector<uint8_t>* buffer,
-                                    std::vector<BlockView>* views) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
-  auto reader =
-      stub_->FetchBlocks(&ctx, FetchRequest(stream_id, block_ids, options));
-  v1::FetchBlocksResponse chunk;
-  views->clear();
-  std::vector<size_t> starts;
-  size_t used = 0;
-  while (reader->Read(&chunk)) {
-    if (chunk.has_block()) {
-      starts.push_back(used);
-      views->emplace_back();
-      views->back().block_id = chunk.block_id();
-      views->back().info = chunk.block();
-    }
-    if (views->empty() || views->back().size != chunk.offset()) {
-      ctx.TryCancel();
-      reader->Finish().IgnoreError();
-      return Fail(grpc::StatusCode::DATA_LOSS,
-                  "FetchBlocks chunks arrived out of order");
-    }
-    const std::string& d = chunk.data();
-    if (buffer->size() < used + d.size()) buffer->resize(used + d.size());
-    std::memcpy(buffer->data() + used, d.data(), d.size());
-    used += d.size();
-    views->back().size += d.size();
-  }
-  for (size_t i = 0; i < views->size(); ++i) {
-    (*views)[i].data = buffer->data() + starts[i];
-  }
-  return reader->Finish();
-}
 
 grpc::Status KvmemClient::FetchShared(const std::string& stream_id,
                                       const std::vector<uint64_t>& block_ids,
