@@ -86,10 +86,44 @@ void MemoryEngine::Quarantine(const std::string& id, absl::Status reason) {
   quarantined_[id] = std::move(st);
 }
 
+namespace {
+
+// The options with the sim profile read, and the backend in a line.
+absl::StatusOr<EngineOptions> ResolveAccelerator(const EngineOptions& options,
+                                                 std::string* description) {
+  EngineOptions o = options;
+  *description = "cpu";
+  std::string profile = "";
+  if (!o.sim_profile_path.empty()) {
+    absl::StatusOr<DeviceProfile> p = LoadDeviceProfile(o.sim_profile_path);
+    absl::StatusOr<SimHardware> hw =
+        p.ok() ? SimHardwareFromProfile(*p) : p.status();
+    if (!hw.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kSimProfileError, o.sim_profile_path, ": ", hw.status().ToString()));
+    }
+    o.sim = *hw;
+    profile = absl::StrCat(p->name, " ");
+  }
+  if (o.sim.has_value()) {
+    const SimHardware& hw = *o.sim;
+    *description = absl::StrCat("sim: ", profile, "(", hw.lanes, " lanes at ",
+                                hw.clock_hz / 1e6, " MHz, ",
+                                hw.dram_bandwidth_bytes_per_s / 1e9, " GB/s)");
+  }
+  return o;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
-    std::unique_ptr<ColdStore> store, const EngineOptions& options) {
+    std::unique_ptr<ColdStore> store, const EngineOptions& requested) {
+  std::string description;
+  KVMEM_ASSIGN_OR_RETURN(const EngineOptions options,
+                         ResolveAccelerator(requested, &description));
   std::unique_ptr<MemoryEngine> engine(
       new MemoryEngine(std::move(store), options));
+  engine->accel_description_ = description;
   KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
   absl::StatusOr<std::map<std::string, uint64_t>> acked =
       engine->store_->Acknowledged();
@@ -354,12 +388,6 @@ absl::Status MemoryEngine::RunMaintenance(const std::string& id) {
 absl::StatusOr<size_t> MemoryEngine::RebuildIndex(const std::string& id) {
   KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
   return stream->RebuildIndex();
-}
-
-absl::StatusOr<SimProfile> LoadSimProfile(const std::string& path) {
-  KVMEM_ASSIGN_OR_RETURN(DeviceProfile profile, LoadDeviceProfile(path));
-  KVMEM_ASSIGN_OR_RETURN(SimHardware hw, SimHardwareFromProfile(profile));
-  return SimProfile{profile.name, hw};
 }
 
 const std::string& StreamHandle::id() const { return stream_->id(); }

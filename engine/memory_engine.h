@@ -68,13 +68,7 @@ class StreamHandle {
   std::shared_ptr<Stream> stream_;
 };
 
-// The sim accelerator backend's hardware, from a device profile
-// (deploy/profiles/*.toml).
-struct SimProfile {
-  std::string name;
-  SimHardware hardware;
-};
-absl::StatusOr<SimProfile> LoadSimProfile(const std::string& path);
+inline constexpr char kSimProfileError[] = "sim profile ";
 
 struct EngineOptions {
   // RAM all streams' warm blocks may hold together; 0 means no global cap.
@@ -86,6 +80,11 @@ struct EngineOptions {
   // recall's modelled cost on this hardware (engine/accel/sim_model.h). Unset:
   // the `cpu` backend alone.
   std::optional<SimHardware> sim;
+  // A device profile (deploy/profiles/*.toml) for the `sim` backend's
+  // hardware, read at Open (it replaces `sim`); a file that cannot be read
+  // or is out of range fails Open with INVALID_ARGUMENT whose message
+  // starts with kSimProfileError.
+  std::string sim_profile_path;
   // Warnings the engine raises (e.g. an approximate index below the sim's
   // recall floor); may be empty.
   std::function<void(const std::string&)> warn;
@@ -167,6 +166,11 @@ class MemoryEngine {
   std::vector<StreamHandle> StreamsWithPrefix(const std::string& prefix) const;
   uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
   const Accelerator& accelerator() const { return *accel_; }
+  // The retrieval backend in a line, for logs: "cpu", or the sim's
+  // profile and hardware.
+  const std::string& accelerator_description() const {
+    return accel_description_;
+  }
 
   // Waits until background work queued so far (tier moves after recalls,
   // rebuilds) has run. For tests and orderly shutdown.
@@ -212,6 +216,7 @@ class MemoryEngine {
   bool stopping_ ABSL_GUARDED_BY(ack_mu_) = false;
   std::thread ack_thread_;
   bool opened_ = false;  // Open succeeded: the record may be rewritten.
+  std::string accel_description_;
 };
 
 }  // namespace kvmem

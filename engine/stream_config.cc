@@ -7,8 +7,10 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "engine/index/block_index.h"
+#include "engine/recall/scorer.h"
 #include "engine/recall/token_groups.h"
 
 namespace kvmem {
@@ -41,7 +43,8 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
          weights.model == o.weights.model && weights.track == o.weights.track &&
          weights.iou == o.weights.iou && weights.scene == o.weights.scene &&
-         weights.score == o.weights.score;
+         weights.score == o.weights.score &&
+         weights.scorer == o.weights.scorer;
 }
 
 absl::Status ValidateEngineStreamId(absl::string_view id) {
@@ -113,8 +116,12 @@ StreamConfig WithDefaults(const StreamConfig& config) {
     if (c.default_max_tokens == 0) c.default_max_tokens = 1;
   }
   if (c.gate_temperature == 0.0f) c.gate_temperature = 1.0f;
+  // The scorer's name and the score mode say the same for the built-in
+  // scorers; a registered one has no score mode.
+  c.weights.scorer = ScorerName(c.weights);
   if (c.weights.score == ScoreMode::kUnspecified) {
-    c.weights.score = ScoreMode::kMass;
+    if (c.weights.scorer == kMassScorer) c.weights.score = ScoreMode::kMass;
+    if (c.weights.scorer == kSummedScorer) c.weights.score = ScoreMode::kSummed;
   }
   return c;
 }
@@ -146,7 +153,11 @@ StreamConfig WithServerDefaults(const StreamConfig& requested,
   fill(&c.tiers.stage_budget_bytes, d.tiers.stage_budget_bytes);
   fill(&c.tiers.rebuild_every_blocks, d.tiers.rebuild_every_blocks);
   fill(&c.tiers.rebuild_every_seconds, d.tiers.rebuild_every_seconds);
-  fill(&c.weights.score, d.weights.score);
+  // The scorer as a whole: by mode or by name, never half of each.
+  if (c.weights.score == ScoreMode::kUnspecified && c.weights.scorer.empty()) {
+    c.weights.score = d.weights.score;
+    c.weights.scorer = d.weights.scorer;
+  }
   return c;
 }
 
@@ -218,6 +229,34 @@ absl::Status CheckShape(const StreamConfig& config) {
   return absl::OkStatus();
 }
 
+// The score mode and the scorer's name (after defaults): a registered
+// scorer, and for the built-in ones the mode that names it.
+absl::Status CheckScorer(const RecallWeights& w) {
+  const ScoreMode want = w.scorer == kMassScorer     ? ScoreMode::kMass
+                         : w.scorer == kSummedScorer ? ScoreMode::kSummed
+                                                     : ScoreMode::kUnspecified;
+  if (w.score != ScoreMode::kUnspecified && w.score != ScoreMode::kMass &&
+      w.score != ScoreMode::kSummed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.recall_policy.score is ",
+                     static_cast<uint32_t>(w.score), "; use MASS or SUMMED"));
+  }
+  if (FindRecallScorer(w.scorer) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.recall_policy.scorer is \"", w.scorer,
+        "\"; this server has the scorers ",
+        absl::StrJoin(RecallScorerNames(), ", ")));
+  }
+  if (w.score != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.recall_policy.scorer is \"", w.scorer,
+        "\" and config.recall_policy.score is ", static_cast<uint32_t>(w.score),
+        " (1: MASS names scorer \"mass\", 2: SUMMED \"summed\"); set one of "
+        "the two, or both alike"));
+  }
+  return absl::OkStatus();
+}
+
 // The recall, segmentation and tier policies.
 absl::Status CheckPolicies(const StreamConfig& config) {
   // Below 1e-3 a gate's softmax divides log-masses (down to -104) into
@@ -227,12 +266,7 @@ absl::Status CheckPolicies(const StreamConfig& config) {
         absl::StrCat("config.recall_defaults.gate_temperature is ",
                      config.gate_temperature, "; must be in [0.001, 1e6]"));
   }
-  if (config.weights.score != ScoreMode::kMass &&
-      config.weights.score != ScoreMode::kSummed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.recall_policy.score is ",
-        static_cast<uint32_t>(config.weights.score), "; use MASS or SUMMED"));
-  }
+  KVMEM_RETURN_IF_ERROR(CheckScorer(config.weights));
   if (config.segment_mode != SegmentMode::kFixed &&
       config.segment_mode != SegmentMode::kShot) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -343,8 +377,15 @@ uint32_t SummaryDim(const StreamConfig& config) {
          config.geometry.kv_heads * config.geometry.head_dim;
 }
 
+std::string ScorerName(const RecallWeights& w) {
+  if (!w.scorer.empty()) return w.scorer;
+  return std::string(w.score == ScoreMode::kSummed ? kSummedScorer
+                                                   : kMassScorer);
+}
+
 bool HasPerLayerIndexes(const StreamConfig& config) {
-  return config.weights.score == ScoreMode::kSummed &&
+  const RecallScorer* scorer = FindRecallScorer(ScorerName(config.weights));
+  return scorer != nullptr && scorer->wants_layer_indexes() &&
          config.indexed_layers.size() > 1;
 }
 

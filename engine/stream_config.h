@@ -75,9 +75,15 @@ uint64_t LayerSliceElements(const Geometry& g, uint32_t token_count);
 // Dimension of a block summary (and of a query).
 uint32_t SummaryDim(const StreamConfig& config);
 
+// The recall scorer the weights name (engine/recall/scorer.h): `scorer`,
+// or when empty the built-in one `score` names ("summed" for SUMMED, else
+// "mass").
+std::string ScorerName(const RecallWeights& w);
+
 // Whether a stream of this config (after defaults) keeps one index per
-// indexed layer (SUMMED's per-layer recall over several layers; MASS scores
-// layers from the summary index's scan) and a token-group index.
+// indexed layer (when its scorer asks for them, as SUMMED's per-layer recall
+// over several layers does; MASS scores layers from the summary index's
+// scan) and a token-group index.
 bool HasPerLayerIndexes(const StreamConfig& config);
 bool HasGroupIndex(const StreamConfig& config);
 

@@ -50,6 +50,9 @@ struct RecallWeights {
   float iou = 0;
   float scene = 0;
   ScoreMode score = ScoreMode::kUnspecified;  // Unspecified: kMass.
+  // The scorer by name (engine/recall/scorer.h): "mass", "summed", or one
+  // the program registered; empty: the one `score` names.
+  std::string scorer;
 };
 
 struct StreamConfig {

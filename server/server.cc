@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/executor.h"
 #include "base/status_macros.h"
@@ -156,30 +157,24 @@ absl::Status Server::OpenEngine() {
   if (!engine_options.error) {
     engine_options.error = [](const std::string& e) { spdlog::error("{}", e); };
   }
-  if (!options_.accelerator_profile.empty()) {
-    absl::StatusOr<SimProfile> profile =
-        LoadSimProfile(options_.accelerator_profile);
-    if (!profile.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--accelerator_profile: ", profile.status().ToString()));
-    }
-    const SimHardware& hw = profile->hardware;
-    engine_options.sim = hw;
-    spdlog::info("sim accelerator backend: {} ({} lanes at {} MHz, {} GB/s)",
-                 profile->name, hw.lanes, hw.clock_hz / 1e6,
-                 hw.dram_bandwidth_bytes_per_s / 1e9);
-  }
+  engine_options.sim_profile_path = options_.accelerator_profile;
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
                          OpenRocksColdStore(options_.store));
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<MemoryEngine>> engine =
       MemoryEngine::Open(std::move(store), engine_options);
   if (!engine.ok()) {
-    return absl::Status(
-        engine.status().code(),
-        absl::StrCat("recovery failed: ", engine.status().message()));
+    const absl::Status& st = engine.status();
+    if (absl::IsInvalidArgument(st) &&
+        absl::StartsWith(st.message(), kSimProfileError)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--accelerator_profile: ", st.message()));
+    }
+    return absl::Status(st.code(),
+                        absl::StrCat("recovery failed: ", st.message()));
   }
   engine_ = *std::move(engine);
+  spdlog::info("accelerator backend: {}", engine_->accelerator_description());
   const double recover_ms = std::chrono::duration<double, std::milli>(
                                 std::chrono::steady_clock::now() - t0)
                                 .count();

@@ -8,9 +8,10 @@
 namespace kvmem {
 namespace {
 
-constexpr uint8_t kConfigVersion = 4;  // 1: without tier/recall/shot fields;
+constexpr uint8_t kConfigVersion = 5;  // 1: without tier/recall/shot fields;
                                        // 2: without groups_per_block;
-                                       // 3: without the score mode.
+                                       // 3: without the score mode;
+                                       // 4: without the scorer's name.
 constexpr uint8_t kStateVersion = 1;
 constexpr uint8_t kBlockVersion = 3;  // 1: info and summary only; 2: no groups.
 
@@ -122,6 +123,7 @@ std::string EncodeConfig(const StreamConfig& c) {
   }
   w.U32(c.groups_per_block);
   w.U32(static_cast<uint32_t>(c.weights.score));
+  w.Str(c.weights.scorer);
   return w.Take();
 }
 
@@ -174,6 +176,8 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
   uint32_t score = static_cast<uint32_t>(ScoreMode::kSummed);
   if (ok && version >= 4) ok = r.U32(&score);
   c.weights.score = static_cast<ScoreMode>(score);
+  // Before version 5 the score named the scorer (defaults fill it in).
+  if (ok && version >= 5) ok = r.Str(&c.weights.scorer);
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());
   c.segment_mode = static_cast<SegmentMode>(mode);
   c.geometry.dtype = static_cast<DType>(dtype);

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/index/dot.h"
-#include "engine/stream/signals.h"
+#include "engine/signals/frame_signals.h"
 
 namespace kvmem {
 namespace {
@@ -32,7 +32,8 @@ absl::Status CheckShape(const RecallQuery& q, uint32_t summary_dim,
 
 absl::Status ValidateRecallQuery(const RecallQuery& q,
                                  const StreamConfig& config,
-                                 uint32_t summary_dim, const std::string& id) {
+                                 uint32_t summary_dim, const std::string& id,
+                                 bool per_head_ok) {
   KVMEM_RETURN_IF_ERROR(CheckShape(q, summary_dim, id));
   const uint32_t vectors = static_cast<uint32_t>(q.query.size() / summary_dim);
   const uint32_t heads = summary_dim / config.geometry.head_dim;
@@ -53,11 +54,13 @@ absl::Status ValidateRecallQuery(const RecallQuery& q,
     KVMEM_RETURN_IF_ERROR(CheckFinite("window_lse", q.window_lse));
   }
   KVMEM_RETURN_IF_ERROR(ValidateSignals("signals", q.signals));
-  if (q.per_head && (q.per_layer || config.weights.score != ScoreMode::kMass)) {
+  if (q.per_head && (q.per_layer || !per_head_ok)) {
     return absl::InvalidArgumentError(
         q.per_layer ? "per_head and per_layer are both set; ask for one"
-                    : absl::StrCat("per_head needs score MASS; stream \"", id,
-                                   "\" scores SUMMED"));
+                    : absl::StrCat("per_head needs score MASS (a scorer that "
+                                   "answers per KV head); stream \"",
+                                   id, "\" scores with \"",
+                                   config.weights.scorer, "\""));
   }
   if (!(q.window_fraction >= 0.0f && q.window_fraction <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("budget.window_fraction is ",
@@ -67,28 +70,30 @@ absl::Status ValidateRecallQuery(const RecallQuery& q,
   return absl::OkStatus();
 }
 
-absl::Status ResolveBudget(const RecallQuery& q, const StreamConfig& config,
-                           uint32_t summary_dim, RecallResult* r) {
-  r->top_k = q.top_k == 0 ? config.default_top_k : q.top_k;
-  r->query_vectors = static_cast<uint32_t>(q.query.size() / summary_dim);
+absl::StatusOr<RecallBudget> ResolveBudget(const RecallQuery& q,
+                                           const StreamConfig& config,
+                                           uint32_t summary_dim) {
+  RecallBudget b;
+  b.top_k = q.top_k == 0 ? config.default_top_k : q.top_k;
+  b.query_vectors = static_cast<uint32_t>(q.query.size() / summary_dim);
   if (q.max_tokens > 0) {
-    r->budget_tokens = q.max_tokens;
+    b.tokens = q.max_tokens;
   } else if (q.window_fraction > 0) {
-    r->budget_tokens = std::max<uint32_t>(
+    b.tokens = std::max<uint32_t>(
         1, static_cast<uint32_t>(q.window_fraction * config.hot_window_tokens));
   } else {
-    r->budget_tokens = config.default_max_tokens;
+    b.tokens = config.default_max_tokens;
   }
-  if (r->top_k > kMaxTopK) {
+  if (b.top_k > kMaxTopK) {
     return absl::InvalidArgumentError(absl::StrCat("budget.top_k is ", q.top_k,
                                                    "; must be at most ",
                                                    kMaxTopK, " (0: no cap)"));
   }
-  if (r->budget_tokens > (1u << 24)) {
+  if (b.tokens > (1u << 24)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "budget.max_tokens is ", q.max_tokens, "; must be at most ", 1u << 24));
   }
-  return absl::OkStatus();
+  return b;
 }
 
 std::vector<float> MeanQuery(const std::vector<float>& query, uint32_t dim) {

@@ -1,5 +1,5 @@
 // SemanticCache: the weighted semantic score of a recall's blocks
-// (engine/stream/semantics.h), computed once per block on demand.
+// (engine/signals/semantics.h), computed once per block on demand.
 //
 // Thread safety: none; one per recall.
 #ifndef KVMEM_ENGINE_RECALL_SEMANTIC_CACHE_H_

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/stream/semantics.h"
+#include "engine/signals/semantics.h"
 
 namespace kvmem {
 

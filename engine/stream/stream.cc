@@ -1,12 +1,14 @@
+// Stream: construction, recovery, Close/Reopen/deletion, stats, and the
+// background work (maintenance, index rebuilds) it schedules.
 #include "engine/stream/stream.h"
 
-#include <algorithm>
-#include <chrono>
-#include <thread>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/stream/signals.h"
+#include "base/timing.h"
+#include "engine/recall/recaller.h"
+#include "engine/signals/frame_signals.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
@@ -31,29 +33,30 @@ Stream::Stream(const std::string& id, const StreamConfig& config,
     : id_(id),
       config_(config),
       env_(env),
-      summary_dim_(SummaryDim(config)),
-      layer_dim_(config.geometry.kv_heads * config.geometry.head_dim),
-      policy_(NewReplacementPolicy(config.tiers.replacement)),
+      scorer_(FindRecallScorer(config.weights.scorer)),
       open_(config_),
-      last_rebuild_(std::chrono::steady_clock::now()),
-      state_(state) {
-  kvmem::MutexLock lock(&mu_);
-  index_ = NewIndexes();
-}
+      view_(id_, config_, state),
+      reader_(view_, env.store),
+      tiers_(&view_, &reader_, MakeTierEnv()),
+      rebuilds_(config_.tiers) {}
 
-uint64_t Stream::AcknowledgedFrames() const {
-  kvmem::ReaderMutexLock lock(&mu_);
-  return static_cast<uint64_t>(state_.last_frame + 1);
-}
-
-Stream::~Stream() {
-  kvmem::MutexLock lock(&mu_);
-  AddWarm(-static_cast<int64_t>(warm_bytes_), false);
-  AddWarm(-static_cast<int64_t>(stage_bytes_), true);
+TierEnv Stream::MakeTierEnv() {
+  TierEnv t;
+  t.store = env_.store;
+  t.global_warm_bytes = env_.global_warm_bytes;
+  t.global_warm_budget = env_.global_warm_budget;
+  t.accel = &accel();
+  t.ledger = &ledger_;
+  return t;
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(
     const std::string& id, const StreamConfig& config, const StreamEnv& env) {
+  if (FindRecallScorer(config.weights.scorer) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stream \"", id, "\" names scorer \"", config.weights.scorer,
+        "\", which this build does not have"));
+  }
   StreamState state;
   StreamWrite write;
   write.stream_id = id;
@@ -63,28 +66,24 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(
   return std::unique_ptr<Stream>(new Stream(id, config, env, state));
 }
 
-absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
-    const std::string& id, const StreamConfig& config, const StreamState& state,
-    const StreamEnv& env) {
-  std::unique_ptr<Stream> s(new Stream(id, config, env, state));
+absl::StatusOr<std::vector<BlockRecord>> Stream::LoadRecords(
+    const StreamState& state) const {
   auto frame_tokens = [&](uint64_t f) -> absl::StatusOr<uint32_t> {
-    KVMEM_ASSIGN_OR_RETURN(std::string payload, env.store->GetFrame(id, f));
-    return StoredFrameTokens(config.geometry, id, f, payload.size());
+    KVMEM_ASSIGN_OR_RETURN(std::string payload, env_.store->GetFrame(id_, f));
+    return StoredFrameTokens(config_.geometry, id_, f, payload.size());
   };
   std::vector<BlockRecord> records;
-  KVMEM_RETURN_IF_ERROR(env.store->ScanBlocks(
-      id, [&](uint64_t block_id, absl::string_view bytes) -> absl::Status {
+  KVMEM_RETURN_IF_ERROR(env_.store->ScanBlocks(
+      id_, [&](uint64_t block_id, absl::string_view bytes) -> absl::Status {
         KVMEM_ASSIGN_OR_RETURN(BlockRecord rec, DecodeBlock(bytes));
         const size_t want_dim =
-            rec.disk == DiskForm::kNone ? 0 : s->summary_dim_;
+            rec.disk == DiskForm::kNone ? 0 : view_.summary_dim();
         if (rec.info.id != block_id || block_id != records.size() ||
             rec.summary.size() != want_dim) {
-          return absl::DataLossError(
-              absl::StrCat("stream ", id, ": block record ", block_id,
-                           " does not follow "
-                           "block ",
-                           records.size(), " or has a summary of ",
-                           rec.summary.size(), " values"));
+          return absl::DataLossError(absl::StrCat(
+              "stream ", id_, ": block record ", block_id,
+              " does not follow block ", records.size(),
+              " or has a summary of ", rec.summary.size(), " values"));
         }
         if (rec.frame_tokens.empty()) {  // Written before records kept them.
           for (uint64_t f = rec.info.first_frame; f <= rec.info.last_frame;
@@ -98,38 +97,15 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
       }));
   if (records.size() != state.next_block_id) {
     return absl::DataLossError(
-        absl::StrCat("stream ", id, ": state expects ", state.next_block_id,
+        absl::StrCat("stream ", id_, ": state expects ", state.next_block_id,
                      " blocks, store holds ", records.size()));
   }
-  for (BlockRecord& rec : records) {
-    BlockEntry entry;
-    if (rec.info.tier == Tier::kWarm) {
-      KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm,
-                             s->LoadBlock(rec));
-      entry.warm = std::move(warm);
-    }
-    entry.rec = std::move(rec);
-    kvmem::MutexLock lock(&s->mu_);
-    s->InstallBlock(std::move(entry));
-  }
-  {
-    kvmem::MutexLock lock(&s->mu_);
-    s->DropEvictedRun();
-  }
-  kvmem::MutexLock lock(&s->append_mu_);
-  KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
-  // Budgets may have shrunk since the blocks were recorded warm. A store
-  // that refuses writes (disk full) leaves the blocks where they are: the
-  // next append applies the budgets again.
-  if (absl::Status b = s->EnforceBudgets();
-      !b.ok() && !absl::IsResourceExhausted(b)) {
-    return b;
-  }
-  return s;
+  return records;
 }
 
 absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
-  ResetOpenBlock();
+  open_.Reset();
+  std::optional<FrameSignals> latest;
   for (uint64_t f = state.open_block_first_frame;
        f < state.open_block_first_frame + state.open_block_frames; ++f) {
     Frame frame;
@@ -145,65 +121,80 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
       return meta.status();
     }
     open_.Add(&frame, open_.Signature(frame));
-    latest_signals_ = std::move(frame.signals);
+    latest = std::move(frame.signals);
   }
+  if (latest) tiers_.NoteSignals(*std::move(latest));
   OpenMean open = OpenBlockMean();
-  kvmem::MutexLock lock(&mu_);
-  PublishOpenMean(std::move(open));
+  kvmem::MutexLock lock(&view_.mu());
+  view_.PublishOpenMean(std::move(open));
   return absl::OkStatus();
 }
 
-absl::Status Stream::DeletedError() const {
-  return absl::NotFoundError(absl::StrCat("stream \"", id_, "\" not found"));
-}
-
-absl::Status Stream::UnknownBlockError(uint64_t block_id) const {
-  return absl::NotFoundError(absl::StrCat("block_ids has ", block_id,
-                                          "; stream \"", id_, "\" has ",
-                                          blocks_.size(), " sealed blocks"));
-}
-
-absl::Status Stream::MissingBlockError(uint64_t block_id) const {
-  if (block_id < blocks_.first()) {
-    return absl::NotFoundError(absl::StrCat("block ", block_id, " of stream \"",
-                                            id_, "\" was evicted"));
+absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
+    const std::string& id, const StreamConfig& config, const StreamState& state,
+    const StreamEnv& env) {
+  if (FindRecallScorer(config.weights.scorer) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stream \"", id, "\" names scorer \"", config.weights.scorer,
+        "\", which this build does not have"));
   }
-  return UnknownBlockError(block_id);
+  std::unique_ptr<Stream> s(new Stream(id, config, env, state));
+  KVMEM_ASSIGN_OR_RETURN(std::vector<BlockRecord> records,
+                         s->LoadRecords(state));
+  for (BlockRecord& rec : records) {
+    BlockEntry entry;
+    uint64_t warm_bytes = 0;
+    if (rec.info.tier == Tier::kWarm) {
+      KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm,
+                             s->reader_.Load(rec));
+      warm_bytes = warm->allocated_bytes();
+      entry.warm = std::move(warm);
+    }
+    entry.rec = std::move(rec);
+    {
+      kvmem::MutexLock lock(&s->view_.mu());
+      s->view_.Install(std::move(entry));
+    }
+    if (warm_bytes > 0) s->tiers_.NoteInstalledWarm(warm_bytes);
+  }
+  {
+    kvmem::MutexLock lock(&s->view_.mu());
+    s->view_.DropEvictedRun();
+  }
+  kvmem::MutexLock lock(&s->append_mu_);
+  KVMEM_RETURN_IF_ERROR(s->ReplayOpenBlock(state));
+  // Budgets may have shrunk since the blocks were recorded warm. A store
+  // that refuses writes (disk full) leaves the blocks where they are: the
+  // next append applies the budgets again.
+  if (absl::Status b = s->tiers_.EnforceBudgets();
+      !b.ok() && !absl::IsResourceExhausted(b)) {
+    return b;
+  }
+  return s;
 }
 
-absl::Status Stream::NotFoundIfDeleted() const {
-  kvmem::ReaderMutexLock lock(&mu_);
-  return deleted_ ? DeletedError() : absl::OkStatus();
+uint64_t Stream::AcknowledgedFrames() const {
+  kvmem::ReaderMutexLock lock(&view_.mu());
+  return static_cast<uint64_t>(view_.state().last_frame + 1);
 }
-
-void Stream::ResetOpenBlock() { open_.Reset(); }
 
 uint64_t Stream::RetainedPayloadBytes() const {
   uint64_t appended;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    appended = state_.payload_bytes;
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    appended = view_.state().payload_bytes;
   }
-  return appended - evicted_payload_bytes_.load(std::memory_order_relaxed);
-}
-
-void Stream::AddWarm(int64_t bytes, bool staged) {
-  uint64_t& local = staged ? stage_bytes_ : warm_bytes_;
-  local += bytes;
-  if (env_.global_warm_bytes != nullptr && !staged) {
-    env_.global_warm_bytes->fetch_add(static_cast<uint64_t>(bytes),
-                                      std::memory_order_relaxed);
-  }
+  return appended - view_.evicted_payload_bytes();
 }
 
 absl::Status Stream::Close() {
   kvmem::MutexLock append_lock(&append_mu_);
   StreamState next;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    if (deleted_) return DeletedError();
-    if (state_.closed) return absl::OkStatus();
-    next = state_;
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    if (view_.deleted()) return view_.DeletedError();
+    if (view_.state().closed) return absl::OkStatus();
+    next = view_.state();
   }
   StreamWrite write;
   write.stream_id = id_;
@@ -215,102 +206,114 @@ absl::Status Stream::Close() {
   next.closed = true;
   write.state = EncodeState(next);
   KVMEM_RETURN_IF_ERROR(env_.store->Commit(write));
-  ResetOpenBlock();
-  {
-    kvmem::MutexLock lock(&mu_);
-    state_ = next;
-    for (BlockEntry& e : sealed) InstallBlock(std::move(e));
-    PublishOpenMean(OpenMean{});  // The open block is empty now.
-  }
-  return EnforceBudgets();
+  open_.Reset();  // The open block is empty now.
+  InstallCommitted(next, std::move(sealed), /*shot_cut=*/false);
+  return tiers_.EnforceBudgets();
 }
 
 absl::Status Stream::Reopen() {
   kvmem::MutexLock append_lock(&append_mu_);
   StreamState next;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    if (deleted_) return DeletedError();
-    if (!state_.closed) return absl::OkStatus();
-    next = state_;
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    if (view_.deleted()) return view_.DeletedError();
+    if (!view_.state().closed) return absl::OkStatus();
+    next = view_.state();
   }
   next.closed = false;
   StreamWrite write;
   write.stream_id = id_;
   write.state = EncodeState(next);
   KVMEM_RETURN_IF_ERROR(env_.store->Commit(write));
-  kvmem::MutexLock lock(&mu_);
-  state_ = next;
+  kvmem::MutexLock lock(&view_.mu());
+  view_.SetState(next);
   return absl::OkStatus();
 }
 
 void Stream::MarkDeleted(bool deleted) {
   kvmem::MutexLock append_lock(&append_mu_);
-  kvmem::MutexLock lock(&mu_);
-  deleted_ = deleted;
+  kvmem::MutexLock lock(&view_.mu());
+  view_.SetDeleted(deleted);
 }
 
-void Stream::RecordRecallLatency(uint32_t us) {
-  kvmem::MutexLock lock(&feedback_mu_);
-  constexpr size_t kRing = 1024;
-  if (recall_us_.size() < kRing) {
-    recall_us_.push_back(us);
-  } else {
-    recall_us_[recall_us_next_] = us;
+absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
+  const auto t0 = SteadyClock::now();
+  uint64_t now_frame = 0;
+  KVMEM_ASSIGN_OR_RETURN(RecallResult result,
+                         AnswerRecall(view_, *scorer_, accel(), q, &now_frame));
+  ledger_.Add(result.accel);
+  if (feedback_.CountRecall() % 16 == 15) WarnIfBelowRecallFloor();
+  if (feedback_.Queue(result, now_frame, env_.background != nullptr)) {
+    ScheduleMaintenance();
   }
-  recall_us_next_ = (recall_us_next_ + 1) % kRing;
+  result.total_us = WholeMicrosSince(t0);
+  feedback_.RecordLatency(result.total_us);
+  return result;
+}
+
+void Stream::WarnIfBelowRecallFloor() {
+  IndexQuality q;
+  {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    q = view_.Quality();
+  }
+  const std::string warning =
+      RecallFloorWarning(view_, accel(), q.samples, q.recall());
+  if (ledger_.NoteBelowFloor(!warning.empty()) && env_.warn) {
+    env_.warn(warning);
+  }
+}
+
+absl::Status Stream::RunMaintenance() {
+  kvmem::MutexLock append_lock(&append_mu_);
+  KVMEM_RETURN_IF_ERROR(tiers_.ApplyHits(feedback_.Drain()));
+  return tiers_.EnforceBudgets();
+}
+
+void Stream::ScheduleMaintenance() {
+  std::weak_ptr<Stream> weak = weak_from_this();
+  env_.background->Submit([weak] {
+    if (auto s = weak.lock()) s->RunMaintenance().IgnoreError();
+  });
+}
+
+void Stream::MaybeScheduleRebuild(size_t sealed) {
+  if (!rebuilds_.DueAfterSealing(sealed)) return;
+  if (env_.background == nullptr) {
+    RebuildIndex();
+    return;
+  }
+  if (!rebuilds_.Claim()) return;
+  std::weak_ptr<Stream> weak = weak_from_this();
+  env_.background->Submit([weak] {
+    if (auto s = weak.lock()) s->RebuildIndex();
+  });
+}
+
+size_t Stream::RebuildIndex() {
+  const size_t indexed = view_.RebuildIndexes();
+  rebuilds_.Done();
+  return indexed;
 }
 
 StreamStats Stream::Stats() const {
   StreamStats s;
   s.stream_id = id_;
   s.config = config_;
-  s.summary_dim = summary_dim_;
-  s.recalls = recalls_.load(std::memory_order_relaxed);
-  s.recalled_blocks = recalled_blocks_.load(std::memory_order_relaxed);
-  s.recalled_tokens = recalled_tokens_.load(std::memory_order_relaxed);
-  {
-    kvmem::ReaderMutexLock lock(&mu_);
-    s.closed = state_.closed;
-    s.last_durable_frame = state_.last_frame;
-    s.next_token_position = state_.next_token_position;
-    s.frames = state_.frames;
-    s.tokens = state_.tokens;
-    s.sealed_blocks = blocks_.size();
-    s.evicted.blocks = blocks_.first();  // The dropped run (BlockTable).
-    s.open_block_frames = state_.open_block_frames;
-    s.payload_bytes = state_.payload_bytes;
-    for (const BlockEntry& e : blocks_) {
-      if (e.rec.disk != DiskForm::kNone) {
-        s.summary_bytes +=
-            (e.rec.summary.size() + e.rec.group_summaries.size()) *
-                sizeof(float) +
-            e.rec.token_group.size();
-      }
-      switch (TierOf(e)) {
-        case Tier::kWarm:
-          s.warm.blocks += 1;
-          s.warm.bytes += e.warm->allocated_bytes();
-          break;
-        case Tier::kCold:
-          s.cold.blocks += 1;
-          s.cold.bytes += DiskBytes(e.rec);
-          break;
-        case Tier::kDegraded:
-          s.degraded.blocks += 1;
-          s.degraded.bytes += DiskBytes(e.rec);
-          break;
-        default:
-          s.evicted.blocks += 1;
-      }
-    }
-    s.policy = counters_;
-    s.policy.stage_bytes = stage_bytes_;
-    IndexQuality q = RetiredQuality(index_, retired_quality_);
-    s.index_recall_samples = q.samples;
-    s.index_recall_at_k = q.recall();
-    s.accel.warning = RecallFloorWarning();
-  }
+  s.summary_dim = view_.summary_dim();
+  view_.FillStats(&s);  // State, tiers, index quality, shot cuts, rebuilds.
+  const PolicyCounters moves = tiers_.Counters();
+  s.policy.demotions = moves.demotions;
+  s.policy.degradations = moves.degradations;
+  s.policy.evictions = moves.evictions;
+  s.policy.promotions = moves.promotions;
+  s.policy.staged = moves.staged;
+  s.policy.stage_hits = moves.stage_hits;
+  s.policy.stage_misses = moves.stage_misses;
+  s.policy.stage_bytes = moves.stage_bytes;
+  feedback_.FillStats(&s);  // Recall counts and latency percentiles.
+  s.accel.warning = RecallFloorWarning(view_, accel(), s.index_recall_samples,
+                                       s.index_recall_at_k);
   const AcceleratorStats device = accel().Stats();
   s.accel.backend = device.backend;
   s.accel.sram_bytes = device.sram_bytes;
@@ -318,25 +321,15 @@ StreamStats Stream::Stats() const {
   s.accel.sram_staging_bytes = device.sram_staging_bytes;
   s.accel.sram_repartitions = device.repartitions;
   s.accel.recall_floor = device.recall_floor;
-  {
-    kvmem::MutexLock lock(&accel_mu_);
-    s.accel.cost = accel_cost_;
-  }
+  s.accel.cost = ledger_.Total();
   s.warm_bytes = s.warm.bytes;
   s.cold_bytes = s.cold.bytes;
-  std::vector<uint32_t> lat;
-  {
-    kvmem::MutexLock lock(&feedback_mu_);
-    lat = recall_us_;
-  }
-  if (!lat.empty()) {
-    std::sort(lat.begin(), lat.end());
-    s.policy.recall_us_p50 = lat[lat.size() / 2];
-    s.policy.recall_us_p99 =
-        lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
-    s.policy.recall_us_max = lat.back();
-  }
   return s;
+}
+
+const char* Stream::OpenPayloadData(size_t i) {
+  kvmem::MutexLock lock(&append_mu_);
+  return open_.payload_data(i);
 }
 
 }  // namespace kvmem

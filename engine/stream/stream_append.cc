@@ -1,11 +1,11 @@
 // Stream: the append path: frame validation, the open block, sealing, the
-// commit of a frame (and the block it seals) in one write, and installing
-// sealed blocks.
+// commit of a frame (and the block it seals) in one write, installing what
+// was committed, and replaying the open block from the store.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/stream/signals.h"
+#include "engine/signals/frame_signals.h"
 #include "engine/stream/stream.h"
 #include "engine/stream_config.h"
 
@@ -101,71 +101,40 @@ BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
   return e;
 }
 
-void Stream::InstallBlock(BlockEntry entry) {
-  const BlockRecord& rec = entry.rec;
-  if (rec.disk != DiskForm::kNone) AddToIndexes(&index_, rec.info.id, rec);
-  if (rec.disk == DiskForm::kNone) {  // Recovered evicted.
-    evicted_payload_bytes_.fetch_add(rec.info.payload_bytes,
-                                     std::memory_order_relaxed);
-  }
-  for (const TrackPresence& t : rec.tracks) {
-    auto [it, inserted] = tracks_.try_emplace(t.track_id);
-    TrackHistory& h = it->second;
-    if (inserted) h.first_frame = t.first_frame;
-    h.first_frame = std::min(h.first_frame, t.first_frame);
-    h.last_frame = std::max(h.last_frame, t.last_frame);
-    h.blocks += 1;
-    track_blocks_[t.track_id].push_back(rec.info.id);
-  }
-  if (entry.warm) AddWarm(entry.warm->allocated_bytes(), false);
-  const uint32_t per = UnitsPerBlock();
-  unit_tokens_.resize(UnitSlot(rec.info.id + 1, 0), 0);
-  if (per == 1) {
-    unit_tokens_[UnitSlot(rec.info.id, 0)] = rec.info.token_count;
-  } else {
-    for (uint8_t g : rec.token_group) {
-      if (g < per) ++unit_tokens_[UnitSlot(rec.info.id, g)];
-    }
-  }
-  blocks_.push_back(std::move(entry));
-}
-
-void Stream::DropEvictedRun() {
-  const size_t dropped = blocks_.DropLeading([](const BlockEntry& e) {
-    return e.rec.disk == DiskForm::kNone && !e.warm && !e.staged &&
-           e.generation % 2 == 0;
-  });
-  if (dropped == 0) return;
-  unit_tokens_.erase(unit_tokens_.begin(),
-                     unit_tokens_.begin() + dropped * UnitsPerBlock());
-  for (auto it = track_blocks_.begin(); it != track_blocks_.end();) {
-    std::vector<uint64_t>& ids = it->second;  // Ascending.
-    ids.erase(ids.begin(),
-              std::lower_bound(ids.begin(), ids.end(), blocks_.first()));
-    it = ids.empty() ? track_blocks_.erase(it) : std::next(it);
-  }
-}
-
-Stream::OpenMean Stream::OpenBlockMean() const {
+OpenMean Stream::OpenBlockMean() const {
   OpenMean m;
-  if (config_.weights.score != ScoreMode::kMass) return m;
+  if (!scorer_->wants_open_mean()) return m;
   m.tokens = static_cast<uint32_t>(open_.tokens());
   if (m.tokens > 0) m.mean = open_.Mean();
   return m;
 }
 
-void Stream::PublishOpenMean(OpenMean m) {
-  open_mean_ = std::move(m.mean);
-  open_mean_tokens_ = m.tokens;
+void Stream::InstallCommitted(const StreamState& next,
+                              std::vector<BlockEntry> sealed, bool shot_cut) {
+  uint64_t warm_bytes = 0;
+  for (const BlockEntry& e : sealed) {
+    if (e.warm) warm_bytes += e.warm->allocated_bytes();
+  }
+  OpenMean open = OpenBlockMean();
+  {
+    kvmem::MutexLock lock(&view_.mu());
+    view_.SetState(next);
+    if (shot_cut) view_.CountShotCut();
+    for (BlockEntry& e : sealed) view_.Install(std::move(e));
+    // In the same critical section as the blocks sealed from the open block,
+    // so a recall never counts the same tokens twice.
+    view_.PublishOpenMean(std::move(open));
+  }
+  if (warm_bytes > 0) tiers_.NoteInstalledWarm(warm_bytes);
 }
 
 absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   kvmem::MutexLock append_lock(&append_mu_);
   StreamState next;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    if (deleted_) return DeletedError();
-    next = state_;
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    if (view_.deleted()) return view_.DeletedError();
+    next = view_.state();
   }
   KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
   KVMEM_RETURN_IF_ERROR(TakeSceneDim(frame, &next));
@@ -181,7 +150,7 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   std::vector<BlockEntry> sealed;
   if (cut != Segmenter::Cut::kNone) {
     sealed.push_back(SealOpenBlock(&next, &write, frame.index));
-    ResetOpenBlock();  // Replayed from the store if the commit fails.
+    open_.Reset();  // Replayed from the store if the commit fails.
   }
   if (next.open_block_frames == 0) {
     next.open_block_first_frame = frame.index;
@@ -206,19 +175,12 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   if (absl::Status committed = env_.store->Commit(write); !committed.ok()) {
     return AfterFailedCommit(committed);
   }
-  if (full) ResetOpenBlock();
-  OpenMean open = OpenBlockMean();
-  {
-    kvmem::MutexLock lock(&mu_);
-    state_ = next;
-    if (cut == Segmenter::Cut::kShot) counters_.shot_cuts += 1;
-    for (BlockEntry& e : sealed) InstallBlock(std::move(e));
-    PublishOpenMean(std::move(open));
-  }
-  latest_signals_ = std::move(frame.signals);
-  blocks_since_rebuild_ += sealed.size();
-  KVMEM_RETURN_IF_ERROR(AfterCommit(frame.index, !sealed.empty()));
-  return AppendResult{next.last_frame, !sealed.empty()};
+  if (full) open_.Reset();
+  const size_t sealed_blocks = sealed.size();
+  InstallCommitted(next, std::move(sealed), cut == Segmenter::Cut::kShot);
+  tiers_.NoteSignals(std::move(frame.signals));
+  KVMEM_RETURN_IF_ERROR(AfterCommit(frame.index, sealed_blocks));
+  return AppendResult{next.last_frame, sealed_blocks > 0};
 }
 
 absl::Status Stream::TakeSceneDim(const Frame& frame, StreamState* next) const {
@@ -237,8 +199,8 @@ absl::Status Stream::AfterFailedCommit(const absl::Status& committed) {
   // Nothing became durable: rebuild the open block as the store has it.
   StreamState durable;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    durable = state_;
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    durable = view_.state();
   }
   absl::Status replayed = ReplayOpenBlock(durable);
   if (!replayed.ok()) {
@@ -251,14 +213,13 @@ absl::Status Stream::AfterFailedCommit(const absl::Status& committed) {
   return committed;
 }
 
-absl::Status Stream::AfterCommit(uint64_t frame_index, bool sealed) {
-  absl::Status moved = EnforceBudgets();
+absl::Status Stream::AfterCommit(uint64_t frame_index, size_t sealed) {
+  absl::Status moved = tiers_.EnforceBudgets();
   if (moved.ok() && config_.tiers.prefetch_blocks > 0) {
-    moved = StageLikelyBlocks(
-        open_.tokens() > 0 ? open_.Mean() : std::vector<float>(),
-        latest_signals_);
+    moved = tiers_.StageLikelyBlocks(open_.tokens() > 0 ? open_.Mean()
+                                                        : std::vector<float>());
   }
-  if (sealed) MaybeScheduleRebuild();
+  MaybeScheduleRebuild(sealed);
   if (!moved.ok()) {
     return absl::Status(moved.code(),
                         absl::StrCat("frame ", frame_index,
@@ -267,11 +228,6 @@ absl::Status Stream::AfterCommit(uint64_t frame_index, bool sealed) {
                                      moved.message()));
   }
   return absl::OkStatus();
-}
-
-const char* Stream::OpenPayloadData(size_t i) {
-  kvmem::MutexLock lock(&append_mu_);
-  return open_.payload_data(i);
 }
 
 }  // namespace kvmem

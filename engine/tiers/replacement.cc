@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/stream/semantics.h"
+#include "engine/signals/semantics.h"
 
 namespace kvmem {
 namespace {

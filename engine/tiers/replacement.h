@@ -9,16 +9,10 @@
 #include <memory>
 
 #include "engine/codec/record_codec.h"
+#include "engine/signals/semantics.h"
 #include "engine/types.h"
 
 namespace kvmem {
-
-// A track's life in the stream so far.
-struct TrackHistory {
-  uint64_t first_frame = 0;
-  uint64_t last_frame = 0;
-  uint32_t blocks = 0;  // Sealed blocks that show it.
-};
 
 struct ReplacementContext {
   uint64_t now_frame = 0;

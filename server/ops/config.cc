@@ -102,6 +102,7 @@ const DefaultKey kDefaultKeys[] = {
     {"storage_cap_bytes", Kind::kU64, KVMEM_FIELD(tiers.storage_cap_bytes)},
     {"replacement", Kind::kReplacement, KVMEM_FIELD(tiers.replacement)},
     {"score", Kind::kScore, KVMEM_FIELD(weights.score)},
+    {"scorer", Kind::kStr, KVMEM_FIELD(weights.scorer)},
     {"heat_half_life_frames", Kind::kU32,
      KVMEM_FIELD(tiers.heat_half_life_frames)},
     {"prefetch_blocks", Kind::kU32, KVMEM_FIELD(tiers.prefetch_blocks)},

@@ -37,6 +37,7 @@ StreamConfig FromProto(const v1::StreamConfig& p) {
   c.weights.iou = p.recall_policy().iou_weight();
   c.weights.scene = p.recall_policy().scene_weight();
   c.weights.score = static_cast<ScoreMode>(p.recall_policy().score());
+  c.weights.scorer = p.recall_policy().scorer();
   return c;
 }
 
@@ -116,6 +117,7 @@ void ToProto(const StreamConfig& c, v1::StreamConfig* p) {
   r->set_iou_weight(c.weights.iou);
   r->set_scene_weight(c.weights.scene);
   r->set_score(static_cast<v1::ScoreMode>(c.weights.score));
+  r->set_scorer(c.weights.scorer);
 }
 
 namespace {

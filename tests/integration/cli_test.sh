@@ -145,7 +145,7 @@ for _ in $(seq 100); do [ -S "$sim_sock" ] && break; sleep 0.1; done
 grep -q "accelerator     sim: " "$tmp/sim-stats.txt" || fail "stats do not show the sim accelerator"
 kill "$sim_pid"; wait "$sim_pid" || fail "sim server did not exit cleanly"
 sim_pid=""
-grep -q "sim accelerator backend: Rockchip RK3588 NPU" "$tmp/sim.log" || fail "sim backend not announced"
+grep -q "accelerator backend: sim: Rockchip RK3588 NPU" "$tmp/sim.log" || fail "sim backend not announced"
 python3 - "$tmp" <<'PY'
 import json, sys
 r = json.load(open(f"{sys.argv[1]}/sim-recall.json"))

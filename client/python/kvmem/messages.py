@@ -132,6 +132,7 @@ class RecallPolicy:
     iou_weight: float = 0.0
     scene_weight: float = 0.0
     score: ScoreMode = ScoreMode.UNSPECIFIED
+    scorer: str = ""
 
 
 @dataclass

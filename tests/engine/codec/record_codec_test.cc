@@ -51,8 +51,8 @@ TEST(RecordCodecTest, ReadsVersionOneConfigs) {
   std::string v1 = EncodeConfig(c);
   // Version 2 appended 3 x 4 bytes (shots), 4 x 8 + 5 x 4 (tiers) and
   // 4 x 4 (weights) after the version 1 fields; version 3, 4 (groups);
-  // version 4, 4 (score mode).
-  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4));
+  // version 4, 4 (score mode); version 5, 4 (an empty scorer name).
+  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4 + 4));
   v1[0] = 1;
   auto decoded = DecodeConfig(v1);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -70,8 +70,9 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   c.hot_window_tokens = 64;
   c.groups_per_block = 9;
   std::string v2 = EncodeConfig(c);
-  // Version 3 appended groups_per_block, version 4 the score mode.
-  v2.resize(v2.size() - 8);
+  // Version 3 appended groups_per_block, version 4 the score mode, version
+  // 5 the scorer's name (empty: 4 bytes).
+  v2.resize(v2.size() - 12);
   v2[0] = 2;
   auto config = DecodeConfig(v2);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -106,7 +107,8 @@ TEST(RecordCodecTest, ReadsVersionThreeConfigsAsSummed) {
   auto v4 = DecodeConfig(v3);
   ASSERT_TRUE(v4.ok()) << v4.status();
   EXPECT_EQ(WithDefaults(*v4).weights.score, ScoreMode::kMass);
-  v3.resize(v3.size() - 4);  // Version 4 appended the score mode.
+  // Version 4 appended the score mode, version 5 the (empty) scorer name.
+  v3.resize(v3.size() - 8);
   v3[0] = 3;
   auto config = DecodeConfig(v3);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -115,6 +117,27 @@ TEST(RecordCodecTest, ReadsVersionThreeConfigsAsSummed) {
   EXPECT_EQ(filled.weights.score, ScoreMode::kSummed);
   EXPECT_TRUE(ValidateStreamConfig(filled).ok())
       << ValidateStreamConfig(filled);
+}
+
+// Version 5 keeps the scorer's name; a version 4 record has none, and its
+// score mode names the scorer once defaults are filled in.
+TEST(RecordCodecTest, KeepsTheScorerNameAndReadsVersionFourWithout) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.weights.score = ScoreMode::kSummed;
+  c.weights.scorer = "summed";
+  std::string v5 = EncodeConfig(c);
+  auto back = DecodeConfig(v5);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->weights.scorer, "summed");
+  EXPECT_TRUE(*back == c);
+  v5.resize(v5.size() - (4 + 6));  // The name, length-prefixed.
+  v5[0] = 4;
+  auto v4 = DecodeConfig(v5);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(v4->weights.scorer, "");
+  EXPECT_EQ(WithDefaults(*v4).weights.scorer, "summed");
 }
 
 TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {

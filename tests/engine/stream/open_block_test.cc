@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "engine/stream/block_table.h"
+#include "engine/view/block_table.h"
 #include "engine/stream_config.h"
 #include "gtest/gtest.h"
 #include "tests/engine_fixture.h"

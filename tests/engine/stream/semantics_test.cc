@@ -1,6 +1,6 @@
-// Semantic signals (engine/stream/semantics.h): what a block's builder keeps,
+// Semantic signals (engine/signals/semantics.h): what a block's builder keeps,
 // and how a query's detections and scene match a block.
-#include "engine/stream/semantics.h"
+#include "engine/signals/semantics.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "engine/stream/semantics.h"
+#include "engine/signals/semantics.h"
 
 #include <algorithm>
 #include <cmath>

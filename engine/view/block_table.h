@@ -3,9 +3,9 @@
 // of its durable form). The leading run of wholly evicted blocks is dropped
 // from RAM, so a stream's memory does not grow with its age.
 //
-// Thread safety: none; the stream guards it with its mu_.
-#ifndef KVMEM_ENGINE_STREAM_BLOCK_TABLE_H_
-#define KVMEM_ENGINE_STREAM_BLOCK_TABLE_H_
+// Thread safety: none; the stream's RecallView guards it.
+#ifndef KVMEM_ENGINE_VIEW_BLOCK_TABLE_H_
+#define KVMEM_ENGINE_VIEW_BLOCK_TABLE_H_
 
 #include <cstdint>
 #include <deque>
@@ -14,6 +14,7 @@
 
 #include "engine/codec/block_layout.h"
 #include "engine/codec/record_codec.h"
+#include "engine/types.h"
 
 namespace kvmem {
 
@@ -25,6 +26,13 @@ struct BlockEntry {
   // and after, so readers outside append_mu_ can tell a torn read.
   uint64_t generation = 0;
 };
+
+// The tier a block is in as readers see it: warm while it has a RAM copy
+// that is not only staged, else where its durable copy is.
+Tier TierOf(const BlockEntry& e);
+
+// Bytes a block's durable form holds on disk (0 when evicted).
+uint64_t DiskBytes(const Geometry& g, const BlockRecord& rec);
 
 // The sealed blocks by id. The leading blocks that are wholly gone
 // (evicted: no disk form, no RAM copy, no move in progress) are dropped
@@ -60,4 +68,4 @@ class BlockTable {
 
 }  // namespace kvmem
 
-#endif  // KVMEM_ENGINE_STREAM_BLOCK_TABLE_H_
+#endif  // KVMEM_ENGINE_VIEW_BLOCK_TABLE_H_

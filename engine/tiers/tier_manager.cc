@@ -1,60 +1,75 @@
-// Stream: tier moves (demote, degrade, evict, promote), the budgets that
-// drive them and the replacement policy choosing victims.
+#include "engine/tiers/tier_manager.h"
+
 #include <algorithm>
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/codec/quantize.h"
-#include "engine/stream/stream.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
 
-Tier Stream::TierOf(const BlockEntry& e) {
-  // A staged copy sits in the stage buffer; the block's tier is still where
-  // its durable copy is until a query confirms it.
-  if (e.warm && !e.staged) return Tier::kWarm;
-  switch (e.rec.disk) {
-    case DiskForm::kFrames:
-    case DiskForm::kFull:
-      return Tier::kCold;
-    case DiskForm::kInt8:
-      return Tier::kDegraded;
-    case DiskForm::kNone:
-      return Tier::kEvicted;
-  }
-  return Tier::kUnspecified;
+TierManager::TierManager(RecallView* view, const BlockReader* reader,
+                         const TierEnv& env)
+    : view_(view),
+      reader_(reader),
+      env_(env),
+      config_(view->config()),
+      policy_(NewReplacementPolicy(config_.tiers.replacement)) {}
+
+TierManager::~TierManager() {
+  AddWarm(-static_cast<int64_t>(warm_bytes_.load()), false);
+  AddWarm(-static_cast<int64_t>(stage_bytes_.load()), true);
 }
 
-uint64_t Stream::DiskBytes(const BlockRecord& rec) const {
-  switch (rec.disk) {
-    case DiskForm::kFrames:
-    case DiskForm::kFull:
-      return rec.info.payload_bytes;
-    case DiskForm::kInt8:
-      return config_.geometry.layers *
-             QuantizedLayerBytes(config_.geometry, rec.info.token_count);
-    case DiskForm::kNone:
-      return 0;
+void TierManager::AddWarm(int64_t bytes, bool staged) {
+  std::atomic<uint64_t>& local = staged ? stage_bytes_ : warm_bytes_;
+  local.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+  if (env_.global_warm_bytes != nullptr && !staged) {
+    env_.global_warm_bytes->fetch_add(static_cast<uint64_t>(bytes),
+                                      std::memory_order_relaxed);
   }
-  return 0;
 }
 
-ReplacementContext Stream::PolicyContext() const {
+void TierManager::NoteInstalledWarm(uint64_t bytes) {
+  kvmem::MutexLock lock(&mu_);
+  AddWarm(static_cast<int64_t>(bytes), false);
+}
+
+void TierManager::NoteSignals(FrameSignals signals) {
+  kvmem::MutexLock lock(&mu_);
+  latest_signals_ = std::move(signals);
+}
+
+PolicyCounters TierManager::Counters() const {
+  PolicyCounters c;
+  c.demotions = moves_.demotions.load(std::memory_order_relaxed);
+  c.degradations = moves_.degradations.load(std::memory_order_relaxed);
+  c.evictions = moves_.evictions.load(std::memory_order_relaxed);
+  c.promotions = moves_.promotions.load(std::memory_order_relaxed);
+  c.staged = moves_.staged.load(std::memory_order_relaxed);
+  c.stage_hits = moves_.stage_hits.load(std::memory_order_relaxed);
+  c.stage_misses = moves_.stage_misses.load(std::memory_order_relaxed);
+  c.stage_bytes = stage_bytes_.load(std::memory_order_relaxed);
+  return c;
+}
+
+ReplacementContext TierManager::PolicyContext() const {
   ReplacementContext ctx;
-  ctx.now_frame = state_.last_frame < 0 ? 0 : state_.last_frame;
+  const StreamState& state = view_->state();
+  ctx.now_frame = state.last_frame < 0 ? 0 : state.last_frame;
   ctx.half_life_frames = config_.tiers.heat_half_life_frames;
-  ctx.tracks = &tracks_;
+  ctx.tracks = &view_->tracks();
   ctx.latest = &latest_signals_;
   return ctx;
 }
 
-int64_t Stream::PickVictim(const std::function<bool(const BlockEntry&)>& pred,
-                           const ReplacementContext& ctx) const {
+int64_t TierManager::PickVictim(
+    const std::function<bool(const BlockEntry&)>& pred,
+    const ReplacementContext& ctx) const {
   int64_t victim = -1;
   double lowest = 0;
-  for (const BlockEntry& e : blocks_) {
+  for (const BlockEntry& e : view_->blocks()) {
     if (!pred(e)) continue;
     const double keep = policy_->KeepScore(e.rec, ctx);
     if (victim < 0 || keep < lowest) {
@@ -65,15 +80,17 @@ int64_t Stream::PickVictim(const std::function<bool(const BlockEntry&)>& pred,
   return victim;
 }
 
-absl::Status Stream::CommitMove(uint64_t id, BlockRecord rec, StreamWrite write,
-                                const std::function<void(BlockEntry&)>& apply) {
+absl::Status TierManager::CommitMove(
+    uint64_t id, BlockRecord rec, StreamWrite write,
+    const std::function<void(BlockEntry&)>& apply) {
   {
-    kvmem::MutexLock lock(&mu_);
-    blocks_[id].generation += 1;  // Odd: readers retry until the move is over.
+    kvmem::MutexLock lock(&view_->mu());
+    // Odd: readers retry until the move is over.
+    view_->entry(id).generation += 1;
   }
   const absl::Status committed = CommitRecord(rec, std::move(write));
-  kvmem::MutexLock lock(&mu_);
-  BlockEntry& e = blocks_[id];
+  kvmem::MutexLock lock(&view_->mu());
+  BlockEntry& e = view_->entry(id);
   e.generation += 1;  // Even again.
   if (!committed.ok()) return committed;
   e.rec = std::move(rec);
@@ -81,21 +98,29 @@ absl::Status Stream::CommitMove(uint64_t id, BlockRecord rec, StreamWrite write,
   return absl::OkStatus();
 }
 
-absl::Status Stream::CommitRecord(const BlockRecord& rec, StreamWrite write) {
-  write.stream_id = id_;
+absl::Status TierManager::CommitRecord(const BlockRecord& rec,
+                                       StreamWrite write) {
+  write.stream_id = view_->stream_id();
   write.blocks.emplace_back(rec.info.id, EncodeBlock(rec));
   return env_.store->Commit(write);
 }
 
-absl::Status Stream::EnforceBudgets(uint64_t incoming_warm, int64_t exclude) {
+absl::Status TierManager::EnforceBudgets(uint64_t incoming_warm,
+                                         int64_t exclude) {
+  kvmem::MutexLock lock(&mu_);
+  return EnforceBudgetsLocked(incoming_warm, exclude);
+}
+
+absl::Status TierManager::EnforceBudgetsLocked(uint64_t incoming_warm,
+                                               int64_t exclude) {
   // One move per round, re-measured each time. Room is made below before a
   // block moves down into a tier, so no tier overshoots its budget between
   // two moves (what a concurrent Stats would otherwise see).
   for (;;) {
     TierMove move;
     {
-      kvmem::ReaderMutexLock lock(&mu_);
-      if (deleted_) return absl::OkStatus();
+      kvmem::ReaderMutexLock lock(&view_->mu());
+      if (view_->deleted()) return absl::OkStatus();
       move = NextTierMove(incoming_warm, exclude);
     }
     if (move.victim < 0) return absl::OkStatus();
@@ -114,22 +139,23 @@ absl::Status Stream::EnforceBudgets(uint64_t incoming_warm, int64_t exclude) {
   }
 }
 
-Stream::TierMove Stream::NextTierMove(uint64_t incoming_warm,
-                                      int64_t exclude) const {
+TierManager::TierMove TierManager::NextTierMove(uint64_t incoming_warm,
+                                                int64_t exclude) const {
   const TierConfig& t = config_.tiers;
+  const BlockTable& blocks = view_->blocks();
   TierMove move;
   const ReplacementContext ctx = PolicyContext();
   // Disk and cold totals take a pass over every block: only when a budget
   // needs them (a recall's maintenance runs this each time).
   uint64_t cold = 0, disk = 0;
   if (t.storage_cap_bytes > 0 || t.cold_budget_bytes > 0) {
-    for (const BlockEntry& e : blocks_) {
-      disk += DiskBytes(e.rec);
+    for (const BlockEntry& e : blocks) {
+      disk += DiskBytes(config_.geometry, e.rec);
       if (TierOf(e) == Tier::kCold) cold += e.rec.info.payload_bytes;
     }
   }
   // A staged copy or the block being promoted must keep its durable form.
-  auto coldest = [&](Tier tier) {
+  auto coldest = [&](Tier tier) ABSL_SHARED_LOCKS_REQUIRED(view_->mu()) {
     return PickVictim(
         [tier, exclude](const BlockEntry& e) {
           return TierOf(e) == tier && !e.staged &&
@@ -137,6 +163,7 @@ Stream::TierMove Stream::NextTierMove(uint64_t incoming_warm,
         },
         ctx);
   };
+  const uint64_t warm = warm_bytes_.load(std::memory_order_relaxed);
   // Staged copies have their own per-stream budget and are not counted.
   const bool global_over =
       env_.global_warm_budget > 0 && env_.global_warm_bytes != nullptr &&
@@ -152,16 +179,16 @@ Stream::TierMove Stream::NextTierMove(uint64_t incoming_warm,
       cold > t.cold_budget_bytes) {
     move = {coldest(Tier::kCold), TierMove::kDegrade};
   }
-  if (move.victim < 0 && ((t.warm_budget_bytes > 0 &&
-                           warm_bytes_ + incoming_warm > t.warm_budget_bytes) ||
-                          (global_over && warm_bytes_ > 0))) {
+  if (move.victim < 0 &&
+      ((t.warm_budget_bytes > 0 && warm + incoming_warm > t.warm_budget_bytes) ||
+       (global_over && warm > 0))) {
     move = {PickVictim([](const BlockEntry& e) { return e.warm && !e.staged; },
                        ctx),
             TierMove::kDemote};
     // Room in cold first, unless the victim lands in degraded anyway.
     if (move.victim >= 0 && t.cold_budget_bytes > 0 &&
-        blocks_[move.victim].rec.disk != DiskForm::kInt8 &&
-        cold + blocks_[move.victim].rec.info.payload_bytes >
+        blocks[move.victim].rec.disk != DiskForm::kInt8 &&
+        cold + blocks[move.victim].rec.info.payload_bytes >
             t.cold_budget_bytes) {
       const int64_t room = coldest(Tier::kCold);
       if (room >= 0) move = {room, TierMove::kDegrade};
@@ -170,13 +197,13 @@ Stream::TierMove Stream::NextTierMove(uint64_t incoming_warm,
   return move;
 }
 
-absl::Status Stream::Demote(uint64_t id) {
+absl::Status TierManager::Demote(uint64_t id) {
   BlockRecord rec;
   std::shared_ptr<const WarmBlock> warm;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    rec = blocks_[id].rec;
-    warm = blocks_[id].warm;
+    kvmem::ReaderMutexLock lock(&view_->mu());
+    rec = view_->blocks()[id].rec;
+    warm = view_->blocks()[id].warm;
   }
   StreamWrite write;
   if (rec.disk == DiskForm::kFrames) {
@@ -189,21 +216,24 @@ absl::Status Stream::Demote(uint64_t id) {
     rec.disk = DiskForm::kFull;
   }
   rec.info.tier = rec.disk == DiskForm::kInt8 ? Tier::kDegraded : Tier::kCold;
-  return CommitMove(
-      id, std::move(rec), std::move(write), [this](BlockEntry& e) {
-        AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), false);
-        e.warm.reset();
-        counters_.demotions += 1;
-      });
+  return CommitMove(id, std::move(rec), std::move(write),
+                    [this](BlockEntry& e)
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(view_->mu()) {
+                          AddWarm(-static_cast<int64_t>(
+                                      e.warm->allocated_bytes()),
+                                  false);
+                          e.warm.reset();
+                          moves_.demotions += 1;
+                        });
 }
 
-absl::Status Stream::Degrade(uint64_t id) {
+absl::Status TierManager::Degrade(uint64_t id) {
   BlockRecord rec;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    rec = blocks_[id].rec;
+    kvmem::ReaderMutexLock lock(&view_->mu());
+    rec = view_->blocks()[id].rec;
   }
-  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> full, LoadBlock(rec));
+  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> full, reader_->Load(rec));
   StreamWrite write;
   for (uint32_t l = 0; l < config_.geometry.layers; ++l) {
     write.block_layers.push_back(
@@ -218,21 +248,21 @@ absl::Status Stream::Degrade(uint64_t id) {
   rec.info.degraded = true;
   rec.info.tier = Tier::kDegraded;
   return CommitMove(id, std::move(rec), std::move(write),
-                    [this](BlockEntry&) { counters_.degradations += 1; });
+                    [this](BlockEntry&) { moves_.degradations += 1; });
 }
 
-absl::Status Stream::Evict(uint64_t id) {
+absl::Status TierManager::Evict(uint64_t id) {
   BlockRecord rec;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    rec = blocks_[id].rec;
+    kvmem::ReaderMutexLock lock(&view_->mu());
+    rec = view_->blocks()[id].rec;
   }
   StreamWrite write;
   write.delete_block_layers.push_back(id);
   if (rec.disk == DiskForm::kFrames) {
     write.delete_frames.emplace_back(rec.info.first_frame, rec.info.last_frame);
   }
-  const size_t groups = rec.group_summaries.size() / summary_dim_;
+  const size_t groups = rec.group_summaries.size() / view_->summary_dim();
   const uint64_t bytes = rec.info.payload_bytes;
   // What an evicted block keeps, in RAM and on disk: its card (ids, frames,
   // positions, tokens, bytes, its frames' token counts), its heat and its
@@ -250,59 +280,61 @@ absl::Status Stream::Evict(uint64_t id) {
   slim.hits = rec.hits;
   slim.last_hit_frame = rec.last_hit_frame;
   return CommitMove(id, std::move(slim), std::move(write),
-                    [this, id, groups, bytes](BlockEntry&) {
-                      RemoveFromIndexes(&index_, id, groups);
-                      counters_.evictions += 1;
-                      evicted_payload_bytes_.fetch_add(
-                          bytes, std::memory_order_relaxed);
-                      DropEvictedRun();
-                    });
+                    [this, id, groups, bytes](BlockEntry&)
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(view_->mu()) {
+                          view_->Unindex(id, groups, bytes);
+                          moves_.evictions += 1;
+                          view_->DropEvictedRun();
+                        });
 }
 
-absl::Status Stream::Promote(uint64_t id, bool staged) {
+absl::Status TierManager::Promote(uint64_t id, bool staged) {
   const TierConfig& t = config_.tiers;
   uint64_t bytes;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
+    kvmem::ReaderMutexLock lock(&view_->mu());
+    const BlockTable& blocks = view_->blocks();
     // Evicted (its run may have left RAM): nothing to promote.
-    if (!blocks_.Has(id) || blocks_[id].warm ||
-        blocks_[id].rec.disk == DiskForm::kNone) {
+    if (!blocks.Has(id) || blocks[id].warm ||
+        blocks[id].rec.disk == DiskForm::kNone) {
       return absl::OkStatus();
     }
     bytes = WarmBlock::AllocatedBytes(config_.geometry,
-                                      blocks_[id].rec.info.token_count);
+                                      blocks[id].rec.info.token_count);
   }
   if (!staged) {
     // Room first, so the warm tier never holds more than its budget; the
     // block itself is not a candidate for the moves that make it.
-    KVMEM_RETURN_IF_ERROR(EnforceBudgets(bytes, static_cast<int64_t>(id)));
-    kvmem::ReaderMutexLock lock(&mu_);
-    if (t.warm_budget_bytes > 0 && warm_bytes_ + bytes > t.warm_budget_bytes) {
+    KVMEM_RETURN_IF_ERROR(
+        EnforceBudgetsLocked(bytes, static_cast<int64_t>(id)));
+    if (t.warm_budget_bytes > 0 &&
+        warm_bytes_.load(std::memory_order_relaxed) + bytes >
+            t.warm_budget_bytes) {
       return absl::OkStatus();  // Larger than the whole budget: stays put.
     }
   }
   BlockRecord rec;
   {
-    kvmem::ReaderMutexLock lock(&mu_);
-    rec = blocks_[id].rec;  // Read after the moves above.
+    kvmem::ReaderMutexLock lock(&view_->mu());
+    rec = view_->blocks()[id].rec;  // Read after the moves above.
   }
-  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm, LoadBlock(rec));
+  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm, reader_->Load(rec));
   if (!staged) {
     // Staging is speculative and stays in RAM; a promotion is recorded so a
     // restart brings the block back warm.
     rec.info.tier = Tier::kWarm;
     KVMEM_RETURN_IF_ERROR(CommitRecord(rec, StreamWrite()));
   }
-  kvmem::MutexLock lock(&mu_);
-  BlockEntry& e = blocks_[id];
+  kvmem::MutexLock lock(&view_->mu());
+  BlockEntry& e = view_->entry(id);
   AddWarm(warm->allocated_bytes(), staged);
   e.warm = std::move(warm);
   e.staged = staged;
   e.rec = std::move(rec);
   if (staged) {
-    counters_.staged += 1;
+    moves_.staged += 1;
   } else {
-    counters_.promotions += 1;
+    moves_.promotions += 1;
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,4 @@
-#include "engine/stream/signals.h"
+#include "engine/signals/frame_signals.h"
 
 #include <cmath>
 

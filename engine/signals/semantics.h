@@ -1,8 +1,9 @@
 // Semantic signals of blocks and queries: which tracks a block shows, where,
-// and its scene; how a query's signals match a block. Pure functions and a
-// value-type builder (owned by one Stream's append path).
-#ifndef KVMEM_ENGINE_STREAM_SEMANTICS_H_
-#define KVMEM_ENGINE_STREAM_SEMANTICS_H_
+// and its scene; a track's life in the stream; how a query's signals match a
+// block. Pure functions and a value-type builder (owned by one Stream's
+// append path).
+#ifndef KVMEM_ENGINE_SIGNALS_SEMANTICS_H_
+#define KVMEM_ENGINE_SIGNALS_SEMANTICS_H_
 
 #include <map>
 #include <vector>
@@ -11,6 +12,13 @@
 #include "engine/types.h"
 
 namespace kvmem {
+
+// A track's life in the stream so far.
+struct TrackHistory {
+  uint64_t first_frame = 0;
+  uint64_t last_frame = 0;
+  uint32_t blocks = 0;  // Sealed blocks that show it.
+};
 
 // Accumulates the detections and scene embeddings of a block's frames.
 class BlockSemanticsBuilder {
@@ -46,4 +54,4 @@ float SemanticScore(const SemanticMatch& m, const RecallWeights& weights);
 
 }  // namespace kvmem
 
-#endif  // KVMEM_ENGINE_STREAM_SEMANTICS_H_
+#endif  // KVMEM_ENGINE_SIGNALS_SEMANTICS_H_

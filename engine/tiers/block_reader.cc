@@ -1,33 +1,40 @@
-// Stream: block reads (GetBlock, payloads in either layout) and loading a
-// block's layers from wherever they are.
+#include "engine/tiers/block_reader.h"
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/codec/quantize.h"
-#include "engine/stream/stream.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
 
-absl::StatusOr<BlockInfo> Stream::GetBlock(uint64_t block_id) const {
-  kvmem::ReaderMutexLock lock(&mu_);
-  if (deleted_) return DeletedError();
-  if (!blocks_.Has(block_id)) return MissingBlockError(block_id);
-  const BlockEntry& e = blocks_[block_id];
+absl::StatusOr<BlockInfo> BlockReader::GetBlock(uint64_t block_id) const {
+  kvmem::ReaderMutexLock lock(&view_.mu());
+  if (view_.deleted()) return view_.DeletedError();
+  if (!view_.blocks().Has(block_id)) return view_.MissingBlockError(block_id);
+  const BlockEntry& e = view_.blocks()[block_id];
   if (e.rec.disk == DiskForm::kNone && !e.warm) {
     return absl::NotFoundError(absl::StrCat("block ", block_id, " of stream \"",
-                                            id_, "\" was evicted"));
+                                            view_.stream_id(),
+                                            "\" was evicted"));
   }
   BlockInfo info = e.rec.info;
   info.tier = TierOf(e);
   return info;
 }
 
-absl::StatusOr<std::vector<uint32_t>> Stream::WantedLayers(
+absl::Status BlockReader::NotFoundIfDeleted() const {
+  kvmem::ReaderMutexLock lock(&view_.mu());
+  return view_.deleted() ? view_.DeletedError() : absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint32_t>> BlockReader::WantedLayers(
     const std::vector<uint32_t>& layers) const {
-  const Geometry& g = config_.geometry;
+  const Geometry& g = view_.config().geometry;
   KVMEM_RETURN_IF_ERROR(ValidateLayerList(g, layers));
   std::vector<uint32_t> wanted = layers;
   if (wanted.empty()) {
@@ -36,20 +43,22 @@ absl::StatusOr<std::vector<uint32_t>> Stream::WantedLayers(
   return wanted;
 }
 
-absl::StatusOr<Stream::BlockSnapshot> Stream::SnapshotBlock(
+absl::StatusOr<BlockReader::Snapshot> BlockReader::SnapshotBlock(
     uint64_t block_id, PayloadLayout layout,
     const std::vector<uint32_t>& wanted) const {
-  BlockSnapshot snap;
+  Snapshot snap;
   // A tier move may replace the block's durable form while we read it: the
   // block's generation is odd during a move and changes with it, so a read
   // that overlapped one is done again.
   for (int attempt = 0;; ++attempt) {
     uint64_t generation;
     {
-      kvmem::ReaderMutexLock lock(&mu_);
-      if (deleted_) return DeletedError();
-      if (!blocks_.Has(block_id)) return MissingBlockError(block_id);
-      const BlockEntry& e = blocks_[block_id];
+      kvmem::ReaderMutexLock lock(&view_.mu());
+      if (view_.deleted()) return view_.DeletedError();
+      if (!view_.blocks().Has(block_id)) {
+        return view_.MissingBlockError(block_id);
+      }
+      const BlockEntry& e = view_.blocks()[block_id];
       generation = e.generation;
       snap.rec = e.rec;
       snap.warm = e.warm;
@@ -71,16 +80,17 @@ absl::StatusOr<Stream::BlockSnapshot> Stream::SnapshotBlock(
         loaded = r.status();
         if (r.ok()) snap.records = *std::move(r);
       } else {
-        absl::StatusOr<std::unique_ptr<WarmBlock>> b = LoadBlock(snap.rec);
+        absl::StatusOr<std::unique_ptr<WarmBlock>> b = Load(snap.rec);
         loaded = b.status();
         if (b.ok()) block = *std::move(b);
       }
     }
     bool unchanged;
     {
-      kvmem::ReaderMutexLock lock(&mu_);
+      kvmem::ReaderMutexLock lock(&view_.mu());
+      const BlockTable& blocks = view_.blocks();
       unchanged =
-          blocks_.Has(block_id) && blocks_[block_id].generation == generation;
+          blocks.Has(block_id) && blocks[block_id].generation == generation;
     }
     if (loaded.ok() && unchanged) {
       snap.warm = std::move(block);
@@ -96,13 +106,12 @@ absl::StatusOr<Stream::BlockSnapshot> Stream::SnapshotBlock(
   return snap;
 }
 
-absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
+absl::StatusOr<std::vector<PayloadPiece>> BlockReader::ReadBlockPayload(
     uint64_t block_id, PayloadLayout layout,
     const std::vector<uint32_t>& layers, BlockInfo* info) const {
   KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
                          WantedLayers(layers));
-  KVMEM_ASSIGN_OR_RETURN(BlockSnapshot snap,
-                         SnapshotBlock(block_id, layout, wanted));
+  KVMEM_ASSIGN_OR_RETURN(Snapshot snap, SnapshotBlock(block_id, layout, wanted));
   if (info != nullptr) *info = snap.info;
   std::vector<PayloadPiece> pieces;
   const uint64_t first = snap.rec.info.first_frame;
@@ -129,17 +138,17 @@ absl::StatusOr<std::vector<PayloadPiece>> Stream::ReadBlockPayload(
   return pieces;
 }
 
-absl::StatusOr<uint64_t> Stream::ReadBlockPayloadInto(
+absl::StatusOr<uint64_t> BlockReader::ReadBlockPayloadInto(
     uint64_t block_id, PayloadLayout layout,
     const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
     BlockInfo* info) const {
   KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
                          WantedLayers(layers));
-  KVMEM_ASSIGN_OR_RETURN(BlockSnapshot snap,
-                         SnapshotBlock(block_id, layout, wanted));
+  KVMEM_ASSIGN_OR_RETURN(Snapshot snap, SnapshotBlock(block_id, layout, wanted));
   if (info != nullptr) *info = snap.info;
   const uint64_t bytes = BlockPayloadBytes(
-      config_.geometry, snap.rec.info.token_count, layout, wanted.size());
+      view_.config().geometry, snap.rec.info.token_count, layout,
+      wanted.size());
   if (bytes != capacity) {
     return absl::OutOfRangeError(
         absl::StrCat("block ", block_id, " has ", bytes, " payload bytes in ",
@@ -160,14 +169,15 @@ absl::StatusOr<uint64_t> Stream::ReadBlockPayloadInto(
   return bytes;
 }
 
-absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
+absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(
     const BlockRecord& rec) const {
-  const Geometry& g = config_.geometry;
+  const Geometry& g = view_.config().geometry;
   switch (rec.disk) {
     case DiskForm::kFrames: {
       std::vector<std::string> frames;
       for (uint64_t f = rec.info.first_frame; f <= rec.info.last_frame; ++f) {
-        KVMEM_ASSIGN_OR_RETURN(std::string p, env_.store->GetFrame(id_, f));
+        KVMEM_ASSIGN_OR_RETURN(std::string p,
+                               store_->GetFrame(view_.stream_id(), f));
         frames.push_back(std::move(p));
       }
       std::vector<absl::string_view> views(frames.begin(), frames.end());
@@ -184,20 +194,22 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> Stream::LoadBlock(
     case DiskForm::kNone:
       break;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "block ", rec.info.id, " of stream \"", id_, "\" was evicted"));
+  return absl::NotFoundError(absl::StrCat("block ", rec.info.id,
+                                          " of stream \"", view_.stream_id(),
+                                          "\" was evicted"));
 }
 
-absl::StatusOr<std::vector<std::string>> Stream::LoadLayerRecords(
+absl::StatusOr<std::vector<std::string>> BlockReader::LoadLayerRecords(
     const BlockRecord& rec, const std::vector<uint32_t>& layers) const {
-  const Geometry& g = config_.geometry;
+  const Geometry& g = view_.config().geometry;
   const uint64_t want =
       2 * LayerSliceElements(g, rec.info.token_count) * DTypeBytes(g.dtype);
   std::vector<std::string> out;
   out.reserve(layers.size());
   for (uint32_t l : layers) {
-    KVMEM_ASSIGN_OR_RETURN(std::string bytes,
-                           env_.store->GetBlockLayer(id_, rec.info.id, l));
+    KVMEM_ASSIGN_OR_RETURN(
+        std::string bytes,
+        store_->GetBlockLayer(view_.stream_id(), rec.info.id, l));
     if (rec.disk == DiskForm::kInt8) {
       KVMEM_ASSIGN_OR_RETURN(bytes,
                              DequantizeLayer(g, rec.info.token_count, bytes));

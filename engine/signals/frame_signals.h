@@ -1,7 +1,7 @@
 // Validation of the semantic signals a front end sends with frames and
 // queries. Pure functions.
-#ifndef KVMEM_ENGINE_STREAM_SIGNALS_H_
-#define KVMEM_ENGINE_STREAM_SIGNALS_H_
+#ifndef KVMEM_ENGINE_SIGNALS_FRAME_SIGNALS_H_
+#define KVMEM_ENGINE_SIGNALS_FRAME_SIGNALS_H_
 
 #include <vector>
 
@@ -30,4 +30,4 @@ absl::Status ValidateSignals(absl::string_view field, const FrameSignals& s);
 
 }  // namespace kvmem
 
-#endif  // KVMEM_ENGINE_STREAM_SIGNALS_H_
+#endif  // KVMEM_ENGINE_SIGNALS_FRAME_SIGNALS_H_

@@ -1,0 +1,59 @@
+#include "engine/index/stream_indexes.h"
+
+#include "engine/stream_config.h"
+
+namespace kvmem {
+
+StreamIndexes::StreamIndexes(const StreamConfig& config)
+    : summary_dim_(SummaryDim(config)),
+      layer_dim_(config.geometry.kv_heads * config.geometry.head_dim) {
+  // Segments of head_dim: score MASS scans them per KV head.
+  const uint32_t hd = config.geometry.head_dim;
+  all_ = std::make_unique<BlockIndex>(summary_dim_, config.index_factory, hd);
+  // The same predicates size the config's validation (IndexDims).
+  const bool per_layer = HasPerLayerIndexes(config);
+  for (size_t i = 0; per_layer && i < config.indexed_layers.size(); ++i) {
+    layers_.push_back(
+        std::make_unique<BlockIndex>(layer_dim_, config.index_factory, hd));
+  }
+  if (HasGroupIndex(config)) {
+    groups_ =
+        std::make_unique<BlockIndex>(summary_dim_, config.index_factory, hd);
+  }
+}
+
+void StreamIndexes::Add(uint64_t id, const BlockRecord& rec) {
+  all_->Add(id, rec.summary.data());
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    layers_[li]->Add(id, rec.summary.data() + li * layer_dim_);
+  }
+  if (groups_ != nullptr) {
+    const size_t n = rec.group_summaries.size() / summary_dim_;
+    for (size_t g = 0; g < n; ++g) {
+      groups_->Add(id * kGroupStride + g,
+                   rec.group_summaries.data() + g * summary_dim_);
+    }
+  }
+}
+
+void StreamIndexes::Remove(uint64_t id, size_t groups) {
+  all_->Remove(id);
+  for (auto& layer : layers_) layer->Remove(id);
+  if (groups_ != nullptr) {
+    for (size_t g = 0; g < groups; ++g) groups_->Remove(id * kGroupStride + g);
+  }
+}
+
+IndexQuality StreamIndexes::Quality(const IndexQuality& so_far) const {
+  IndexQuality q = so_far;
+  for (const BlockIndex* b : {all_.get(), groups_.get()}) {
+    if (b == nullptr) continue;
+    const IndexQuality x = b->quality();
+    q.samples += x.samples;
+    q.hits += x.hits;
+    q.wanted += x.wanted;
+  }
+  return q;
+}
+
+}  // namespace kvmem

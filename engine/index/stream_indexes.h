@@ -1,0 +1,65 @@
+// StreamIndexes: the vector indexes of one stream's summaries. `all` holds
+// each block's summary (every indexed layer, concatenated); with several
+// indexed layers and a scorer that asks for them (SUMMED's per-layer
+// recall), `layers` holds one index per indexed layer; with token groups
+// (groups_per_block > 1), `groups` holds each group's summary under the id
+// block * kGroupStride + group. Every index is segmented by head_dim, so
+// score MASS can scan it per KV head.
+//
+// Thread safety: as BlockIndex: searches may run concurrently, Add and
+// Remove may not run with anything. The stream's RecallView guards the
+// indexes it serves; a rebuild fills a fresh StreamIndexes no one else sees.
+#ifndef KVMEM_ENGINE_INDEX_STREAM_INDEXES_H_
+#define KVMEM_ENGINE_INDEX_STREAM_INDEXES_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/codec/record_codec.h"
+#include "engine/index/block_index.h"
+#include "engine/types.h"
+
+namespace kvmem {
+
+// Token-group ids: block << kGroupShift | group.
+inline constexpr uint32_t kGroupShift = 8;
+inline constexpr uint64_t kGroupStride = uint64_t{1} << kGroupShift;
+
+class StreamIndexes {
+ public:
+  // Empty indexes for a stream of this config (after defaults, validated):
+  // per-layer ones when HasPerLayerIndexes(config), the groups' when
+  // HasGroupIndex(config) (engine/stream_config.h).
+  explicit StreamIndexes(const StreamConfig& config);
+
+  // Adds a block's summaries (and its groups') / removes them; `groups` is
+  // the number of token groups the block was indexed with.
+  void Add(uint64_t id, const BlockRecord& rec);
+  void Remove(uint64_t id, size_t groups);
+
+  const BlockIndex& all() const { return *all_; }
+  // Indexed layer li's index: its own, or `all` with one indexed layer.
+  const BlockIndex& layer(size_t li) const {
+    return layers_.empty() ? *all_ : *layers_[li];
+  }
+  // Null without token groups.
+  const BlockIndex* groups() const { return groups_.get(); }
+  // The index recall units live in: the groups', else the blocks'.
+  const BlockIndex& units() const { return groups_ ? *groups_ : *all_; }
+
+  // `so_far` plus the sampled recall of the indexes that search (the
+  // summaries' and the groups').
+  IndexQuality Quality(const IndexQuality& so_far) const;
+
+ private:
+  uint32_t summary_dim_ = 0;
+  uint32_t layer_dim_ = 0;  // kv_heads * head_dim.
+  std::unique_ptr<BlockIndex> all_;
+  std::vector<std::unique_ptr<BlockIndex>> layers_;
+  std::unique_ptr<BlockIndex> groups_;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_INDEX_STREAM_INDEXES_H_

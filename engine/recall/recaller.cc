@@ -1,0 +1,185 @@
+#include "engine/recall/recaller.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/timing.h"
+#include "engine/index/dot.h"
+#include "engine/recall/recall_planner.h"
+#include "engine/recall/recall_query.h"
+#include "engine/stream_config.h"
+
+namespace kvmem {
+namespace {
+
+// A plan's blocks as the recall answers them: block info and tier, staging,
+// token offsets for group units, and the score the scorer reports.
+std::vector<RecalledBlock> ToRecalled(const RecallView& view,
+                                      const RecallPlan& plan,
+                                      const ScoredRecall& scored,
+                                      const std::vector<float>& mean_query)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  std::vector<RecalledBlock> out;
+  out.reserve(plan.blocks.size());
+  for (const PlannedBlock& p : plan.blocks) {
+    const BlockEntry& e = view.blocks()[p.block];
+    RecalledBlock r;
+    r.block = e.rec.info;
+    r.block.tier = TierOf(e);
+    r.score = scored.score_is_mean_dot
+                  ? Dot(mean_query.data(),
+                        view.UnitSummary((p.block << view.unit_shift()) |
+                                         p.first_group),
+                        view.summary_dim())
+                  : p.score;
+    r.semantic_score = p.semantic;
+    r.priority = p.priority;
+    r.mass = p.mass;
+    r.gate_weight = p.gate_weight;
+    r.was_staged = e.staged;
+    if (scored.group_units) {
+      r.token_offsets =
+          TokenOffsets(e.rec.token_group, p.group_mask, r.block.token_count);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// The planner over one scored set: its ranked units, then (when budget is
+// left) the scorer's further units, ranked by the policy.
+RecallPlan PlanSet(const PlanPolicy& policy, ScoredSet* set) {
+  RecallPlanner planner(policy);
+  planner.Take(set->ranked);
+  if (!planner.full() && set->more) {
+    std::vector<PlanUnit> more = set->more(planner.tokens_left());
+    planner.Rank(&more);
+    planner.Take(more);
+  }
+  return planner.Finish();
+}
+
+// Under the view's lock: the eligible blocks, the scorer's sets and their
+// plans, into *r.
+absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
+                        Accelerator& accel, const RecallQuery& q,
+                        const RecallBudget& budget,
+                        const std::vector<float>& mean_query, RecallResult* r,
+                        uint64_t* now_frame)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  if (view.deleted()) return view.DeletedError();
+  const StreamState& state = view.state();
+  *now_frame = state.last_frame < 0 ? 0 : state.last_frame;
+  const size_t eligible = view.EligibleBlocks(q.current_token_position == 0
+                                                  ? state.next_token_position
+                                                  : q.current_token_position +
+                                                        1);
+  // The index holds every block with a disk form; blocks are in position
+  // order, so the ineligible ones are the (short) tail in the window.
+  // O(window), not O(blocks): at 100k blocks a scan of every entry cost
+  // more than the search.
+  const BlockTable& blocks = view.blocks();
+  uint64_t in_window = 0;
+  for (size_t i = eligible; i < blocks.size(); ++i) {
+    in_window += blocks[i].rec.disk != DiskForm::kNone;
+  }
+  r->candidates =
+      static_cast<uint32_t>(view.indexes().all().size() - in_window);
+  const auto t0 = SteadyClock::now();
+  ScoreRequest req;
+  req.query = &q;
+  req.mean_query = &mean_query;
+  req.budget = budget;
+  req.eligible = eligible;
+  req.accel = &accel;
+  ScoredRecall scored;
+  KVMEM_RETURN_IF_ERROR(scorer.Score(view, req, &scored, &r->accel));
+  r->window_estimated = scored.window_estimated;
+  r->search_us = scored.search_us;
+  for (ScoredSet& set : scored.sets) {
+    const RecallPlan plan = PlanSet(scored.policy, &set);
+    LayerRecallSet out;
+    out.layer = set.layer;
+    out.kv_head = set.kv_head;
+    out.blocks = ToRecalled(view, plan, scored, mean_query);
+    out.total_tokens = plan.total_tokens;
+    float mass = 0;
+    for (const RecalledBlock& b : out.blocks) mass += b.mass;
+    if (scored.layer_sets) {
+      r->recalled_mass += mass / static_cast<float>(scored.sets.size());
+      r->layer_sets.push_back(std::move(out));
+    } else {
+      r->recalled_mass = mass;
+      r->blocks = std::move(out.blocks);
+      r->total_tokens = out.total_tokens;
+    }
+  }
+  const uint32_t scored_us = WholeMicrosSince(t0);
+  r->plan_us = scored_us > r->search_us ? scored_us - r->search_us : 0;
+  return absl::OkStatus();
+}
+
+// Stages a planned recall's KV through the accelerator (cost into
+// r->accel). Warm blocks sit in RAM layer-major (one run each); cold and
+// degraded ones come back from storage frame-major: a run per frame, layer
+// and K/V. Only the chosen tokens move.
+void StageRecall(const Geometry& g, Accelerator& accel, uint32_t priority,
+                 RecallResult* r) {
+  const uint64_t per_token = FramePayloadBytes(g, 1);
+  std::vector<StageItem> items;
+  auto add = [&](const RecalledBlock& b) {
+    const BlockInfo& i = b.block;
+    StageItem it;
+    it.bytes = static_cast<uint64_t>(RecalledTokens(b)) * per_token;
+    it.layer_major = i.tier == Tier::kWarm;
+    it.rows =
+        static_cast<uint32_t>((i.last_frame - i.first_frame + 1) * g.layers * 2);
+    items.push_back(it);
+  };
+  for (const RecalledBlock& b : r->blocks) add(b);
+  for (const LayerRecallSet& s : r->layer_sets)
+    for (const RecalledBlock& b : s.blocks) add(b);
+  accel.Stage(items, {priority}, &r->accel);
+}
+
+}  // namespace
+
+absl::StatusOr<RecallResult> AnswerRecall(const RecallView& view,
+                                    const RecallScorer& scorer,
+                                    Accelerator& accel, const RecallQuery& q,
+                                    uint64_t* now_frame) {
+  const StreamConfig& config = view.config();
+  KVMEM_RETURN_IF_ERROR(ValidateRecallQuery(q, config, view.summary_dim(),
+                                            view.stream_id(),
+                                            scorer.answers_per_head()));
+  KVMEM_ASSIGN_OR_RETURN(const RecallBudget budget,
+                         ResolveBudget(q, config, view.summary_dim()));
+  RecallResult result;
+  result.budget_tokens = budget.tokens;
+  result.top_k = budget.top_k;
+  result.query_vectors = budget.query_vectors;
+  // The mean of the query vectors: what SUMMED scores (its scores are
+  // linear), and MASS's RecalledBlock.score and candidate pool.
+  const std::vector<float> mean_query = MeanQuery(q.query, view.summary_dim());
+  {
+    kvmem::ReaderMutexLock lock(&view.mu());
+    KVMEM_RETURN_IF_ERROR(PlanRecall(view, scorer, accel, q, budget,
+                                     mean_query, &result, now_frame));
+  }
+  StageRecall(config.geometry, accel, q.priority, &result);
+  return result;
+}
+
+std::string RecallFloorWarning(const RecallView& view, const Accelerator& accel,
+                               uint64_t samples, double recall) {
+  const double floor = accel.recall_floor();
+  // A few samples before judging: one every 16th search.
+  if (floor <= 0 || samples < 4 || recall >= floor) return "";
+  return absl::StrCat("stream \"", view.stream_id(), "\": index ",
+                      view.config().index_factory, " sampled recall@k ", recall,
+                      " over ", samples, " searches is below the ",
+                      accel.name(), " accelerator's recall floor ", floor,
+                      "; use index_factory Flat or Progressive (exact) or a "
+                      "more accurate index");
+}
+
+}  // namespace kvmem

@@ -1,0 +1,81 @@
+// BlockReader: a stream's blocks as readers get them, from whatever tier
+// holds them: metadata, payloads in either layout (pieces that point into
+// the bytes where they are, or one copy into a caller's buffer), and the
+// warm copy or layer records of a block loaded from the store (tier moves
+// and recovery use these). A read is consistent with one generation of the
+// block: a tier move that overlaps it makes it read again.
+//
+// Thread safety: all methods are safe to call concurrently with each other,
+// with recalls and with tier moves; they take the view's lock shared and
+// never hold it across storage reads.
+#ifndef KVMEM_ENGINE_TIERS_BLOCK_READER_H_
+#define KVMEM_ENGINE_TIERS_BLOCK_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/codec/block_layout.h"
+#include "engine/codec/record_codec.h"
+#include "engine/types.h"
+#include "engine/view/recall_view.h"
+#include "storage/cold_store.h"
+
+namespace kvmem {
+
+class BlockReader {
+ public:
+  // REQUIRES: view and store outlive the reader.
+  BlockReader(const RecallView& view, ColdStore* store)
+      : view_(view), store_(store) {}
+
+  // What StreamHandle (engine/memory_engine.h) lends; documented there.
+  absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) const
+      ABSL_LOCKS_EXCLUDED(view_.mu());
+  absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& layers, BlockInfo* info) const
+      ABSL_LOCKS_EXCLUDED(view_.mu());
+  absl::StatusOr<uint64_t> ReadBlockPayloadInto(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+      BlockInfo* info) const ABSL_LOCKS_EXCLUDED(view_.mu());
+
+  // A block's warm (layer-major) copy from its durable form (frames, or
+  // layer records, dequantised when degraded); NOT_FOUND when evicted.
+  // Takes no lock: rec is the caller's copy.
+  absl::StatusOr<std::unique_ptr<WarmBlock>> Load(const BlockRecord& rec) const;
+  // The stored records (K then V, full precision) of the given layers of a
+  // block kept as layers (kFull or kInt8, dequantised). No lock.
+  absl::StatusOr<std::vector<std::string>> LoadLayerRecords(
+      const BlockRecord& rec, const std::vector<uint32_t>& layers) const;
+
+ private:
+  // A block as one read sees it: in RAM, or (BLOCK_LAYER_MAJOR of a block
+  // stored as layers) only the wanted layers' records, straight from the
+  // store; either way consistent with one generation of the block.
+  struct Snapshot {
+    BlockRecord rec;
+    BlockInfo info;                         // Tier as of the read.
+    std::shared_ptr<const WarmBlock> warm;  // Set, or
+    std::vector<std::string> records;       // one per wanted layer.
+  };
+  absl::StatusOr<Snapshot> SnapshotBlock(uint64_t block_id,
+                                         PayloadLayout layout,
+                                         const std::vector<uint32_t>& wanted)
+      const ABSL_LOCKS_EXCLUDED(view_.mu());
+  // layers, or every layer when empty; INVALID_ARGUMENT for one out of range.
+  absl::StatusOr<std::vector<uint32_t>> WantedLayers(
+      const std::vector<uint32_t>& layers) const;
+  // NOT_FOUND when the stream is deleted.
+  absl::Status NotFoundIfDeleted() const ABSL_LOCKS_EXCLUDED(view_.mu());
+
+  const RecallView& view_;
+  ColdStore* const store_;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_TIERS_BLOCK_READER_H_

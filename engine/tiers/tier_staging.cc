@@ -1,0 +1,147 @@
+// TierManager: two-phase prefetch (staging likely blocks, confirming or
+// dropping them) and the recall hits that promote blocks.
+#include <algorithm>
+#include <cmath>
+
+#include "base/status_macros.h"
+#include "engine/recall/recall_planner.h"
+#include "engine/recall/summed_scorer.h"
+#include "engine/stream_config.h"
+#include "engine/tiers/tier_manager.h"
+
+namespace kvmem {
+
+void TierManager::Unstage(uint64_t id) {
+  kvmem::MutexLock lock(&view_->mu());
+  if (!view_->blocks().Has(id)) return;  // Staged blocks are never evicted.
+  BlockEntry& e = view_->entry(id);
+  if (!e.staged) return;
+  AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), true);
+  e.warm.reset();
+  e.staged = false;
+  moves_.stage_misses += 1;
+}
+
+std::vector<uint64_t> TierManager::PickStaged(
+    const std::vector<float>& pseudo_query) const {
+  const TierConfig& t = config_.tiers;
+  std::vector<uint64_t> picks;
+  CallCost prefetch_cost;  // The prefetch search counts as this stream's.
+  {
+    kvmem::ReaderMutexLock lock(&view_->mu());
+    const BlockTable& blocks = view_->blocks();
+    // The best 2 x prefetch_blocks candidates as score SUMMED ranks them.
+    CandidateQuery q;
+    q.vector = pseudo_query.data();
+    q.dim = view_->summary_dim();
+    q.signals = &latest_signals_;
+    q.eligible = view_->EligibleBlocks(view_->state().next_token_position);
+    q.top_k = 2 * t.prefetch_blocks;
+    std::vector<PlanUnit> units =
+        SummedBlockCandidates(*view_, view_->indexes().all(), q, *env_.accel,
+                              &prefetch_cost, nullptr);
+    RecallPlanner(SummedPolicy(config_)).Rank(&units);
+    if (units.size() > q.top_k) units.resize(q.top_k);
+    for (const PlanUnit& u : units) {
+      const BlockEntry& e = blocks[u.block];
+      if (e.warm || e.rec.disk == DiskForm::kNone) continue;
+      picks.push_back(u.block);
+      if (picks.size() == t.prefetch_blocks) break;
+    }
+  }
+  if (env_.ledger != nullptr) env_.ledger->Add(prefetch_cost);
+  return picks;
+}
+
+absl::Status TierManager::StageLikelyBlocks(
+    const std::vector<float>& pseudo_query) {
+  const TierConfig& t = config_.tiers;
+  if (t.prefetch_blocks == 0 || pseudo_query.size() != view_->summary_dim()) {
+    return absl::OkStatus();
+  }
+  kvmem::MutexLock moves(&mu_);
+  for (uint64_t id : PickStaged(pseudo_query)) {
+    uint32_t tokens;
+    {
+      kvmem::ReaderMutexLock lock(&view_->mu());
+      // Ids outlive the lock they came from.
+      if (!view_->blocks().Has(id)) continue;
+      tokens = view_->blocks()[id].rec.info.token_count;
+    }
+    const uint64_t bytes = WarmBlock::AllocatedBytes(config_.geometry, tokens);
+    if (bytes > t.stage_budget_bytes) continue;
+    while (stage_bytes_.load(std::memory_order_relaxed) + bytes >
+               t.stage_budget_bytes &&
+           !staged_order_.empty()) {
+      Unstage(staged_order_.front());
+      staged_order_.pop_front();
+    }
+    KVMEM_RETURN_IF_ERROR(Promote(id, /*staged=*/true));
+    staged_order_.push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TierManager::ConfirmStaged(uint64_t id, uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  // Confirmed by a query: the staged block becomes an ordinary warm one once
+  // the warm tier has room for it (else it stays staged).
+  KVMEM_RETURN_IF_ERROR(EnforceBudgetsLocked(bytes, static_cast<int64_t>(id)));
+  BlockRecord rec;
+  {
+    kvmem::ReaderMutexLock lock(&view_->mu());
+    const TierConfig& t = config_.tiers;
+    if (!view_->blocks()[id].staged ||
+        (t.warm_budget_bytes > 0 &&
+         warm_bytes_.load(std::memory_order_relaxed) + bytes >
+             t.warm_budget_bytes)) {
+      return absl::OkStatus();
+    }
+    rec = view_->blocks()[id].rec;
+  }
+  rec.info.tier = Tier::kWarm;
+  KVMEM_RETURN_IF_ERROR(CommitRecord(rec, StreamWrite()));
+  {
+    kvmem::MutexLock lock(&view_->mu());
+    BlockEntry& e = view_->entry(id);
+    AddWarm(-static_cast<int64_t>(bytes), true);
+    AddWarm(bytes, false);
+    e.staged = false;
+    e.rec = std::move(rec);
+    moves_.stage_hits += 1;
+  }
+  staged_order_.erase(
+      std::remove(staged_order_.begin(), staged_order_.end(), id),
+      staged_order_.end());
+  return absl::OkStatus();
+}
+
+absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
+  kvmem::MutexLock moves(&mu_);
+  absl::Status first_error;
+  for (const RecallHit& hit : hits) {
+    bool promote = false;
+    uint64_t staged_bytes = 0;
+    {
+      kvmem::MutexLock lock(&view_->mu());
+      if (view_->deleted() || !view_->blocks().Has(hit.block)) continue;
+      BlockEntry& e = view_->entry(hit.block);
+      e.rec.hits = static_cast<float>(
+          DecayedHits(e.rec, hit.frame, config_.tiers.heat_half_life_frames) +
+          1);
+      e.rec.last_hit_frame = hit.frame;
+      e.rec.last_access_frame = std::max(e.rec.last_access_frame, hit.frame);
+      if (e.staged) {
+        staged_bytes = e.warm->allocated_bytes();
+      } else if (!e.warm && e.rec.disk != DiskForm::kNone) {
+        promote = true;
+      }
+    }
+    absl::Status s = promote ? Promote(hit.block, /*staged=*/false)
+                             : ConfirmStaged(hit.block, staged_bytes);
+    if (!s.ok() && first_error.ok()) first_error = s;  // Go on with the rest.
+  }
+  return first_error;
+}
+
+}  // namespace kvmem

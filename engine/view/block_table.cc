@@ -1,0 +1,36 @@
+#include "engine/view/block_table.h"
+
+#include "engine/codec/quantize.h"
+
+namespace kvmem {
+
+Tier TierOf(const BlockEntry& e) {
+  // A staged copy sits in the stage buffer; the block's tier is still where
+  // its durable copy is until a query confirms it.
+  if (e.warm && !e.staged) return Tier::kWarm;
+  switch (e.rec.disk) {
+    case DiskForm::kFrames:
+    case DiskForm::kFull:
+      return Tier::kCold;
+    case DiskForm::kInt8:
+      return Tier::kDegraded;
+    case DiskForm::kNone:
+      return Tier::kEvicted;
+  }
+  return Tier::kUnspecified;
+}
+
+uint64_t DiskBytes(const Geometry& g, const BlockRecord& rec) {
+  switch (rec.disk) {
+    case DiskForm::kFrames:
+    case DiskForm::kFull:
+      return rec.info.payload_bytes;
+    case DiskForm::kInt8:
+      return g.layers * QuantizedLayerBytes(g, rec.info.token_count);
+    case DiskForm::kNone:
+      return 0;
+  }
+  return 0;
+}
+
+}  // namespace kvmem

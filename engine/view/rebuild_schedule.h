@@ -1,0 +1,65 @@
+// RebuildSchedule: when a stream's indexes are rebuilt from its live
+// summaries (index_policy.rebuild_every_blocks sealed blocks, or
+// rebuild_every_seconds, whichever comes first), with at most one rebuild
+// in flight on the background executor.
+//
+// Thread safety: all methods are safe to call concurrently.
+#ifndef KVMEM_ENGINE_VIEW_REBUILD_SCHEDULE_H_
+#define KVMEM_ENGINE_VIEW_REBUILD_SCHEDULE_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "base/sync.h"
+#include "engine/types.h"
+
+namespace kvmem {
+
+class RebuildSchedule {
+ public:
+  explicit RebuildSchedule(const TierConfig& t)
+      : every_blocks_(t.rebuild_every_blocks),
+        every_(std::chrono::seconds(t.rebuild_every_seconds)),
+        last_(std::chrono::steady_clock::now()) {}
+
+  // Counts `sealed` newly sealed blocks; true when they make a rebuild due
+  // (the count and the clock then start again).
+  bool DueAfterSealing(size_t sealed) ABSL_LOCKS_EXCLUDED(mu_) {
+    kvmem::MutexLock lock(&mu_);
+    since_ += sealed;
+    if (sealed == 0) return false;
+    const auto now = std::chrono::steady_clock::now();
+    const bool due = (every_blocks_ > 0 && since_ >= every_blocks_) ||
+                     (every_.count() > 0 && now - last_ >= every_);
+    if (!due) return false;
+    since_ = 0;
+    last_ = now;
+    return true;
+  }
+  // Claims the one rebuild that may be queued; false when one already is.
+  bool Claim() ABSL_LOCKS_EXCLUDED(mu_) {
+    kvmem::MutexLock lock(&mu_);
+    if (queued_) return false;
+    queued_ = true;
+    return true;
+  }
+  // A rebuild ran: the next may be queued.
+  void Done() ABSL_LOCKS_EXCLUDED(mu_) {
+    kvmem::MutexLock lock(&mu_);
+    queued_ = false;
+  }
+
+ private:
+  const uint64_t every_blocks_;
+  const std::chrono::seconds every_;
+  kvmem::Mutex mu_;
+  uint64_t since_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point last_ ABSL_GUARDED_BY(mu_);
+  bool queued_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_VIEW_REBUILD_SCHEDULE_H_
