@@ -1,7 +1,18 @@
-// Delivery of blocks' KV bytes beyond FetchBlocks' chunked stream: into a
-// caller's shared-memory arena (server/service/shm_arenas.h), shared by
-// FetchBlocks and recall-with-delivery (unary Recall and Session), and
-// inline in a RecallResponse.
+// Delivery of blocks' KV bytes into memory the client will read: a
+// DeliverySink says where each block goes, Deliver() reads the blocks into
+// it. Two sinks exist (server/service/delivery_sinks.h): inline, into a
+// RecallResponse's own bytes, and shared memory, into a lease of the
+// client's arena (server/service/shm_arenas.h). FetchBlocks' shared-memory
+// path and recall-with-delivery (unary Recall and Session) both deliver
+// through them; FetchBlocks' byte stream sends slices of the blocks where
+// they are instead (server/service/fetch_reactor.cc).
+//
+//   InlineSink sink(max_inline_bytes);
+//   KVMEM_ASSIGN_OR_RETURN(Delivered d, Deliver(request, &sink));
+//   for (size_t i = 0; i < ids.size(); ++i) sink.Describe(i, resp->add_delivered());
+//
+// Thread safety: Deliver runs on the calling thread and up to
+// request.helpers executor tasks; a sink is used by one delivery.
 #ifndef KVMEM_SERVER_SERVICE_DELIVERY_H_
 #define KVMEM_SERVER_SERVICE_DELIVERY_H_
 
@@ -12,10 +23,57 @@
 #include "base/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.pb.h"
-#include "server/ops/tenancy.h"
-#include "server/service/shm_arenas.h"
 
 namespace kvmem {
+
+// Where a delivery's blocks go. Deliver calls, in order: Prepare; Reserve
+// once for all the blocks; Slot for each block (from several threads at
+// once, each block once), writing that block's bytes there; then Finish
+// when every block was written, or Abandon when something failed after
+// Reserve succeeded. Describe may be called after Finish.
+class DeliverySink {
+ public:
+  virtual ~DeliverySink() = default;
+  // Before anything is read or reserved (e.g. leases the client is done
+  // with go back first).
+  virtual void Prepare() {}
+  // Room for blocks of these sizes, in this order. An error (e.g.
+  // RESOURCE_EXHAUSTED: no room) ends the delivery with nothing written.
+  virtual absl::Status Reserve(const std::vector<uint64_t>& sizes) = 0;
+  // Where block i's bytes go: sizes[i] writable bytes.
+  virtual uint8_t* Slot(size_t i) = 0;
+  // Every block is written: the client may read them.
+  virtual void Finish() = 0;
+  // Nothing of the delivery reaches the client: room goes back.
+  virtual void Abandon() = 0;
+  // Where block i went, as a response tells the client (the target of
+  // kvmem.v1.DeliveredBlock: its bytes or its shared-memory region).
+  virtual void Describe(size_t i, v1::DeliveredBlock* out) = 0;
+};
+
+// What to deliver (per-call parameters).
+struct DeliveryRequest {
+  const StreamHandle* stream = nullptr;
+  std::vector<uint64_t> block_ids;  // Delivered in this order.
+  PayloadLayout layout = PayloadLayout::kFrameMajor;
+  std::vector<uint32_t> layers;  // kBlockLayerMajor: these (empty: all).
+  // Blocks are read and copied in parallel on the calling thread and up to
+  // `helpers` tasks of `executor` (null: the calling thread alone).
+  Executor* executor = nullptr;
+  int helpers = 0;
+};
+
+struct Delivered {
+  uint64_t bytes = 0;             // In all.
+  std::vector<BlockInfo> blocks;  // Each block's metadata as read.
+};
+
+// Reads every block's payload into its slot of the sink, one copy from RAM
+// or from the store's read. Block errors (NOT_FOUND for an evicted block,
+// INVALID_ARGUMENT for a layer out of range, DATA_LOSS...) and the sink's
+// are returned, the sink abandoned.
+absl::StatusOr<Delivered> Deliver(const DeliveryRequest& request,
+                                  DeliverySink* sink);
 
 // FAILED_PRECONDITION: this server has no shared memory.
 absl::Status NoSharedMemory();
@@ -24,35 +82,6 @@ absl::Status NoSharedMemory();
 // BLOCK_LAYER_MAJOR); INVALID_ARGUMENT naming the field otherwise.
 absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
                                               int layers);
-
-// Blocks placed in an arena under one lease: blocks[i] at regions[i].
-struct Placed {
-  ShmArenas::Lease lease;
-  std::vector<BlockInfo> blocks;  // As read.
-  std::vector<v1::ShmRegion> regions;
-};
-
-// Reserves one lease of the caller's arena for the blocks (in this order)
-// and writes each block's payload there, one copy from RAM or the store's
-// read, blocks in parallel on this thread and up to `helpers` executor
-// tasks. On error the lease is given back. shm null: FAILED_PRECONDITION.
-// Leases in `release` (the client is done with them) are released first.
-absl::StatusOr<Placed> PlaceBlocks(ShmArenas* shm, Executor* executor,
-                                   int helpers, const Caller& caller,
-                                   uint64_t arena_id,
-                                   const StreamHandle& stream,
-                                   const std::vector<uint64_t>& block_ids,
-                                   PayloadLayout layout,
-                                   const std::vector<uint32_t>& layers,
-                                   const std::vector<uint64_t>& release = {});
-
-// Fills resp->delivered for a recall made with req.delivery: every block of
-// resp (of all its sets, once, in recall order) the client does not hold.
-// Inline bytes count against max_inline_bytes (RESOURCE_EXHAUSTED beyond).
-absl::Status DeliverRecall(ShmArenas* shm, Executor* executor, int helpers,
-                           const Caller& caller, const StreamHandle& stream,
-                           const v1::RecallDelivery& req,
-                           uint64_t max_inline_bytes, v1::RecallResponse* resp);
 
 }  // namespace kvmem
 

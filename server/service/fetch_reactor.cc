@@ -16,9 +16,10 @@
 #include "base/status_macros.h"
 #include "base/sync.h"
 #include "server/service/delivery.h"
-#include "server/service/kvmem_service.h"
+#include "server/service/delivery_sinks.h"
 #include "server/service/proto_convert.h"
 #include "server/service/reactors.h"
+#include "server/service/service_options.h"
 #include "server/service/status_util.h"
 #include "server/service/wire.h"
 
@@ -221,25 +222,33 @@ class FetchBlocksReactor final
     StartWrite(&out_);
   }
 
-  // Shared memory: every block placed under one lease, then one message
-  // per block naming its region.
+  // Shared memory: every block placed under one lease (ShmSink), then one
+  // message per block naming its region.
   void Place() {
-    std::vector<uint64_t> ids;
-    for (const BlockInfo& b : blocks_) ids.push_back(b.id);
-    absl::StatusOr<Placed> p =
-        PlaceBlocks(shm_, executor_, helpers_, caller_, arena_id_, *stream_,
-                    ids, layout_, layers_, release_);
+    if (shm_ == nullptr) {
+      Finish(ToGrpcStatus(NoSharedMemory()));
+      return;
+    }
+    DeliveryRequest d;
+    d.stream = &*stream_;
+    for (const BlockInfo& b : blocks_) d.block_ids.push_back(b.id);
+    d.layout = layout_;
+    d.layers = layers_;
+    d.executor = executor_;
+    d.helpers = helpers_;
+    ShmSink sink(shm_, caller_.tenant(), arena_id_, release_);
+    absl::StatusOr<Delivered> p = Deliver(d, &sink);
     if (!p.ok()) {
       Finish(ToGrpcStatus(caller_.Scrub(p.status())));
       return;
     }
-    lease_ = p->lease;
-    for (size_t i = 0; i < ids.size(); ++i) {
+    lease_ = sink.lease();
+    for (size_t i = 0; i < d.block_ids.size(); ++i) {
       v1::FetchBlocksResponse& r = placed_.emplace_back();
-      r.set_block_id(ids[i]);
+      r.set_block_id(d.block_ids[i]);
       r.set_frame_index(p->blocks[i].first_frame);
       ToProto(p->blocks[i], r.mutable_block());
-      *r.mutable_shm() = p->regions[i];
+      *r.mutable_shm() = sink.Region(i);
       r.set_last_chunk_of_block(true);
     }
     NextPlaced();

@@ -5,6 +5,7 @@
 
 #include "base/status_macros.h"
 #include "server/service/delivery.h"
+#include "server/service/handlers.h"
 #include "server/service/proto_convert.h"
 #include "server/service/reactors.h"
 #include "server/service/status_util.h"
@@ -51,57 +52,6 @@ grpc::ServerUnaryReactor* Deferred(grpc::CallbackServerContext* ctx,
 }
 
 }  // namespace
-
-absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
-                     const v1::OpenStreamRequest& req,
-                     v1::OpenStreamResponse* resp) {
-  KVMEM_ASSIGN_OR_RETURN(const std::string id,
-                         caller.EngineId(req.stream_id()));
-  // New streams count against the tenant's limit; reopening does not. The
-  // check and the creation are one step (no two creations pass together).
-  kvmem::MutexLock creating(caller.creation_mu());
-  if (!engine->Find(id).ok()) KVMEM_RETURN_IF_ERROR(caller.AdmitNewStream());
-  absl::StatusOr<OpenStreamResult> r =
-      engine->OpenStream(id, FromProto(req.config()));
-  if (!r.ok()) return r.status();
-  resp->set_created(r->created);
-  ToProto(r->stats, resp->mutable_stats());
-  resp->mutable_stats()->set_stream_id(req.stream_id());
-  return absl::OkStatus();
-}
-
-absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
-                       const v1::RecallRequest& req, v1::RecallResponse* resp,
-                       ServerMetrics* metrics, bool session) {
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<RecallResult> r = engine->Recall(engine_id, FromProto(req));
-  if (metrics != nullptr) {
-    metrics->ObserveRecall(session, std::chrono::duration<double>(
-                                        std::chrono::steady_clock::now() - t0)
-                                        .count());
-  }
-  if (!r.ok()) return r.status();
-  ToProto(*r, resp);
-  return absl::OkStatus();
-}
-
-bool Delivers(const v1::RecallRequest& req) {
-  return req.delivery().mode() != v1::RecallDelivery::MODE_UNSPECIFIED;
-}
-
-absl::Status RunRecallDelivering(MemoryEngine* engine, Executor* executor,
-                                 const Caller& caller,
-                                 const ServiceOptions& options,
-                                 const std::string& engine_id,
-                                 const v1::RecallRequest& req,
-                                 v1::RecallResponse* resp, bool session) {
-  KVMEM_RETURN_IF_ERROR(
-      RunRecall(engine, engine_id, req, resp, options.metrics, session));
-  if (!Delivers(req)) return absl::OkStatus();
-  KVMEM_ASSIGN_OR_RETURN(const StreamHandle stream, engine->Find(engine_id));
-  return DeliverRecall(options.shm, executor, options.copy_helpers, caller,
-                       stream, req.delivery(), options.max_inline_bytes, resp);
-}
 
 KvMemoryService::KvMemoryService(MemoryEngine* engine, Executor* executor,
                                  const ServiceOptions& options)
@@ -219,9 +169,10 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
       v1::RecallResponse resp;
       absl::StatusOr<std::string> id = c.EngineId(req.stream_id());
       const absl::Status s =
-          c.Scrub(id.ok() ? RunRecallDelivering(engine_, executor_, c, options_,
-                                                *id, req, &resp,
-                                                /*session=*/false)
+          c.Scrub(id.ok() ? RunRecallDelivering({engine_, executor_, &c,
+                                                 &options_, *id,
+                                                 /*session=*/false},
+                                                req, &resp)
                           : id.status());
       reactor->Finish(s.ok() ? SerializeMessage(resp, out) : ToGrpcStatus(s));
     });

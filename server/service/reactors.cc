@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "server/service/frame_ingest.h"
-#include "server/service/kvmem_service.h"
+#include "server/service/handlers.h"
 #include "server/service/proto_convert.h"
 #include "server/service/status_util.h"
 #include "server/service/wire.h"

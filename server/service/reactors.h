@@ -13,10 +13,9 @@
 #include "kvmem/v1/service.pb.h"
 #include "server/ops/metrics.h"
 #include "server/ops/tenancy.h"
+#include "server/service/service_options.h"
 
 namespace kvmem {
-
-struct ServiceOptions;  // server/service/kvmem_service.h
 
 // Each takes the authenticated caller (its tenant's namespace, its slot
 // among the calls in flight, its quotas).

@@ -19,7 +19,7 @@
 #include "base/status_macros.h"
 #include "base/sync.h"
 #include "server/service/frame_ingest.h"
-#include "server/service/kvmem_service.h"
+#include "server/service/handlers.h"
 #include "server/service/proto_convert.h"
 #include "server/service/reactors.h"
 #include "server/service/status_util.h"
@@ -298,11 +298,13 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
           req_.recall().stream_id().empty() && ingest_
               ? absl::StatusOr<std::string>(ingest_->stream().id())
               : caller_.EngineId(req_.recall().stream_id());
-      s = id.ok()
-              ? RunRecallDelivering(engine_, executor_, caller_, options_, *id,
-                                    req_.recall(), resp->mutable_recall(),
-                                    /*session=*/true)
-              : id.status();
+      if (id.ok()) {
+        RecallDeliveryCall call{engine_, executor_, &caller_, &options_, *id,
+                                /*session=*/true};
+        s = RunRecallDelivering(call, req_.recall(), resp->mutable_recall());
+      } else {
+        s = id.status();
+      }
       s = caller_.Scrub(s);
       if (!s.ok()) {
         resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));

@@ -1,0 +1,40 @@
+// ServiceOptions: what the kvmem.v1 service's handlers and reactors share:
+// size limits, tenancy and admission, metrics, shared memory.
+#ifndef KVMEM_SERVER_SERVICE_SERVICE_OPTIONS_H_
+#define KVMEM_SERVER_SERVICE_SERVICE_OPTIONS_H_
+
+#include <cstdint>
+
+#include "server/ops/metrics.h"
+#include "server/ops/tenancy.h"
+#include "server/service/shm_arenas.h"
+
+namespace kvmem {
+
+struct ServiceOptions {
+  // Largest FetchBlocks chunk the server sends (also the cap on a request's
+  // max_chunk_bytes); keep below the transport's max message size.
+  uint32_t max_chunk_bytes = 4u << 20;
+  // Session responses queued for a slow reader before reads pause.
+  uint32_t session_queue_limit = 64;
+  // API keys, tenants and limits (server/ops/tenancy.h); null: none (the
+  // service makes its own defaults). REQUIRES: outlive the service.
+  const Tenancy* tenancy = nullptr;
+  const Admission* admission = nullptr;
+  // Recall latency and deleted streams' counters go here; null: not
+  // recorded. REQUIRES: outlives the service.
+  ServerMetrics* metrics = nullptr;
+  // Shared-memory arenas (AttachSharedMemory, delivery into them); null:
+  // none. REQUIRES: outlives the service.
+  ShmArenas* shm = nullptr;
+  // Executor tasks that help copy a delivery's blocks (beside the task
+  // placing them).
+  int copy_helpers = 1;
+  // The most KV bytes a recall delivers inline (keep below the transport's
+  // max message size).
+  uint64_t max_inline_bytes = 60ull << 20;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_SERVER_SERVICE_SERVICE_OPTIONS_H_
