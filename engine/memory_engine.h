@@ -133,37 +133,46 @@ class MemoryEngine {
   // Creates a stream, or reopens an existing one whose config (after
   // defaults) is equal; a different config is ALREADY_EXISTS.
   absl::StatusOr<OpenStreamResult> OpenStream(const std::string& id,
-                                              const StreamConfig& config);
-  absl::StatusOr<StreamStats> CloseStream(const std::string& id);
-  absl::Status DeleteStream(const std::string& id);
-  std::vector<StreamStats> ListStreams() const;
-  absl::StatusOr<StreamStats> GetStats(const std::string& id) const;
+                                              const StreamConfig& config)
+      ABSL_LOCKS_EXCLUDED(control_mu_, mu_);
+  absl::StatusOr<StreamStats> CloseStream(const std::string& id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DeleteStream(const std::string& id)
+      ABSL_LOCKS_EXCLUDED(control_mu_, mu_);
+  std::vector<StreamStats> ListStreams() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<StreamStats> GetStats(const std::string& id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::StatusOr<AppendResult> Append(const std::string& id, Frame frame);
+  absl::StatusOr<AppendResult> Append(const std::string& id, Frame frame)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<RecallResult> Recall(const std::string& id,
-                                      const RecallQuery& query);
+                                      const RecallQuery& query)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The stream, for ingest and block reads. NOT_FOUND when absent;
   // INVALID_ARGUMENT for a malformed id; a quarantined stream's reason.
-  absl::StatusOr<StreamHandle> Find(const std::string& id) const;
+  absl::StatusOr<StreamHandle> Find(const std::string& id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Applies a stream's queued recall feedback (heat, stage hits,
   // promotions) and its tier budgets now; the engine does it on its
   // background threads after recalls.
-  absl::Status RunMaintenance(const std::string& id);
+  absl::Status RunMaintenance(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Rebuilds a stream's indexes from its live summaries (Recall keeps
   // serving the old ones meanwhile); returns the blocks indexed. The engine
   // does it as blocks accumulate (index_policy.rebuild_every_blocks).
-  absl::StatusOr<size_t> RebuildIndex(const std::string& id);
+  absl::StatusOr<size_t> RebuildIndex(const std::string& id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  size_t stream_count() const;
-  std::vector<QuarantinedStream> Quarantined() const;
+  size_t stream_count() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<QuarantinedStream> Quarantined() const ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the acknowledgement record now (the engine does every
   // options.acknowledge_interval_ms, and at DeleteStream and shutdown).
-  absl::Status RecordAcknowledged();
+  absl::Status RecordAcknowledged() ABSL_LOCKS_EXCLUDED(control_mu_, mu_);
   // The live streams whose id starts with prefix ("" for all), without
   // computing their stats: cheap enough for per-append admission checks.
-  std::vector<StreamHandle> StreamsWithPrefix(const std::string& prefix) const;
+  std::vector<StreamHandle> StreamsWithPrefix(const std::string& prefix) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
   const Accelerator& accelerator() const { return *accel_; }
   // The retrieval backend in a line, for logs: "cpu", or the sim's
@@ -181,17 +190,17 @@ class MemoryEngine {
   StreamEnv Env();
   // The live stream; NOT_FOUND, INVALID_ARGUMENT or a quarantine reason.
   absl::StatusOr<std::shared_ptr<Stream>> FindStream(
-      const std::string& id) const;
+      const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Recovers one stored stream; any failure (or exception) is the status.
   absl::StatusOr<std::unique_ptr<Stream>> RecoverOne(const StreamRecord& r);
   void Quarantine(const std::string& id, absl::Status reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record as it should be now; without `except`.
   std::map<std::string, uint64_t> AcknowledgedNow(
-      const std::string* except) const;
+      const std::string* except) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WriteAcknowledged(const std::string* except)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mu_);
-  void AcknowledgeLoop();
+  void AcknowledgeLoop() ABSL_LOCKS_EXCLUDED(ack_mu_, control_mu_, mu_);
 
   std::unique_ptr<ColdStore> store_;
   const EngineOptions options_;

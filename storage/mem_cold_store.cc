@@ -33,7 +33,8 @@ const std::string* Find(const Map& m, const Key& k) {
 
 class MemColdStore final : public ColdStore {
  public:
-  absl::Status Commit(const StreamWrite& write) override {
+  absl::Status Commit(const StreamWrite& write) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     MemStream& s = streams_[write.stream_id];
     for (uint64_t b : write.delete_block_layers) {
@@ -60,7 +61,8 @@ class MemColdStore final : public ColdStore {
   }
 
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
-                                           uint64_t frame_index) override {
+                                           uint64_t frame_index) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     return Lookup(streams_, stream_id, [&](const MemStream& s) {
       return Find(s.frame_meta, frame_index);
@@ -69,7 +71,8 @@ class MemColdStore final : public ColdStore {
 
   absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
                                             uint64_t block_id,
-                                            uint32_t layer) override {
+                                            uint32_t layer) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     return Lookup(streams_, stream_id, [&](const MemStream& s) {
       return Find(s.layers, std::make_pair(block_id, layer));
@@ -77,7 +80,8 @@ class MemColdStore final : public ColdStore {
   }
 
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
-                                       uint64_t frame_index) override {
+                                       uint64_t frame_index) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     return Lookup(streams_, stream_id, [&](const MemStream& s) {
       return Find(s.frames, frame_index);
@@ -87,7 +91,7 @@ class MemColdStore final : public ColdStore {
   absl::Status ScanBlocks(
       absl::string_view stream_id,
       const std::function<absl::Status(uint64_t, absl::string_view)>& fn)
-      override {
+      override ABSL_LOCKS_EXCLUDED(mu_) {
     std::map<uint64_t, std::string> copy;
     {
       kvmem::MutexLock lock(&mu_);
@@ -102,7 +106,8 @@ class MemColdStore final : public ColdStore {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::vector<StreamRecord>> ListStreams() override {
+  absl::StatusOr<std::vector<StreamRecord>> ListStreams() override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     std::vector<StreamRecord> out;
     for (const auto& [id, s] : streams_) {
@@ -111,13 +116,14 @@ class MemColdStore final : public ColdStore {
     return out;
   }
 
-  absl::Status DeleteStream(absl::string_view stream_id) override {
+  absl::Status DeleteStream(absl::string_view stream_id) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     streams_.erase(std::string(stream_id));
     return absl::OkStatus();
   }
 
-  uint64_t ApproximatePayloadBytes() override {
+  uint64_t ApproximatePayloadBytes() override ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     uint64_t n = 0;
     for (const auto& [id, s] : streams_) {
@@ -127,13 +133,14 @@ class MemColdStore final : public ColdStore {
     return n;
   }
 
-  absl::Status RecordAcknowledged(
-      const std::map<std::string, uint64_t>& frames) override {
+  absl::Status RecordAcknowledged(const std::map<std::string, uint64_t>& frames)
+      override ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     acknowledged_ = frames;
     return absl::OkStatus();
   }
-  absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override {
+  absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     return acknowledged_;
   }

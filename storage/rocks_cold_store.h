@@ -9,7 +9,15 @@
 // compaction does not rewrite megabytes of KV. The WAL is always on;
 // wal_sync decides when it is fsynced.
 //
-// Thread safety: safe for concurrent use (RocksDB's own guarantees).
+// Thread safety: safe for concurrent use. The store's own locks (a reopen
+// lock, a shared lock over every RocksDB call that a reopen after a full
+// disk takes exclusively, and leaves for the last error, the
+// acknowledgement file and the WAL sync thread) are documented with the
+// class, storage/rocks_store.h; the files by responsibility: keys
+// (rocks_keys.h), the acknowledgement record (ack_record.h), the layer
+// records' checksum trailer (layer_trailer.h), opening the database
+// (rocks_db.h), the disk guard (rocks_disk_guard.cc), reads and writes
+// (rocks_cold_store.cc).
 #ifndef KVMEM_STORAGE_ROCKS_COLD_STORE_H_
 #define KVMEM_STORAGE_ROCKS_COLD_STORE_H_
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The sanitizer and fuzz stage (issue 7; .ci/run calls it after the README's
-# test command): a clang build with ASan + UBSan (UB aborts) and libFuzzer
-# coverage in build-fuzz/, then the unit, integration, crash and fuzz tests
-# in it. The fuzz label there fuzzes each target for KVMEM_FUZZ_SECONDS
+# The clang stage (.ci/run calls it after the README's test command): a
+# clang build of every target in build-fuzz/ with its lock analysis as an
+# error (-Wthread-safety -Werror=thread-safety, top-level CMakeLists.txt),
+# ASan + UBSan (UB aborts) and libFuzzer coverage, then the unit,
+# integration, crash and fuzz tests in it. The fuzz label there fuzzes each target for KVMEM_FUZZ_SECONDS
 # (default 60) from its seeds and regression inputs, besides replaying them.
 #   bash tests/sanitize.sh            # everything
 #   KVMEM_FUZZ_SECONDS=600 bash tests/sanitize.sh

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Size limits of kvmem's library code: no function body over MAX_FUNCTION
-lines and no file over MAX_FILE lines in base/, engine/, server/ and client/
-(tools/ may keep longer table-printing code; storage/rocks_cold_store.cc, one
-class of 811 lines, is not split yet and storage/ is not checked).
+lines and no file over MAX_FILE lines in base/, storage/, engine/, server/
+and client/ (tools/ may keep longer table-printing code).
 
     python3 tools/check_sizes.py [ROOT] [--report]
 
@@ -18,7 +17,7 @@ import sys
 
 MAX_FUNCTION = 80
 MAX_FILE = 500
-FOLDERS = ("base", "engine", "server", "client")
+FOLDERS = ("base", "storage", "engine", "server", "client")
 SCOPE = re.compile(r"\b(namespace|class|struct|enum|union)\b[^;()]*$")
 
 

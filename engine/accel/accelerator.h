@@ -1,4 +1,4 @@
-// Accelerator: the pluggable retrieval engine behind recall (issue 5).
+// Accelerator: the pluggable retrieval engine behind recall.
 //
 // Like faiss::Index, a small required core plus optional extras, with the
 // per-call knobs in a parameters struct:
@@ -113,11 +113,11 @@ class PriorityGate {
     double queue_s = 0;  // Modelled work served while this one waited.
   };
   // Blocks until this caller holds the gate.
-  Ticket Acquire(uint32_t priority);
+  Ticket Acquire(uint32_t priority) ABSL_LOCKS_EXCLUDED(mu_);
   // Releases the gate; its holder's service took `modelled_s`.
-  void Release(double modelled_s);
+  void Release(double modelled_s) ABSL_LOCKS_EXCLUDED(mu_);
   // Callers waiting (not holding); for tests.
-  size_t waiting() const;
+  size_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Waiter {

@@ -56,7 +56,7 @@ class ServerMetrics {
 
   // One finished call: method is gRPC's "/package.Service/Method".
   void OnCallDone(const std::string& method, grpc::StatusCode code,
-                  double seconds);
+                  double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   // One recall (method "Recall" or "Session"), successful or not.
   void ObserveRecall(bool session, double seconds);
   // Keeps a stream's counters in the global totals; call with its last
@@ -77,7 +77,7 @@ class ServerMetrics {
 
  private:
   struct MethodSeries;
-  MethodSeries* Method(const std::string& method);
+  MethodSeries* Method(const std::string& method) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   std::shared_ptr<prometheus::Registry> registry_;

@@ -1,5 +1,5 @@
 // Tenancy: API keys, tenants and their stream namespaces, and the limits a
-// server puts on callers (issue 7).
+// server puts on callers.
 //
 // Without keys (the default) there is one implicit tenant, calls need no
 // credentials and stream ids reach the engine unchanged. With keys (from
@@ -95,9 +95,12 @@ class Admission {
 
   // Held across the admission and the creation of a stream, so concurrent
   // creations cannot pass --max_streams_per_tenant together.
-  kvmem::Mutex* creation_mu() const { return &creation_mu_; }
-  // Before creating a stream for tenant. REQUIRES: creation_mu() held.
-  absl::Status AdmitNewStream(const std::string& tenant) const;
+  kvmem::Mutex* creation_mu() const ABSL_LOCK_RETURNED(creation_mu_) {
+    return &creation_mu_;
+  }
+  // Before creating a stream for tenant.
+  absl::Status AdmitNewStream(const std::string& tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(creation_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A frame's bytes, reserved from its header until it is stored (or the
   // call ends); released on destruction.
@@ -107,14 +110,16 @@ class Admission {
   // flight, counting other frames' reservations, and reserves.
   absl::StatusOr<Reservation> AdmitBytes(const std::string& tenant,
                                          const StreamHandle& stream,
-                                         uint64_t bytes) const;
+                                         uint64_t bytes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A call in flight, released on destruction.
   using Slot = std::shared_ptr<void>;
   // Server-wide, before the call is authenticated.
-  absl::StatusOr<Slot> EnterCall() const;
+  absl::StatusOr<Slot> EnterCall() const ABSL_LOCKS_EXCLUDED(mu_);
   // The tenant's share, once it is known.
-  absl::StatusOr<Slot> EnterTenantCall(const std::string& tenant) const;
+  absl::StatusOr<Slot> EnterTenantCall(const std::string& tenant) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A tenant's share of a server-wide limit (0: none).
   uint64_t Share(uint64_t limit) const;
@@ -161,10 +166,15 @@ class Caller {
   absl::Status Scrub(const absl::Status& s) const {
     return tenancy_->Scrub(tenant_, s);
   }
-  absl::Status AdmitNewStream() const {
+  // REQUIRES: creation_mu() held (the check and the creation are one step).
+  absl::Status AdmitNewStream() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(creation_mu()) {
     return admission_->AdmitNewStream(tenant_);
   }
-  kvmem::Mutex* creation_mu() const { return admission_->creation_mu(); }
+  kvmem::Mutex* creation_mu() const
+      ABSL_LOCK_RETURNED(admission_->creation_mu()) {
+    return admission_->creation_mu();
+  }
   // For FrameIngest.
   absl::StatusOr<Admission::Reservation> AdmitBytes(const StreamHandle& stream,
                                                     uint64_t bytes) const {

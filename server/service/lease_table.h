@@ -31,23 +31,25 @@ class LeaseTable {
   // again. RESOURCE_EXHAUSTED when live leases leave no room. The new lease
   // cannot expire until Start: the server is still writing it.
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Allocate(uint64_t bytes,
-                                                         uint64_t* reclaimed);
+                                                         uint64_t* reclaimed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The lease's bytes are written and on their way: it may expire `lease`
   // from now.
-  void Start(uint64_t lease_id, std::chrono::milliseconds lease);
+  void Start(uint64_t lease_id, std::chrono::milliseconds lease)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Releases live leases; ids reclaimed earlier go to *expired. An id that
   // is neither is INVALID_ARGUMENT and nothing is released.
   absl::Status Release(const std::vector<uint64_t>& ids, uint32_t* released,
-                       std::vector<uint64_t>* expired);
+                       std::vector<uint64_t>* expired) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees a lease at once (its response was never sent).
-  void Abandon(uint64_t lease_id);
+  void Abandon(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Totals {
     uint64_t leases = 0, bytes = 0;
   };
-  Totals Live() const;
+  Totals Live() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Range {

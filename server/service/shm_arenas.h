@@ -79,7 +79,8 @@ class ShmArenas {
   // A new arena of `bytes` (0: max_arena_bytes) for the tenant.
   // INVALID_ARGUMENT above max_arena_bytes; RESOURCE_EXHAUSTED when all
   // arenas would exceed max_total_bytes.
-  absl::StatusOr<Created> Create(const std::string& tenant, uint64_t bytes);
+  absl::StatusOr<Created> Create(const std::string& tenant, uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   class Arena;
   // A reserved range the server writes a response's bytes to. Holding it
@@ -96,7 +97,7 @@ class ShmArenas {
   // before a restart); FAILED_PRECONDITION before its hand-off;
   // RESOURCE_EXHAUSTED when live leases leave no room.
   absl::StatusOr<Lease> Reserve(const std::string& tenant, uint64_t arena_id,
-                                uint64_t bytes);
+                                uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // The lease's bytes are written: its lease time starts (until then it
   // cannot be reclaimed).
   void Written(const Lease& lease);
@@ -109,29 +110,33 @@ class ShmArenas {
     std::vector<uint64_t> expired;  // Reclaimed before the release.
   };
   absl::StatusOr<Released> Release(const std::string& tenant, uint64_t arena_id,
-                                   const std::vector<uint64_t>& lease_ids);
+                                   const std::vector<uint64_t>& lease_ids)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Releases those of lease_ids that are live leases of the tenant's arena
   // and ignores the rest (releases that ride on a later delivery).
   void ReleaseLive(const std::string& tenant, uint64_t arena_id,
-                   const std::vector<uint64_t>& lease_ids);
+                   const std::vector<uint64_t>& lease_ids)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  ShmStats Stats() const;
+  ShmStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
   const ShmOptions& options() const { return options_; }
 
  private:
   explicit ShmArenas(ShmOptions options) : options_(std::move(options)) {}
-  void Serve();
+  void Serve() ABSL_LOCKS_EXCLUDED(mu_);
   // conn sent `token`: gives it its arena's descriptor, or closes it.
-  void HandOff(int conn, absl::string_view token);
-  void Drop(uint64_t arena_id, bool dead_client);
+  void HandOff(int conn, absl::string_view token) ABSL_LOCKS_EXCLUDED(mu_);
+  void Drop(uint64_t arena_id, bool dead_client) ABSL_LOCKS_EXCLUDED(mu_);
   std::shared_ptr<Arena> Find(const std::string& tenant,
-                              uint64_t arena_id) const;
+                              uint64_t arena_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   const ShmOptions options_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};  // A pipe that stops Serve.
   std::thread thread_;
 
+  // Guards the arena map and the totals; never held across a system call
+  // on an arena or across a lease table's lock.
   mutable kvmem::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Arena>> arenas_
       ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,145 @@
+#include "storage/rocks_db.h"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/table.h"
+#include "storage/rocks_keys.h"
+
+namespace kvmem {
+namespace {
+
+// RocksDB's info LOG, written with plain write(2) whose failures are
+// ignored. RocksDB's own file logger goes through a WritableFileWriter: on
+// a full disk one failed append makes its next log line trip the 7.8
+// assertion (storage/rocks_store.h; it is what aborted the server first: the
+// error handler logs the very error that filled the disk). Lines are dropped,
+// never fatal, while the disk is full.
+class PlainFileLogger final : public rocksdb::Logger {
+ public:
+  explicit PlainFileLogger(const std::string& dir) {
+    const std::string path = dir + "/LOG";
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) > (64ull << 20) && !ec) {
+      std::filesystem::rename(path, path + ".old", ec);
+    }
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }
+  ~PlainFileLogger() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    if (fd_ < 0) return;
+    char line[1024];
+    const absl::Time now = absl::Now();
+    int n = absl::SNPrintF(
+        line, sizeof(line), "%s ",
+        absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now, absl::LocalTimeZone()));
+    const int m = std::vsnprintf(line + n, sizeof(line) - n - 1, format, ap);
+    if (m < 0) return;
+    n = std::min<int>(n + m, sizeof(line) - 2);
+    if (line[n - 1] != '\n') line[n++] = '\n';
+    if (::write(fd_, line, static_cast<size_t>(n)) < 0) {
+      // Full disk: the line is lost, the process is not.
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(msg);
+  if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  return absl::InternalError(msg);
+}
+
+rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
+                       std::shared_ptr<rocksdb::EventListener> listener,
+                       bool read_only, Db* out) {
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.max_background_jobs = 2;
+  db_options.manual_wal_flush = false;
+  db_options.wal_recovery_mode =
+      options.strict_wal
+          ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
+          : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  // Index and filter blocks live in the block cache, so the memory of open
+  // SST files is bounded by it instead of growing with their number (the
+  // soak test saw RSS climb with every flush otherwise); L0's stay pinned.
+  table.cache_index_and_filter_blocks = true;
+  table.pin_l0_filter_and_index_blocks_in_cache = true;
+  rocksdb::ColumnFamilyOptions meta_cf;
+  meta_cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  meta_cf.write_buffer_size =
+      std::min<uint64_t>(options.write_buffer_bytes, 16ull << 20);
+  rocksdb::ColumnFamilyOptions payload_cf = meta_cf;
+  payload_cf.enable_blob_files = true;
+  payload_cf.min_blob_size = options.min_blob_size;
+  payload_cf.blob_file_size = 256ull << 20;
+  payload_cf.enable_blob_garbage_collection = true;
+  payload_cf.write_buffer_size = options.write_buffer_bytes;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, meta_cf},
+      {kStreamsCf, meta_cf},
+      {kBlocksCf, meta_cf},
+      {kPayloadsCf, payload_cf},
+      {kFrameMetaCf, meta_cf},
+      {kBlockLayersCf, payload_cf}};
+  db_options.listeners.push_back(std::move(listener));
+  db_options.info_log = std::make_shared<PlainFileLogger>(options.path);
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s =
+      read_only
+          ? rocksdb::DB::OpenForReadOnly(db_options, options.path, cfs,
+                                         &handles, &raw)
+          : rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
+  if (!s.ok()) return s;
+  out->db.reset(raw);
+  out->handles = std::move(handles);
+  out->read_only = read_only;
+  return s;
+}
+
+uint64_t FreeBytes(const std::string& path) {
+  struct statvfs st;
+  if (::statvfs(path.c_str(), &st) != 0) return UINT64_MAX;  // Unknown.
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+uint64_t AutoReserve(const RocksColdStoreOptions& o) {
+  // What the memtables can hold (flushed to files while their WAL still
+  // exists), and a margin for compaction and the acknowledgement record.
+  return 2 * o.write_buffer_bytes +
+         4 * std::min<uint64_t>(o.write_buffer_bytes, 16ull << 20) +
+         (64ull << 20);
+}
+
+}  // namespace kvmem

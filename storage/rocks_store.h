@@ -1,0 +1,158 @@
+// RocksColdStore: the ColdStore on RocksDB (storage/rocks_cold_store.h has
+// the layout and the durability contract), in three parts:
+//   rocks_cold_store.cc  opening, reads and writes, the acknowledgement
+//                        record;
+//   rocks_disk_guard.cc  the disk guard: refusing writes below the
+//                        reserve or after a failed write, reopening once
+//                        space is back, and the WAL sync thread;
+//   rocks_db.cc          the database's options and column families.
+// Internal to storage/: the rest of kvmem sees only ColdStore.
+//
+// Thread safety: every public method is safe to call concurrently. Locks:
+//   reopen_mu_  serialises reopen attempts (taken before db_mu_);
+//   db_mu_      shared by every RocksDB call, exclusive for a reopen (which
+//               replaces db_ and the column family handles);
+//   error_mu_   a leaf: the last error's text, taken under either above;
+//   ack_mu_     one writer of the acknowledgement record's file;
+//   sync_mu_    the WAL sync thread's stop flag.
+#ifndef KVMEM_STORAGE_ROCKS_STORE_H_
+#define KVMEM_STORAGE_ROCKS_STORE_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/sync.h"
+#include "rocksdb/db.h"
+#include "rocksdb/write_batch.h"
+#include "storage/cold_store.h"
+#include "storage/rocks_cold_store.h"
+#include "storage/rocks_db.h"
+
+namespace kvmem {
+
+// In a RocksColdStore method holding db_mu_: the store's DB may be closed
+// after a reopen that failed even read-only; answer instead of crashing.
+#define KVMEM_STORE_OPEN_OR_RETURN()                                    \
+  do {                                                                  \
+    if (db_.db == nullptr) {                                            \
+      return absl::UnavailableError(absl::StrCat(                       \
+          "data dir ", options_.path,                                   \
+          " is closed: RocksDB could not be "                           \
+          "reopened (",                                                 \
+          Error(), "); retried on the next write once space is free")); \
+    }                                                                   \
+  } while (false)
+
+class RocksColdStore final : public ColdStore {
+ public:
+  // Opens read-write; on a disk too full to open read-write (RocksDB
+  // replays the WAL into new files), read-only, so stored streams still
+  // serve reads and appends resume once space returns.
+  static absl::StatusOr<std::unique_ptr<ColdStore>> Open(
+      const RocksColdStoreOptions& options);
+  ~RocksColdStore() override;
+
+  // ColdStore (storage/cold_store.h has the contracts).
+  absl::Status Commit(const StreamWrite& write) override
+      ABSL_LOCKS_EXCLUDED(db_mu_, reopen_mu_);
+  absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
+                                       uint64_t frame_index) override
+      ABSL_LOCKS_EXCLUDED(db_mu_);
+  absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
+                                           uint64_t frame_index) override
+      ABSL_LOCKS_EXCLUDED(db_mu_);
+  absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
+                                            uint64_t block_id,
+                                            uint32_t layer) override
+      ABSL_LOCKS_EXCLUDED(db_mu_);
+  // fn is called without db_mu_ (it may read the store).
+  absl::Status ScanBlocks(
+      absl::string_view stream_id,
+      const std::function<absl::Status(uint64_t, absl::string_view)>& fn)
+      override ABSL_LOCKS_EXCLUDED(db_mu_);
+  absl::StatusOr<std::vector<StreamRecord>> ListStreams() override
+      ABSL_LOCKS_EXCLUDED(db_mu_);
+  absl::Status DeleteStream(absl::string_view stream_id) override
+      ABSL_LOCKS_EXCLUDED(db_mu_, reopen_mu_);
+  uint64_t ApproximatePayloadBytes() override ABSL_LOCKS_EXCLUDED(db_mu_);
+  absl::Status RecordAcknowledged(const std::map<std::string, uint64_t>& frames)
+      override ABSL_LOCKS_EXCLUDED(db_mu_, reopen_mu_, ack_mu_);
+  absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override;
+
+ private:
+  explicit RocksColdStore(const RocksColdStoreOptions& options);
+
+  // cf names the handle member: read under the lock, a reopen replaces it.
+  absl::StatusOr<std::string> Get(
+      rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,
+      const std::string& what, bool verify = true) ABSL_LOCKS_EXCLUDED(db_mu_);
+  // The column family handles from db_'s.
+  void Install() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  // Every write goes through here, into RocksDB's write queue (see
+  // kvmem::UninstrumentedCall for the ThreadSanitizer build). Callers have
+  // checked the DB is open.
+  rocksdb::Status DbWrite(const rocksdb::WriteOptions& wo,
+                          rocksdb::WriteBatch* batch)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+
+  // --- The disk guard (rocks_disk_guard.cc). ---
+  // Makes every WAL record written so far durable. Not DB::SyncWAL: in
+  // RocksDB 7.8 that syncs a WAL writer even after a write to it failed
+  // (disk full) and trips an assertion that Debian's build keeps
+  // (WritableFileWriter::AssertFalseAndGetStatusForPrevError); a synced
+  // write goes through the write queue, which refuses once the DB has a
+  // background error, and syncs every live WAL when it does run.
+  absl::Status SyncedMarker() ABSL_LOCKS_EXCLUDED(db_mu_, reopen_mu_);
+  bool Low() const { return FreeBytes(options_.path) < reserve_; }
+  // A write that failed on I/O stops further writes until the reopen.
+  absl::Status Written(const rocksdb::Status& s, absl::string_view what);
+  // OK when a write may go to RocksDB now: the store is healthy and (unless
+  // the write frees space) the data dir has its reserve free. A store that
+  // stopped (a failed write, a read-only open) is reopened once the space
+  // is back, at most once a second. Otherwise RESOURCE_EXHAUSTED naming the
+  // data dir: nothing reaches RocksDB, whose 7.8 build asserts when a
+  // failed WAL writer is used again.
+  absl::Status WriteGate(bool freeing) ABSL_LOCKS_EXCLUDED(db_mu_, reopen_mu_);
+  std::string ResumeWhen() const;
+  void Reopen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  void CloseDb() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  void SetError(std::string e) ABSL_LOCKS_EXCLUDED(error_mu_);
+  std::string Error() ABSL_LOCKS_EXCLUDED(error_mu_);
+  // kInterval: fsyncs the WAL every interval until the store closes.
+  void SyncLoop() ABSL_LOCKS_EXCLUDED(sync_mu_);
+
+  const RocksColdStoreOptions options_;
+  const uint64_t reserve_;
+  const std::string path_;
+  // A write failed on I/O, or RocksDB raised a background error.
+  std::atomic<bool> failed_{false};
+  const std::shared_ptr<rocksdb::EventListener> listener_;
+  kvmem::Mutex reopen_mu_ ABSL_ACQUIRED_BEFORE(db_mu_);
+  absl::Time next_reopen_ ABSL_GUARDED_BY(reopen_mu_) = absl::InfinitePast();
+  kvmem::Mutex db_mu_;
+  Db db_ ABSL_GUARDED_BY(db_mu_);
+  rocksdb::ColumnFamilyHandle* streams_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* blocks_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* payloads_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* frame_meta_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* block_layers_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  kvmem::Mutex error_mu_ ABSL_ACQUIRED_AFTER(db_mu_);
+  std::string last_error_ ABSL_GUARDED_BY(error_mu_);
+  kvmem::Mutex ack_mu_;
+  kvmem::Mutex sync_mu_;
+  bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
+  std::thread syncer_;
+  rocksdb::WriteOptions write_options_;
+};
+
+}  // namespace kvmem
+
+#endif  // KVMEM_STORAGE_ROCKS_STORE_H_
