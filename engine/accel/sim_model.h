@@ -1,4 +1,4 @@
-// The cost model of the simulated retrieval accelerator (issue 5's `sim`
+// The cost model of the simulated retrieval accelerator (the `sim`
 // backend, in the spirit of V-Rex's ANN engine beside an edge SoC's DRAM):
 // pure functions from a hardware description and a call's shape to modelled
 // time, DRAM bytes and energy. The backend that reports these next to the

@@ -1,4 +1,4 @@
-// kvmem_crash_test: kill -9 trials against the real kvmem-server (issue 7),
+// kvmem_crash_test: kill -9 trials against the real kvmem-server,
 // in the manner of RocksDB's db_crashtest: crash at random moments, restart,
 // verify against what the client was told.
 //

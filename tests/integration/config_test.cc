@@ -1,4 +1,4 @@
-// kvmem-server's config file (issue 8): TOML [server] keys set flags,
+// kvmem-server's config file: TOML [server] keys set flags,
 // command-line flags override them, [stream_defaults] fill what OpenStream
 // leaves zero, --print-config shows the effective result (and reads back to
 // itself), and every mistake is an exit code 2 with the file, line and key.

@@ -1,4 +1,4 @@
-// /metrics of a real kvmem-server (issue 8): after appends, recalls (unary
+// /metrics of a real kvmem-server: after appends, recalls (unary
 // and Session), a failed call and a deleted stream, the scrape holds per
 // stream and global figures equal to what the test did and to the streams'
 // own stats; streams beyond --metrics_max_streams are summed into

@@ -1,4 +1,4 @@
-// Scale-out through an existing proxy (issue 8): three real kvmem-server
+// Scale-out through an existing proxy: three real kvmem-server
 // instances behind nginx, configured by deploy/nginx/kvmem.conf (only its
 // upstream addresses and listen port swapped for loopback ones). Checks that
 // every call of a stream (OpenStream, AppendFrames, Session, Recall,

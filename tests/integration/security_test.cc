@@ -1,5 +1,5 @@
-// Tenants, API keys, limits and TLS against the real kvmem-server
-// (issue 7): each RPC refuses a caller without a valid key, no tenant can
+// Tenants, API keys, limits and TLS against the real kvmem-server: each
+// RPC refuses a caller without a valid key, no tenant can
 // see or touch another's stream through any RPC, quotas answer
 // RESOURCE_EXHAUSTED, the TCP listener speaks TLS (with client
 // certificates when asked), and keys never reach the log.

@@ -1,4 +1,4 @@
-// The token path against the real kvmem-server (issue 18): shared-memory
+// The token path against the real kvmem-server: shared-memory
 // delivery (memfd + SCM_RIGHTS, leases), fetches into a reused buffer, and
 // recall with delivery and deltas. Every path is checked byte for byte
 // against the frames the test appended; then lease expiry, a client killed

@@ -1,5 +1,5 @@
 // `kvmem bench`: an end-to-end load generator, with the references it is
-// judged against measured in the same run (issue 6):
+// judged against measured in the same run:
 //   - in process: one top-k query over N summaries (default 10,800 x 128,
 //     one camera-hour at 3 fps) through the exact progressive index (the
 //     SIMD int8 kernel + fp32 rerank) and through FAISS's flat index;
@@ -96,7 +96,7 @@ struct BenchReport {
 
 absl::StatusOr<BenchReport> RunBench(const BenchOptions& options);
 
-// The report as JSON (the keys issue 6 names, plus the rest).
+// The report as JSON (the figures above, by name).
 std::string BenchJson(const BenchReport& r);
 // A human summary: each figure beside its reference and the ratio.
 std::string BenchText(const BenchReport& r);

@@ -618,7 +618,7 @@ std::string FetchJson(const FetchReport& r) {
                              : "null");
     for (int t = 0; t < 3; ++t) {
       for (FetchPath path : kFetchPaths) {
-        // fetch_cold_mb_per_s is the cold tier's gRPC figure (the issue's
+        // fetch_cold_mb_per_s is the cold tier's gRPC figure (the historic
         // key); the other tiers name theirs.
         const std::string tier = TierName(static_cast<FetchTier>(t));
         const std::string name =

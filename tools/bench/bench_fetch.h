@@ -30,7 +30,7 @@ struct FetchGeometry {
   }
 };
 
-// The 7B geometry of the issue (32 layers x 8 KV heads x 128, fp16: 128 KiB
+// A 7B model's geometry (32 layers x 8 KV heads x 128, fp16: 128 KiB
 // per token; 8 blocks of 64 tokens = 64 MiB) and the demo's (4 x 2 x 64,
 // 128-token frames; 8 blocks of 8 frames = 16 MiB).
 std::vector<FetchGeometry> DefaultFetchGeometries();
