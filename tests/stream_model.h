@@ -103,6 +103,26 @@ class StreamModel {
     return out;
   }
 
+  // The sealed blocks wholly before the hot window that ends at current_pos
+  // (0: the newest position), in id order, with their token counts (score
+  // 0): what any scorer may recall.
+  std::vector<OracleHit> Eligible(uint64_t current_pos = 0) const {
+    const uint64_t window_end = current_pos == 0 ? next_pos_ : current_pos + 1;
+    const uint64_t window_start =
+        window_end > window_ ? window_end - window_ : 0;
+    std::vector<OracleHit> out;
+    const auto ranges = BlockRanges();
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      const auto [first, end] = ranges[b];
+      const ModelFrame& last = frames_[end - 1];
+      if (last.first_pos + last.kv.tokens > window_start) continue;
+      uint32_t tokens = 0;
+      for (size_t f = first; f < end; ++f) tokens += frames_[f].kv.tokens;
+      out.push_back({b, 0, tokens});
+    }
+    return out;
+  }
+
   // With `layers`, scores use only those layers' mean keys (a per-layer
   // recall set); q then holds one [kv_head][head_dim] vector per listed layer.
   std::vector<OracleHit> Recall(
