@@ -3,14 +3,10 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/timing.h"
+
 namespace kvmem {
 namespace {
-
-double MicrosSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now() - t0)
-      .count();
-}
 
 class CpuAccelerator final : public Accelerator {
  public:

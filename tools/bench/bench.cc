@@ -15,21 +15,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/percentile.h"
+#include "base/timing.h"
 #include "client/cpp/kvmem_client.h"
 #include "engine/index/int8_kernels.h"
 #include "kvmem/v1/service.grpc.pb.h"
 #include "storage/rocks_cold_store.h"
 #include "tools/bench/bench_inproc.h"
 #include "tools/common/demo_workload.h"
+#include "tools/common/json_writer.h"
 
 namespace kvmem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double MicrosSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
 
 double Seconds(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double>(t1 - t0).count();
@@ -177,13 +176,10 @@ Latency Summarize(std::vector<double>* us) {
   Latency l;
   if (us->empty()) return l;
   std::sort(us->begin(), us->end());
-  auto at = [&](double q) {
-    return (*us)[std::min(us->size() - 1, static_cast<size_t>(q * us->size()))];
-  };
   l.count = us->size();
-  l.p50_us = at(0.5);
-  l.p99_us = at(0.99);
-  l.p999_us = at(0.999);
+  l.p50_us = SortedPercentile(*us, 0.5);
+  l.p99_us = SortedPercentile(*us, 0.99);
+  l.p999_us = SortedPercentile(*us, 0.999);
   l.max_us = us->back();
   return l;
 }
@@ -505,59 +501,53 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
 }
 
 std::string BenchJson(const BenchReport& r) {
-  auto lat = [](const char* name, const Latency& l) {
-    return absl::StrFormat(
-        "  \"%s_p50_us\": %.1f,\n  \"%s_p99_us\": %.1f,\n  \"%s_p999_us\": "
-        "%.1f,\n",
-        name, l.p50_us, name, l.p99_us, name, l.p999_us);
+  JsonWriter w;
+  w.Object(/*multiline=*/true);
+  auto lat = [&w](const std::string& name, const Latency& l) {
+    w.Key(name + "_p50_us").Num(l.p50_us, 1);
+    w.Key(name + "_p99_us").Num(l.p99_us, 1);
+    w.Key(name + "_p999_us").Num(l.p999_us, 1);
   };
-  std::string s = "{\n";
-  s += absl::StrFormat("  \"streams\": %d,\n  \"frame_bytes\": %d,\n",
-                       r.streams, r.frame_bytes);
-  s += absl::StrFormat("  \"kernel\": \"%s\",\n  \"cpu\": \"%s\",\n", r.kernel,
-                       r.cpu);
-  s += absl::StrFormat("  \"ingest_mb_per_s\": %.1f,\n", r.ingest_mb_per_s);
-  s += absl::StrFormat("  \"ingest_frames_per_s\": %.1f,\n",
-                       r.ingest_frames_per_s);
-  s += absl::StrFormat("  \"raw_stream_mb_per_s\": %.1f,\n",
-                       r.raw_stream_mb_per_s);
-  s += absl::StrFormat("  \"storage_put_mb_per_s\": %.1f,\n",
-                       r.storage_put_mb_per_s);
-  s += lat("recall", r.recall);
-  s += lat("empty_rpc", r.empty_rpc);
-  s += lat("inproc_recall", r.inproc);
-  s += absl::StrFormat("  \"inproc_recall_at_16\": %.4f,\n",
-                       r.inproc_recall_at_k);
-  s += absl::StrFormat("  \"inproc_fp32_candidates\": %.1f,\n",
-                       r.inproc_candidates);
-  s += lat("flat_faiss", r.flat);
-  s += lat("stream_recall_mass", r.stream_mass);
-  s += lat("stream_recall_summed", r.stream_summed);
-  s += lat("wide_inproc_recall", r.wide_inproc);
-  s += lat("wide_flat_faiss", r.wide_flat);
-  s +=
-      absl::StrFormat("  \"live_fps\": %.2f,\n  \"live_frames_per_s\": %.1f,\n",
-                      r.live_fps, r.live_frames_per_s);
-  s += lat("live_append", r.live_append);
-  s += lat("live_recall", r.live_recall);
-  s += lat("live_recall_engine", r.live_recall_engine);
-  s += lat("live_empty_rpc", r.live_empty_rpc);
-  s += absl::StrFormat("  \"server_rss_mib\": %.1f,\n", r.server_rss_mib);
-  s += absl::StrFormat("  \"server_cpu_ingest\": %.2f,\n", r.server_cpu_ingest);
-  s += absl::StrFormat("  \"server_cpu_recall\": %.2f,\n", r.server_cpu_recall);
+  w.Key("streams").Int(r.streams);
+  w.Key("frame_bytes").UInt(r.frame_bytes);
+  w.Key("kernel").Str(r.kernel);
+  w.Key("cpu").Str(r.cpu);
+  w.Key("ingest_mb_per_s").Num(r.ingest_mb_per_s, 1);
+  w.Key("ingest_frames_per_s").Num(r.ingest_frames_per_s, 1);
+  w.Key("raw_stream_mb_per_s").Num(r.raw_stream_mb_per_s, 1);
+  w.Key("storage_put_mb_per_s").Num(r.storage_put_mb_per_s, 1);
+  lat("recall", r.recall);
+  lat("empty_rpc", r.empty_rpc);
+  lat("inproc_recall", r.inproc);
+  w.Key("inproc_recall_at_16").Num(r.inproc_recall_at_k, 4);
+  w.Key("inproc_fp32_candidates").Num(r.inproc_candidates, 1);
+  lat("flat_faiss", r.flat);
+  lat("stream_recall_mass", r.stream_mass);
+  lat("stream_recall_summed", r.stream_summed);
+  lat("wide_inproc_recall", r.wide_inproc);
+  lat("wide_flat_faiss", r.wide_flat);
+  w.Key("live_fps").Num(r.live_fps, 2);
+  w.Key("live_frames_per_s").Num(r.live_frames_per_s, 1);
+  lat("live_append", r.live_append);
+  lat("live_recall", r.live_recall);
+  lat("live_recall_engine", r.live_recall_engine);
+  lat("live_empty_rpc", r.live_empty_rpc);
+  w.Key("server_rss_mib").Num(r.server_rss_mib, 1);
+  w.Key("server_cpu_ingest").Num(r.server_cpu_ingest, 2);
+  w.Key("server_cpu_recall").Num(r.server_cpu_recall, 2);
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-  s += absl::StrFormat(
-      "  \"ingest_vs_storage\": %.3f,\n  \"ingest_vs_raw_stream\": %.3f,\n"
-      "  \"recall_p99_vs_empty_rpc_p99\": %.3f,\n"
-      "  \"flat_faiss_p99_vs_inproc_p99\": %.2f,\n"
-      "  \"stream_recall_mass_p99_vs_summed_p99\": %.2f\n",
-      ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s),
-      ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s),
-      ratio(r.recall.p99_us, r.empty_rpc.p99_us),
-      ratio(r.flat.p99_us, r.inproc.p99_us),
-      ratio(r.stream_mass.p99_us, r.stream_summed.p99_us));
-  s += "}\n";
-  return s;
+  w.Key("ingest_vs_storage")
+      .Num(ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), 3);
+  w.Key("ingest_vs_raw_stream")
+      .Num(ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s), 3);
+  w.Key("recall_p99_vs_empty_rpc_p99")
+      .Num(ratio(r.recall.p99_us, r.empty_rpc.p99_us), 3);
+  w.Key("flat_faiss_p99_vs_inproc_p99")
+      .Num(ratio(r.flat.p99_us, r.inproc.p99_us), 2);
+  w.Key("stream_recall_mass_p99_vs_summed_p99")
+      .Num(ratio(r.stream_mass.p99_us, r.stream_summed.p99_us), 2);
+  w.EndObject();
+  return w.Take();
 }
 
 std::string BenchText(const BenchReport& r) {

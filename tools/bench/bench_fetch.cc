@@ -21,6 +21,7 @@
 #include "engine/codec/dtype.h"
 #include "storage/rocks_cold_store.h"
 #include "tools/bench/bench_inproc.h"
+#include "tools/common/json_writer.h"
 
 namespace kvmem {
 namespace {
@@ -594,57 +595,56 @@ const char* FetchPathName(FetchPath p) {
 }
 
 std::string FetchJson(const FetchReport& r) {
-  std::string s = absl::StrFormat(
-      "{\n  \"cpu\": \"%s\",\n  \"fp16_kernel\": \"%s\",\n"
-      "  \"crc32c_kernel\": \"%s\",\n  \"calls\": %d,\n",
-      r.cpu, r.fp16_kernel, r.crc_kernel, r.calls);
+  JsonWriter w;
+  w.Object(/*multiline=*/true);
+  w.Key("cpu").Str(r.cpu);
+  w.Key("fp16_kernel").Str(r.fp16_kernel);
+  w.Key("crc32c_kernel").Str(r.crc_kernel);
+  w.Key("calls").Int(r.calls);
   for (const FetchFigures& f : r.geometries) {
     // The 7B geometry's figures carry the plain keys.
     const std::string p =
         f.g.name == "7b" ? "fetch_" : absl::StrCat("fetch_", f.g.name, "_");
-    absl::StrAppendFormat(
-        &s,
-        "  \"%sset_mib\": %.1f,\n  \"%smemcpy_mb_per_s\": %.0f,\n"
-        "  \"%sunix_socket_mb_per_s\": %.0f,\n"
-        "  \"%strivial_grpc_mb_per_s\": %.0f,\n"
-        "  \"%strivial_grpc_strings_mb_per_s\": %.0f,\n"
-        "  \"%sstore_get_mb_per_s\": %.0f,\n"
-        "  \"%sstore_get_rocksdb_crc_mb_per_s\": %.0f,\n"
-        "  \"%scold_dropped_mb_per_s\": %s,\n",
-        p, f.set_bytes / 1048576.0, p, f.memcpy, p, f.unix_socket, p,
-        f.trivial_grpc, p, f.trivial_grpc_strings, p, f.store_get, p,
-        f.store_get_rocksdb_crc, p,
-        r.page_cache_dropped ? absl::StrFormat("%.0f", f.cold_dropped)
-                             : "null");
+    auto mbps = [&](const std::string& name, double v) {
+      w.Key(absl::StrCat(p, name, "_mb_per_s")).Num(v, 0);
+    };
+    w.Key(p + "set_mib").Num(f.set_bytes / 1048576.0, 1);
+    mbps("memcpy", f.memcpy);
+    mbps("unix_socket", f.unix_socket);
+    mbps("trivial_grpc", f.trivial_grpc);
+    mbps("trivial_grpc_strings", f.trivial_grpc_strings);
+    mbps("store_get", f.store_get);
+    mbps("store_get_rocksdb_crc", f.store_get_rocksdb_crc);
+    w.Key(p + "cold_dropped_mb_per_s");
+    if (r.page_cache_dropped) {
+      w.Num(f.cold_dropped, 0);
+    } else {
+      w.Null();
+    }
     for (int t = 0; t < 3; ++t) {
       for (FetchPath path : kFetchPaths) {
         // fetch_cold_mb_per_s is the cold tier's gRPC figure (the historic
         // key); the other tiers name theirs.
         const std::string tier = TierName(static_cast<FetchTier>(t));
-        const std::string name =
-            path == FetchPath::kGrpc && t > 0
-                ? tier
-                : absl::StrCat(tier, "_", FetchPathName(path));
-        absl::StrAppendFormat(&s, "  \"%s%s_mb_per_s\": %.0f,\n", p, name,
-                              f.tier[t][static_cast<int>(path)]);
+        mbps(path == FetchPath::kGrpc && t > 0
+                 ? tier
+                 : absl::StrCat(tier, "_", FetchPathName(path)),
+             f.tier[t][static_cast<int>(path)]);
       }
     }
   }
-  absl::StrAppendFormat(
-      &s,
-      "  \"recall_fetch_7b_mib\": %.1f,\n  \"recall_fetch_7b_p50_ms\": %.2f,\n"
-      "  \"recall_fetch_7b_p99_ms\": %.2f,\n"
-      "  \"recall_fetch_7b_grpc_p50_ms\": %.2f,\n"
-      "  \"recall_fetch_7b_grpc_p99_ms\": %.2f,\n"
-      "  \"recall_only_7b_p50_ms\": %.2f,\n"
-      "  \"delta_recall_mean_mib\": %.2f,\n  \"full_recall_mean_mib\": %.2f,\n"
-      "  \"delta_recall_mean_blocks\": %.2f,\n"
-      "  \"full_recall_mean_blocks\": %.2f\n}\n",
-      r.recall_fetch_bytes / 1048576.0, r.recall_fetch_ms.p50_us,
-      r.recall_fetch_ms.p99_us, r.recall_fetch_grpc_ms.p50_us,
-      r.recall_fetch_grpc_ms.p99_us, r.recall_only_ms.p50_us, r.delta_mean_mib,
-      r.full_mean_mib, r.delta_mean_blocks, r.full_mean_blocks);
-  return s;
+  w.Key("recall_fetch_7b_mib").Num(r.recall_fetch_bytes / 1048576.0, 1);
+  w.Key("recall_fetch_7b_p50_ms").Num(r.recall_fetch_ms.p50_us, 2);
+  w.Key("recall_fetch_7b_p99_ms").Num(r.recall_fetch_ms.p99_us, 2);
+  w.Key("recall_fetch_7b_grpc_p50_ms").Num(r.recall_fetch_grpc_ms.p50_us, 2);
+  w.Key("recall_fetch_7b_grpc_p99_ms").Num(r.recall_fetch_grpc_ms.p99_us, 2);
+  w.Key("recall_only_7b_p50_ms").Num(r.recall_only_ms.p50_us, 2);
+  w.Key("delta_recall_mean_mib").Num(r.delta_mean_mib, 2);
+  w.Key("full_recall_mean_mib").Num(r.full_mean_mib, 2);
+  w.Key("delta_recall_mean_blocks").Num(r.delta_mean_blocks, 2);
+  w.Key("full_recall_mean_blocks").Num(r.full_mean_blocks, 2);
+  w.EndObject();
+  return w.Take();
 }
 
 std::string FetchText(const FetchReport& r) {

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "base/timing.h"
 #include "engine/codec/dtype.h"
 #include "engine/index/block_index.h"
 #include "engine/index/progressive_search.h"
@@ -14,15 +15,8 @@
 #include "tools/bench/index_timing.h"
 
 namespace kvmem {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double MicrosSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
-
-}  // namespace
+using Clock = SteadyClock;
 
 void InprocIndex(uint32_t n, uint32_t dim, uint32_t k, uint32_t queries,
                  uint64_t seed, Latency* prog_lat, Latency* flat_lat,

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "base/percentile.h"
+#include "base/timing.h"
 #include "engine/codec/dtype.h"
 #include "engine/codec/quantize.h"
 #include "engine/codec/record_codec.h"
@@ -265,16 +267,14 @@ void TimeRecalls(benchmark::State& state, MemoryEngine* engine, Next next) {
   std::vector<double> us;
   for (auto _ : state) {
     const RecallQuery q = next();
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = SteadyClock::now();
     auto r = engine->Recall("cam", q);
-    us.push_back(std::chrono::duration<double, std::micro>(
-                     std::chrono::steady_clock::now() - t0)
-                     .count());
+    us.push_back(MicrosSince(t0));
     if (!r.ok()) state.SkipWithError("Recall failed");
   }
   std::sort(us.begin(), us.end());
-  state.counters["p50_us"] = us[us.size() / 2];
-  state.counters["p99_us"] = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  state.counters["p50_us"] = SortedPercentile(us, 0.50);
+  state.counters["p99_us"] = SortedPercentile(us, 0.99);
 }
 
 // Engine-level Recall over a stream of N sealed blocks (one 4-token frame

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <random>
 
+#include "base/timing.h"
+
 namespace kvmem {
 
 std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
@@ -37,11 +39,9 @@ SearchRun TimeSearches(const IndexData& d, const SearchFn& search) {
   us.reserve(d.query_count());
   run.answers.reserve(d.query_count());
   for (size_t q = 0; q < d.query_count(); ++q) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = SteadyClock::now();
     run.answers.push_back(search(d.query(q)));
-    us.push_back(std::chrono::duration<double, std::micro>(
-                     std::chrono::steady_clock::now() - t0)
-                     .count());
+    us.push_back(MicrosSince(t0));
   }
   run.latency = Summarize(&us);
   return run;

@@ -30,9 +30,6 @@ int RunBench(const std::vector<std::string>& args);
 int ReportError(const std::string& what, const grpc::Status& status);
 const char* StatusCodeName(grpc::StatusCode code);
 
-// Percentile (0..100) of values; 0 for an empty vector. Sorts values.
-double Percentile(std::vector<double>& values, double pct);
-
 // Subcommands share some flags (--layers, --frames, ...) but not their
 // defaults: the flag's value when set to something other than its declared
 // default, else the subcommand's `fallback`.

@@ -15,9 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "base/percentile.h"
+#include "base/timing.h"
 #include "client/cpp/kvmem_client.h"
 #include "tools/cli/cli.h"
 #include "tools/common/demo_workload.h"
+#include "tools/common/json_writer.h"
 #include "tools/common/server_process.h"
 #include "tools/common/terminal.h"
 
@@ -82,12 +85,10 @@ void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
     OutgoingFrame f = w.MakeFrame(i);
     out->bytes += f.payload.size();
     v1::AppendAck ack;
-    const auto a0 = std::chrono::steady_clock::now();
+    const auto a0 = SteadyClock::now();
     out->status = session->Append(f, &ack);
     if (!out->status.ok()) return;
-    const double us = std::chrono::duration<double, std::micro>(
-                          std::chrono::steady_clock::now() - a0)
-                          .count();
+    const double us = MicrosSince(a0);
     out->append_us.push_back(us);
     out->append_seconds += us / 1e6;
 
@@ -95,12 +96,10 @@ void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
     for (float x : w.MakeQuery(i)) req.add_query(x);
     *req.mutable_signals() = f.header.signals();  // What the camera sees now.
     v1::RecallResponse resp;
-    const auto r0 = std::chrono::steady_clock::now();
+    const auto r0 = SteadyClock::now();
     out->status = session->Recall(req, &resp);
     if (!out->status.ok()) return;
-    out->rtt_us.push_back(std::chrono::duration<double, std::micro>(
-                              std::chrono::steady_clock::now() - r0)
-                              .count());
+    out->rtt_us.push_back(MicrosSince(r0));
     out->engine_us.push_back(resp.timing().total_us());
 
     // Ground truth, per frame: frames whose blocks are surely sealed and out
@@ -135,33 +134,36 @@ void RunCamera(KvmemClient* client, int cam, const DemoGeometry& g, int frames,
   out->status = session->Finish();
 }
 
-std::string TierJson(const v1::TierStats& t) {
-  return absl::StrFormat("{\"blocks\": %llu, \"bytes\": %llu}",
-                         static_cast<unsigned long long>(t.blocks()),
-                         static_cast<unsigned long long>(t.bytes()));
+void TierJson(const v1::TierStats& t, JsonWriter* w) {
+  w->Object().Key("blocks").UInt(t.blocks()).Key("bytes").UInt(t.bytes());
+  w->EndObject();
 }
 
 // One stream's tiers and policy counters, as `kvmem demo --json` prints them.
-std::string StreamJson(const v1::StreamStats& s) {
+void StreamJson(const v1::StreamStats& s, JsonWriter* w) {
   const v1::PolicyStats& p = s.policy();
-  return absl::StrFormat(
-      "{\"stream_id\": \"%s\", \"sealed_blocks\": %llu, \"tiers\": "
-      "{\"warm\": %s, \"cold\": %s, \"degraded\": %s}, \"evicted\": %s, "
-      "\"policy\": {\"demotions\": %llu, \"degradations\": %llu, "
-      "\"promotions\": %llu, \"staged\": %llu, \"stage_hits\": %llu, "
-      "\"stage_misses\": %llu, \"rebuilds\": %llu, \"shot_cuts\": %llu, "
-      "\"recall_us_p50\": %u, \"recall_us_p99\": %u}}",
-      s.stream_id(), static_cast<unsigned long long>(s.sealed_blocks()),
-      TierJson(s.warm()), TierJson(s.cold()), TierJson(s.degraded()),
-      TierJson(s.evicted()), static_cast<unsigned long long>(p.demotions()),
-      static_cast<unsigned long long>(p.degradations()),
-      static_cast<unsigned long long>(p.promotions()),
-      static_cast<unsigned long long>(p.staged()),
-      static_cast<unsigned long long>(p.stage_hits()),
-      static_cast<unsigned long long>(p.stage_misses()),
-      static_cast<unsigned long long>(p.rebuilds()),
-      static_cast<unsigned long long>(p.shot_cuts()), p.recall_us_p50(),
-      p.recall_us_p99());
+  w->Object();
+  w->Key("stream_id").Str(s.stream_id());
+  w->Key("sealed_blocks").UInt(s.sealed_blocks());
+  w->Key("tiers").Object();
+  TierJson(s.warm(), &w->Key("warm"));
+  TierJson(s.cold(), &w->Key("cold"));
+  TierJson(s.degraded(), &w->Key("degraded"));
+  w->EndObject();
+  TierJson(s.evicted(), &w->Key("evicted"));
+  w->Key("policy").Object();
+  w->Key("demotions").UInt(p.demotions());
+  w->Key("degradations").UInt(p.degradations());
+  w->Key("promotions").UInt(p.promotions());
+  w->Key("staged").UInt(p.staged());
+  w->Key("stage_hits").UInt(p.stage_hits());
+  w->Key("stage_misses").UInt(p.stage_misses());
+  w->Key("rebuilds").UInt(p.rebuilds());
+  w->Key("shot_cuts").UInt(p.shot_cuts());
+  w->Key("recall_us_p50").UInt(p.recall_us_p50());
+  w->Key("recall_us_p99").UInt(p.recall_us_p99());
+  w->EndObject();
+  w->EndObject();
 }
 
 uint64_t RssBytes(pid_t pid) {
@@ -181,7 +183,6 @@ struct DemoFigures {
   double wall = 0;
   std::vector<v1::StreamStats> stats;
   v1::StreamStats sum;  // Tiers and counters over all cameras.
-  std::string streams_json;
   uint64_t rss = 0;
   size_t fetched_blocks = 0;
   uint64_t fetched_bytes = 0, expected_bytes = 0;
@@ -288,7 +289,6 @@ grpc::Status CollectStats(KvmemClient* client, DemoFigures* f) {
     p->set_stage_hits(p->stage_hits() + q.stage_hits());
     p->set_shot_cuts(p->shot_cuts() + q.shot_cuts());
     sum.set_sealed_blocks(sum.sealed_blocks() + st.sealed_blocks());
-    absl::StrAppend(&f->streams_json, c == 0 ? "" : ", ", StreamJson(st));
   }
   return grpc::Status::OK;
 }
@@ -301,7 +301,6 @@ struct DemoRates {
   double a50 = 0, a99 = 0;
 };
 
-// (Percentile sorts the latencies in place.)
 DemoRates RatesOf(DemoFigures& f) {
   CameraResult& total = f.total;
   const DemoGeometry& g = f.g;
@@ -317,16 +316,16 @@ DemoRates RatesOf(DemoFigures& f) {
   d.rnd = total.reid_queries
               ? 100.0 * total.random_precision_sum / total.reid_queries
               : 0;
-  d.p50 = Percentile(total.rtt_us, 50);
-  d.p99 = Percentile(total.rtt_us, 99);
-  d.e50 = Percentile(total.engine_us, 50);
-  d.e99 = Percentile(total.engine_us, 99);
+  d.p50 = Percentile(total.rtt_us, 0.50);
+  d.p99 = Percentile(total.rtt_us, 0.99);
+  d.e50 = Percentile(total.engine_us, 0.50);
+  d.e99 = Percentile(total.engine_us, 0.99);
   d.mbps = total.bytes / 1048576.0 / f.wall;
   // Cameras append in parallel: service throughput is the bytes over the
   // longest time any camera spent inside Append calls.
   d.service_mbps = total.bytes / 1048576.0 / total.append_seconds;
-  d.a50 = Percentile(total.append_us, 50);
-  d.a99 = Percentile(total.append_us, 99);
+  d.a50 = Percentile(total.append_us, 0.50);
+  d.a99 = Percentile(total.append_us, 0.99);
   return d;
 }
 
@@ -334,36 +333,39 @@ void PrintDemoJson(DemoFigures& f) {
   const DemoRates d = RatesOf(f);
   const CameraResult& total = f.total;
   const v1::StreamStats& s0 = f.stats[0];
-  const int cameras = f.cameras, frames = f.frames;
-  const double wall = f.wall, mbps = d.mbps, service_mbps = d.service_mbps;
-  const double a50 = d.a50, a99 = d.a99, hit = d.hit, rnd = d.rnd;
-  const double prec = d.prec, p50 = d.p50, p99 = d.p99, e50 = d.e50;
-  const double e99 = d.e99, window_mib = d.window_mib;
-  const double budget_mib = d.budget_mib;
-  const uint64_t rss = f.rss, fetched_bytes = f.fetched_bytes,
-                 expected_bytes = f.expected_bytes;
-  const std::string& streams_json = f.streams_json;
-  std::printf(
-      "{\"cameras\": %d, \"frames_per_camera\": %d, \"wall_seconds\": %.3f, "
-      "\"ingest_mib_per_s\": %.2f, \"frames_per_s\": %.1f, "
-      "\"append_service_mib_per_s\": %.2f, \"append_us_p50\": %.1f, "
-      "\"append_us_p99\": %.1f, "
-      "\"reid_queries\": %d, \"reid_top1_hits\": %d, \"reid_top1_pct\": "
-      "%.2f, "
-      "\"random_top1_pct\": %.2f, \"window_only_pct\": 0.0, "
-      "\"recalled_blocks\": %d, \"recalled_precision_pct\": %.2f, "
-      "\"recall_rtt_us_p50\": %.1f, \"recall_rtt_us_p99\": %.1f, "
-      "\"engine_us_p50\": %.1f, \"engine_us_p99\": %.1f, "
-      "\"kv_stored_mib\": %.3f, \"hot_window_mib\": %.3f, "
-      "\"recall_budget_mib\": %.3f, \"summary_kib_per_stream\": %.2f, "
-      "\"server_rss_mib\": %.1f, \"fetched_bytes\": %llu, "
-      "\"fetched_expected_bytes\": %llu, \"streams\": [%s]}\n",
-      cameras, frames, wall, mbps, cameras * frames / wall, service_mbps, a50,
-      a99, total.reid_queries, total.reid_hits, hit, rnd, total.recalled, prec,
-      p50, p99, e50, e99, total.bytes / 1048576.0, window_mib, budget_mib,
-      s0.summary_bytes() / 1024.0, rss / 1048576.0,
-      static_cast<unsigned long long>(fetched_bytes),
-      static_cast<unsigned long long>(expected_bytes), streams_json.c_str());
+  JsonWriter w;
+  w.Object();
+  w.Key("cameras").Int(f.cameras);
+  w.Key("frames_per_camera").Int(f.frames);
+  w.Key("wall_seconds").Num(f.wall, 3);
+  w.Key("ingest_mib_per_s").Num(d.mbps, 2);
+  w.Key("frames_per_s").Num(f.cameras * f.frames / f.wall, 1);
+  w.Key("append_service_mib_per_s").Num(d.service_mbps, 2);
+  w.Key("append_us_p50").Num(d.a50, 1);
+  w.Key("append_us_p99").Num(d.a99, 1);
+  w.Key("reid_queries").Int(total.reid_queries);
+  w.Key("reid_top1_hits").Int(total.reid_hits);
+  w.Key("reid_top1_pct").Num(d.hit, 2);
+  w.Key("random_top1_pct").Num(d.rnd, 2);
+  w.Key("window_only_pct").Num(0.0, 1);
+  w.Key("recalled_blocks").Int(total.recalled);
+  w.Key("recalled_precision_pct").Num(d.prec, 2);
+  w.Key("recall_rtt_us_p50").Num(d.p50, 1);
+  w.Key("recall_rtt_us_p99").Num(d.p99, 1);
+  w.Key("engine_us_p50").Num(d.e50, 1);
+  w.Key("engine_us_p99").Num(d.e99, 1);
+  w.Key("kv_stored_mib").Num(total.bytes / 1048576.0, 3);
+  w.Key("hot_window_mib").Num(d.window_mib, 3);
+  w.Key("recall_budget_mib").Num(d.budget_mib, 3);
+  w.Key("summary_kib_per_stream").Num(s0.summary_bytes() / 1024.0, 2);
+  w.Key("server_rss_mib").Num(f.rss / 1048576.0, 1);
+  w.Key("fetched_bytes").UInt(f.fetched_bytes);
+  w.Key("fetched_expected_bytes").UInt(f.expected_bytes);
+  w.Key("streams").Array();
+  for (const v1::StreamStats& st : f.stats) StreamJson(st, &w);
+  w.EndArray();
+  w.EndObject();
+  std::printf("%s", w.Take().c_str());
 }
 
 void PrintDemoText(DemoFigures& f) {

@@ -94,15 +94,6 @@ int ReportError(const std::string& what, const grpc::Status& status) {
   return 1;
 }
 
-double Percentile(std::vector<double>& v, double pct) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(
-      v.size() - 1,
-      static_cast<size_t>(pct / 100.0 * static_cast<double>(v.size())));
-  return v[i];
-}
-
 ClientOptions CliClientOptions() {
   ClientOptions o;
   o.api_key = absl::GetFlag(FLAGS_api_key);

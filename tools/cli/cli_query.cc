@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "client/cpp/kvmem_client.h"
 #include "tools/cli/cli.h"
+#include "tools/common/json_writer.h"
 #include "tools/common/terminal.h"
 
 ABSL_FLAG(std::string, stream, "", "Stream id (recall, stats).");
@@ -165,8 +166,12 @@ int RunHealth(const std::vector<std::string>&) {
   const std::string status =
       grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("{\"service\": \"kvmem.v1.KvMemory\", \"status\": \"%s\"}\n",
-                status.c_str());
+    JsonWriter w;
+    w.Object();
+    w.Key("service").Str("kvmem.v1.KvMemory");
+    w.Key("status").Str(status);
+    w.EndObject();
+    std::printf("%s", w.Take().c_str());
   } else {
     std::printf("kvmem.v1.KvMemory: %s\n", status.c_str());
   }

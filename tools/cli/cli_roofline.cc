@@ -9,6 +9,7 @@
 #include "engine/codec/dtype.h"
 #include "tools/bench/roofline.h"
 #include "tools/cli/cli.h"
+#include "tools/common/json_writer.h"
 
 ABSL_FLAG(uint32_t, q_heads, 0,
           "roofline: query heads per layer (0: 4 x --kv_heads, grouped-query "
@@ -52,16 +53,19 @@ std::string Seconds(double s) {
   return absl::StrFormat("%.1f min", s / 60);
 }
 
-std::string CaseJson(const RooflineCase& c) {
-  return absl::StrFormat(
-      "{\"tokens\": %d, \"bytes_per_step\": %.0f, \"flops_per_step\": %.0f, "
-      "\"arithmetic_intensity\": %.4f, \"memory_time_s\": %.9f, "
-      "\"compute_time_s\": %.9f, \"verdict\": \"%s\"}",
-      c.tokens, c.bytes_per_step, c.flops_per_step, c.intensity,
-      c.memory_time_s, c.compute_time_s,
+void CaseJson(const RooflineCase& c, JsonWriter* w) {
+  w->Object();
+  w->Key("tokens").UInt(c.tokens);
+  w->Key("bytes_per_step").Num(c.bytes_per_step, 0);
+  w->Key("flops_per_step").Num(c.flops_per_step, 0);
+  w->Key("arithmetic_intensity").Num(c.intensity, 4);
+  w->Key("memory_time_s").Num(c.memory_time_s, 9);
+  w->Key("compute_time_s").Num(c.compute_time_s, 9);
+  w->Key("verdict").Str(
       c.compute_time_s == 0 && c.memory_time_s == 0
           ? "unknown"
           : (c.memory_bound ? "memory-bound" : "compute-bound"));
+  w->EndObject();
 }
 
 }  // namespace
@@ -122,22 +126,33 @@ int RunRoofline(const std::vector<std::string>&) {
   const RooflineResult r = ComputeRoofline(in);
 
   if (absl::GetFlag(FLAGS_json)) {
-    absl::PrintF(
-        "{\"layers\": %d, \"kv_heads\": %d, \"q_heads\": %d, \"head_dim\": "
-        "%d, \"dtype\": \"%s\", \"fps\": %g, \"tokens_per_frame\": %d, "
-        "\"context\": %d, \"device\": \"%s\", \"memory_bytes\": %.0f, "
-        "\"bandwidth_bytes_per_s\": %.0f, \"peak_flops\": %.0f,\n"
-        " \"kv_bytes_per_token\": %d, \"kv_growth_bytes_per_s\": %.0f, "
-        "\"seconds_until_full\": %.3f, \"ridge_flops_per_byte\": %.4f,\n"
-        " \"full\": %s,\n \"kvmem\": %s,\n \"kvmem_window_tokens\": %d, "
-        "\"kvmem_recall_tokens\": %d, \"kvmem_recall_bytes_per_query\": "
-        "%.0f}\n",
-        in.layers, in.kv_heads, in.q_heads, in.head_dim, dtype, in.fps,
-        in.tokens_per_frame, in.context, device, in.memory_bytes,
-        in.bandwidth_bytes_per_s, in.peak_flops, r.kv_bytes_per_token,
-        r.kv_growth_bytes_per_s, r.seconds_until_full, r.ridge,
-        CaseJson(r.full), CaseJson(r.kvmem), in.window, r.recall_tokens,
-        r.recall_bytes_per_frame);
+    JsonWriter w;
+    w.Object(/*multiline=*/true);
+    w.Key("layers").UInt(in.layers);
+    w.Key("kv_heads").UInt(in.kv_heads);
+    w.Key("q_heads").UInt(in.q_heads);
+    w.Key("head_dim").UInt(in.head_dim);
+    w.Key("dtype").Str(dtype);
+    w.Key("fps").Num(in.fps);
+    w.Key("tokens_per_frame").UInt(in.tokens_per_frame);
+    w.Key("context").UInt(in.context);
+    w.Key("device").Str(device);
+    w.Key("memory_bytes").Num(in.memory_bytes, 0);
+    w.Key("bandwidth_bytes_per_s").Num(in.bandwidth_bytes_per_s, 0);
+    w.Key("peak_flops").Num(in.peak_flops, 0);
+    w.Key("kv_bytes_per_token").UInt(r.kv_bytes_per_token);
+    w.Key("kv_growth_bytes_per_s").Num(r.kv_growth_bytes_per_s, 0);
+    w.Key("seconds_until_full").Num(r.seconds_until_full, 3);
+    w.Key("ridge_flops_per_byte").Num(r.ridge, 4);
+    w.Key("full");
+    CaseJson(r.full, &w);
+    w.Key("kvmem");
+    CaseJson(r.kvmem, &w);
+    w.Key("kvmem_window_tokens").UInt(in.window);
+    w.Key("kvmem_recall_tokens").UInt(r.recall_tokens);
+    w.Key("kvmem_recall_bytes_per_query").Num(r.recall_bytes_per_frame, 0);
+    w.EndObject();
+    std::printf("%s", w.Take().c_str());
     return 0;
   }
   std::printf(

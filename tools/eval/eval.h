@@ -201,9 +201,6 @@ struct EvalResult {
 
 absl::StatusOr<EvalResult> RunEval(const EvalOptions& options);
 
-// The q-quantile (0..1) of values (nearest rank); 0 when empty.
-double Percentile(std::vector<float> values, double q);
-
 // Writes CSVs, plots (through gnuplot when installed) and report.md into
 // options.out_dir; appends the paths to result->files.
 absl::Status WriteEvalReport(const EvalOptions& options, EvalResult* result);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "tools/common/json_writer.h"
 #include "tools/eval/eval.h"
 
 namespace kvmem {
@@ -177,7 +178,9 @@ std::string MatrixTable(const MatrixResult& m) {
 }
 
 std::string MatrixJson(const MatrixResult& m) {
-  std::string s = "{\n  \"summary\": [\n";
+  JsonWriter w;
+  w.Object(/*multiline=*/true);
+  w.Key("summary").Array(/*multiline=*/true);
   for (size_t i = 0; i < m.cells.size(); ++i) {
     const CellView v = View(m.summaries[i]);
     if (!v.ok()) continue;
@@ -185,53 +188,57 @@ std::string MatrixJson(const MatrixResult& m) {
                         *mk = v.mean_key;
     const double vs_exact = Ratio(k->cold_mass_recalled, e->cold_mass_recalled);
     const double vs_mean = Ratio(k->cold_mass_recalled, mk->cold_mass_recalled);
-    absl::StrAppendFormat(
-        &s,
-        "    {\"cell\": \"%s\", \"kvmem_cold_mass_recalled\": %.4f, "
-        "\"kvmem_vs_exact_keys_per_head\": %.3f, \"kvmem_vs_mean_key_topk\": "
-        "%.3f, \"kvmem_reid_success\": %.4f, \"best_kvmem\": \"%s\", "
-        "\"best_kvmem_cold_mass_recalled\": %.4f, \"violations\": %d, "
-        "\"met_vs_exact\": %s, \"met_vs_mean_key\": %s, \"met_reid\": %s, "
-        "\"met_defaults_within_5_points\": %s}%s\n",
-        m.cells[i], k->cold_mass_recalled, vs_exact, vs_mean, k->reid_success,
-        best->name, best->cold_mass_recalled,
-        k->budget_violations + k->window_violations,
-        vs_exact >= 0.75 ? "true" : "false", vs_mean >= 2 ? "true" : "false",
-        k->reid_success >= 0.95 ? "true" : "false",
-        best->cold_mass_recalled - k->cold_mass_recalled <= 0.05 ? "true"
-                                                                 : "false",
-        i + 1 < m.cells.size() ? "," : "");
+    w.Object();
+    w.Key("cell").Str(m.cells[i]);
+    w.Key("kvmem_cold_mass_recalled").Num(k->cold_mass_recalled, 4);
+    w.Key("kvmem_vs_exact_keys_per_head").Num(vs_exact, 3);
+    w.Key("kvmem_vs_mean_key_topk").Num(vs_mean, 3);
+    w.Key("kvmem_reid_success").Num(k->reid_success, 4);
+    w.Key("best_kvmem").Str(best->name);
+    w.Key("best_kvmem_cold_mass_recalled").Num(best->cold_mass_recalled, 4);
+    w.Key("violations").UInt(k->budget_violations + k->window_violations);
+    w.Key("met_vs_exact").Bool(vs_exact >= 0.75);
+    w.Key("met_vs_mean_key").Bool(vs_mean >= 2);
+    w.Key("met_reid").Bool(k->reid_success >= 0.95);
+    w.Key("met_defaults_within_5_points")
+        .Bool(best->cold_mass_recalled - k->cold_mass_recalled <= 0.05);
+    w.EndObject();
   }
-  s += "  ],\n  \"matrix\": [\n";
+  w.EndArray();
+  w.Key("matrix").Array(/*multiline=*/true);
   for (size_t i = 0; i < m.cells.size(); ++i) {
     const ConfigSummary& c = m.summaries[i];
-    absl::StrAppendFormat(&s,
-                          "    {\"cell\": \"%s\", \"change\": \"%s\", "
-                          "\"window_tokens\": %d, \"recall_tokens\": %d, "
-                          "\"seconds\": %.1f, \"policies\": {",
-                          m.cells[i], m.changes[i], c.window, c.recall,
-                          m.seconds[i]);
-    for (size_t p = 0; p < c.policies.size(); ++p) {
-      const PolicySummary& x = c.policies[p];
-      absl::StrAppendFormat(
-          &s,
-          "%s\"%s\": {\"cold_mass_recalled\": %.4f, \"reid_success\": %.4f, "
-          "\"reid_probes\": %d, \"output_cosine\": %.5f, "
-          "\"output_rel_error\": %.4f, \"gated_output_cosine\": %.5f, "
-          "\"gated_output_rel_error\": %.4f, \"useless_hit_rate\": %.4f, "
-          "\"injected_tokens_mean\": %.1f, \"budget_used\": %.3f, "
-          "\"budget_violations\": %d, \"window_violations\": %d, "
-          "\"recall_p50_us\": %.1f, \"recall_p99_us\": %.1f}",
-          p ? ", " : "", x.name, x.cold_mass_recalled, x.reid_success,
-          x.reid_probes, x.output_cosine, x.output_rel_error,
-          x.gated_output_cosine, x.gated_output_rel_error, x.useless_hit_rate,
-          x.injected_tokens_mean, x.budget_used, x.budget_violations,
-          x.window_violations, x.recall_p50_us, x.recall_p99_us);
+    w.Object();
+    w.Key("cell").Str(m.cells[i]);
+    w.Key("change").Str(m.changes[i]);
+    w.Key("window_tokens").UInt(c.window);
+    w.Key("recall_tokens").UInt(c.recall);
+    w.Key("seconds").Num(m.seconds[i], 1);
+    w.Key("policies").Object();
+    for (const PolicySummary& x : c.policies) {
+      w.Key(x.name).Object();
+      w.Key("cold_mass_recalled").Num(x.cold_mass_recalled, 4);
+      w.Key("reid_success").Num(x.reid_success, 4);
+      w.Key("reid_probes").UInt(x.reid_probes);
+      w.Key("output_cosine").Num(x.output_cosine, 5);
+      w.Key("output_rel_error").Num(x.output_rel_error, 4);
+      w.Key("gated_output_cosine").Num(x.gated_output_cosine, 5);
+      w.Key("gated_output_rel_error").Num(x.gated_output_rel_error, 4);
+      w.Key("useless_hit_rate").Num(x.useless_hit_rate, 4);
+      w.Key("injected_tokens_mean").Num(x.injected_tokens_mean, 1);
+      w.Key("budget_used").Num(x.budget_used, 3);
+      w.Key("budget_violations").UInt(x.budget_violations);
+      w.Key("window_violations").UInt(x.window_violations);
+      w.Key("recall_p50_us").Num(x.recall_p50_us, 1);
+      w.Key("recall_p99_us").Num(x.recall_p99_us, 1);
+      w.EndObject();
     }
-    absl::StrAppendFormat(&s, "}}%s\n", i + 1 < m.cells.size() ? "," : "");
+    w.EndObject().EndObject();
   }
-  absl::StrAppendFormat(&s, "  ],\n  \"seconds\": %.1f\n}\n", m.total_seconds);
-  return s;
+  w.EndArray();
+  w.Key("seconds").Num(m.total_seconds, 1);
+  w.EndObject();
+  return w.Take();
 }
 
 absl::Status WriteMatrixReport(const std::string& out_dir,

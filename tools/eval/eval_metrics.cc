@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include "base/percentile.h"
 #include "engine/index/dot.h"
 
 namespace kvmem {
@@ -29,13 +30,6 @@ void Compare(const std::vector<double>& y, const std::vector<double>& ref,
 
 double Sum(const std::vector<double>& prefix, uint64_t b, uint64_t e) {
   return e > b ? prefix[e] - prefix[b] : 0.0;
-}
-
-double Percentile(std::vector<float> v, double q) {
-  if (v.empty()) return 0;
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
-  std::nth_element(v.begin(), v.begin() + i, v.end());
-  return v[i];
 }
 
 void OracleAttention(const CameraTokens& cam, uint64_t tokens,

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/percentile.h"
+#include "tools/common/json_writer.h"
 #include "tools/eval/eval.h"
 
 namespace kvmem {
@@ -111,96 +113,116 @@ std::string EvalTable(const EvalResult& r) {
   return s;
 }
 
+namespace {
+
+// One policy's summary.
+void PolicyJson(const PolicySummary& p, JsonWriter* w) {
+  w->Object();
+  w->Key("mass_recalled").Num(p.mass_recalled, 4);
+  w->Key("cold_mass_recalled").Num(p.cold_mass_recalled, 4);
+  w->Key("cold_mass_recalled_frame").Num(p.cold_mass_recalled_frame, 4);
+  w->Key("cold_mass_recalled_probe").Num(p.cold_mass_recalled_probe, 4);
+  w->Key("output_cosine").Num(p.output_cosine, 5);
+  w->Key("output_rel_error").Num(p.output_rel_error, 4);
+  w->Key("reid_success").Num(p.reid_success, 4);
+  w->Key("reid_probes").UInt(p.reid_probes);
+  w->Key("useless_hit_rate").Num(p.useless_hit_rate, 4);
+  w->Key("injected_tokens_mean").Num(p.injected_tokens_mean, 1);
+  w->Key("resident_bytes_peak").UInt(p.resident_bytes_peak);
+  w->Key("stored_bytes_peak").UInt(p.stored_bytes_peak);
+  w->Key("recall_p50_us").Num(p.recall_p50_us, 1);
+  w->Key("recall_p99_us").Num(p.recall_p99_us, 1);
+  w->Key("recall_p999_us").Num(p.recall_p999_us, 1);
+  w->Key("queries").UInt(p.queries);
+  w->Key("degraded_blocks_recalled").UInt(p.degraded_blocks);
+  w->Key("latency_spike_buckets").UInt(p.latency_spike_buckets);
+  w->Key("latency_buckets").UInt(p.latency_buckets);
+  w->Key("gated_output_cosine").Num(p.gated_output_cosine, 5);
+  w->Key("gated_output_rel_error").Num(p.gated_output_rel_error, 4);
+  w->Key("estimated_mass").Num(p.estimated_mass, 4);
+  w->Key("budget_used").Num(p.budget_used, 3);
+  w->Key("budget_violations").UInt(p.budget_violations);
+  w->Key("window_violations").UInt(p.window_violations);
+  w->EndObject();
+}
+
+void WorkloadJson(const EvalOptions& o, const EvalResult& r, JsonWriter* w) {
+  const VideoWorkloadOptions& v = o.workload;
+  w->Key("workload").Object();
+  w->Key("seed").UInt(v.seed);
+  w->Key("cameras").UInt(v.cameras);
+  w->Key("frames").UInt(v.frames);
+  w->Key("fps").Num(v.fps);
+  w->Key("tokens_per_frame").UInt(v.tokens_per_frame);
+  w->Key("layers").UInt(v.layers);
+  w->Key("kv_heads").UInt(v.kv_heads);
+  w->Key("head_dim").UInt(v.head_dim);
+  w->Key("tokens").UInt(r.tokens);
+  w->Key("video_seconds").Num(v.frames / v.fps, 1);
+  w->Key("shots").UInt(r.shots);
+  w->Key("walks").UInt(r.walks);
+  w->Key("frame_queries").UInt(r.frame_queries);
+  w->Key("probe_queries").UInt(r.probe_queries);
+  w->EndObject();
+}
+
+}  // namespace
+
 std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
   const ConfigSummary& c = Primary(r);
-  const VideoWorkloadOptions& w = o.workload;
-  std::string s = "{\n";
-  absl::StrAppendFormat(
-      &s,
-      "  \"workload\": {\"seed\": %d, \"cameras\": %d, \"frames\": %d, "
-      "\"fps\": %g, \"tokens_per_frame\": %d, \"layers\": %d, \"kv_heads\": "
-      "%d, \"head_dim\": %d, \"tokens\": %d, \"video_seconds\": %.1f, "
-      "\"shots\": %d, \"walks\": %d, \"frame_queries\": %d, "
-      "\"probe_queries\": %d},\n",
-      w.seed, w.cameras, w.frames, w.fps, w.tokens_per_frame, w.layers,
-      w.kv_heads, w.head_dim, r.tokens, w.frames / w.fps, r.shots, r.walks,
-      r.frame_queries, r.probe_queries);
-  absl::StrAppendFormat(
-      &s,
-      "  \"window_tokens\": %d, \"recall_tokens\": %d, \"recall_fraction\": "
-      "%g, \"kvmem_path\": \"%s\", \"kvmem_blocks\": %d, "
-      "\"index_rebuilds\": %d, \"rebuild_periods_per_camera\": %.1f, "
-      "\"seconds\": %.1f,\n  \"oracle_shared_cold_mass\": %.4f, "
-      "\"oracle_per_head_cold_mass\": %.4f,\n",
-      c.window, c.recall, c.fraction, r.kvmem_path, c.kvmem_blocks,
-      c.kvmem_rebuilds, r.rebuild_periods, r.seconds, r.oracle_shared_cold_mass,
-      r.oracle_per_head_cold_mass);
-  auto policy_json = [](const PolicySummary& p) {
-    return absl::StrFormat(
-        "{\"mass_recalled\": %.4f, \"cold_mass_recalled\": %.4f, "
-        "\"cold_mass_recalled_frame\": %.4f, \"cold_mass_recalled_probe\": "
-        "%.4f, \"output_cosine\": %.5f, \"output_rel_error\": %.4f, "
-        "\"reid_success\": %.4f, \"reid_probes\": %d, \"useless_hit_rate\": "
-        "%.4f, \"injected_tokens_mean\": %.1f, \"resident_bytes_peak\": %d, "
-        "\"stored_bytes_peak\": %d, \"recall_p50_us\": %.1f, "
-        "\"recall_p99_us\": %.1f, \"recall_p999_us\": %.1f, \"queries\": %d, "
-        "\"degraded_blocks_recalled\": %d, \"latency_spike_buckets\": %d, "
-        "\"latency_buckets\": %d, \"gated_output_cosine\": %.5f, "
-        "\"gated_output_rel_error\": %.4f, \"estimated_mass\": %.4f, "
-        "\"budget_used\": %.3f, \"budget_violations\": %d, "
-        "\"window_violations\": %d}",
-        p.mass_recalled, p.cold_mass_recalled, p.cold_mass_recalled_frame,
-        p.cold_mass_recalled_probe, p.output_cosine, p.output_rel_error,
-        p.reid_success, p.reid_probes, p.useless_hit_rate,
-        p.injected_tokens_mean, p.resident_bytes_peak, p.stored_bytes_peak,
-        p.recall_p50_us, p.recall_p99_us, p.recall_p999_us, p.queries,
-        p.degraded_blocks, p.latency_spike_buckets, p.latency_buckets,
-        p.gated_output_cosine, p.gated_output_rel_error, p.estimated_mass,
-        p.budget_used, p.budget_violations, p.window_violations);
-  };
-  s += "  \"policies\": {\n";
-  for (size_t i = 0; i < c.policies.size(); ++i) {
-    absl::StrAppendFormat(&s, "    \"%s\": %s%s\n", c.policies[i].name,
-                          policy_json(c.policies[i]),
-                          i + 1 < c.policies.size() ? "," : "");
+  JsonWriter w;
+  w.Object(/*multiline=*/true);
+  WorkloadJson(o, r, &w);
+  w.Key("window_tokens").UInt(c.window);
+  w.Key("recall_tokens").UInt(c.recall);
+  w.Key("recall_fraction").Num(c.fraction);
+  w.Key("kvmem_path").Str(r.kvmem_path);
+  w.Key("kvmem_blocks").UInt(c.kvmem_blocks);
+  w.Key("index_rebuilds").UInt(c.kvmem_rebuilds);
+  w.Key("rebuild_periods_per_camera").Num(r.rebuild_periods, 1);
+  w.Key("seconds").Num(r.seconds, 1);
+  w.Key("oracle_shared_cold_mass").Num(r.oracle_shared_cold_mass, 4);
+  w.Key("oracle_per_head_cold_mass").Num(r.oracle_per_head_cold_mass, 4);
+  w.Key("policies").Object(/*multiline=*/true);
+  for (const PolicySummary& p : c.policies) {
+    w.Key(p.name);
+    PolicyJson(p, &w);
   }
-  s += "  },\n  \"sweep\": [\n";
-  for (size_t ci = 0; ci < r.configs.size(); ++ci) {
-    const ConfigSummary& x = r.configs[ci];
-    absl::StrAppendFormat(&s,
-                          "    {\"window_tokens\": %d, \"recall_tokens\": %d, "
-                          "\"recall_fraction\": %g, \"policies\": {",
-                          x.window, x.recall, x.fraction);
-    for (size_t i = 0; i < x.policies.size(); ++i) {
-      const PolicySummary& p = x.policies[i];
-      absl::StrAppendFormat(
-          &s,
-          "\"%s\": {\"mass_recalled\": %.4f, \"cold_mass_recalled\": %.4f, "
-          "\"reid_success\": %.4f}%s",
-          p.name, p.mass_recalled, p.cold_mass_recalled, p.reid_success,
-          i + 1 < x.policies.size() ? ", " : "");
+  w.EndObject();
+  w.Key("sweep").Array(/*multiline=*/true);
+  for (const ConfigSummary& x : r.configs) {
+    w.Object();
+    w.Key("window_tokens").UInt(x.window);
+    w.Key("recall_tokens").UInt(x.recall);
+    w.Key("recall_fraction").Num(x.fraction);
+    w.Key("policies").Object();
+    for (const PolicySummary& p : x.policies) {
+      w.Key(p.name).Object();
+      w.Key("mass_recalled").Num(p.mass_recalled, 4);
+      w.Key("cold_mass_recalled").Num(p.cold_mass_recalled, 4);
+      w.Key("reid_success").Num(p.reid_success, 4);
+      w.EndObject();
     }
-    absl::StrAppendFormat(&s, "}}%s\n", ci + 1 < r.configs.size() ? "," : "");
+    w.EndObject().EndObject();
   }
-  s += "  ],\n  \"targets\": [\n";
-  const auto targets = Targets(r);
-  for (size_t i = 0; i < targets.size(); ++i) {
-    absl::StrAppendFormat(&s,
-                          "    {\"target\": \"%s\", \"met\": %s, \"value\": "
-                          "\"%s\"}%s\n",
-                          targets[i].name, targets[i].met ? "true" : "false",
-                          targets[i].detail, i + 1 < targets.size() ? "," : "");
+  w.EndArray();
+  w.Key("targets").Array(/*multiline=*/true);
+  for (const auto& t : Targets(r)) {
+    w.Object();
+    w.Key("target").Str(t.name);
+    w.Key("met").Bool(t.met);
+    w.Key("value").Str(t.detail);
+    w.EndObject();
   }
-  s += "  ],\n  \"files\": [";
-  for (size_t i = 0; i < r.files.size(); ++i) {
-    absl::StrAppendFormat(&s, "%s\"%s\"", i ? ", " : "", r.files[i]);
-  }
-  s += "],\n  \"notes\": [";
-  for (size_t i = 0; i < r.notes.size(); ++i) {
-    absl::StrAppendFormat(&s, "%s\"%s\"", i ? ", " : "", r.notes[i]);
-  }
-  s += "]\n}\n";
-  return s;
+  w.EndArray();
+  w.Key("files").Array();
+  for (const std::string& f : r.files) w.Str(f);
+  w.EndArray();
+  w.Key("notes").Array();
+  for (const std::string& n : r.notes) w.Str(n);
+  w.EndArray();
+  w.EndObject();
+  return w.Take();
 }
 
 absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
