@@ -241,6 +241,11 @@ absl::Status CheckScorer(const RecallWeights& w) {
         absl::StrCat("config.recall_policy.score is ",
                      static_cast<uint32_t>(w.score), "; use MASS or SUMMED"));
   }
+  if (w.scorer.size() > 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.recall_policy.scorer has ", w.scorer.size(),
+                     " bytes; a scorer's name has at most 32"));
+  }
   if (FindRecallScorer(w.scorer) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.recall_policy.scorer is \"", w.scorer,

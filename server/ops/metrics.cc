@@ -146,7 +146,7 @@ class MetricsCollector final : public prometheus::Collectable {
 
   // A deleted stream: its work stays in the global counters, its label
   // and series go.
-  void Retire(const StreamStats& s) {
+  void Retire(const StreamStats& s) ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     Sample gone;
     auto b = baseline_.find(s.stream_id);
@@ -162,12 +162,12 @@ class MetricsCollector final : public prometheus::Collectable {
     }
   }
 
-  void WatchSharedMemory(const ShmArenas* shm) {
+  void WatchSharedMemory(const ShmArenas* shm) ABSL_LOCKS_EXCLUDED(mu_) {
     kvmem::MutexLock lock(&mu_);
     shm_ = shm;
   }
 
-  std::vector<MetricFamily> Collect() const override {
+  std::vector<MetricFamily> Collect() const override ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<MetricFamily> out = CollectStreams();
     kvmem::MutexLock lock(&mu_);
     if (shm_ != nullptr) AddShm(shm_->Stats(), &out);
@@ -208,7 +208,7 @@ class MetricsCollector final : public prometheus::Collectable {
     }
   }
 
-  std::vector<MetricFamily> CollectStreams() const {
+  std::vector<MetricFamily> CollectStreams() const ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<StreamStats> streams = engine_->ListStreams();
     std::sort(streams.begin(), streams.end(),
               [](const StreamStats& a, const StreamStats& b) {

@@ -108,6 +108,11 @@ TEST(ScorerTest, ConfigNamesAScorerAndAgreesWithTheScoreMode) {
   EXPECT_THAT(s.message(),
               HasSubstr("config.recall_policy.scorer is \"no_such\""));
   EXPECT_THAT(s.message(), HasSubstr("mass, oldest_first, summed"));
+  c.weights.scorer = std::string(1 << 20, 'x');  // Not echoed back whole.
+  s = ValidateStreamConfig(WithDefaults(c));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("has 1048576 bytes"));
+  EXPECT_LT(s.message().size(), 200u);
   c.weights.scorer = "summed";
   c.weights.score = ScoreMode::kMass;
   s = ValidateStreamConfig(WithDefaults(c));
