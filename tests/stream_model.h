@@ -129,26 +129,17 @@ class StreamModel {
       const std::vector<float>& q, uint32_t top_k, uint32_t max_tokens,
       uint64_t current_pos = 0,
       const std::vector<uint32_t>* layers = nullptr) const {
-    const uint64_t window_end = current_pos == 0 ? next_pos_ : current_pos + 1;
-    const uint64_t window_start =
-        window_end > window_ ? window_end - window_ : 0;
-    std::vector<OracleHit> scored;
+    std::vector<OracleHit> scored = Eligible(current_pos);
     const auto ranges = BlockRanges();
-    for (size_t b = 0; b < ranges.size(); ++b) {
-      const auto [first, end] = ranges[b];
-      const ModelFrame& last = frames_[end - 1];
-      if (last.first_pos + last.kv.tokens > window_start) continue;
+    for (OracleHit& h : scored) {
+      const auto [first, end] = ranges[h.block_id];
       std::vector<const FloatFrame*> kv;
-      uint32_t tokens = 0;
-      for (size_t f = first; f < end; ++f) {
-        kv.push_back(&frames_[f].kv);
-        tokens += frames_[f].kv.tokens;
-      }
+      for (size_t f = first; f < end; ++f) kv.push_back(&frames_[f].kv);
       const std::vector<double> mean =
           MeanKey(g_, kv, layers != nullptr ? *layers : layers_);
       double s = 0;
       for (size_t i = 0; i < mean.size(); ++i) s += q[i] * mean[i];
-      scored.push_back({b, s, tokens});
+      h.score = s;
     }
     std::sort(scored.begin(), scored.end(),
               [](const OracleHit& a, const OracleHit& b) {

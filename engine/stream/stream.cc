@@ -302,16 +302,8 @@ StreamStats Stream::Stats() const {
   s.config = config_;
   s.summary_dim = view_.summary_dim();
   view_.FillStats(&s);  // State, tiers, index quality, shot cuts, rebuilds.
-  const PolicyCounters moves = tiers_.Counters();
-  s.policy.demotions = moves.demotions;
-  s.policy.degradations = moves.degradations;
-  s.policy.evictions = moves.evictions;
-  s.policy.promotions = moves.promotions;
-  s.policy.staged = moves.staged;
-  s.policy.stage_hits = moves.stage_hits;
-  s.policy.stage_misses = moves.stage_misses;
-  s.policy.stage_bytes = moves.stage_bytes;
-  feedback_.FillStats(&s);  // Recall counts and latency percentiles.
+  tiers_.FillStats(&s.policy);  // Moves and the stage buffer.
+  feedback_.FillStats(&s);      // Recall counts and latency percentiles.
   s.accel.warning = RecallFloorWarning(view_, accel(), s.index_recall_samples,
                                        s.index_recall_at_k);
   const AcceleratorStats device = accel().Stats();

@@ -41,17 +41,15 @@ void TierManager::NoteSignals(FrameSignals signals) {
   latest_signals_ = std::move(signals);
 }
 
-PolicyCounters TierManager::Counters() const {
-  PolicyCounters c;
-  c.demotions = moves_.demotions.load(std::memory_order_relaxed);
-  c.degradations = moves_.degradations.load(std::memory_order_relaxed);
-  c.evictions = moves_.evictions.load(std::memory_order_relaxed);
-  c.promotions = moves_.promotions.load(std::memory_order_relaxed);
-  c.staged = moves_.staged.load(std::memory_order_relaxed);
-  c.stage_hits = moves_.stage_hits.load(std::memory_order_relaxed);
-  c.stage_misses = moves_.stage_misses.load(std::memory_order_relaxed);
-  c.stage_bytes = stage_bytes_.load(std::memory_order_relaxed);
-  return c;
+void TierManager::FillStats(PolicyCounters* c) const {
+  c->demotions = moves_.demotions.load(std::memory_order_relaxed);
+  c->degradations = moves_.degradations.load(std::memory_order_relaxed);
+  c->evictions = moves_.evictions.load(std::memory_order_relaxed);
+  c->promotions = moves_.promotions.load(std::memory_order_relaxed);
+  c->staged = moves_.staged.load(std::memory_order_relaxed);
+  c->stage_hits = moves_.stage_hits.load(std::memory_order_relaxed);
+  c->stage_misses = moves_.stage_misses.load(std::memory_order_relaxed);
+  c->stage_bytes = stage_bytes_.load(std::memory_order_relaxed);
 }
 
 ReplacementContext TierManager::PolicyContext() const {

@@ -79,9 +79,10 @@ class TierManager {
   // Counts a block the view installed with a warm copy of `bytes`.
   void NoteInstalledWarm(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The moves so far and the stage buffer's bytes (PolicyCounters' tier
-  // fields; shot cuts, rebuilds and latencies are the view's and recall's).
-  PolicyCounters Counters() const;
+  // The moves so far and the stage buffer's bytes into *c (PolicyCounters'
+  // tier fields; shot cuts, rebuilds and latencies are the view's and
+  // recall's, left as they are).
+  void FillStats(PolicyCounters* c) const;
 
  private:
   struct TierMove {
