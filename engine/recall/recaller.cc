@@ -69,10 +69,9 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   if (view.deleted()) return view.DeletedError();
   const StreamState& state = view.state();
   *now_frame = state.last_frame < 0 ? 0 : state.last_frame;
-  const size_t eligible = view.EligibleBlocks(q.current_token_position == 0
-                                                  ? state.next_token_position
-                                                  : q.current_token_position +
-                                                        1);
+  const size_t eligible = view.EligibleBlocks(
+      q.current_token_position == 0 ? state.next_token_position
+                                    : q.current_token_position + 1);
   // The index holds every block with a disk form; blocks are in position
   // order, so the ineligible ones are the (short) tail in the window.
   // O(window), not O(blocks): at 100k blocks a scan of every entry cost
@@ -93,6 +92,11 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   req.accel = &accel;
   ScoredRecall scored;
   KVMEM_RETURN_IF_ERROR(scorer.Score(view, req, &scored, &r->accel));
+  if (!scored.layer_sets && scored.sets.size() != 1) {
+    return absl::InternalError(absl::StrCat(
+        "scorer \"", scorer.name(), "\" returned ", scored.sets.size(),
+        " recall sets for a recall of one set"));
+  }
   r->window_estimated = scored.window_estimated;
   r->search_us = scored.search_us;
   for (ScoredSet& set : scored.sets) {
@@ -131,8 +135,8 @@ void StageRecall(const Geometry& g, Accelerator& accel, uint32_t priority,
     StageItem it;
     it.bytes = static_cast<uint64_t>(RecalledTokens(b)) * per_token;
     it.layer_major = i.tier == Tier::kWarm;
-    it.rows =
-        static_cast<uint32_t>((i.last_frame - i.first_frame + 1) * g.layers * 2);
+    it.rows = static_cast<uint32_t>((i.last_frame - i.first_frame + 1) *
+                                    g.layers * 2);
     items.push_back(it);
   };
   for (const RecalledBlock& b : r->blocks) add(b);
@@ -144,9 +148,10 @@ void StageRecall(const Geometry& g, Accelerator& accel, uint32_t priority,
 }  // namespace
 
 absl::StatusOr<RecallResult> AnswerRecall(const RecallView& view,
-                                    const RecallScorer& scorer,
-                                    Accelerator& accel, const RecallQuery& q,
-                                    uint64_t* now_frame) {
+                                          const RecallScorer& scorer,
+                                          Accelerator& accel,
+                                          const RecallQuery& q,
+                                          uint64_t* now_frame) {
   const StreamConfig& config = view.config();
   KVMEM_RETURN_IF_ERROR(ValidateRecallQuery(q, config, view.summary_dim(),
                                             view.stream_id(),
@@ -162,8 +167,8 @@ absl::StatusOr<RecallResult> AnswerRecall(const RecallView& view,
   const std::vector<float> mean_query = MeanQuery(q.query, view.summary_dim());
   {
     kvmem::ReaderMutexLock lock(&view.mu());
-    KVMEM_RETURN_IF_ERROR(PlanRecall(view, scorer, accel, q, budget,
-                                     mean_query, &result, now_frame));
+    KVMEM_RETURN_IF_ERROR(PlanRecall(view, scorer, accel, q, budget, mean_query,
+                                     &result, now_frame));
   }
   StageRecall(config.geometry, accel, q.priority, &result);
   return result;

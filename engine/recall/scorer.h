@@ -63,7 +63,9 @@ struct ScoredSet {
   std::vector<PlanUnit> ranked;
   // Optional: more units for what `ranked` leaves of the budget, given the
   // tokens left (called only when some are); the planner ranks them by its
-  // policy and takes them in that order.
+  // policy and takes them in that order. It may read the scorer's
+  // per-thread scratch: call it on the scoring thread, before that thread
+  // scores again (AnswerRecall plans every set right after scoring).
   std::function<std::vector<PlanUnit>(uint32_t tokens_left)> more;
 };
 
@@ -83,7 +85,8 @@ struct ScoredRecall {
   bool score_is_mean_dot = false;
   bool window_estimated = false;  // RecallResult.window_estimated.
   uint32_t search_us = 0;         // Time in index searches and scans.
-  // What the sets' `more` read, if anything: held until the plans are made.
+  // Released with the result, once the plans are made (MASS: frees a large
+  // recall's per-thread scratch then); declared last, so it goes first.
   std::shared_ptr<const void> state;
 };
 

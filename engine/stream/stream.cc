@@ -151,11 +151,9 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
       entry.warm = std::move(warm);
     }
     entry.rec = std::move(rec);
-    {
-      kvmem::MutexLock lock(&s->view_.mu());
-      s->view_.Install(std::move(entry));
-    }
-    if (warm_bytes > 0) s->tiers_.NoteInstalledWarm(warm_bytes);
+    if (warm_bytes > 0) s->tiers_.NoteInstalledWarm(warm_bytes);  // First.
+    kvmem::MutexLock lock(&s->view_.mu());
+    s->view_.Install(std::move(entry));
   }
   {
     kvmem::MutexLock lock(&s->view_.mu());
@@ -283,18 +281,17 @@ void Stream::MaybeScheduleRebuild(size_t sealed) {
     RebuildIndex();
     return;
   }
-  if (!rebuilds_.Claim()) return;
+  if (!rebuilds_.Claim()) return;  // One queued at a time.
   std::weak_ptr<Stream> weak = weak_from_this();
   env_.background->Submit([weak] {
-    if (auto s = weak.lock()) s->RebuildIndex();
+    if (auto s = weak.lock()) {
+      s->RebuildIndex();
+      s->rebuilds_.Done();
+    }
   });
 }
 
-size_t Stream::RebuildIndex() {
-  const size_t indexed = view_.RebuildIndexes();
-  rebuilds_.Done();
-  return indexed;
-}
+size_t Stream::RebuildIndex() { return view_.RebuildIndexes(); }
 
 StreamStats Stream::Stats() const {
   StreamStats s;

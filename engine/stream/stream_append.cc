@@ -116,16 +116,16 @@ void Stream::InstallCommitted(const StreamState& next,
     if (e.warm) warm_bytes += e.warm->allocated_bytes();
   }
   OpenMean open = OpenBlockMean();
-  {
-    kvmem::MutexLock lock(&view_.mu());
-    view_.SetState(next);
-    if (shot_cut) view_.CountShotCut();
-    for (BlockEntry& e : sealed) view_.Install(std::move(e));
-    // In the same critical section as the blocks sealed from the open block,
-    // so a recall never counts the same tokens twice.
-    view_.PublishOpenMean(std::move(open));
-  }
+  // Counted before the blocks enter the view: a move that takes one out
+  // again never subtracts bytes that were not added.
   if (warm_bytes > 0) tiers_.NoteInstalledWarm(warm_bytes);
+  kvmem::MutexLock lock(&view_.mu());
+  view_.SetState(next);
+  if (shot_cut) view_.CountShotCut();
+  for (BlockEntry& e : sealed) view_.Install(std::move(e));
+  // In the same critical section as the blocks sealed from the open block,
+  // so a recall never counts the same tokens twice.
+  view_.PublishOpenMean(std::move(open));
 }
 
 absl::StatusOr<AppendResult> Stream::Append(Frame frame) {

@@ -12,7 +12,7 @@
 // are serialised by mu_, which is held across their store commits (the
 // stream calls them under its append lock, which it acquires first). Moves
 // change the view in short exclusive sections of the view's lock, so
-// recalls and reads never wait for a commit. Counters() and the byte counts
+// recalls and reads never wait for a commit. FillStats and the byte counts
 // read atomics and never wait.
 #ifndef KVMEM_ENGINE_TIERS_TIER_MANAGER_H_
 #define KVMEM_ENGINE_TIERS_TIER_MANAGER_H_
@@ -45,7 +45,7 @@ struct TierEnv {
   // RAM held by warm blocks of all streams, and its cap (0: none).
   std::atomic<uint64_t>* global_warm_bytes = nullptr;
   uint64_t global_warm_budget = 0;
-  Accelerator* accel = nullptr;  // Prefetch searches.
+  Accelerator* accel = nullptr;   // Prefetch searches.
   AccelLedger* ledger = nullptr;  // Their cost.
 };
 
@@ -76,7 +76,9 @@ class TierManager {
   // The newest frame's signals, which the heat policy and staging score
   // against.
   void NoteSignals(FrameSignals signals) ABSL_LOCKS_EXCLUDED(mu_);
-  // Counts a block the view installed with a warm copy of `bytes`.
+  // Counts a warm copy of `bytes` the view is about to install: call it
+  // before RecallView::Install, so a move that takes the block out again
+  // never subtracts bytes that were not added.
   void NoteInstalledWarm(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The moves so far and the stage buffer's bytes into *c (PolicyCounters'
@@ -106,8 +108,8 @@ class TierManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unstage(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The blocks staging picks for the pseudo query.
-  std::vector<uint64_t> PickStaged(const std::vector<float>& pseudo_query)
-      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<uint64_t> PickStaged(const std::vector<float>& pseudo_query) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitRecord(const BlockRecord& rec, StreamWrite write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits a change of block id's durable form (its new record and the
@@ -136,8 +138,9 @@ class TierManager {
   kvmem::Mutex mu_;
   std::deque<uint64_t> staged_order_ ABSL_GUARDED_BY(mu_);  // FIFO.
   FrameSignals latest_signals_ ABSL_GUARDED_BY(mu_);
-  // Written under mu_ (and, for blocks in the view, in the same exclusive
-  // section of the view's lock as the block's change); read anywhere.
+  // Written under mu_ (a move's change in the same exclusive section of the
+  // view's lock as the block's; an install's before the block enters the
+  // view); read anywhere.
   std::atomic<uint64_t> warm_bytes_{0};
   std::atomic<uint64_t> stage_bytes_{0};
   struct Moves {

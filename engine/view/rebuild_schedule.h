@@ -1,7 +1,8 @@
 // RebuildSchedule: when a stream's indexes are rebuilt from its live
 // summaries (index_policy.rebuild_every_blocks sealed blocks, or
 // rebuild_every_seconds, whichever comes first), with at most one rebuild
-// in flight on the background executor.
+// queued on the background executor (RecallView runs rebuilds one at a
+// time whoever asks).
 //
 // Thread safety: all methods are safe to call concurrently.
 #ifndef KVMEM_ENGINE_VIEW_REBUILD_SCHEDULE_H_

@@ -7,8 +7,8 @@
 
 namespace kvmem {
 
-RecallView::RecallView(const std::string& stream_id,
-                       const StreamConfig& config, const StreamState& state)
+RecallView::RecallView(const std::string& stream_id, const StreamConfig& config,
+                       const StreamState& state)
     : id_(stream_id),
       config_(config),
       summary_dim_(SummaryDim(config)),
@@ -108,6 +108,7 @@ void RecallView::Unindex(uint64_t id, size_t groups, uint64_t payload_bytes) {
 }
 
 size_t RecallView::RebuildIndexes() {
+  kvmem::MutexLock rebuilding(&rebuild_mu_);
   std::vector<BlockRecord> snapshot;  // Summaries only.
   size_t n;
   {

@@ -94,8 +94,7 @@ class RecallView {
     return unit_tokens_[(b - blocks_.first()) * units_per_block() + g];
   }
   // The summary (summary_dim() floats) of a unit of a kept block.
-  const float* UnitSummary(uint64_t unit) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  const float* UnitSummary(uint64_t unit) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   const OpenMean& open_mean() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return open_mean_;
   }
@@ -140,9 +139,9 @@ class RecallView {
 
   // --- Taking the lock themselves. ---
   // Rebuilds the indexes from the live summaries without blocking readers
-  // (the build runs unlocked), then swaps them in. Returns the blocks
-  // indexed. REQUIRES: no other rebuild runs at the same time.
-  size_t RebuildIndexes() ABSL_LOCKS_EXCLUDED(mu_);
+  // (the build runs under rebuild_mu_ alone), then swaps them in. Returns
+  // the blocks indexed. Rebuilds run one at a time.
+  size_t RebuildIndexes() ABSL_LOCKS_EXCLUDED(rebuild_mu_, mu_);
   // Payload bytes of evicted blocks (their frames are gone from disk).
   uint64_t evicted_payload_bytes() const {
     return evicted_payload_bytes_.load(std::memory_order_relaxed);
@@ -157,6 +156,9 @@ class RecallView {
   const uint32_t summary_dim_;
   const uint32_t layer_dim_;
 
+  // One rebuild at a time (an explicit one beside a scheduled one); held
+  // across the build, never by readers.
+  kvmem::Mutex rebuild_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable kvmem::Mutex mu_;
   StreamState state_ ABSL_GUARDED_BY(mu_);
   bool deleted_ ABSL_GUARDED_BY(mu_) = false;

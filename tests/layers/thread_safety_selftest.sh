@@ -3,9 +3,10 @@
 # -Wthread-safety into an error over every target (top-level CMakeLists.txt,
 # as LevelDB's does; .ci/run's sanitizer build is such a build). Here the
 # real sources compile clean under it, and copies of them with a lock
-# planted away (a missing MutexLock before guarded state, a scorer called
-# without the view's shared lock, a tier move's state touched unlocked) fail
-# naming the mutex.
+# planted away (every occurrence of one lock line: guarded state read
+# unlocked, a scorer called without the view's shared lock, a tier move's or
+# a recall hit's change of a block without the view's exclusive lock,
+# staging without the tier manager's lock) fail naming the mutex.
 # Usage: thread_safety_selftest.sh <source-dir>
 set -euo pipefail
 src=$1
@@ -36,6 +37,7 @@ check engine/view/recall_view.cc
 check engine/recall/recaller.cc
 check engine/tiers/tier_manager.cc
 check engine/recall/recall_feedback.cc
+check engine/tiers/tier_staging.cc
 plant engine/view/recall_view.cc "kvmem::ReaderMutexLock lock(&mu_);" \
   "requires holding mutex 'mu_'"
 plant engine/recall/recaller.cc "kvmem::ReaderMutexLock lock(&view.mu());" \
@@ -43,5 +45,9 @@ plant engine/recall/recaller.cc "kvmem::ReaderMutexLock lock(&view.mu());" \
 plant engine/tiers/tier_manager.cc "kvmem::MutexLock lock(&mu_);" \
   "requires holding mutex 'mu_'"
 plant engine/recall/recall_feedback.cc "kvmem::MutexLock lock(&mu_);" \
+  "requires holding mutex 'mu_'"
+plant engine/tiers/tier_staging.cc "kvmem::MutexLock lock(&view_->mu());" \
+  "requires holding mutex 'view_->mu_' exclusively"
+plant engine/tiers/tier_staging.cc "kvmem::MutexLock moves(&mu_);" \
   "requires holding mutex 'mu_'"
 echo "PASS"

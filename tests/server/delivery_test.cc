@@ -6,6 +6,7 @@
 #include "server/service/delivery.h"
 
 #include <atomic>
+#include <functional>
 #include <random>
 
 #include "base/executor.h"
@@ -26,6 +27,7 @@ class CollectingSink final : public DeliverySink {
   void Prepare() override { calls.push_back("prepare"); }
   absl::Status Reserve(const std::vector<uint64_t>& sizes) override {
     calls.push_back("reserve");
+    if (on_reserve) on_reserve();
     blocks.assign(sizes.size(), std::string());
     for (size_t i = 0; i < sizes.size(); ++i) blocks[i].resize(sizes[i]);
     return absl::OkStatus();
@@ -40,6 +42,7 @@ class CollectingSink final : public DeliverySink {
     out->set_data(blocks[i]);
   }
 
+  std::function<void()> on_reserve;  // Runs inside Reserve.
   std::vector<std::string> calls;
   std::vector<std::string> blocks;
   std::atomic<int> slots{0};
@@ -106,6 +109,9 @@ TEST_F(DeliveryTest, ASinkOfTheTestsOwnGetsEveryBlockExactly) {
   }
 }
 
+// A request that cannot be sized (an unsealed block, a layer out of range)
+// never reserves; a read that fails after the sink reserved (the stream is
+// deleted meanwhile) abandons it and never finishes it.
 TEST_F(DeliveryTest, AFailingBlockAbandonsTheSink) {
   DeliveryRequest r;
   r.stream = stream_.get();
@@ -120,6 +126,15 @@ TEST_F(DeliveryTest, AFailingBlockAbandonsTheSink) {
   CollectingSink sink2;
   EXPECT_EQ(Deliver(r, &sink2).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(sink2.calls, ElementsAre("prepare"));
+
+  r.block_ids = {0, 1, 2};
+  r.layers.clear();
+  CollectingSink sink3;
+  sink3.on_reserve = [this] { ASSERT_TRUE(engine_->DeleteStream("cam").ok()); };
+  d = Deliver(r, &sink3);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound) << d.status();
+  EXPECT_THAT(sink3.calls, ElementsAre("prepare", "reserve", "abandon"));
 }
 
 TEST_F(DeliveryTest, InlineSinkKeepsItsLimitAndFillsTheResponse) {

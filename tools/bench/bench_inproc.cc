@@ -15,8 +15,11 @@
 #include "tools/bench/index_timing.h"
 
 namespace kvmem {
+namespace {
 
 using Clock = SteadyClock;
+
+}  // namespace
 
 void InprocIndex(uint32_t n, uint32_t dim, uint32_t k, uint32_t queries,
                  uint64_t seed, Latency* prog_lat, Latency* flat_lat,

@@ -94,6 +94,9 @@ TEST(RecallViewTest, InstallsEvictsAndRebuildsConsistently) {
   EXPECT_EQ(view.EligibleBlocks(60), 4u);  // The dropped run counts.
 }
 
+// A rebuild indexes every live summary again: a block the live index lost
+// (taken out, still stored) is back, an evicted one stays out, and searches
+// answer as before.
 TEST(RecallViewTest, RebuildKeepsTheLiveSummaries) {
   const testing::TestGeometry g;
   StreamConfig c = WithDefaults(testing::TestConfig(g, 20, 1));
@@ -106,8 +109,10 @@ TEST(RecallViewTest, RebuildKeepsTheLiveSummaries) {
     for (uint64_t b = 0; b < 8; ++b)
       view.Install(Block(c, b, b * 4, 4, 1, 0, rng));
     view.Unindex(3, 0, 0);
-    view.entry(3).rec.disk = DiskForm::kNone;
+    view.entry(3).rec.disk = DiskForm::kNone;  // Evicted.
     before = view.indexes().all().Search(q.data(), 8);
+    view.Unindex(5, 0, 0);  // Lost by the live index, still stored.
+    EXPECT_EQ(view.indexes().all().size(), 6u);
   }
   EXPECT_EQ(view.RebuildIndexes(), 7u);
   StreamStats s;
