@@ -358,7 +358,7 @@ TEST_F(ServerTest, InvalidRequestsGetPreciseStatus) {
 // Every RPC's bad inputs, one case each, against the real server: the
 // status code and a message naming the field and value. Afterwards the
 // server still serves and the stream's acknowledged frames are intact. The
-// case count and codes are printed for the README's reliability table.
+// case count and codes are printed for docs/reliability.md's table.
 TEST_F(ServerTest, BadInputCatalogue) {
   TestGeometry g;
   StreamModel m(g, kFpb, kWindow, {1, 2});

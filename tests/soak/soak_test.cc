@@ -11,7 +11,7 @@
 // warm-up's maximum plus --fd_margin (RocksDB opens and closes SST and blob
 // files as it flushes and compacts), every append and recall succeeded,
 // every stream's acknowledged frames are all there, and SIGTERM exits 0.
-// Prints the samples' summary (the README's reliability table quotes it).
+// Prints the samples' summary (docs/reliability.md's table quotes it).
 #include <atomic>
 #include <chrono>
 #include <cstdio>
