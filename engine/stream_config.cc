@@ -43,8 +43,7 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
          weights.model == o.weights.model && weights.track == o.weights.track &&
          weights.iou == o.weights.iou && weights.scene == o.weights.scene &&
-         weights.score == o.weights.score &&
-         weights.scorer == o.weights.scorer;
+         weights.score == o.weights.score && weights.scorer == o.weights.scorer;
 }
 
 absl::Status ValidateEngineStreamId(absl::string_view id) {
@@ -247,10 +246,10 @@ absl::Status CheckScorer(const RecallWeights& w) {
                      " bytes; a scorer's name has at most 32"));
   }
   if (FindRecallScorer(w.scorer) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.recall_policy.scorer is \"", w.scorer,
-        "\"; this server has the scorers ",
-        absl::StrJoin(RecallScorerNames(), ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.recall_policy.scorer is \"", w.scorer,
+                     "\"; this server has the scorers ",
+                     absl::StrJoin(RecallScorerNames(), ", ")));
   }
   if (w.score != want) {
     return absl::InvalidArgumentError(absl::StrCat(

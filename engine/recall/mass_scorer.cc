@@ -76,8 +76,8 @@ void UnitDots(const RecallView& view, uint64_t unit, const float* query,
 // Candidate rows for index kinds that cannot scan (FAISS approximate): the
 // index's top results for the mean query plus the hot window's units,
 // scored exactly from their summaries.
-void PoolScans(const RecallView& view, const ScoreRequest& req,
-               CallCost* cost, std::vector<SegmentScan>* scans)
+void PoolScans(const RecallView& view, const ScoreRequest& req, CallCost* cost,
+               std::vector<SegmentScan>* scans)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   const BlockIndex& index = view.indexes().units();
   const BlockTable& blocks = view.blocks();
@@ -108,16 +108,15 @@ void PoolScans(const RecallView& view, const ScoreRequest& req,
     s.dots.resize(rows.size() * heads);
     std::vector<float> one(heads);
     for (size_t i = 0; i < rows.size(); ++i) {
-      UnitDots(view, rows[i], req.query->query.data() + j * dim, 1,
-               one.data());
+      UnitDots(view, rows[i], req.query->query.data() + j * dim, 1, one.data());
       for (uint32_t h = 0; h < heads; ++h) s.dots[h * rows.size() + i] = one[h];
     }
   }
 }
 
 // The index's scan of every unit per query vector (or PoolScans).
-void ScanUnits(const RecallView& view, const ScoreRequest& req,
-               CallCost* cost, std::vector<SegmentScan>* scans)
+void ScanUnits(const RecallView& view, const ScoreRequest& req, CallCost* cost,
+               std::vector<SegmentScan>* scans)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   const BlockIndex& index = view.indexes().units();
   const uint32_t dim = view.summary_dim();
@@ -245,8 +244,8 @@ void ExactDensities(const RecallView& view, const RecallQuery& q,
 
 // The most recent recallable block of each of the query's tracks (at most
 // kAnchorTracks).
-std::vector<uint64_t> AnchorBlocks(const RecallView& view,
-                                   const RecallQuery& q, size_t eligible)
+std::vector<uint64_t> AnchorBlocks(const RecallView& view, const RecallQuery& q,
+                                   size_t eligible)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   std::vector<uint64_t> anchors;
   const BlockTable& blocks = view.blocks();
@@ -367,8 +366,12 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
   out->group_units = view.grouped();
   out->score_is_mean_dot = true;
   out->layer_sets = q.per_layer || q.per_head;
-  out->policy = {ScoreMode::kMass, req.budget.tokens, req.budget.top_k,
-                 config.weights.model, 1.0f, config.gate_temperature};
+  out->policy = {ScoreMode::kMass,
+                 req.budget.tokens,
+                 req.budget.top_k,
+                 config.weights.model,
+                 1.0f,
+                 config.gate_temperature};
   MassRows& rows = ThreadScratch<MassRows>();
   ScanUnits(view, req, cost, &rows.scans);
   out->search_us = WholeMicrosSince(t0);
@@ -431,9 +434,8 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
   // units whose upper bound reaches theta can be among the first taken.
   ValueBounds(density.data(), rows.est.slack.data(), rows.recallable.data(),
               ids, shift, set->sem, w.model, &scratch.lower, &scratch.upper);
-  const float theta =
-      BudgetThreshold(scratch.lower, scratch.upper, rows.tokens,
-                      req.budget.tokens, &scratch.pending);
+  const float theta = BudgetThreshold(scratch.lower, scratch.upper, rows.tokens,
+                                      req.budget.tokens, &scratch.pending);
   std::vector<uint32_t> first_rows;
   for (const auto& [i, upper] : scratch.pending) {
     if (upper < theta) continue;

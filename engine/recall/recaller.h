@@ -25,11 +25,9 @@ namespace kvmem {
 // The recall set for q (INVALID_ARGUMENT for a query the stream cannot
 // answer, NOT_FOUND for a deleted stream, the scorer's errors), and in
 // *now_frame the newest frame it saw.
-absl::StatusOr<RecallResult> AnswerRecall(const RecallView& view,
-                                    const RecallScorer& scorer,
-                                    Accelerator& accel, const RecallQuery& q,
-                                    uint64_t* now_frame)
-    ABSL_LOCKS_EXCLUDED(view.mu());
+absl::StatusOr<RecallResult> AnswerRecall(
+    const RecallView& view, const RecallScorer& scorer, Accelerator& accel,
+    const RecallQuery& q, uint64_t* now_frame) ABSL_LOCKS_EXCLUDED(view.mu());
 
 // "" or why the index's sampled recall (samples searches, recall@k
 // `recall`) breaks the accelerator's floor; a few samples first.

@@ -29,8 +29,8 @@ class Registry {
           return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
         });
     if (!valid) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "scorer name \"", name, "\" must be 1-32 of [a-z0-9_]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("scorer name \"", name, "\" must be 1-32 of [a-z0-9_]"));
     }
     kvmem::MutexLock lock(&mu_);
     if (scorers_.count(name) > 0) {

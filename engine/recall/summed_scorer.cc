@@ -59,9 +59,9 @@ std::vector<PlanUnit> GroupCandidates(const RecallView& view,
     for (size_t g = 0; g < groups_of(b); ++g) {
       const uint64_t gid = b * kGroupStride + g;
       if (scores.count(gid)) continue;
-      scores.emplace(
-          gid, SummaryDot(blocks[b].rec.group_summaries.data() + g * dim,
-                          q.vector, dim));
+      scores.emplace(gid,
+                     SummaryDot(blocks[b].rec.group_summaries.data() + g * dim,
+                                q.vector, dim));
     }
   }
   // Each group with its block's semantic match.
@@ -73,8 +73,8 @@ std::vector<PlanUnit> GroupCandidates(const RecallView& view,
   for (const auto& [gid, score] : scores) {
     const uint64_t b = gid / kGroupStride;
     const uint32_t g = static_cast<uint32_t>(gid % kGroupStride);
-    units.push_back({b, g, view.UnitTokens(b, g), score,
-                     semantic ? sem.Get(b) : 0.0f});
+    units.push_back(
+        {b, g, view.UnitTokens(b, g), score, semantic ? sem.Get(b) : 0.0f});
   }
   return units;
 }
@@ -182,8 +182,8 @@ std::vector<PlanUnit> SummedBlockCandidates(const RecallView& view,
   if (search_us != nullptr) *search_us = WholeMicrosSince(t0);
   for (size_t b : TrackCandidates(view, *q.signals, q.eligible)) {
     if (scores.count(b)) continue;
-    scores.emplace(
-        b, SummaryDot(blocks[b].rec.summary.data() + q.offset, q.vector, q.dim));
+    scores.emplace(b, SummaryDot(blocks[b].rec.summary.data() + q.offset,
+                                 q.vector, q.dim));
   }
   std::vector<PlanUnit> units;
   units.reserve(scores.size());

@@ -30,8 +30,8 @@ struct CandidateQuery {
   size_t offset = 0;
   size_t dim = 0;
   const FrameSignals* signals = nullptr;
-  size_t eligible = 0;  // Blocks [0, eligible) may be candidates.
-  uint32_t top_k = 0;   // How many eligible ones the index is asked for.
+  size_t eligible = 0;    // Blocks [0, eligible) may be candidates.
+  uint32_t top_k = 0;     // How many eligible ones the index is asked for.
   uint32_t priority = 0;  // The accelerator's queue priority.
 };
 

@@ -17,8 +17,8 @@ std::vector<size_t> TrackCandidates(const RecallView& view,
     const std::vector<uint64_t>* shown = view.TrackBlocks(d.track_id);
     if (shown == nullptr) continue;
     size_t taken = 0;
-    for (auto b = shown->rbegin(); b != shown->rend() && taken < kBlocksPerTrack;
-         ++b) {
+    for (auto b = shown->rbegin();
+         b != shown->rend() && taken < kBlocksPerTrack; ++b) {
       if (*b >= eligible || !blocks.Has(*b) ||
           blocks[*b].rec.disk == DiskForm::kNone) {
         continue;

@@ -14,8 +14,8 @@
 
 #include "engine/codec/block_layout.h"
 #include "engine/codec/record_codec.h"
-#include "engine/stream/segmenter.h"
 #include "engine/signals/semantics.h"
+#include "engine/stream/segmenter.h"
 #include "engine/stream/summary_builder.h"
 #include "engine/types.h"
 

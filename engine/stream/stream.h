@@ -113,8 +113,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
       BlockInfo* info = nullptr) const {
-    return reader_.ReadBlockPayloadInto(block_id, layout, layers, dst,
-                                        capacity, info);
+    return reader_.ReadBlockPayloadInto(block_id, layout, layers, dst, capacity,
+                                        info);
   }
   uint64_t RetainedPayloadBytes() const;
 

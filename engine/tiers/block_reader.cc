@@ -111,7 +111,8 @@ absl::StatusOr<std::vector<PayloadPiece>> BlockReader::ReadBlockPayload(
     const std::vector<uint32_t>& layers, BlockInfo* info) const {
   KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
                          WantedLayers(layers));
-  KVMEM_ASSIGN_OR_RETURN(Snapshot snap, SnapshotBlock(block_id, layout, wanted));
+  KVMEM_ASSIGN_OR_RETURN(Snapshot snap,
+                         SnapshotBlock(block_id, layout, wanted));
   if (info != nullptr) *info = snap.info;
   std::vector<PayloadPiece> pieces;
   const uint64_t first = snap.rec.info.first_frame;
@@ -144,11 +145,12 @@ absl::StatusOr<uint64_t> BlockReader::ReadBlockPayloadInto(
     BlockInfo* info) const {
   KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
                          WantedLayers(layers));
-  KVMEM_ASSIGN_OR_RETURN(Snapshot snap, SnapshotBlock(block_id, layout, wanted));
+  KVMEM_ASSIGN_OR_RETURN(Snapshot snap,
+                         SnapshotBlock(block_id, layout, wanted));
   if (info != nullptr) *info = snap.info;
-  const uint64_t bytes = BlockPayloadBytes(
-      view_.config().geometry, snap.rec.info.token_count, layout,
-      wanted.size());
+  const uint64_t bytes =
+      BlockPayloadBytes(view_.config().geometry, snap.rec.info.token_count,
+                        layout, wanted.size());
   if (bytes != capacity) {
     return absl::OutOfRangeError(
         absl::StrCat("block ", block_id, " has ", bytes, " payload bytes in ",

@@ -62,10 +62,10 @@ class BlockReader {
     std::shared_ptr<const WarmBlock> warm;  // Set, or
     std::vector<std::string> records;       // one per wanted layer.
   };
-  absl::StatusOr<Snapshot> SnapshotBlock(uint64_t block_id,
-                                         PayloadLayout layout,
-                                         const std::vector<uint32_t>& wanted)
-      const ABSL_LOCKS_EXCLUDED(view_.mu());
+  absl::StatusOr<Snapshot> SnapshotBlock(
+      uint64_t block_id, PayloadLayout layout,
+      const std::vector<uint32_t>& wanted) const
+      ABSL_LOCKS_EXCLUDED(view_.mu());
   // layers, or every layer when empty; INVALID_ARGUMENT for one out of range.
   absl::StatusOr<std::vector<uint32_t>> WantedLayers(
       const std::vector<uint32_t>& layers) const;

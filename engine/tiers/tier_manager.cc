@@ -177,9 +177,9 @@ TierManager::TierMove TierManager::NextTierMove(uint64_t incoming_warm,
       cold > t.cold_budget_bytes) {
     move = {coldest(Tier::kCold), TierMove::kDegrade};
   }
-  if (move.victim < 0 &&
-      ((t.warm_budget_bytes > 0 && warm + incoming_warm > t.warm_budget_bytes) ||
-       (global_over && warm > 0))) {
+  if (move.victim < 0 && ((t.warm_budget_bytes > 0 &&
+                           warm + incoming_warm > t.warm_budget_bytes) ||
+                          (global_over && warm > 0))) {
     move = {PickVictim([](const BlockEntry& e) { return e.warm && !e.staged; },
                        ctx),
             TierMove::kDemote};
@@ -214,15 +214,13 @@ absl::Status TierManager::Demote(uint64_t id) {
     rec.disk = DiskForm::kFull;
   }
   rec.info.tier = rec.disk == DiskForm::kInt8 ? Tier::kDegraded : Tier::kCold;
-  return CommitMove(id, std::move(rec), std::move(write),
-                    [this](BlockEntry& e)
-                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(view_->mu()) {
-                          AddWarm(-static_cast<int64_t>(
-                                      e.warm->allocated_bytes()),
-                                  false);
-                          e.warm.reset();
-                          moves_.demotions += 1;
-                        });
+  return CommitMove(
+      id, std::move(rec), std::move(write),
+      [this](BlockEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(view_->mu()) {
+        AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), false);
+        e.warm.reset();
+        moves_.demotions += 1;
+      });
 }
 
 absl::Status TierManager::Degrade(uint64_t id) {

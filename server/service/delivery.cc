@@ -61,14 +61,14 @@ absl::StatusOr<Delivered> Deliver(const DeliveryRequest& r,
   const size_t n = r.block_ids.size();
   std::vector<BlockInfo> info(n);
   std::vector<absl::Status> status(n);
-  ParallelFor(r.executor, n, r.executor == nullptr ? 0 : r.helpers,
-              [&](size_t i) {
-                status[i] = r.stream
-                                ->ReadBlockPayloadInto(r.block_ids[i], r.layout,
-                                                       r.layers, sink->Slot(i),
-                                                       sizes[i], &info[i])
-                                .status();
-              });
+  ParallelFor(
+      r.executor, n, r.executor == nullptr ? 0 : r.helpers, [&](size_t i) {
+        status[i] =
+            r.stream
+                ->ReadBlockPayloadInto(r.block_ids[i], r.layout, r.layers,
+                                       sink->Slot(i), sizes[i], &info[i])
+                .status();
+      });
   for (const absl::Status& s : status) {
     if (!s.ok()) {
       sink->Abandon();

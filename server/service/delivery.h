@@ -9,7 +9,8 @@
 //
 //   InlineSink sink(max_inline_bytes);
 //   KVMEM_ASSIGN_OR_RETURN(Delivered d, Deliver(request, &sink));
-//   for (size_t i = 0; i < ids.size(); ++i) sink.Describe(i, resp->add_delivered());
+//   for (size_t i = 0; i < ids.size(); ++i) sink.Describe(i,
+//   resp->add_delivered());
 //
 // Thread safety: Deliver runs on the calling thread and up to
 // request.helpers executor tasks; a sink is used by one delivery.

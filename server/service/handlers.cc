@@ -36,7 +36,8 @@ absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
                        ServerMetrics* metrics, bool session) {
   const auto t0 = SteadyClock::now();
   absl::StatusOr<RecallResult> r = engine->Recall(engine_id, FromProto(req));
-  if (metrics != nullptr) metrics->ObserveRecall(session, MicrosSince(t0) / 1e6);
+  if (metrics != nullptr)
+    metrics->ObserveRecall(session, MicrosSince(t0) / 1e6);
   if (!r.ok()) return r.status();
   ToProto(*r, resp);
   return absl::OkStatus();
@@ -75,10 +76,10 @@ absl::StatusOr<std::unique_ptr<DeliverySink>> RecallSink(
                                 req.release_lease_ids().end()));
     case v1::RecallDelivery::MODE_INLINE:
       if (req.shm_arena_id() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "delivery.shm_arena_id is ", req.shm_arena_id(),
-            " with delivery.mode MODE_INLINE; an arena needs "
-            "MODE_SHARED_MEMORY"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("delivery.shm_arena_id is ", req.shm_arena_id(),
+                         " with delivery.mode MODE_INLINE; an arena needs "
+                         "MODE_SHARED_MEMORY"));
       }
       return std::make_unique<InlineSink>(call.options->max_inline_bytes);
     default:

@@ -168,12 +168,11 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
                        c = *std::move(c)] {
       v1::RecallResponse resp;
       absl::StatusOr<std::string> id = c.EngineId(req.stream_id());
-      const absl::Status s =
-          c.Scrub(id.ok() ? RunRecallDelivering({engine_, executor_, &c,
-                                                 &options_, *id,
-                                                 /*session=*/false},
-                                                req, &resp)
-                          : id.status());
+      const absl::Status s = c.Scrub(
+          id.ok() ? RunRecallDelivering({engine_, executor_, &c, &options_, *id,
+                                         /*session=*/false},
+                                        req, &resp)
+                  : id.status());
       reactor->Finish(s.ok() ? SerializeMessage(resp, out) : ToGrpcStatus(s));
     });
     return reactor;

@@ -299,7 +299,8 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
               ? absl::StatusOr<std::string>(ingest_->stream().id())
               : caller_.EngineId(req_.recall().stream_id());
       if (id.ok()) {
-        RecallDeliveryCall call{engine_, executor_, &caller_, &options_, *id,
+        RecallDeliveryCall call{engine_,         executor_, &caller_,
+                                &options_,       *id,
                                 /*session=*/true};
         s = RunRecallDelivering(call, req_.recall(), resp->mutable_recall());
       } else {

@@ -4,8 +4,8 @@
 
 #include <random>
 
-#include "engine/view/block_table.h"
 #include "engine/stream_config.h"
+#include "engine/view/block_table.h"
 #include "gtest/gtest.h"
 #include "tests/engine_fixture.h"
 #include "tests/test_util.h"
