@@ -119,8 +119,7 @@ StreamConfig WithDefaults(const StreamConfig& config) {
   // scorers; a registered one has no score mode.
   c.weights.scorer = ScorerName(c.weights);
   if (c.weights.score == ScoreMode::kUnspecified) {
-    if (c.weights.scorer == kMassScorer) c.weights.score = ScoreMode::kMass;
-    if (c.weights.scorer == kSummedScorer) c.weights.score = ScoreMode::kSummed;
+    c.weights.score = ScoreModeOf(c.weights.scorer);
   }
   return c;
 }
@@ -231,9 +230,7 @@ absl::Status CheckShape(const StreamConfig& config) {
 // The score mode and the scorer's name (after defaults): a registered
 // scorer, and for the built-in ones the mode that names it.
 absl::Status CheckScorer(const RecallWeights& w) {
-  const ScoreMode want = w.scorer == kMassScorer     ? ScoreMode::kMass
-                         : w.scorer == kSummedScorer ? ScoreMode::kSummed
-                                                     : ScoreMode::kUnspecified;
+  const ScoreMode want = ScoreModeOf(w.scorer);
   if (w.score != ScoreMode::kUnspecified && w.score != ScoreMode::kMass &&
       w.score != ScoreMode::kSummed) {
     return absl::InvalidArgumentError(
@@ -379,6 +376,12 @@ uint64_t BlockPayloadBytes(const Geometry& g, uint32_t token_count,
 uint32_t SummaryDim(const StreamConfig& config) {
   return static_cast<uint32_t>(EffectiveIndexedLayers(config).size()) *
          config.geometry.kv_heads * config.geometry.head_dim;
+}
+
+ScoreMode ScoreModeOf(const std::string& scorer) {
+  if (scorer == kMassScorer) return ScoreMode::kMass;
+  if (scorer == kSummedScorer) return ScoreMode::kSummed;
+  return ScoreMode::kUnspecified;
 }
 
 std::string ScorerName(const RecallWeights& w) {

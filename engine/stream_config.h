@@ -79,6 +79,9 @@ uint32_t SummaryDim(const StreamConfig& config);
 // or when empty the built-in one `score` names ("summed" for SUMMED, else
 // "mass").
 std::string ScorerName(const RecallWeights& w);
+// The score mode that names a built-in scorer ("mass": MASS, "summed":
+// SUMMED); kUnspecified for any other scorer.
+ScoreMode ScoreModeOf(const std::string& scorer);
 
 // Whether a stream of this config (after defaults) keeps one index per
 // indexed layer (when its scorer asks for them, as SUMMED's per-layer recall

@@ -248,20 +248,12 @@ std::vector<uint64_t> AnchorBlocks(const RecallView& view, const RecallQuery& q,
                                    size_t eligible)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   std::vector<uint64_t> anchors;
-  const BlockTable& blocks = view.blocks();
   for (const Detection& d : q.signals.detections) {
     if (anchors.size() >= kAnchorTracks) break;
-    const std::vector<uint64_t>* shown = view.TrackBlocks(d.track_id);
-    if (shown == nullptr) continue;
-    for (auto b = shown->rbegin(); b != shown->rend(); ++b) {
-      if (*b >= eligible || !blocks.Has(*b) ||
-          blocks[*b].rec.disk == DiskForm::kNone) {
-        continue;
+    for (uint64_t b : RecentTrackBlocks(view, d.track_id, eligible, 1)) {
+      if (std::find(anchors.begin(), anchors.end(), b) == anchors.end()) {
+        anchors.push_back(b);
       }
-      if (std::find(anchors.begin(), anchors.end(), *b) == anchors.end()) {
-        anchors.push_back(*b);
-      }
-      break;
     }
   }
   return anchors;

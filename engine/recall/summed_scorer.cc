@@ -96,11 +96,9 @@ class SummedScorer final : public RecallScorer {
     out->policy.top_k = req.budget.top_k > 0
                             ? req.budget.top_k
                             : std::min<uint32_t>(req.budget.tokens, kMaxTopK);
-    const RecallPlanner planner(out->policy);
     // The best by priority, at most top_k of them (whole blocks).
     auto best_blocks = [&](std::vector<PlanUnit> units) {
-      planner.Rank(&units);
-      if (units.size() > out->policy.top_k) units.resize(out->policy.top_k);
+      KeepBestBlocks(out->policy, out->policy.top_k, &units);
       return units;
     };
     CandidateQuery q;
@@ -130,7 +128,7 @@ class SummedScorer final : public RecallScorer {
     if (view.indexes().groups() != nullptr) {
       out->group_units = true;
       set.ranked = GroupCandidates(view, q, *req.accel, cost, &out->search_us);
-      planner.Rank(&set.ranked);
+      RecallPlanner(out->policy).Rank(&set.ranked);
     } else {
       set.ranked = best_blocks(SummedBlockCandidates(
           view, view.indexes().all(), q, *req.accel, cost, &out->search_us));
@@ -155,6 +153,12 @@ PlanPolicy SummedPolicy(const StreamConfig& config) {
                        std::sqrt(static_cast<float>(config.geometry.head_dim));
   policy.gate_temperature = config.gate_temperature;
   return policy;
+}
+
+void KeepBestBlocks(const PlanPolicy& policy, uint32_t top_k,
+                    std::vector<PlanUnit>* units) {
+  RecallPlanner(policy).Rank(units);
+  if (units->size() > top_k) units->resize(top_k);
 }
 
 std::vector<PlanUnit> SummedBlockCandidates(const RecallView& view,

@@ -49,6 +49,11 @@ std::vector<PlanUnit> SummedBlockCandidates(const RecallView& view,
 // The planner policy SUMMED ranks by, for the stream's weights.
 PlanPolicy SummedPolicy(const StreamConfig& config);
 
+// SUMMED's whole-block choice: *units ranked by `policy`, the best `top_k`
+// kept (what the recall and prefetch staging take).
+void KeepBestBlocks(const PlanPolicy& policy, uint32_t top_k,
+                    std::vector<PlanUnit>* units);
+
 }  // namespace kvmem
 
 #endif  // KVMEM_ENGINE_RECALL_SUMMED_SCORER_H_

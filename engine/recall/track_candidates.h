@@ -24,6 +24,13 @@ std::vector<size_t> TrackCandidates(const RecallView& view,
                                     size_t eligible)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu());
 
+// The recallable blocks (id < eligible, kept, not evicted) that show track
+// track_id, newest first, at most `limit`.
+std::vector<uint64_t> RecentTrackBlocks(const RecallView& view,
+                                        uint64_t track_id, size_t eligible,
+                                        size_t limit)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu());
+
 // Whether any semantic weight (track, IoU, scene) is on.
 bool SemanticWeights(const RecallWeights& w);
 

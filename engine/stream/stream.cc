@@ -26,6 +26,17 @@ absl::StatusOr<uint32_t> StoredFrameTokens(const Geometry& g,
   return static_cast<uint32_t>(bytes / per_token);
 }
 
+// FAILED_PRECONDITION when the config names a scorer this build lacks
+// (MemoryEngine validates configs first; a stream never runs without one).
+absl::Status HasScorer(const std::string& id, const StreamConfig& config) {
+  if (FindRecallScorer(config.weights.scorer) != nullptr) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("stream \"", id, "\" names scorer \"", config.weights.scorer,
+                   "\", which this build does not have"));
+}
+
 }  // namespace
 
 Stream::Stream(const std::string& id, const StreamConfig& config,
@@ -52,11 +63,7 @@ TierEnv Stream::MakeTierEnv() {
 
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(
     const std::string& id, const StreamConfig& config, const StreamEnv& env) {
-  if (FindRecallScorer(config.weights.scorer) == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stream \"", id, "\" names scorer \"", config.weights.scorer,
-        "\", which this build does not have"));
-  }
+  KVMEM_RETURN_IF_ERROR(HasScorer(id, config));
   StreamState state;
   StreamWrite write;
   write.stream_id = id;
@@ -133,11 +140,7 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
     const std::string& id, const StreamConfig& config, const StreamState& state,
     const StreamEnv& env) {
-  if (FindRecallScorer(config.weights.scorer) == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stream \"", id, "\" names scorer \"", config.weights.scorer,
-        "\", which this build does not have"));
-  }
+  KVMEM_RETURN_IF_ERROR(HasScorer(id, config));
   std::unique_ptr<Stream> s(new Stream(id, config, env, state));
   KVMEM_ASSIGN_OR_RETURN(std::vector<BlockRecord> records,
                          s->LoadRecords(state));

@@ -40,8 +40,7 @@ std::vector<uint64_t> TierManager::PickStaged(
     std::vector<PlanUnit> units =
         SummedBlockCandidates(*view_, view_->indexes().all(), q, *env_.accel,
                               &prefetch_cost, nullptr);
-    RecallPlanner(SummedPolicy(config_)).Rank(&units);
-    if (units.size() > q.top_k) units.resize(q.top_k);
+    KeepBestBlocks(SummedPolicy(config_), q.top_k, &units);
     for (const PlanUnit& u : units) {
       const BlockEntry& e = blocks[u.block];
       if (e.warm || e.rec.disk == DiskForm::kNone) continue;
