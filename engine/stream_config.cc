@@ -379,7 +379,9 @@ uint32_t SummaryDim(const StreamConfig& config) {
 }
 
 ScoreMode ScoreModeOf(const std::string& scorer) {
-  if (scorer == kMassScorer) return ScoreMode::kMass;
+  if (scorer == kMassScorer || scorer == kMassGroupsScorer) {
+    return ScoreMode::kMass;
+  }
   if (scorer == kSummedScorer) return ScoreMode::kSummed;
   return ScoreMode::kUnspecified;
 }

@@ -193,6 +193,10 @@ struct RecallResult {
   uint32_t search_us = 0;
   uint32_t plan_us = 0;
   uint32_t total_us = 0;
+  // Token-resolution recall (scorer "mass"): tokens scored from their
+  // codes, over every set, and the time that took (within plan_us).
+  uint64_t tokens_scored = 0;
+  uint32_t token_us = 0;
   std::vector<LayerRecallSet> layer_sets;
   // The accelerator's cost of this recall: its searches and the staging of
   // the chosen KV (modelled fields: the sim backend only; 0 on cpu).
@@ -232,6 +236,7 @@ struct StreamStats {
   uint32_t open_block_frames = 0;
   uint64_t payload_bytes = 0;
   uint64_t summary_bytes = 0;
+  uint64_t token_code_bytes = 0;  // Token codes in RAM, besides summaries.
   uint32_t summary_dim = 0;
   uint64_t recalls = 0;
   uint64_t recalled_blocks = 0;

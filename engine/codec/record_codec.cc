@@ -13,7 +13,8 @@ constexpr uint8_t kConfigVersion = 5;  // 1: without tier/recall/shot fields;
                                        // 3: without the score mode;
                                        // 4: without the scorer's name.
 constexpr uint8_t kStateVersion = 1;
-constexpr uint8_t kBlockVersion = 3;  // 1: info and summary only; 2: no groups.
+// 1: info and summary only; 2: no groups; 3: no token codes.
+constexpr uint8_t kBlockVersion = 4;
 
 class Writer {
  public:
@@ -284,6 +285,7 @@ std::string EncodeBlock(const BlockRecord& b) {
   w.Floats(b.group_summaries);
   w.Str(absl::string_view(reinterpret_cast<const char*>(b.token_group.data()),
                           b.token_group.size()));
+  w.Str(b.token_codes);
   return w.Take();
 }
 
@@ -322,6 +324,7 @@ absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {
     ok = r.Floats(&b.group_summaries) && r.Str(&groups);
     b.token_group.assign(groups.begin(), groups.end());
   }
+  if (ok && version >= 4) ok = r.Str(&b.token_codes);
   if (!ok || !r.Done()) return Corrupt("block", bytes.size());
   b.info.tier = static_cast<Tier>(tier);
   b.info.degraded = degraded != 0;

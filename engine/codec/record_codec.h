@@ -60,6 +60,10 @@ struct BlockRecord {
   // each token's group; empty otherwise.
   std::vector<float> group_summaries;
   std::vector<uint8_t> token_group;
+  // Token codes (with token groups): every token's int4 keys of the indexed
+  // layers, engine/index/token_codes.h, in group order (TokenGroups::codes);
+  // empty for records from before them and for evicted blocks.
+  std::string token_codes;
   std::vector<TrackPresence> tracks;  // Sorted by track_id.
   std::vector<float> scene;           // Mean scene embedding (may be empty).
   uint64_t last_access_frame = 0;     // Sealed or last recalled.

@@ -9,9 +9,12 @@
 #include "base/timing.h"
 #include "engine/index/dot.h"
 #include "engine/recall/mass_bounds.h"
+#include "engine/recall/mass_scan.h"
 #include "engine/recall/mass_estimate.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/semantic_cache.h"
+#include "engine/recall/token_groups.h"
+#include "engine/recall/token_stage.h"
 #include "engine/recall/track_candidates.h"
 #include "engine/signals/semantics.h"
 #include "engine/stream_config.h"
@@ -42,6 +45,7 @@ struct MassRows {
   MassEstimate est;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
   bool exact = true;  // The scans' dots are exact.
+  TokenQuery token_query;  // The token stage's vectors.
   const std::vector<uint64_t>& ids() const { return scans[0].ids; }
 };
 
@@ -56,83 +60,6 @@ struct SetState {
   SemanticCache sem;
   std::vector<bool> ranked;  // Rows the first pass ranked.
 };
-
-// Exact per-head dots of a unit's summary with each of the `vectors` query
-// vectors: out[vector * heads + head].
-void UnitDots(const RecallView& view, uint64_t unit, const float* query,
-              uint32_t vectors, float* out)
-    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
-  const uint32_t dim = view.summary_dim();
-  const uint32_t hd = view.config().geometry.head_dim, heads = dim / hd;
-  const float* s = view.UnitSummary(unit);
-  for (uint32_t j = 0; j < vectors; ++j) {
-    const float* q = query + static_cast<size_t>(j) * dim;
-    for (uint32_t h = 0; h < heads; ++h) {
-      out[j * heads + h] = Dot(q + h * hd, s + h * hd, hd);
-    }
-  }
-}
-
-// Candidate rows for index kinds that cannot scan (FAISS approximate): the
-// index's top results for the mean query plus the hot window's units,
-// scored exactly from their summaries.
-void PoolScans(const RecallView& view, const ScoreRequest& req, CallCost* cost,
-               std::vector<SegmentScan>* scans)
-    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
-  const BlockIndex& index = view.indexes().units();
-  const BlockTable& blocks = view.blocks();
-  const uint32_t shift = view.unit_shift();
-  std::vector<uint64_t> rows;
-  // Every unit of the blocks in the window (for the window estimate), then
-  // the index's best for the mean query.
-  for (size_t b = req.eligible; b < blocks.size(); ++b) {
-    if (blocks[b].rec.disk == DiskForm::kNone) continue;
-    for (uint32_t g = 0; g < view.units_per_block(); ++g) {
-      if (view.UnitTokens(b, g) > 0) rows.push_back((b << shift) + g);
-    }
-  }
-  const size_t window_rows = rows.size();
-  const uint32_t k = static_cast<uint32_t>(std::min<uint64_t>(
-      index.size(), std::max<uint64_t>(256, req.budget.tokens) + window_rows));
-  for (const ScoredId& h : req.accel->Search(index, req.mean_query->data(),
-                                             {k, req.query->priority}, cost)) {
-    if ((h.id >> shift) < req.eligible) rows.push_back(h.id);
-  }
-  const uint32_t dim = view.summary_dim();
-  const uint32_t heads = dim / view.config().geometry.head_dim;
-  for (size_t j = 0; j < scans->size(); ++j) {
-    SegmentScan& s = (*scans)[j];
-    s.segments = heads;
-    s.ids = rows;
-    s.bound.clear();
-    s.dots.resize(rows.size() * heads);
-    std::vector<float> one(heads);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      UnitDots(view, rows[i], req.query->query.data() + j * dim, 1, one.data());
-      for (uint32_t h = 0; h < heads; ++h) s.dots[h * rows.size() + i] = one[h];
-    }
-  }
-}
-
-// The index's scan of every unit per query vector (or PoolScans).
-void ScanUnits(const RecallView& view, const ScoreRequest& req, CallCost* cost,
-               std::vector<SegmentScan>* scans)
-    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
-  const BlockIndex& index = view.indexes().units();
-  const uint32_t dim = view.summary_dim();
-  const RecallQuery& q = *req.query;
-  const uint32_t vectors = static_cast<uint32_t>(q.query.size() / dim);
-  scans->resize(vectors);
-  // The modelled refinement: about the units that fill the budget.
-  const SearchParams params{
-      static_cast<uint32_t>(std::min<uint64_t>(index.size(), 64)), q.priority};
-  bool scanned = true;
-  for (uint32_t j = 0; j < vectors && scanned; ++j) {
-    scanned = req.accel->Scan(index, q.query.data() + j * dim, params,
-                              &(*scans)[j], cost);
-  }
-  if (!scanned) PoolScans(view, req, cost, scans);
-}
 
 // Each scanned unit's tokens and role (recallable, window, ignored).
 void ClassifyRows(const RecallView& view, const ScoreRequest& req,
@@ -287,8 +214,9 @@ void PutAnchorsFirst(const RecallView& view, const ScoreRequest& req,
     const uint64_t b = ids[k] >> shift;
     const uint32_t g = GroupOf(ids[k], shift);
     auto in_first = std::find_if(
-        units->begin(), units->end(),
-        [&](const PlanUnit& u) { return u.block == b && u.group == g; });
+        units->begin(), units->end(), [&](const PlanUnit& u) {
+          return u.block == b && u.group == g && u.token == kWholeUnit;
+        });
     if (in_first != units->end()) {
       front.push_back(*in_first);
       units->erase(in_first);
@@ -319,8 +247,65 @@ std::vector<PlanUnit> RestUnits(const MassRows& rows, uint32_t shift,
   return units;
 }
 
+// The token stage over head range `range`: the pool (the recallable units
+// best by their scanned value, up to kTokenPoolFactor x the budget's tokens)
+// has each of its tokens scored from its codes; out->ranked becomes the best token
+// units, ranked (the budget's count and kRankSlack more: what the planner
+// can take), and *rest makes units of the others for the fill. The pool's
+// rows count as ranked for the fill.
+void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
+                    const PlanPolicy& policy, const MassRows& rows,
+                    size_t range, SetState* set, ScoredSet* out,
+                    std::function<std::vector<PlanUnit>()>* rest)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  const auto t0 = SteadyClock::now();
+  const std::vector<uint64_t>& ids = rows.ids();
+  const std::vector<float>& density = rows.est.density[range];
+  const uint32_t shift = view.unit_shift();
+  const auto [h0, h1] = rows.ranges[range];
+  const uint32_t pool_budget =
+      PoolBudget(req.budget.tokens, rows.token_query.vectors, h1 - h0);
+  // The recallable units by their scanned value (the first pass's bounds
+  // need no proof here: the tokens decide).
+  std::vector<uint32_t> row;
+  std::vector<float> value;
+  std::vector<uint32_t> tokens;
+  std::vector<uint64_t> id;
+  for (uint32_t i = 0; i < ids.size(); ++i) {
+    if (rows.role[i] != CandidateRole::kRecall || rows.tokens[i] == 0) continue;
+    row.push_back(i);
+    value.push_back(MassRankValue(
+        density[i], set->sem.Known(ids[i] >> shift), policy.model_weight));
+    tokens.push_back(rows.tokens[i]);
+    id.push_back(ids[i]);
+  }
+  std::vector<PlanUnit> pool;
+  for (uint32_t k : BestUntil(value, tokens, id, pool_budget)) {
+    const uint32_t i = row[k];
+    const uint64_t b = ids[i] >> shift;
+    pool.push_back({b, GroupOf(ids[i], shift), rows.tokens[i], density[i],
+                    set->sem.on() ? set->sem.Get(b) : 0.0f});
+    set->ranked[i] = true;
+  }
+  TokenStageInput in;
+  in.query = &rows.token_query;
+  in.est = &rows.est;
+  in.h0 = h0;
+  in.h1 = h1;
+  in.logit_scale =
+      1.0f / std::sqrt(static_cast<float>(view.config().geometry.head_dim));
+  auto scored = std::make_shared<TokenStageOutput>();
+  ScorePoolTokens(view, in, pool, scored.get());
+  RankScoredTokens(scored, policy, req.budget.tokens, &out->ranked, rest);
+  out->tokens_scored = scored->tokens_scored;
+  out->token_us = WholeMicrosSince(t0);
+}
+
 class MassScorer final : public RecallScorer {
  public:
+  explicit MassScorer(bool token_stage)
+      : token_stage_(token_stage),
+        name_(token_stage ? kMassScorer : kMassGroupsScorer) {}
   const std::string& name() const override { return name_; }
   bool wants_open_mean() const override { return true; }
   bool answers_per_head() const override { return true; }
@@ -336,7 +321,8 @@ class MassScorer final : public RecallScorer {
                     const PlanPolicy& policy, const MassRows& rows,
                     size_t range) const ABSL_SHARED_LOCKS_REQUIRED(view.mu());
 
-  const std::string name_{kMassScorer};
+  const bool token_stage_;
+  const std::string name_;
 };
 
 absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
@@ -389,6 +375,11 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
   }
   rows.ranges = in.ranges;
   rows.est = EstimateMass(in);
+  if (token_stage_ && view.grouped()) {
+    PrepareTokenQuery(TokenCodeShapeOf(config), q.query.data(),
+                      static_cast<uint32_t>(rows.scans.size()),
+                      &rows.token_query);
+  }
   for (size_t ri = 0; ri < rows.ranges.size(); ++ri) {
     ScoredSet set = RankSet(view, req, out->policy, rows, ri);
     if (out->layer_sets) {
@@ -451,6 +442,11 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
                           set->sem.on() ? set->sem.Get(b) : 0.0f});
   }
   RecallPlanner(policy).Rank(&out.ranked);
+  std::function<std::vector<PlanUnit>()> rest_tokens;
+  if (token_stage_ && view.grouped()) {
+    RankPoolTokens(view, req, policy, rows, range, set.get(), &out,
+                   &rest_tokens);
+  }
   if (w.track > 0 && !req.query->signals.detections.empty()) {
     PutAnchorsFirst(view, req, rows, density, set.get(), &out.ranked);
   }
@@ -459,8 +455,13 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
   // unit that fits, again and again, is one pass in rank order: a unit that
   // does not fit never will (the tokens left only shrink, and a block not
   // taken once top_k are cannot be taken later).
-  out.more = [&rows, &density, shift, set](uint32_t left) {
-    return RestUnits(rows, shift, density, *set, left);
+  out.more = [&rows, &density, shift, set, rest_tokens](uint32_t left) {
+    std::vector<PlanUnit> more = RestUnits(rows, shift, density, *set, left);
+    if (rest_tokens) {
+      const std::vector<PlanUnit> tokens = rest_tokens();
+      more.insert(more.end(), tokens.begin(), tokens.end());
+    }
+    return more;
   };
   if (scratch.dots.size() + 2 * n > kKeepScratchFloats) {
     ReleaseThreadScratch<Scratch>();
@@ -470,8 +471,8 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
 
 }  // namespace
 
-std::unique_ptr<RecallScorer> NewMassScorer() {
-  return std::make_unique<MassScorer>();
+std::unique_ptr<RecallScorer> NewMassScorer(bool token_stage) {
+  return std::make_unique<MassScorer>(token_stage);
 }
 
 }  // namespace kvmem

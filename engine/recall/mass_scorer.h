@@ -10,6 +10,12 @@
 // re-identification anchors first, fill the budget, and fill what is left
 // with the best remaining units that fit. With per_layer, a set per indexed
 // layer; with per_head, a set per indexed layer and KV head.
+//
+// With token_stage ("mass", the default), the fill is at token resolution:
+// a pool of the best groups, kTokenPoolFactor times the budget, has each
+// of its tokens scored from its token codes (engine/recall/token_stage.h),
+// and the set takes the best tokens; the anchors stay whole groups.
+// Without it ("mass_groups"), the set takes whole groups.
 #ifndef KVMEM_ENGINE_RECALL_MASS_SCORER_H_
 #define KVMEM_ENGINE_RECALL_MASS_SCORER_H_
 
@@ -19,7 +25,7 @@
 
 namespace kvmem {
 
-std::unique_ptr<RecallScorer> NewMassScorer();
+std::unique_ptr<RecallScorer> NewMassScorer(bool token_stage);
 
 }  // namespace kvmem
 

@@ -27,22 +27,37 @@ float RecallPlanner::Priority(const PlanUnit& u) const {
 }
 
 void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
+  RankTop(units, units->size(), nullptr);
+}
+
+void RecallPlanner::RankTop(std::vector<PlanUnit>* units, size_t keep,
+                            std::vector<PlanUnit>* rest) const {
   std::vector<std::pair<float, size_t>> keyed;
   keyed.reserve(units->size());
   for (size_t i = 0; i < units->size(); ++i) {
     keyed.emplace_back(RankValue((*units)[i]), i);
   }
   const std::vector<PlanUnit>& u = *units;
-  std::sort(keyed.begin(), keyed.end(),
-            [&](const std::pair<float, size_t>& a,
-                const std::pair<float, size_t>& b) {
-              if (a.first != b.first) return a.first > b.first;
-              const PlanUnit &x = u[a.second], &y = u[b.second];
-              return x.block != y.block ? x.block > y.block : x.group > y.group;
-            });
+  const auto better = [&](const std::pair<float, size_t>& a,
+                          const std::pair<float, size_t>& b) {
+    if (a.first != b.first) return a.first > b.first;
+    const PlanUnit &x = u[a.second], &y = u[b.second];
+    if (x.block != y.block) return x.block > y.block;
+    return x.group != y.group ? x.group > y.group : x.token > y.token;
+  };
+  keep = std::min(keep, keyed.size());
+  if (keep < keyed.size()) {
+    std::nth_element(keyed.begin(), keyed.begin() + keep, keyed.end(), better);
+  }
+  std::sort(keyed.begin(), keyed.begin() + keep, better);
   std::vector<PlanUnit> sorted;
-  sorted.reserve(units->size());
-  for (const auto& k : keyed) sorted.push_back(u[k.second]);
+  sorted.reserve(keep);
+  for (size_t i = 0; i < keep; ++i) sorted.push_back(u[keyed[i].second]);
+  if (rest != nullptr) {
+    for (size_t i = keep; i < keyed.size(); ++i) {
+      rest->push_back(u[keyed[i].second]);
+    }
+  }
   *units = std::move(sorted);
 }
 
@@ -53,8 +68,21 @@ PlannedBlock& RecallPlanner::Slot(uint64_t block) {
 void RecallPlanner::Take(const std::vector<PlanUnit>& ranked) {
   for (size_t i = 0; i < ranked.size() && used_ < policy_.max_tokens; ++i) {
     const PlanUnit& u = ranked[i];
-    if (u.tokens == 0 || used_ + u.tokens > policy_.max_tokens) continue;
-    if (slot_.count(u.block) == 0) {
+    if (u.tokens == 0) continue;
+    const auto slot = slot_.find(u.block);
+    // A whole group charges the tokens it adds: its tokens already taken
+    // one by one are absorbed.
+    uint32_t charge = u.tokens, absorbed = 0;
+    if (slot != slot_.end()) {
+      const PlannedBlock& have = blocks_[slot->second];
+      if (have.group_mask >> (u.group & 63) & 1) continue;  // Taken whole.
+      if (u.token == kWholeUnit) {
+        for (uint32_t g : have.single_groups) absorbed += g == u.group;
+        charge = u.tokens > absorbed ? u.tokens - absorbed : 0;
+      }
+    }
+    if (used_ + charge > policy_.max_tokens) continue;
+    if (slot == slot_.end()) {
       if (policy_.top_k > 0 && blocks_.size() >= policy_.top_k) continue;
       slot_.emplace(u.block, blocks_.size());
       PlannedBlock b;
@@ -67,11 +95,26 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked) {
     }
     PlannedBlock& b = Slot(u.block);
     if (policy_.mode == ScoreMode::kMass) {
-      b.mass += u.score * static_cast<float>(u.tokens);
+      b.mass += u.score * static_cast<float>(charge);
     }
-    b.tokens += u.tokens;
-    b.group_mask |= uint64_t{1} << (u.group & 63);
-    used_ += u.tokens;
+    b.tokens += charge;
+    if (u.token == kWholeUnit) {
+      b.group_mask |= uint64_t{1} << (u.group & 63);
+      if (absorbed > 0) {
+        size_t k = 0;
+        for (size_t i = 0; i < b.single_tokens.size(); ++i) {
+          if (b.single_groups[i] == u.group) continue;
+          b.single_tokens[k] = b.single_tokens[i];
+          b.single_groups[k++] = b.single_groups[i];
+        }
+        b.single_tokens.resize(k);
+        b.single_groups.resize(k);
+      }
+    } else {
+      b.single_tokens.push_back(u.token);
+      b.single_groups.push_back(u.group);
+    }
+    used_ += charge;
   }
 }
 
@@ -137,10 +180,22 @@ void AssignGateWeights(std::vector<PlannedBlock>* blocks, float temperature,
 }
 
 std::vector<uint32_t> TokenOffsets(const std::vector<uint8_t>& token_group,
-                                   uint64_t group_mask, uint32_t token_count) {
+                                   uint64_t group_mask,
+                                   const std::vector<uint32_t>& single_tokens,
+                                   uint32_t token_count) {
   std::vector<uint32_t> offsets;
-  for (uint32_t t = 0; t < token_group.size(); ++t) {
-    if (group_mask >> token_group[t] & 1) offsets.push_back(t);
+  if (single_tokens.empty()) {
+    for (uint32_t t = 0; t < token_group.size(); ++t) {
+      if (group_mask >> token_group[t] & 1) offsets.push_back(t);
+    }
+  } else {  // One pass over a mark per token: ascending, each once.
+    std::vector<uint8_t> taken(token_group.size(), 0);
+    for (uint32_t t : single_tokens) {
+      if (t < taken.size()) taken[t] = 1;
+    }
+    for (uint32_t t = 0; t < token_group.size(); ++t) {
+      if (taken[t] || (group_mask >> token_group[t] & 1)) offsets.push_back(t);
+    }
   }
   if (offsets.size() == token_count) offsets.clear();
   return offsets;

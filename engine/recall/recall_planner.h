@@ -28,7 +28,12 @@
 
 namespace kvmem {
 
-// One candidate unit: a whole block (group 0), or one token group of one.
+// A PlanUnit that is a whole block or group, not one token.
+inline constexpr uint32_t kWholeUnit = ~uint32_t{0};
+
+// One candidate unit: a whole block (group 0), one token group of one, or
+// one token (token-resolution recall: `token` identifies it within its
+// block, engine/recall/token_stage.h; `group` is its group, `tokens` 1).
 struct PlanUnit {
   uint64_t block = 0;
   uint32_t group = 0;
@@ -38,6 +43,7 @@ struct PlanUnit {
   float score = 0;
   // The weighted semantic score of the unit's block (0 when unknown).
   float semantic = 0;
+  uint32_t token = kWholeUnit;
 };
 
 struct PlanPolicy {
@@ -63,7 +69,12 @@ struct PlannedBlock {
   float mass = 0;  // MASS: sum over its units of density * tokens.
   float gate_weight = 0;
   uint32_t tokens = 0;      // Tokens of its units taken.
-  uint64_t group_mask = 0;  // Bit g: group g taken.
+  uint64_t group_mask = 0;  // Bit g: group g taken (whole).
+  // Single tokens taken (token units: their `token`), in the order taken,
+  // and each one's group; none of them in a group of group_mask (a whole group taken after
+  // some of its tokens absorbs them: the budget counts each token once).
+  std::vector<uint32_t> single_tokens;
+  std::vector<uint32_t> single_groups;
 };
 
 struct RecallPlan {
@@ -79,10 +90,16 @@ class RecallPlanner {
   float RankValue(const PlanUnit& u) const;
   // Sorts units best first.
   void Rank(std::vector<PlanUnit>* units) const;
+  // Keeps the best `keep` units in *units, sorted as Rank sorts them, and
+  // moves the others to *rest, unsorted: for token units, where a set takes
+  // about its budget's count of a pool several times larger.
+  void RankTop(std::vector<PlanUnit>* units, size_t keep,
+               std::vector<PlanUnit>* rest) const;
   // Takes units in the given order: each whose tokens still fit in what is
   // left of the budget, as long as its block is already taken or fewer than
-  // top_k blocks are. Units of 0 tokens are never taken. May be called
-  // again to continue the fill with further units.
+  // top_k blocks are. Units of 0 tokens are never taken, nor a token unit
+  // whose group is already taken whole. May be called again to continue the
+  // fill with further units.
   void Take(const std::vector<PlanUnit>& ranked);
   uint32_t tokens_left() const {
     return static_cast<uint32_t>(policy_.max_tokens - used_);
@@ -130,10 +147,12 @@ void AssignGateWeights(std::vector<PlannedBlock>* blocks, float temperature,
                        ScoreMode mode);
 
 // The token offsets a recalled block carries for the groups in group_mask
-// (token_group[t]: token t's group): ascending, and empty when that is every
-// token (the whole block).
+// (token_group[t]: token t's group) and the single tokens: ascending, and
+// empty when that is every token (the whole block).
 std::vector<uint32_t> TokenOffsets(const std::vector<uint8_t>& token_group,
-                                   uint64_t group_mask, uint32_t token_count);
+                                   uint64_t group_mask,
+                                   const std::vector<uint32_t>& single_tokens,
+                                   uint32_t token_count);
 
 }  // namespace kvmem
 

@@ -6,6 +6,7 @@
 #include "engine/index/dot.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/recall_query.h"
+#include "engine/recall/token_stage.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
@@ -37,8 +38,10 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
     r.gate_weight = p.gate_weight;
     r.was_staged = e.staged;
     if (scored.group_units) {
-      r.token_offsets =
-          TokenOffsets(e.rec.token_group, p.group_mask, r.block.token_count);
+      r.token_offsets = TokenOffsets(
+          e.rec.token_group, p.group_mask,
+          GroupOrderTokens(e.rec.token_group, p.single_tokens),
+          r.block.token_count);
     }
     out.push_back(std::move(r));
   }
@@ -100,6 +103,8 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   r->window_estimated = scored.window_estimated;
   r->search_us = scored.search_us;
   for (ScoredSet& set : scored.sets) {
+    r->tokens_scored += set.tokens_scored;
+    r->token_us += set.token_us;
     const RecallPlan plan = PlanSet(scored.policy, &set);
     LayerRecallSet out;
     out.layer = set.layer;

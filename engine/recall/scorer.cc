@@ -16,7 +16,8 @@ class Registry {
  public:
   Registry() {
     // The built-in scorers: one line each.
-    Add(NewMassScorer());
+    Add(NewMassScorer(/*token_stage=*/true));
+    Add(NewMassScorer(/*token_stage=*/false));
     Add(NewSummedScorer());
   }
 

@@ -9,8 +9,9 @@
 // (engine/recall/recaller.h) turns the plans into the answer.
 //
 // Scorers are chosen by name (StreamConfig.weights.scorer,
-// kvmem.v1.RecallPolicy.scorer): "mass" (per-head attention mass, the
-// default) and "summed" (the summed logit of the mean query) are built in;
+// kvmem.v1.RecallPolicy.scorer): "mass" (per-head attention mass at token
+// resolution, the default), "mass_groups" (the same at token-group
+// resolution) and "summed" (the summed logit of the mean query) are built in;
 // a program registers more with RegisterRecallScorer. A new scorer is one
 // file and one registration:
 //
@@ -67,6 +68,10 @@ struct ScoredSet {
   // per-thread scratch: call it on the scoring thread, before that thread
   // scores again (AnswerRecall plans every set right after scoring).
   std::function<std::vector<PlanUnit>(uint32_t tokens_left)> more;
+  // Tokens the set scored one by one (token-resolution scorers), and the
+  // time that took.
+  uint64_t tokens_scored = 0;
+  uint32_t token_us = 0;
 };
 
 struct ScoredRecall {
@@ -127,8 +132,11 @@ const RecallScorer* FindRecallScorer(absl::string_view name);
 // Every registered name, sorted.
 std::vector<std::string> RecallScorerNames();
 
-// The names of the built-in scorers.
+// The names of the built-in scorers: "mass" scores token groups, then the
+// tokens of the best groups from their codes (engine/recall/token_stage.h);
+// "mass_groups" stops at the groups (kvmem before token-resolution recall).
 inline constexpr absl::string_view kMassScorer = "mass";
+inline constexpr absl::string_view kMassGroupsScorer = "mass_groups";
 inline constexpr absl::string_view kSummedScorer = "summed";
 
 }  // namespace kvmem

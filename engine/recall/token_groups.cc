@@ -150,7 +150,29 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
   for (size_t i = 0; i < n; ++i) NormalizeRow(unit.data() + i * dim, dim);
   std::vector<uint8_t> assign =
       Cluster(unit, n, dim, k, InitialCentres(unit, n, dim, k));
-  return Summaries(keys, assign, n, dim, k);
+  TokenGroups groups = Summaries(keys, assign, n, dim, k);
+  // The codes in group order (a group's tokens are one run: recall reads
+  // them in sequence).
+  std::vector<float> ordered;
+  ordered.reserve(keys.size());
+  const uint8_t used = static_cast<uint8_t>(groups.summaries.size() / dim);
+  for (uint8_t g = 0; g < used; ++g) {
+    for (size_t t = 0; t < n; ++t) {
+      if (groups.token_group[t] != g) continue;
+      ordered.insert(ordered.end(), keys.begin() + t * dim,
+                     keys.begin() + (t + 1) * dim);
+    }
+  }
+  groups.codes =
+      EncodeTokenCodes(TokenCodeShapeOf(config), ordered.data(), n);
+  return groups;
+}
+
+TokenCodeShape TokenCodeShapeOf(const StreamConfig& config) {
+  TokenCodeShape shape;
+  shape.head_dim = config.geometry.head_dim;
+  shape.segments = SummaryDim(config) / std::max<uint32_t>(shape.head_dim, 1);
+  return shape;
 }
 
 }  // namespace kvmem

@@ -17,9 +17,11 @@
 #define KVMEM_ENGINE_RECALL_TOKEN_GROUPS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "engine/index/token_codes.h"
 #include "engine/types.h"
 
 namespace kvmem {
@@ -29,7 +31,15 @@ inline constexpr uint32_t kMaxGroupsPerBlock = 64;
 struct TokenGroups {
   std::vector<float> summaries;      // [group][summary_dim]
   std::vector<uint8_t> token_group;  // Group of each token, in append order.
+  // Every token's keys as token codes (engine/index/token_codes.h) in group
+  // order: group 0's tokens in append order, then group 1's, and so on (a
+  // group's records are one run). What token-resolution recall scores.
+  std::string codes;
 };
+
+// The token-code shape of a stream's keys: a segment per indexed layer and
+// KV head.
+TokenCodeShape TokenCodeShapeOf(const StreamConfig& config);
 
 // REQUIRES: config passed ValidateStreamConfig; frames hold the block's
 // frame payloads (full precision, as appended) with their token counts;

@@ -34,6 +34,7 @@ std::unique_ptr<WarmBlock> OpenBlock::Seal(BlockRecord* rec) const {
         BuildTokenGroups(config_, views, tokens_, config_.groups_per_block);
     rec->group_summaries = std::move(groups.summaries);
     rec->token_group = std::move(groups.token_group);
+    rec->token_codes = std::move(groups.codes);
   }
   rec->tracks = semantics_.Tracks();
   rec->scene = semantics_.SceneMean();

@@ -166,6 +166,7 @@ void RecallView::FillStats(StreamStats* s) const {
           (e.rec.summary.size() + e.rec.group_summaries.size()) *
               sizeof(float) +
           e.rec.token_group.size();
+      s->token_code_bytes += e.rec.token_codes.size();
     }
     switch (TierOf(e)) {
       case Tier::kWarm:

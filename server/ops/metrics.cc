@@ -413,6 +413,20 @@ ServerMetrics::ServerMetrics(const MemoryEngine* engine, const Options& options)
   recall_latency_ = &recall.Add({{"method", "Recall"}}, LatencyBuckets());
   session_recall_latency_ =
       &recall.Add({{"method", "Session"}}, LatencyBuckets());
+  tokens_scored_ = &prometheus::BuildCounter()
+                        .Name("kvmem_recall_tokens_scored_total")
+                        .Help(
+                            "Tokens recalls scored one by one from their "
+                            "token codes (scorer mass).")
+                        .Register(*registry_)
+                        .Add({});
+  token_scan_seconds_ = &prometheus::BuildCounter()
+                             .Name("kvmem_recall_token_scan_seconds_total")
+                             .Help(
+                                 "Time recalls spent scoring tokens from "
+                                 "their codes.")
+                             .Register(*registry_)
+                             .Add({});
   collector_ = std::make_shared<MetricsCollector>(engine, options.max_streams,
                                                   registry_);
 }
@@ -454,6 +468,12 @@ void ServerMetrics::OnCallDone(const std::string& method, grpc::StatusCode code,
 
 void ServerMetrics::ObserveRecall(bool session, double seconds) {
   (session ? session_recall_latency_ : recall_latency_)->Observe(seconds);
+}
+
+void ServerMetrics::ObserveTokenScan(uint64_t tokens, double seconds) {
+  if (tokens == 0) return;
+  tokens_scored_->Increment(static_cast<double>(tokens));
+  token_scan_seconds_->Increment(seconds);
 }
 
 void ServerMetrics::RetireStream(const StreamStats& stats) {

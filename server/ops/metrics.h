@@ -59,6 +59,11 @@ class ServerMetrics {
                   double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   // One recall (method "Recall" or "Session"), successful or not.
   void ObserveRecall(bool session, double seconds);
+  // A recall's token-resolution stage: tokens scored from their codes and
+  // the time that took (kvmem_recall_tokens_scored_total,
+  // kvmem_recall_token_scan_seconds_total: their rates' ratio is the scan
+  // rate in tokens per second).
+  void ObserveTokenScan(uint64_t tokens, double seconds);
   // Keeps a stream's counters in the global totals; call with its last
   // stats when it is deleted.
   void RetireStream(const StreamStats& stats);
@@ -86,6 +91,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* rpc_latency_;
   prometheus::Histogram* recall_latency_;
   prometheus::Histogram* session_recall_latency_;
+  prometheus::Counter* tokens_scored_;
+  prometheus::Counter* token_scan_seconds_;
   std::shared_ptr<MetricsCollector> collector_;
 
   mutable kvmem::Mutex mu_;

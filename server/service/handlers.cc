@@ -39,6 +39,9 @@ absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
   if (metrics != nullptr)
     metrics->ObserveRecall(session, MicrosSince(t0) / 1e6);
   if (!r.ok()) return r.status();
+  if (metrics != nullptr) {
+    metrics->ObserveTokenScan(r->tokens_scored, r->token_us / 1e6);
+  }
   ToProto(*r, resp);
   return absl::OkStatus();
 }

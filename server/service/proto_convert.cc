@@ -139,6 +139,7 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   p->set_open_block_frames(s.open_block_frames);
   p->set_payload_bytes(s.payload_bytes);
   p->set_summary_bytes(s.summary_bytes);
+  p->set_token_code_bytes(s.token_code_bytes);
   p->set_summary_dim(s.summary_dim);
   p->set_recalls(s.recalls);
   p->set_recalled_blocks(s.recalled_blocks);
@@ -230,6 +231,8 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
   p->mutable_timing()->set_plan_us(r.plan_us);
   p->mutable_timing()->set_total_us(r.total_us);
   v1::RecallTiming* t = p->mutable_timing();
+  t->set_tokens_scored(r.tokens_scored);
+  t->set_token_us(r.token_us);
   t->set_modelled_us(r.accel.modelled_us);
   t->set_modelled_dram_bytes(r.accel.dram_bytes);
   t->set_modelled_energy_uj(r.accel.energy_uj);

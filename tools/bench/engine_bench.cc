@@ -265,16 +265,34 @@ bool AppendRandomFrames(benchmark::State& state, MemoryEngine* engine,
 template <typename Next>
 void TimeRecalls(benchmark::State& state, MemoryEngine* engine, Next next) {
   std::vector<double> us;
+  double search_us = 0, plan_us = 0, token_us = 0, scored = 0, calls = 0;
   for (auto _ : state) {
     const RecallQuery q = next();
     const auto t0 = SteadyClock::now();
     auto r = engine->Recall("cam", q);
     us.push_back(MicrosSince(t0));
-    if (!r.ok()) state.SkipWithError("Recall failed");
+    if (!r.ok()) {
+      state.SkipWithError("Recall failed");
+      continue;
+    }
+    search_us += r->search_us;
+    plan_us += r->plan_us;
+    token_us += r->token_us;
+    scored += static_cast<double>(r->tokens_scored);
+    calls += 1;
   }
   std::sort(us.begin(), us.end());
   state.counters["p50_us"] = SortedPercentile(us, 0.50);
   state.counters["p99_us"] = SortedPercentile(us, 0.99);
+  if (calls > 0) {
+    // Means per recall: search, plan (token stage included) and the token
+    // stage; tokens scored and their rate (millions per second, one core).
+    state.counters["search_us"] = search_us / calls;
+    state.counters["plan_us"] = plan_us / calls;
+    state.counters["token_us"] = token_us / calls;
+    state.counters["tokens_scored"] = scored / calls;
+    if (token_us > 0) state.counters["Mtok_per_s"] = scored / token_us;
+  }
 }
 
 // Engine-level Recall over a stream of N sealed blocks (one 4-token frame
@@ -360,7 +378,8 @@ BENCHMARK(BM_TokenGroups)
 // layers x 4 KV heads x 64 dims, both layers indexed, 32 tokens per frame,
 // 4-frame blocks with arg 1 token groups each (arg 0 blocks: 225 is a
 // 5-minute camera), a 2048-token window and a 614-token budget; arg 2 the
-// score (1 mass, 2 summed). Random keys: the cost, not the quality.
+// scorer (1 mass: token resolution, 2 summed, 3 mass_groups). Random keys:
+// the cost, not the quality.
 void BM_EvalShapedRecall(benchmark::State& state) {
   const uint64_t blocks = state.range(0);
   const std::filesystem::path dir =
@@ -375,7 +394,8 @@ void BM_EvalShapedRecall(benchmark::State& state) {
   c.frames_per_block = 4;
   c.groups_per_block = static_cast<uint32_t>(state.range(1));
   c.default_max_tokens = 614;
-  c.weights.score = static_cast<ScoreMode>(state.range(2));
+  const char* const scorers[] = {"", "mass", "summed", "mass_groups"};
+  c.weights.scorer = scorers[state.range(2)];
   if (!engine->OpenStream("cam", c).ok()) {
     state.SkipWithError("OpenStream failed");
     return;
@@ -398,13 +418,15 @@ void BM_EvalShapedRecall(benchmark::State& state) {
     q.query = queries[i++ % queries.size()];
     return q;
   });
-  state.SetLabel(c.weights.score == ScoreMode::kMass ? "mass" : "summed");
+  state.SetLabel(c.weights.scorer);
   engine.reset();
   std::filesystem::remove_all(dir);
 }
 BENCHMARK(BM_EvalShapedRecall)
     ->Args({225, 8, 1})
     ->Args({225, 16, 1})
+    ->Args({225, 8, 3})
+    ->Args({225, 16, 3})
     ->Args({225, 8, 2})
     ->Args({225, 16, 2})
     ->Unit(benchmark::kMicrosecond);

@@ -106,10 +106,11 @@ ABSL_FLAG(bool, no_window_lse, false,
           "eval: the kvmem policy does not send its window's log-sum-exp "
           "(kvmem estimates it).");
 ABSL_FLAG(std::string, kvmem_variants,
-          "kvmem_summed,kvmem_no_lse,kvmem_per_head",
+          "kvmem_summed,kvmem_no_lse,kvmem_per_head,kvmem_groups",
           "eval: kvmem variants run beside kvmem, comma-separated: "
           "kvmem_summed (before per-head scoring), kvmem_no_lse (no window "
-          "log-sum-exp sent), kvmem_blocks (no token groups), "
+          "log-sum-exp sent), kvmem_blocks (no token groups), kvmem_groups "
+          "(whole token groups: scorer mass_groups, no token stage), "
           "kvmem_group_mean (each GQA group's mean query, not one vector "
           "per query head), kvmem_per_head (a recall set per KV head).");
 

@@ -54,6 +54,7 @@ v1::StreamConfig KvmemConfig(const KvmemKnobs& k, const VideoWorkloadOptions& w,
   r->set_scene_weight(k.scene_weight);
   r->set_iou_weight(k.iou_weight);
   r->set_score(static_cast<v1::ScoreMode>(k.score));
+  r->set_scorer(k.scorer);
   return c;
 }
 
@@ -107,6 +108,8 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
     k.window_lse = false;
   } else if (name == "kvmem_blocks") {
     k.groups_per_block = 1;
+  } else if (name == "kvmem_groups") {
+    k.scorer = "mass_groups";
   } else if (name == "kvmem_group_mean") {
     k.query_heads = false;
   } else if (name == "kvmem_per_head") {
@@ -114,8 +117,8 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown kvmem variant \"", name,
-        "\"; use kvmem_summed, kvmem_no_lse, kvmem_blocks, kvmem_group_mean "
-        "or kvmem_per_head"));
+        "\"; use kvmem_summed, kvmem_no_lse, kvmem_blocks, kvmem_groups, "
+        "kvmem_group_mean or kvmem_per_head"));
   }
   return k;
 }

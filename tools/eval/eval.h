@@ -59,6 +59,7 @@ struct KvmemKnobs {
   std::string index_factory;
   uint32_t top_k = 0;  // Sent in each request; 0: the stream's default.
   int score = 0;       // 0: default; 1 MASS; 2 SUMMED.
+  std::string scorer;  // RecallPolicy.scorer; empty: the default.
   float track_weight = 0, scene_weight = 0, iou_weight = 0;
   uint32_t rebuild_every_blocks = 0;
   uint64_t warm_budget_bytes = 0;
@@ -79,7 +80,8 @@ struct KvmemKnobs {
 KvmemKnobs SummedKnobs();
 // The knobs of a named variant of `base`: kvmem_summed (SummedKnobs),
 // kvmem_no_lse (no window log-sum-exp sent), kvmem_blocks (no token
-// groups), kvmem_group_mean (each GQA group's mean query, one vector),
+// groups), kvmem_groups (scorer mass_groups: whole token groups, no token
+// stage), kvmem_group_mean (each GQA group's mean query, one vector),
 // kvmem_per_head (a set per KV head).
 absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
                                         const KvmemKnobs& base);

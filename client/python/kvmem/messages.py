@@ -221,6 +221,8 @@ class RecallTiming:
     modelled_energy_uj: float = 0.0
     modelled_queue_us: float = 0.0
     injections: int = 0
+    tokens_scored: int = 0
+    token_us: int = 0
 
 
 @dataclass
@@ -347,6 +349,7 @@ class StreamStats:
     open_block_frames: int = 0
     payload_bytes: int = 0
     summary_bytes: int = 0
+    token_code_bytes: int = 0
     summary_dim: int = 0
     recalls: int = 0
     recalled_blocks: int = 0

@@ -86,7 +86,9 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   b.summary = {1, 2, 3};
   b.last_hit_frame = 11;
   std::string block = EncodeBlock(b);
-  block.resize(block.size() - 8);  // Two empty length-prefixed fields.
+  // Three empty length-prefixed fields: group summaries, token groups,
+  // token codes.
+  block.resize(block.size() - 12);
   block[0] = 2;
   auto back = DecodeBlock(block);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -94,6 +96,31 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   EXPECT_EQ(back->last_hit_frame, 11u);
   EXPECT_TRUE(back->group_summaries.empty());
   EXPECT_TRUE(back->token_group.empty());
+  EXPECT_TRUE(back->token_codes.empty());
+}
+
+// Block records of version 3 (token groups, no token codes) decode with no
+// codes; version 4 keeps them byte for byte.
+TEST(RecordCodecTest, TokenCodesRoundTripAndVersionThreeHasNone) {
+  BlockRecord b;
+  b.info.id = 6;
+  b.summary = {1, 2};
+  b.group_summaries = {3, 4};
+  b.token_group = {0, 0, 1};
+  b.token_codes = std::string("\x01\x00\xff codes", 9);
+  auto back = DecodeBlock(EncodeBlock(b));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->token_codes, b.token_codes);
+  EXPECT_EQ(back->token_group, b.token_group);
+
+  b.token_codes.clear();
+  std::string v3 = EncodeBlock(b);
+  v3.resize(v3.size() - 4);  // The empty codes field.
+  v3[0] = 3;
+  back = DecodeBlock(v3);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->group_summaries, b.group_summaries);
+  EXPECT_TRUE(back->token_codes.empty());
 }
 
 // Version 3 had token groups but one score: its streams keep SUMMED, while

@@ -138,10 +138,60 @@ TEST(RecallPlannerTest, UnitsOfNoTokensAreNeverTaken) {
 
 TEST(RecallPlannerTest, TokenOffsetsOfChosenGroups) {
   const std::vector<uint8_t> token_group = {0, 1, 1, 2, 0};
-  EXPECT_EQ(TokenOffsets(token_group, 0b010, 5), (std::vector<uint32_t>{1, 2}));
-  EXPECT_EQ(TokenOffsets(token_group, 0b101, 5),
+  EXPECT_EQ(TokenOffsets(token_group, 0b010, {}, 5),
+            (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(TokenOffsets(token_group, 0b101, {}, 5),
             (std::vector<uint32_t>{0, 3, 4}));
-  EXPECT_TRUE(TokenOffsets(token_group, 0b111, 5).empty());  // Whole block.
+  EXPECT_TRUE(TokenOffsets(token_group, 0b111, {}, 5).empty());  // Whole.
+  // Single tokens join the groups' tokens, ascending.
+  EXPECT_EQ(TokenOffsets(token_group, 0b100, {4, 1}, 5),
+            (std::vector<uint32_t>{1, 3, 4}));
+  EXPECT_TRUE(TokenOffsets(token_group, 0b011, {3}, 5).empty());
+}
+
+PlanUnit Token(uint64_t block, uint32_t group, uint32_t token, float density) {
+  PlanUnit u{block, group, 1, density, 0};
+  u.token = token;
+  return u;
+}
+
+PlanPolicy Mass(uint32_t max_tokens) {
+  PlanPolicy p;
+  p.mode = ScoreMode::kMass;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+TEST(RecallPlannerTest, TokenUnitsFillTheBudgetOneTokenEach) {
+  RecallPlanner planner(Mass(3));
+  std::vector<PlanUnit> units = {Token(4, 0, 7, 0.1f), Token(2, 1, 3, 0.4f),
+                                 Token(4, 1, 2, 0.3f), Token(2, 0, 0, 0.2f)};
+  planner.Rank(&units);
+  planner.Take(units);
+  const RecallPlan plan = planner.Finish();
+  EXPECT_EQ(plan.total_tokens, 3u);
+  ASSERT_EQ(Ids(plan), (std::vector<uint64_t>{2, 4}));
+  EXPECT_EQ(plan.blocks[0].single_tokens, (std::vector<uint32_t>{3, 0}));
+  EXPECT_EQ(plan.blocks[1].single_tokens, (std::vector<uint32_t>{2}));
+  EXPECT_EQ(plan.blocks[0].group_mask, 0u);
+  EXPECT_FLOAT_EQ(plan.blocks[0].mass, 0.6f);
+}
+
+TEST(RecallPlannerTest, AWholeGroupAbsorbsItsTokensAndIsChargedOnce) {
+  RecallPlanner planner(Mass(6));
+  // Tokens 1 and 2 of group 3 first, then group 3 whole (4 tokens): it adds
+  // 2, and a later token of the group is not taken again.
+  planner.Take({Token(9, 3, 1, 0.5f), Token(9, 0, 8, 0.5f),
+                Token(9, 3, 2, 0.5f), Unit(9, 4, 0.25f, 3), Token(9, 3, 5, 1.f),
+                Token(9, 1, 6, 0.1f)});
+  const RecallPlan plan = planner.Finish();
+  ASSERT_EQ(plan.blocks.size(), 1u);
+  const PlannedBlock& b = plan.blocks[0];
+  EXPECT_EQ(plan.total_tokens, 6u);
+  EXPECT_EQ(b.tokens, 6u);
+  EXPECT_EQ(b.group_mask, uint64_t{1} << 3);
+  EXPECT_EQ(b.single_tokens, (std::vector<uint32_t>{8, 6}));
+  EXPECT_EQ(b.single_groups, (std::vector<uint32_t>{0, 1}));
 }
 
 TEST(RecallPlannerTest, GateWeightsAreTemperedSoftmax) {

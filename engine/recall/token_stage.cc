@@ -1,0 +1,191 @@
+#include "engine/recall/token_stage.h"
+
+#include <algorithm>
+
+#include "base/thread_scratch.h"
+#include "engine/recall/token_groups.h"
+
+namespace kvmem {
+
+void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
+                    const uint8_t* records, size_t m, float* out) {
+  const size_t per_token = size_t{in.query->vectors} * shape.segments;
+  struct Scratch {
+    std::vector<float> dots;
+  };
+  std::vector<float>& dots = ThreadScratch<Scratch>().dots;
+  dots.resize(m * per_token);
+  ActiveTokenKernel().dots(shape, *in.query, records, m, in.h0, in.h1,
+                           dots.data());
+  CandidateDensities(*in.est, dots.data(), m, in.h0, in.h1, in.logit_scale,
+                     out);
+}
+
+namespace {
+
+// Asks for a run of code records before it is read (the pool's runs lie
+// in different blocks' records: the next run's misses overlap this run's
+// scoring).
+void PrefetchRun(const uint8_t* p, size_t bytes) {
+  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+}
+
+}  // namespace
+
+void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
+                     const std::vector<PlanUnit>& pool,
+                     TokenStageOutput* out) {
+  const TokenCodeShape shape = TokenCodeShapeOf(view.config());
+  const size_t stride = shape.bytes_per_token();
+  struct Run {
+    const PlanUnit* unit;
+    const uint8_t* records;  // The group's run in its block's codes.
+    uint32_t begin = 0, count = 0;
+  };
+  struct Scratch {
+    std::vector<Run> runs;
+  };
+  Scratch& s = ThreadScratch<Scratch>();
+  s.runs.clear();
+  size_t tokens = 0;
+  for (const PlanUnit& u : pool) {
+    const BlockRecord& rec = view.blocks()[u.block].rec;
+    const size_t n = rec.info.token_count;
+    if (rec.token_codes.size() != n * stride || rec.token_group.size() != n) {
+      out->whole.push_back(u);  // No codes: the group stays whole.
+      continue;
+    }
+    // The group's run starts after the tokens of the groups before it.
+    uint32_t begin = 0;
+    for (uint32_t g = 0; g < u.group; ++g) begin += view.UnitTokens(u.block, g);
+    const uint32_t count = view.UnitTokens(u.block, u.group);
+    s.runs.push_back(
+        {&u,
+         reinterpret_cast<const uint8_t*>(rec.token_codes.data()) +
+             size_t{begin} * stride,
+         begin, count});
+    tokens += count;
+  }
+  out->density.resize(tokens);
+  out->run.resize(tokens);
+  out->place.resize(tokens);
+  size_t at = 0;
+  if (!s.runs.empty()) PrefetchRun(s.runs[0].records, s.runs[0].count * stride);
+  for (size_t i = 0; i < s.runs.size(); ++i) {
+    const Run& r = s.runs[i];
+    if (i + 1 < s.runs.size()) {
+      PrefetchRun(s.runs[i + 1].records, s.runs[i + 1].count * stride);
+    }
+    TokenDensities(shape, in, r.records, r.count, out->density.data() + at);
+    const uint32_t run = static_cast<uint32_t>(out->runs.size());
+    out->runs.push_back(*r.unit);
+    for (uint32_t k = 0; k < r.count; ++k, ++at) {
+      out->run[at] = run;
+      out->place[at] = r.begin + k;
+    }
+    out->tokens_scored += r.count;
+  }
+}
+
+uint32_t PoolBudget(uint32_t budget, uint32_t vectors, uint32_t heads) {
+  const uint64_t per_token = uint64_t{vectors} * heads;
+  const uint64_t affordable = kMaxTokenDots / std::max<uint64_t>(per_token, 1);
+  return static_cast<uint32_t>(std::min<uint64_t>(
+      {uint64_t{budget} * kTokenPoolFactor,
+       std::max<uint64_t>(affordable, budget), UINT32_MAX}));
+}
+
+std::vector<uint32_t> BestUntil(const std::vector<float>& value,
+                                const std::vector<uint32_t>& tokens,
+                                const std::vector<uint64_t>& id,
+                                uint64_t budget) {
+  const size_t n = value.size();
+  std::vector<uint32_t> order(n);
+  for (uint32_t i = 0; i < n; ++i) order[i] = i;
+  const auto better = [&](uint32_t a, uint32_t b) {
+    return value[a] != value[b] ? value[a] > value[b] : id[a] > id[b];
+  };
+  uint64_t all = 0;
+  for (uint32_t t : tokens) all += t;
+  // About the candidates that hold the budget, a quarter more.
+  const double mean = n == 0 ? 1.0 : static_cast<double>(all) / n;
+  size_t guess = std::min(n, static_cast<size_t>(1.25 * budget / mean) + 16);
+  size_t take = 0;
+  for (;;) {
+    if (guess < n) {
+      std::nth_element(order.begin(), order.begin() + guess, order.end(),
+                       better);
+    }
+    std::sort(order.begin(), order.begin() + guess, better);
+    uint64_t held = 0;
+    for (take = 0; take < guess && held < budget; ++take) {
+      held += tokens[order[take]];
+    }
+    if (held >= budget || guess == n) break;
+    guess = n;  // Rare: sort them all.
+  }
+  order.resize(take);
+  return order;
+}
+
+void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
+                      const PlanPolicy& policy, uint32_t budget,
+                      std::vector<PlanUnit>* ranked,
+                      std::function<std::vector<PlanUnit>()>* rest) {
+  const TokenStageOutput& so = *scored;
+  const size_t n = so.density.size();
+  std::vector<float> value(n);
+  for (size_t i = 0; i < n; ++i) {
+    value[i] = MassRankValue(so.density[i], so.runs[so.run[i]].semantic,
+                             policy.model_weight);
+  }
+  std::vector<uint32_t> order(n);
+  for (uint32_t i = 0; i < n; ++i) order[i] = i;
+  // Rank's order: ties to the newer block, the larger group and place.
+  const auto better = [&](uint32_t a, uint32_t b) {
+    if (value[a] != value[b]) return value[a] > value[b];
+    const PlanUnit &x = so.runs[so.run[a]], &y = so.runs[so.run[b]];
+    if (x.block != y.block) return x.block > y.block;
+    return x.group != y.group ? x.group > y.group : so.place[a] > so.place[b];
+  };
+  const size_t keep = std::min(n, size_t{budget} + kRankSlack);
+  if (keep < n) {
+    std::nth_element(order.begin(), order.begin() + keep, order.end(), better);
+  }
+  std::sort(order.begin(), order.begin() + keep, better);
+  ranked->clear();
+  ranked->reserve(keep + so.whole.size());
+  for (size_t k = 0; k < keep; ++k) ranked->push_back(so.Unit(order[k]));
+  if (!so.whole.empty()) {  // Groups without codes join the ranking.
+    ranked->insert(ranked->end(), so.whole.begin(), so.whole.end());
+    RecallPlanner(policy).Rank(ranked);
+  }
+  order.erase(order.begin(), order.begin() + keep);
+  *rest = [scored, order = std::move(order)] {
+    std::vector<PlanUnit> units;
+    units.reserve(order.size());
+    for (uint32_t i : order) units.push_back(scored->Unit(i));
+    return units;
+  };
+}
+
+std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
+                                       const std::vector<uint32_t>& places) {
+  if (places.empty()) return {};
+  // The token at each place in group order, stably by group.
+  std::vector<uint32_t> count(kMaxGroupsPerBlock + 1, 0);
+  for (uint8_t g : token_group) ++count[g + 1];
+  for (size_t g = 1; g < count.size(); ++g) count[g] += count[g - 1];
+  std::vector<uint32_t> token_at(token_group.size());
+  for (uint32_t t = 0; t < token_group.size(); ++t) {
+    token_at[count[token_group[t]]++] = t;
+  }
+  std::vector<uint32_t> out;
+  out.reserve(places.size());
+  for (uint32_t p : places) {
+    if (p < token_at.size()) out.push_back(token_at[p]);
+  }
+  return out;
+}
+
+}  // namespace kvmem

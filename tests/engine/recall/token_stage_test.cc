@@ -1,0 +1,262 @@
+// Token-resolution recall (engine/recall/token_stage.h, scorer "mass"):
+// per-token densities against the formula computed directly in double, and
+// through a real engine over RocksDB: budgets filled token by token and
+// never exceeded, offsets inside their blocks and outside the window, and
+// more of the true attention mass than whole groups ("mass_groups") when
+// attention lives in a few tokens of many blocks.
+#include "engine/recall/token_stage.h"
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "engine/memory_engine.h"
+#include "engine/stream_config.h"
+#include "gtest/gtest.h"
+#include "tests/engine_fixture.h"
+
+namespace kvmem {
+namespace {
+
+std::vector<float> Random(std::mt19937_64& rng, size_t n, float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
+  for (const auto& [h0, h1] : {std::pair<uint32_t, uint32_t>{0, 6},
+                              std::pair<uint32_t, uint32_t>{2, 3}}) {
+    std::mt19937_64 rng(3 + h0);
+    const uint32_t hd = 32, heads = 6, vectors = 3;
+    const TokenCodeShape shape{heads, hd};
+    const size_t n = 20;
+    const std::vector<float> keys = Random(rng, n * heads * hd, 1.0f);
+    const std::vector<float> query = Random(rng, vectors * heads * hd, 2.0f);
+    const std::string codes = EncodeTokenCodes(shape, keys.data(), n);
+    TokenQuery q;
+    PrepareTokenQuery(shape, query.data(), vectors, &q);
+    MassEstimate est;
+    est.heads = heads;
+    est.vectors = vectors;
+    std::normal_distribution<float> lse(6.0f, 1.0f);
+    for (size_t i = 0; i < vectors * heads; ++i) est.log_norm.push_back(lse(rng));
+    TokenStageInput in;
+    in.query = &q;
+    in.est = &est;
+    in.h0 = h0;
+    in.h1 = h1;
+    in.logit_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    // A run of 5 records from record 3.
+    const std::vector<uint32_t> tokens = {3, 4, 5, 6, 7};
+    std::vector<float> got(tokens.size());
+    TokenDensities(shape, in,
+                   reinterpret_cast<const uint8_t*>(codes.data()) +
+                       3 * shape.bytes_per_token(),
+                   tokens.size(), got.data());
+    std::vector<float> key(heads * hd);
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      DecodeTokenCodes(shape, codes, tokens[k], key.data());
+      // The query as the kernel reads it: int8 times its scale.
+      double want = 0, exact = 0;
+      for (uint32_t j = 0; j < vectors; ++j) {
+        for (uint32_t h = h0; h < h1; ++h) {
+          const size_t r = size_t{j} * heads + h;
+          double dot = 0, dot_exact = 0;
+          for (uint32_t i = 0; i < hd; ++i) {
+            dot += double(q.q[r * 64 + i]) * q.scale[r] * key[h * hd + i];
+            dot_exact += double(query[r * hd + i]) *
+                         keys[(tokens[k] * heads + h) * hd + i];
+          }
+          const double s = 1.0 / std::sqrt(double(hd));
+          want += std::exp(dot * s - est.log_norm[r]);
+          exact += std::exp(dot_exact * s - est.log_norm[r]);
+        }
+      }
+      want /= vectors * (h1 - h0);
+      exact /= vectors * (h1 - h0);
+      // The formula over the codes, to float rounding (and fast_exp's
+      // relative error, engine/recall/fast_exp.h).
+      EXPECT_NEAR(got[k], want, 2e-5 * want) << "token " << tokens[k];
+      // And against the exact keys: within int4's rounding of the logits.
+      EXPECT_NEAR(std::log(got[k]), std::log(exact), 0.35)
+          << "token " << tokens[k];
+    }
+  }
+}
+
+// Two streams of the same frames, one per scorer: each block holds a few
+// "needle" tokens whose keys share one direction among tokens that match
+// nothing (attention lives in a few tokens of many blocks).
+class NeedleTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kFpb = 3, kTokens = 8, kWindow = 48;
+  static constexpr uint32_t kFrames = 90;
+
+  void SetUp() override {
+    engine_ = testing::OpenTestEngine(dir_.path());
+    for (const char* scorer : {"mass", "mass_groups"}) {
+      StreamConfig c = testing::TestConfig(g_, kWindow, kFpb);
+      c.weights.score = ScoreMode::kMass;
+      c.weights.scorer = scorer;
+      c.index_factory = "Flat";
+      c.groups_per_block = 0;  // The default: about one per 8 tokens.
+      ASSERT_TRUE(engine_->OpenStream(scorer, c).ok()) << scorer;
+    }
+    std::mt19937_64 rng(17);
+    std::uniform_int_distribution<int> sign(0, 1);
+    needle_.resize(layers_.size() * g_.kv_heads * g_.head_dim);
+    for (float& x : needle_) x = sign(rng) ? 1.5f : -1.5f;
+    uint64_t pos = 0;
+    for (uint64_t f = 0; f < kFrames; ++f) {
+      testing::FloatFrame kv = testing::RandomFrame(rng, g_, kTokens);
+      // Frames 1 and 2 of each block: their token 5 is a needle.
+      if (f % kFpb != 0) Plant(&kv, 5);
+      testing::ModelFrame m;
+      m.kv = kv;
+      m.first_pos = pos;
+      m.bytes = testing::Encode(kv, g_.dtype);
+      pos += kTokens;
+      for (const char* scorer : {"mass", "mass_groups"}) {
+        ASSERT_TRUE(engine_->Append(scorer, testing::ToFrame(m, f)).ok());
+      }
+      frames_.push_back(std::move(kv));
+    }
+    next_pos_ = pos;
+  }
+
+  // Token t's keys of the indexed layers, the summary's order.
+  std::vector<float> KeyOf(const testing::FloatFrame& kv, uint32_t t) const {
+    std::vector<float> k;
+    for (uint32_t l : layers_) {
+      for (uint32_t h = 0; h < g_.kv_heads; ++h) {
+        for (uint32_t d = 0; d < g_.head_dim; ++d) {
+          k.push_back(kv.Key(g_, l, h, t, d));
+        }
+      }
+    }
+    return k;
+  }
+
+  void Plant(testing::FloatFrame* kv, uint32_t t) const {
+    const size_t slice = size_t{g_.kv_heads} * kv->tokens * g_.head_dim;
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      for (uint32_t h = 0; h < g_.kv_heads; ++h) {
+        for (uint32_t d = 0; d < g_.head_dim; ++d) {
+          kv->values[2 * slice * layers_[li] +
+                     (size_t{h} * kv->tokens + t) * g_.head_dim + d] =
+              needle_[(li * g_.kv_heads + h) * g_.head_dim + d];
+        }
+      }
+    }
+  }
+
+  // The true attention mass of every eligible token for query q (one
+  // vector) with window log-sum-exp w per head: mean over heads of
+  // exp(z_th - L_h), L_h over the window and every eligible token.
+  std::map<std::pair<uint64_t, uint32_t>, double> TrueMass(
+      const std::vector<float>& q, float w) const {
+    const uint32_t hd = g_.head_dim;
+    const size_t heads = layers_.size() * g_.kv_heads;
+    const uint64_t eligible_end = (next_pos_ - kWindow) / (kFpb * kTokens);
+    std::vector<std::vector<double>> z;  // [token][head]
+    std::vector<std::pair<uint64_t, uint32_t>> where;
+    for (uint64_t b = 0; b < eligible_end; ++b) {
+      for (uint32_t f = 0; f < kFpb; ++f) {
+        for (uint32_t t = 0; t < kTokens; ++t) {
+          const std::vector<float> k = KeyOf(frames_[b * kFpb + f], t);
+          std::vector<double> zt(heads);
+          for (size_t h = 0; h < heads; ++h) {
+            double dot = 0;
+            for (uint32_t d = 0; d < hd; ++d) {
+              dot += double(q[h * hd + d]) * k[h * hd + d];
+            }
+            zt[h] = dot / std::sqrt(double(hd));
+          }
+          z.push_back(zt);
+          where.emplace_back(b, f * kTokens + t);
+        }
+      }
+    }
+    std::vector<double> norm(heads, std::exp(double(w)));
+    for (const auto& zt : z) {
+      for (size_t h = 0; h < heads; ++h) norm[h] += std::exp(zt[h]);
+    }
+    std::map<std::pair<uint64_t, uint32_t>, double> mass;
+    for (size_t i = 0; i < z.size(); ++i) {
+      double m = 0;
+      for (size_t h = 0; h < heads; ++h) m += std::exp(z[i][h]) / norm[h];
+      mass[where[i]] = m / heads;
+    }
+    return mass;
+  }
+
+  testing::TempDir dir_;
+  const testing::TestGeometry g_{};
+  const std::vector<uint32_t> layers_ = {2, 0};
+  std::unique_ptr<MemoryEngine> engine_;
+  std::vector<testing::FloatFrame> frames_;
+  std::vector<float> needle_;
+  uint64_t next_pos_ = 0;
+};
+
+TEST_F(NeedleTest, TokensFillTheBudgetAndFindTheNeedles) {
+  const size_t heads = layers_.size() * g_.kv_heads;
+  std::vector<float> q = needle_;
+  for (float& x : q) x *= 0.5f;
+  const float w = 2.0f;
+  const auto truth = TrueMass(q, w);
+  std::vector<double> all;
+  for (const auto& [k, m] : truth) all.push_back(m);
+  std::sort(all.rbegin(), all.rend());
+  const uint64_t window_start = next_pos_ - kWindow;
+  for (uint32_t budget : {8u, 20u, 37u, 60u}) {
+    double oracle = 0;
+    for (uint32_t i = 0; i < budget && i < all.size(); ++i) oracle += all[i];
+    std::map<std::string, double> got_mass;
+    for (const char* scorer : {"mass", "mass_groups"}) {
+      RecallQuery rq;
+      rq.query = q;
+      rq.window_lse.assign(heads, w);
+      rq.max_tokens = budget;
+      auto r = engine_->Recall(scorer, rq);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_LE(r->total_tokens, budget);
+      uint32_t used = 0;
+      double mass = 0;
+      for (const RecalledBlock& b : r->blocks) {
+        EXPECT_LE(b.block.end_token_position, window_start);
+        const uint32_t n = RecalledTokens(b);
+        used += n;
+        std::vector<uint32_t> offsets = b.token_offsets;
+        if (offsets.empty()) {
+          for (uint32_t t = 0; t < b.block.token_count; ++t) offsets.push_back(t);
+        }
+        EXPECT_TRUE(std::is_sorted(offsets.begin(), offsets.end()));
+        for (uint32_t t : offsets) {
+          ASSERT_LT(t, b.block.token_count);
+          mass += truth.at({b.block.id, t});
+        }
+      }
+      EXPECT_EQ(used, r->total_tokens) << scorer;
+      if (std::string(scorer) == "mass") {
+        // One token at a time: the budget is filled exactly, and every
+        // pooled token was scored from its codes.
+        EXPECT_EQ(used, budget);
+        EXPECT_GE(r->tokens_scored, budget);
+      } else {
+        EXPECT_EQ(r->tokens_scored, 0u);
+      }
+      got_mass[scorer] = mass;
+    }
+    std::printf("budget %u: oracle %.4f, mass %.4f, mass_groups %.4f\n",
+                budget, oracle, got_mass["mass"], got_mass["mass_groups"]);
+    EXPECT_GE(got_mass["mass"], 0.9 * oracle) << "budget " << budget;
+    EXPECT_GT(got_mass["mass"], got_mass["mass_groups"]) << "budget " << budget;
+  }
+}
+
+}  // namespace
+}  // namespace kvmem
