@@ -396,27 +396,28 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
   return absl::OkStatus();
 }
 
-ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
-                              const PlanPolicy& policy, const MassRows& rows,
-                              size_t range) const {
+struct RankScratch {
+  std::vector<float> lower, upper, dots, exact;
+  std::vector<std::pair<uint32_t, float>> pending;  // Row, upper.
+};
+
+// The units that can be among the first taken (their upper bound reaches
+// the budget's threshold), rescored exactly when the scan was not, ranked.
+std::vector<PlanUnit> RankFirstUnits(const RecallView& view,
+                                     const ScoreRequest& req,
+                                     const PlanPolicy& policy,
+                                     const MassRows& rows, size_t range,
+                                     SetState* set, RankScratch* scratch_ptr)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  RankScratch& scratch = *scratch_ptr;
   const std::vector<uint64_t>& ids = rows.ids();
-  const size_t n = ids.size();
-  struct Scratch {
-    std::vector<float> lower, upper, dots, exact;
-    std::vector<std::pair<uint32_t, float>> pending;  // Row, upper.
-  };
-  Scratch& scratch = ThreadScratch<Scratch>();
   const std::vector<float>& density = rows.est.density[range];
   const uint32_t shift = view.unit_shift();
-  const RecallWeights& w = view.config().weights;
-  auto set = std::make_shared<SetState>(
-      SetState{MassSemantics(view, *req.query, req.eligible),
-               std::vector<bool>(n, false)});
-
   // Bounds of each unit's value (-1 for units that are not recallable); only
   // units whose upper bound reaches theta can be among the first taken.
   ValueBounds(density.data(), rows.est.slack.data(), rows.recallable.data(),
-              ids, shift, set->sem, w.model, &scratch.lower, &scratch.upper);
+              ids, shift, set->sem, view.config().weights.model,
+              &scratch.lower, &scratch.upper);
   const float theta = BudgetThreshold(scratch.lower, scratch.upper, rows.tokens,
                                       req.budget.tokens, &scratch.pending);
   std::vector<uint32_t> first_rows;
@@ -433,19 +434,38 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
     ExactDensities(view, *req.query, rows, range, first_rows, &scratch.dots,
                    &scratch.exact, &first_density);
   }
-  ScoredSet out;
-  out.ranked.reserve(first_rows.size());
+  std::vector<PlanUnit> ranked;
+  ranked.reserve(first_rows.size());
   for (size_t k = 0; k < first_rows.size(); ++k) {
     const uint64_t unit = ids[first_rows[k]], b = unit >> shift;
-    out.ranked.push_back({b, GroupOf(unit, shift), rows.tokens[first_rows[k]],
-                          first_density[k],
-                          set->sem.on() ? set->sem.Get(b) : 0.0f});
+    ranked.push_back({b, GroupOf(unit, shift), rows.tokens[first_rows[k]],
+                      first_density[k],
+                      set->sem.on() ? set->sem.Get(b) : 0.0f});
   }
-  RecallPlanner(policy).Rank(&out.ranked);
+  RecallPlanner(policy).Rank(&ranked);
+  return ranked;
+}
+
+ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
+                              const PlanPolicy& policy, const MassRows& rows,
+                              size_t range) const {
+  const size_t n = rows.ids().size();
+  RankScratch& scratch = ThreadScratch<RankScratch>();
+  const std::vector<float>& density = rows.est.density[range];
+  const uint32_t shift = view.unit_shift();
+  const RecallWeights& w = view.config().weights;
+  auto set = std::make_shared<SetState>(
+      SetState{MassSemantics(view, *req.query, req.eligible),
+               std::vector<bool>(n, false)});
+  ScoredSet out;
   std::function<std::vector<PlanUnit>()> rest_tokens;
   if (token_stage_ && view.grouped()) {
+    // The tokens decide: the pool needs no exact group ranking.
     RankPoolTokens(view, req, policy, rows, range, set.get(), &out,
                    &rest_tokens);
+  } else {
+    out.ranked =
+        RankFirstUnits(view, req, policy, rows, range, set.get(), &scratch);
   }
   if (w.track > 0 && !req.query->signals.detections.empty()) {
     PutAnchorsFirst(view, req, rows, density, set.get(), &out.ranked);
@@ -464,7 +484,7 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
     return more;
   };
   if (scratch.dots.size() + 2 * n > kKeepScratchFloats) {
-    ReleaseThreadScratch<Scratch>();
+    ReleaseThreadScratch<RankScratch>();
   }
   return out;
 }

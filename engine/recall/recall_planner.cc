@@ -189,7 +189,8 @@ std::vector<uint32_t> TokenOffsets(const std::vector<uint8_t>& token_group,
       if (group_mask >> token_group[t] & 1) offsets.push_back(t);
     }
   } else {  // One pass over a mark per token: ascending, each once.
-    std::vector<uint8_t> taken(token_group.size(), 0);
+    thread_local std::vector<uint8_t> taken;
+    taken.assign(token_group.size(), 0);
     for (uint32_t t : single_tokens) {
       if (t < taken.size()) taken[t] = 1;
     }

@@ -100,10 +100,12 @@ std::vector<uint32_t> BestUntil(const std::vector<float>& value,
                                 const std::vector<uint64_t>& id,
                                 uint64_t budget) {
   const size_t n = value.size();
-  std::vector<uint32_t> order(n);
-  for (uint32_t i = 0; i < n; ++i) order[i] = i;
-  const auto better = [&](uint32_t a, uint32_t b) {
-    return value[a] != value[b] ? value[a] > value[b] : id[a] > id[b];
+  // (value, index) pairs: the comparisons read no other array but on ties.
+  std::vector<std::pair<float, uint32_t>> order(n);
+  for (uint32_t i = 0; i < n; ++i) order[i] = {value[i], i};
+  const auto better = [&](const std::pair<float, uint32_t>& a,
+                          const std::pair<float, uint32_t>& b) {
+    return a.first != b.first ? a.first > b.first : id[a.second] > id[b.second];
   };
   uint64_t all = 0;
   for (uint32_t t : tokens) all += t;
@@ -119,13 +121,14 @@ std::vector<uint32_t> BestUntil(const std::vector<float>& value,
     std::sort(order.begin(), order.begin() + guess, better);
     uint64_t held = 0;
     for (take = 0; take < guess && held < budget; ++take) {
-      held += tokens[order[take]];
+      held += tokens[order[take].second];
     }
     if (held >= budget || guess == n) break;
     guess = n;  // Rare: sort them all.
   }
-  order.resize(take);
-  return order;
+  std::vector<uint32_t> best(take);
+  for (size_t k = 0; k < take; ++k) best[k] = order[k].second;
+  return best;
 }
 
 void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
@@ -134,33 +137,36 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
                       std::function<std::vector<PlanUnit>()>* rest) {
   const TokenStageOutput& so = *scored;
   const size_t n = so.density.size();
-  std::vector<float> value(n);
-  for (size_t i = 0; i < n; ++i) {
-    value[i] = MassRankValue(so.density[i], so.runs[so.run[i]].semantic,
-                             policy.model_weight);
+  std::vector<std::pair<float, uint32_t>> keyed(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    keyed[i] = {MassRankValue(so.density[i], so.runs[so.run[i]].semantic,
+                              policy.model_weight),
+                i};
   }
-  std::vector<uint32_t> order(n);
-  for (uint32_t i = 0; i < n; ++i) order[i] = i;
   // Rank's order: ties to the newer block, the larger group and place.
-  const auto better = [&](uint32_t a, uint32_t b) {
-    if (value[a] != value[b]) return value[a] > value[b];
-    const PlanUnit &x = so.runs[so.run[a]], &y = so.runs[so.run[b]];
+  const auto better = [&](const std::pair<float, uint32_t>& a,
+                          const std::pair<float, uint32_t>& b) {
+    if (a.first != b.first) return a.first > b.first;
+    const PlanUnit &x = so.runs[so.run[a.second]],
+                   &y = so.runs[so.run[b.second]];
     if (x.block != y.block) return x.block > y.block;
-    return x.group != y.group ? x.group > y.group : so.place[a] > so.place[b];
+    return x.group != y.group ? x.group > y.group
+                              : so.place[a.second] > so.place[b.second];
   };
   const size_t keep = std::min(n, size_t{budget} + kRankSlack);
   if (keep < n) {
-    std::nth_element(order.begin(), order.begin() + keep, order.end(), better);
+    std::nth_element(keyed.begin(), keyed.begin() + keep, keyed.end(), better);
   }
-  std::sort(order.begin(), order.begin() + keep, better);
+  std::sort(keyed.begin(), keyed.begin() + keep, better);
   ranked->clear();
   ranked->reserve(keep + so.whole.size());
-  for (size_t k = 0; k < keep; ++k) ranked->push_back(so.Unit(order[k]));
+  for (size_t k = 0; k < keep; ++k) ranked->push_back(so.Unit(keyed[k].second));
   if (!so.whole.empty()) {  // Groups without codes join the ranking.
     ranked->insert(ranked->end(), so.whole.begin(), so.whole.end());
     RecallPlanner(policy).Rank(ranked);
   }
-  order.erase(order.begin(), order.begin() + keep);
+  std::vector<uint32_t> order(n - keep);
+  for (size_t k = keep; k < n; ++k) order[k - keep] = keyed[k].second;
   *rest = [scored, order = std::move(order)] {
     std::vector<PlanUnit> units;
     units.reserve(order.size());
@@ -173,12 +179,17 @@ std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
                                        const std::vector<uint32_t>& places) {
   if (places.empty()) return {};
   // The token at each place in group order, stably by group.
-  std::vector<uint32_t> count(kMaxGroupsPerBlock + 1, 0);
-  for (uint8_t g : token_group) ++count[g + 1];
-  for (size_t g = 1; g < count.size(); ++g) count[g] += count[g - 1];
-  std::vector<uint32_t> token_at(token_group.size());
+  uint32_t count[kMaxGroupsPerBlock + 1] = {};
+  for (uint8_t g : token_group) ++count[std::min<uint32_t>(g, kMaxGroupsPerBlock - 1) + 1];
+  for (size_t g = 1; g <= kMaxGroupsPerBlock; ++g) count[g] += count[g - 1];
+  struct Scratch {
+    std::vector<uint32_t> token_at;
+  };
+  std::vector<uint32_t>& token_at = ThreadScratch<Scratch>().token_at;
+  token_at.resize(token_group.size());
   for (uint32_t t = 0; t < token_group.size(); ++t) {
-    token_at[count[token_group[t]]++] = t;
+    token_at[count[std::min<uint32_t>(token_group[t], kMaxGroupsPerBlock - 1)]++] =
+        t;
   }
   std::vector<uint32_t> out;
   out.reserve(places.size());
