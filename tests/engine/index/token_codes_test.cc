@@ -64,13 +64,14 @@ TEST(TokenCodesTest, EncodingFollowsItsDefinition) {
 }
 
 // Codes at the extremes: every code 15 or 1 against a query of +-127 (the
-// largest pair sums vpmaddubsw adds), beside random ones.
+// largest pair sums vpmaddubsw adds), beside random ones. head_dim 300 (5
+// chunks) takes the AVX2 kernel's path that scores vector by vector.
 TEST(TokenCodesTest, EveryKernelReturnsTheScalarFloats) {
   const auto& kernels = AvailableTokenKernels();
   ASSERT_FALSE(kernels.empty());
   EXPECT_EQ(kernels.back().name, "scalar");
   const TokenKernelInfo& scalar = kernels.back();
-  for (uint32_t hd : {8u, 40u, 64u, 128u, 200u}) {
+  for (uint32_t hd : {8u, 40u, 64u, 128u, 200u, 300u}) {
     std::mt19937_64 rng(100 + hd);
     // 20 segments: runs of 8 and the rest, from any first segment.
     const uint32_t segments = 20, vectors = 3;
