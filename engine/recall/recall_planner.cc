@@ -27,37 +27,24 @@ float RecallPlanner::Priority(const PlanUnit& u) const {
 }
 
 void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
-  RankTop(units, units->size(), nullptr);
-}
-
-void RecallPlanner::RankTop(std::vector<PlanUnit>* units, size_t keep,
-                            std::vector<PlanUnit>* rest) const {
   std::vector<std::pair<float, size_t>> keyed;
   keyed.reserve(units->size());
   for (size_t i = 0; i < units->size(); ++i) {
     keyed.emplace_back(RankValue((*units)[i]), i);
   }
   const std::vector<PlanUnit>& u = *units;
-  const auto better = [&](const std::pair<float, size_t>& a,
-                          const std::pair<float, size_t>& b) {
-    if (a.first != b.first) return a.first > b.first;
-    const PlanUnit &x = u[a.second], &y = u[b.second];
-    if (x.block != y.block) return x.block > y.block;
-    return x.group != y.group ? x.group > y.group : x.token > y.token;
-  };
-  keep = std::min(keep, keyed.size());
-  if (keep < keyed.size()) {
-    std::nth_element(keyed.begin(), keyed.begin() + keep, keyed.end(), better);
-  }
-  std::sort(keyed.begin(), keyed.begin() + keep, better);
+  std::sort(keyed.begin(), keyed.end(),
+            [&](const std::pair<float, size_t>& a,
+                const std::pair<float, size_t>& b) {
+              if (a.first != b.first) return a.first > b.first;
+              const PlanUnit &x = u[a.second], &y = u[b.second];
+              if (x.block != y.block) return x.block > y.block;
+              return x.group != y.group ? x.group > y.group
+                                        : x.token > y.token;
+            });
   std::vector<PlanUnit> sorted;
-  sorted.reserve(keep);
-  for (size_t i = 0; i < keep; ++i) sorted.push_back(u[keyed[i].second]);
-  if (rest != nullptr) {
-    for (size_t i = keep; i < keyed.size(); ++i) {
-      rest->push_back(u[keyed[i].second]);
-    }
-  }
+  sorted.reserve(units->size());
+  for (const auto& k : keyed) sorted.push_back(u[k.second]);
   *units = std::move(sorted);
 }
 

@@ -90,11 +90,6 @@ class RecallPlanner {
   float RankValue(const PlanUnit& u) const;
   // Sorts units best first.
   void Rank(std::vector<PlanUnit>* units) const;
-  // Keeps the best `keep` units in *units, sorted as Rank sorts them, and
-  // moves the others to *rest, unsorted: for token units, where a set takes
-  // about its budget's count of a pool several times larger.
-  void RankTop(std::vector<PlanUnit>* units, size_t keep,
-               std::vector<PlanUnit>* rest) const;
   // Takes units in the given order: each whose tokens still fit in what is
   // left of the budget, as long as its block is already taken or fewer than
   // top_k blocks are. Units of 0 tokens are never taken, nor a token unit
