@@ -62,9 +62,8 @@ void ScalarDots(const TokenCodeShape& shape, const TokenQuery& q,
       float* o = out + (t * q.vectors + j) * width;
       for (uint32_t s = s0; s < s1; ++s) {
         const size_t qs = size_t{j} * shape.segments + s;
-        const int32_t raw = ScalarSegmentSum(CodesOf(shape, rec, s),
-                                             q.q.data() + qs * row,
-                                             shape.chunks());
+        const int32_t raw = ScalarSegmentSum(
+            CodesOf(shape, rec, s), q.q.data() + qs * row, shape.chunks());
         o[s] = Finish(raw, q, qs, ScaleOf(rec, s));
       }
     }
@@ -83,8 +82,7 @@ __attribute__((target("avx2"))) inline __m256i Avx2SegmentSum(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
     const __m256i lo = _mm256_and_si256(v, mask);
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-    const __m256i qlo =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
     const __m256i qhi =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
     // Pairs of u4 x s8 products: |sum| <= 4 * 15 * 128 < 32767.
@@ -96,8 +94,8 @@ __attribute__((target("avx2"))) inline __m256i Avx2SegmentSum(
 }
 
 __attribute__((target("avx2"))) inline int32_t HorizontalSum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v),
-                            _mm256_extracti128_si256(v, 1));
+  __m128i s =
+      _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
   return _mm_cvtsi128_si32(s);
@@ -150,8 +148,8 @@ __attribute__((target("avx2"))) void Avx2ManyVectors(
     for (int k = 0; k < 8; ++k) {
       const uint8_t* codes = CodesOf(shape, rec, s + k);
       for (uint32_t c = 0; c < chunks; ++c) {
-        const __m256i v =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * c));
+        const __m256i v = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(codes + 32 * c));
         un[k][2 * c] = _mm256_and_si256(v, mask);
         un[k][2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
       }
@@ -164,12 +162,14 @@ __attribute__((target("avx2"))) void Avx2ManyVectors(
         acc[k] = _mm256_setzero_si256();
         for (uint32_t c = 0; c < chunks; ++c) {
           const __m256i pairs = _mm256_add_epi16(
-              _mm256_maddubs_epi16(un[k][2 * c],
-                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                       qr + 64 * c))),
-              _mm256_maddubs_epi16(un[k][2 * c + 1],
-                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                       qr + 64 * c + 32))));
+              _mm256_maddubs_epi16(
+                  un[k][2 * c],
+                  _mm256_loadu_si256(
+                      reinterpret_cast<const __m256i*>(qr + 64 * c))),
+              _mm256_maddubs_epi16(
+                  un[k][2 * c + 1],
+                  _mm256_loadu_si256(
+                      reinterpret_cast<const __m256i*>(qr + 64 * c + 32))));
           acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(pairs, ones));
         }
       }
@@ -248,8 +248,8 @@ std::string EncodeTokenCodes(const TokenCodeShape& shape, const float* keys,
   const uint32_t hd = shape.head_dim;
   std::string out(n * shape.bytes_per_token(), '\0');
   for (size_t t = 0; t < n; ++t) {
-    auto* rec = reinterpret_cast<uint8_t*>(out.data()) +
-                t * shape.bytes_per_token();
+    auto* rec =
+        reinterpret_cast<uint8_t*>(out.data()) + t * shape.bytes_per_token();
     for (uint32_t s = 0; s < shape.segments; ++s) {
       const float* x = keys + (t * shape.segments + s) * hd;
       float peak = 0;
@@ -257,8 +257,8 @@ std::string EncodeTokenCodes(const TokenCodeShape& shape, const float* keys,
       const float scale = peak / 7.0f;
       const float inv = peak > 0 ? 1.0f / scale : 0.0f;
       std::memcpy(rec + s * sizeof(float), &scale, sizeof(float));
-      uint8_t* codes = rec + shape.segments * sizeof(float) +
-                       s * shape.segment_code_bytes();
+      uint8_t* codes =
+          rec + shape.segments * sizeof(float) + s * shape.segment_code_bytes();
       for (uint32_t c = 0; c < shape.chunks(); ++c) {
         for (uint32_t i = 0; i < 32; ++i) {
           const uint32_t lo = 64 * c + i, hi = lo + 32;
@@ -305,8 +305,8 @@ void PrepareTokenQuery(const TokenCodeShape& shape, const float* query,
     const float scale = peak / 127.0f, inv = 1.0f / scale;
     int32_t sum = 0;
     for (uint32_t i = 0; i < hd; ++i) {
-      const int v = std::clamp(static_cast<int>(std::lround(x[i] * inv)),
-                               -127, 127);
+      const int v =
+          std::clamp(static_cast<int>(std::lround(x[i] * inv)), -127, 127);
       out->q[r * row + i] = static_cast<int8_t>(v);
       sum += v;
     }

@@ -9,8 +9,8 @@
 #include "base/timing.h"
 #include "engine/index/dot.h"
 #include "engine/recall/mass_bounds.h"
-#include "engine/recall/mass_scan.h"
 #include "engine/recall/mass_estimate.h"
+#include "engine/recall/mass_scan.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/semantic_cache.h"
 #include "engine/recall/token_groups.h"
@@ -44,7 +44,7 @@ struct MassRows {
   std::vector<float> recallable;  // 1 for kRecall rows, else 0.
   MassEstimate est;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
-  bool exact = true;  // The scans' dots are exact.
+  bool exact = true;       // The scans' dots are exact.
   TokenQuery token_query;  // The token stage's vectors.
   const std::vector<uint64_t>& ids() const { return scans[0].ids; }
 };
@@ -213,8 +213,8 @@ void PutAnchorsFirst(const RecallView& view, const ScoreRequest& req,
     if (k == n) continue;
     const uint64_t b = ids[k] >> shift;
     const uint32_t g = GroupOf(ids[k], shift);
-    auto in_first = std::find_if(
-        units->begin(), units->end(), [&](const PlanUnit& u) {
+    auto in_first =
+        std::find_if(units->begin(), units->end(), [&](const PlanUnit& u) {
           return u.block == b && u.group == g && u.token == kWholeUnit;
         });
     if (in_first != units->end()) {
@@ -249,8 +249,8 @@ std::vector<PlanUnit> RestUnits(const MassRows& rows, uint32_t shift,
 
 // The token stage over head range `range`: the pool (the recallable units
 // best by their scanned value, up to kTokenPoolFactor x the budget's tokens)
-// has each of its tokens scored from its codes; out->ranked becomes the best token
-// units, ranked (the budget's count and kRankSlack more: what the planner
+// has each of its tokens scored from its codes; out->ranked becomes the best
+// token units, ranked (the budget's count and kRankSlack more: what the planner
 // can take), and *rest makes units of the others for the fill. The pool's
 // rows count as ranked for the fill.
 void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
@@ -274,8 +274,8 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
   for (uint32_t i = 0; i < ids.size(); ++i) {
     if (rows.role[i] != CandidateRole::kRecall || rows.tokens[i] == 0) continue;
     row.push_back(i);
-    value.push_back(MassRankValue(
-        density[i], set->sem.Known(ids[i] >> shift), policy.model_weight));
+    value.push_back(MassRankValue(density[i], set->sem.Known(ids[i] >> shift),
+                                  policy.model_weight));
     tokens.push_back(rows.tokens[i]);
     id.push_back(ids[i]);
   }
@@ -416,8 +416,8 @@ std::vector<PlanUnit> RankFirstUnits(const RecallView& view,
   // Bounds of each unit's value (-1 for units that are not recallable); only
   // units whose upper bound reaches theta can be among the first taken.
   ValueBounds(density.data(), rows.est.slack.data(), rows.recallable.data(),
-              ids, shift, set->sem, view.config().weights.model,
-              &scratch.lower, &scratch.upper);
+              ids, shift, set->sem, view.config().weights.model, &scratch.lower,
+              &scratch.upper);
   const float theta = BudgetThreshold(scratch.lower, scratch.upper, rows.tokens,
                                       req.budget.tokens, &scratch.pending);
   std::vector<uint32_t> first_rows;

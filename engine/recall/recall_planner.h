@@ -71,8 +71,9 @@ struct PlannedBlock {
   uint32_t tokens = 0;      // Tokens of its units taken.
   uint64_t group_mask = 0;  // Bit g: group g taken (whole).
   // Single tokens taken (token units: their `token`), in the order taken,
-  // and each one's group; none of them in a group of group_mask (a whole group taken after
-  // some of its tokens absorbs them: the budget counts each token once).
+  // and each one's group; none of them in a group of group_mask (a whole group
+  // taken after some of its tokens absorbs them: the budget counts each token
+  // once).
   std::vector<uint32_t> single_tokens;
   std::vector<uint32_t> single_groups;
 };

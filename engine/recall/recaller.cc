@@ -38,10 +38,10 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
     r.gate_weight = p.gate_weight;
     r.was_staged = e.staged;
     if (scored.group_units) {
-      r.token_offsets = TokenOffsets(
-          e.rec.token_group, p.group_mask,
-          GroupOrderTokens(e.rec.token_group, p.single_tokens),
-          r.block.token_count);
+      r.token_offsets =
+          TokenOffsets(e.rec.token_group, p.group_mask,
+                       GroupOrderTokens(e.rec.token_group, p.single_tokens),
+                       r.block.token_count);
     }
     out.push_back(std::move(r));
   }

@@ -163,8 +163,7 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
                      keys.begin() + (t + 1) * dim);
     }
   }
-  groups.codes =
-      EncodeTokenCodes(TokenCodeShapeOf(config), ordered.data(), n);
+  groups.codes = EncodeTokenCodes(TokenCodeShapeOf(config), ordered.data(), n);
   return groups;
 }
 

@@ -33,8 +33,7 @@ void PrefetchRun(const uint8_t* p, size_t bytes) {
 }  // namespace
 
 void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
-                     const std::vector<PlanUnit>& pool,
-                     TokenStageOutput* out) {
+                     const std::vector<PlanUnit>& pool, TokenStageOutput* out) {
   const TokenCodeShape shape = TokenCodeShapeOf(view.config());
   const size_t stride = shape.bytes_per_token();
   struct Run {
@@ -59,11 +58,10 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
     uint32_t begin = 0;
     for (uint32_t g = 0; g < u.group; ++g) begin += view.UnitTokens(u.block, g);
     const uint32_t count = view.UnitTokens(u.block, u.group);
-    s.runs.push_back(
-        {&u,
-         reinterpret_cast<const uint8_t*>(rec.token_codes.data()) +
-             size_t{begin} * stride,
-         begin, count});
+    s.runs.push_back({&u,
+                      reinterpret_cast<const uint8_t*>(rec.token_codes.data()) +
+                          size_t{begin} * stride,
+                      begin, count});
     tokens += count;
   }
   out->density.resize(tokens);
@@ -90,9 +88,9 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
 uint32_t PoolBudget(uint32_t budget, uint32_t vectors, uint32_t heads) {
   const uint64_t per_token = uint64_t{vectors} * heads;
   const uint64_t affordable = kMaxTokenDots / std::max<uint64_t>(per_token, 1);
-  return static_cast<uint32_t>(std::min<uint64_t>(
-      {uint64_t{budget} * kTokenPoolFactor,
-       std::max<uint64_t>(affordable, budget), UINT32_MAX}));
+  return static_cast<uint32_t>(
+      std::min<uint64_t>({uint64_t{budget} * kTokenPoolFactor,
+                          std::max<uint64_t>(affordable, budget), UINT32_MAX}));
 }
 
 std::vector<uint32_t> BestUntil(const std::vector<float>& value,
@@ -180,7 +178,8 @@ std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
   if (places.empty()) return {};
   // The token at each place in group order, stably by group.
   uint32_t count[kMaxGroupsPerBlock + 1] = {};
-  for (uint8_t g : token_group) ++count[std::min<uint32_t>(g, kMaxGroupsPerBlock - 1) + 1];
+  for (uint8_t g : token_group)
+    ++count[std::min<uint32_t>(g, kMaxGroupsPerBlock - 1) + 1];
   for (size_t g = 1; g <= kMaxGroupsPerBlock; ++g) count[g] += count[g - 1];
   struct Scratch {
     std::vector<uint32_t> token_at;
@@ -188,8 +187,8 @@ std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
   std::vector<uint32_t>& token_at = ThreadScratch<Scratch>().token_at;
   token_at.resize(token_group.size());
   for (uint32_t t = 0; t < token_group.size(); ++t) {
-    token_at[count[std::min<uint32_t>(token_group[t], kMaxGroupsPerBlock - 1)]++] =
-        t;
+    token_at[count[std::min<uint32_t>(token_group[t],
+                                      kMaxGroupsPerBlock - 1)]++] = t;
   }
   std::vector<uint32_t> out;
   out.reserve(places.size());

@@ -52,11 +52,11 @@ struct TokenStageInput {
 // The scored tokens, flat (a pool holds several thousand: the set ranks
 // them by value and makes units of the few it can take).
 struct TokenStageOutput {
-  std::vector<PlanUnit> runs;     // The pooled groups that had codes.
-  std::vector<float> density;     // [token]
-  std::vector<uint32_t> run;      // [token]: its group in runs.
-  std::vector<uint32_t> place;    // [token]: its place in group order.
-  std::vector<PlanUnit> whole;    // Pooled groups without codes, whole.
+  std::vector<PlanUnit> runs;   // The pooled groups that had codes.
+  std::vector<float> density;   // [token]
+  std::vector<uint32_t> run;    // [token]: its group in runs.
+  std::vector<uint32_t> place;  // [token]: its place in group order.
+  std::vector<PlanUnit> whole;  // Pooled groups without codes, whole.
   uint64_t tokens_scored = 0;
   // Token i as a unit (1 token, its density, its block's semantic score).
   PlanUnit Unit(size_t i) const {
@@ -100,8 +100,9 @@ std::vector<uint32_t> BestUntil(const std::vector<float>& value,
 // kRankSlack more as token units, in RecallPlanner::Rank's order (the
 // pool's groups without codes ranked in among them), and *rest makes units
 // of the other tokens if the fill asks for them.
-inline constexpr size_t kRankSlack = 256;  // Tokens the planner may pass
-                                           // over (the anchors' groups).
+// kRankSlack: the tokens the planner may pass over (those of the anchors'
+// groups, taken whole).
+inline constexpr size_t kRankSlack = 256;
 void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
                       const PlanPolicy& policy, uint32_t budget,
                       std::vector<PlanUnit>* ranked,

@@ -48,7 +48,8 @@ TEST(TokenCodesTest, EncodingFollowsItsDefinition) {
       for (uint32_t s = 0; s < 3; ++s) {
         const float* x = keys.data() + (t * 3 + s) * hd;
         float peak = 0;
-        for (uint32_t i = 0; i < hd; ++i) peak = std::max(peak, std::fabs(x[i]));
+        for (uint32_t i = 0; i < hd; ++i)
+          peak = std::max(peak, std::fabs(x[i]));
         const float scale = peak / 7.0f;
         for (uint32_t i = 0; i < hd; ++i) {
           // round(x / scale) * scale: within half a step, exact at the peak.
@@ -106,8 +107,8 @@ TEST(TokenCodesTest, EveryKernelReturnsTheScalarFloats) {
       for (const TokenKernelInfo& k : kernels) {
         std::vector<float> got(want.size(), -1.0f);
         k.dots(shape, q, records, n, s0, s1, got.data());
-        EXPECT_EQ(got, want) << k.name << " hd " << hd << " [" << s0 << ", "
-                             << s1 << ")";
+        EXPECT_EQ(got, want)
+            << k.name << " hd " << hd << " [" << s0 << ", " << s1 << ")";
       }
       // Entries outside [s0, s1) are left alone.
       for (size_t r = 0; r < n * vectors; ++r) {
@@ -134,9 +135,9 @@ TEST(TokenCodesTest, DotErrorIsWithinItsBound) {
   TokenQuery q;
   PrepareTokenQuery(shape, query.data(), vectors, &q);
   std::vector<float> dots(n * vectors * segments);
-  ActiveTokenKernel().dots(shape, q, reinterpret_cast<const uint8_t*>(
-                                         codes.data()),
-                           n, 0, segments, dots.data());
+  ActiveTokenKernel().dots(shape, q,
+                           reinterpret_cast<const uint8_t*>(codes.data()), n, 0,
+                           segments, dots.data());
   double worst = 0;
   for (size_t t = 0; t < n; ++t) {
     for (uint32_t j = 0; j < vectors; ++j) {
@@ -152,9 +153,8 @@ TEST(TokenCodesTest, DotErrorIsWithinItsBound) {
         }
         const double sk = kpeak / 7 / 2, tq = qpeak / 127 / 2;
         const double bound = sk * q1 + tq * k1 + sk * tq * hd + 1e-4;
-        const double err =
-            std::fabs(dots[(t * vectors + j) * segments + s] -
-                      ExactDot(k, x, hd));
+        const double err = std::fabs(dots[(t * vectors + j) * segments + s] -
+                                     ExactDot(k, x, hd));
         EXPECT_LE(err, bound) << "token " << t;
         worst = std::max(worst, err / bound);
       }

@@ -107,7 +107,8 @@ TEST(ScorerTest, ConfigNamesAScorerAndAgreesWithTheScoreMode) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("config.recall_policy.scorer is \"no_such\""));
-  EXPECT_THAT(s.message(), HasSubstr("mass, mass_groups, oldest_first, summed"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("mass, mass_groups, oldest_first, summed"));
   c.weights.scorer = std::string(1 << 20, 'x');  // Not echoed back whole.
   s = ValidateStreamConfig(WithDefaults(c));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

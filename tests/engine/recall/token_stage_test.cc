@@ -28,7 +28,7 @@ std::vector<float> Random(std::mt19937_64& rng, size_t n, float sd) {
 
 TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
   for (const auto& [h0, h1] : {std::pair<uint32_t, uint32_t>{0, 6},
-                              std::pair<uint32_t, uint32_t>{2, 3}}) {
+                               std::pair<uint32_t, uint32_t>{2, 3}}) {
     std::mt19937_64 rng(3 + h0);
     const uint32_t hd = 32, heads = 6, vectors = 3;
     const TokenCodeShape shape{heads, hd};
@@ -42,7 +42,8 @@ TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
     est.heads = heads;
     est.vectors = vectors;
     std::normal_distribution<float> lse(6.0f, 1.0f);
-    for (size_t i = 0; i < vectors * heads; ++i) est.log_norm.push_back(lse(rng));
+    for (size_t i = 0; i < vectors * heads; ++i)
+      est.log_norm.push_back(lse(rng));
     TokenStageInput in;
     in.query = &q;
     in.est = &est;
@@ -232,7 +233,8 @@ TEST_F(NeedleTest, TokensFillTheBudgetAndFindTheNeedles) {
         used += n;
         std::vector<uint32_t> offsets = b.token_offsets;
         if (offsets.empty()) {
-          for (uint32_t t = 0; t < b.block.token_count; ++t) offsets.push_back(t);
+          for (uint32_t t = 0; t < b.block.token_count; ++t)
+            offsets.push_back(t);
         }
         EXPECT_TRUE(std::is_sorted(offsets.begin(), offsets.end()));
         for (uint32_t t : offsets) {
@@ -251,8 +253,8 @@ TEST_F(NeedleTest, TokensFillTheBudgetAndFindTheNeedles) {
       }
       got_mass[scorer] = mass;
     }
-    std::printf("budget %u: oracle %.4f, mass %.4f, mass_groups %.4f\n",
-                budget, oracle, got_mass["mass"], got_mass["mass_groups"]);
+    std::printf("budget %u: oracle %.4f, mass %.4f, mass_groups %.4f\n", budget,
+                oracle, got_mass["mass"], got_mass["mass_groups"]);
     EXPECT_GE(got_mass["mass"], 0.9 * oracle) << "budget " << budget;
     EXPECT_GT(got_mass["mass"], got_mass["mass_groups"]) << "budget " << budget;
   }
