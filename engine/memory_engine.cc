@@ -411,6 +411,18 @@ absl::StatusOr<uint64_t> StreamHandle::ReadBlockPayloadInto(
   return stream_->ReadBlockPayloadInto(block_id, layout, layers, dst, capacity,
                                        info);
 }
+absl::StatusOr<std::vector<PayloadPiece>> StreamHandle::ReadBlockTokens(
+    uint64_t block_id, const std::vector<uint32_t>& tokens,
+    const std::vector<uint32_t>& layers, BlockInfo* info) const {
+  return stream_->ReadBlockTokens(block_id, tokens, layers, info);
+}
+absl::StatusOr<uint64_t> StreamHandle::ReadBlockTokensInto(
+    uint64_t block_id, const std::vector<uint32_t>& tokens,
+    const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+    BlockInfo* info) const {
+  return stream_->ReadBlockTokensInto(block_id, tokens, layers, dst, capacity,
+                                      info);
+}
 uint64_t StreamHandle::RetainedPayloadBytes() const {
   return stream_->RetainedPayloadBytes();
 }

@@ -57,6 +57,20 @@ class StreamHandle {
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
       BlockInfo* info = nullptr) const;
+  // BLOCK_LAYER_MAJOR bytes of some of the block's tokens only: per layer
+  // (the given ones, empty for all) K then V, each [kv_heads][tokens]
+  // [head_dim]. tokens are offsets in the block's append order, strictly
+  // increasing and below its token_count (INVALID_ARGUMENT otherwise); empty
+  // means all (ReadBlockPayload's bytes in that layout). One piece per layer.
+  absl::StatusOr<std::vector<PayloadPiece>> ReadBlockTokens(
+      uint64_t block_id, const std::vector<uint32_t>& tokens,
+      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
+  // The same bytes written to dst (capacity bytes: BlockPayloadBytes of
+  // tokens.size() tokens, else OUT_OF_RANGE), one copy gathering the rows.
+  absl::StatusOr<uint64_t> ReadBlockTokensInto(
+      uint64_t block_id, const std::vector<uint32_t>& tokens,
+      const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+      BlockInfo* info = nullptr) const;
   // Payload bytes of the frames appended and not evicted, at full
   // precision (degradation does not shrink it): what quotas count. O(1).
   uint64_t RetainedPayloadBytes() const;

@@ -365,6 +365,24 @@ absl::Status ValidateLayerList(const Geometry& g,
   return absl::OkStatus();
 }
 
+absl::Status ValidateTokenList(const std::vector<uint32_t>& tokens,
+                               uint32_t token_count, uint64_t block_id,
+                               const char* field) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= token_count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " of block ", block_id, " has offset ", tokens[i],
+                       "; the block holds ", token_count, " tokens"));
+    }
+    if (i > 0 && tokens[i] <= tokens[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " of block ", block_id, " has ", tokens[i], " after ",
+          tokens[i - 1], "; offsets must be strictly increasing"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 uint64_t BlockPayloadBytes(const Geometry& g, uint32_t token_count,
                            PayloadLayout layout, size_t layers) {
   if (layout == PayloadLayout::kFrameMajor || layers == 0) {

@@ -57,6 +57,14 @@ absl::Status ValidateStreamConfig(const StreamConfig& config);
 // Payload bytes of a frame of token_count tokens.
 uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count);
 
+// OK when `tokens` (a request's token offsets of block `block_id`, in
+// append order) are strictly increasing and below token_count;
+// INVALID_ARGUMENT naming `field`, the block and the first offending offset
+// otherwise.
+absl::Status ValidateTokenList(const std::vector<uint32_t>& tokens,
+                               uint32_t token_count, uint64_t block_id,
+                               const char* field);
+
 // OK when `layers` (a request's layer list, BLOCK_LAYER_MAJOR) names each
 // of the geometry's layers at most once; INVALID_ARGUMENT naming the first
 // that is out of range or repeated.

@@ -150,6 +150,7 @@ v1::FetchBlocksRequest KvmemClient::FetchRequest(
   req.set_max_chunk_bytes(o.max_chunk_bytes);
   req.set_layout(o.layout);
   for (uint32_t l : o.layers) req.add_layers(l);
+  for (const v1::BlockTokens& t : o.tokens) *req.add_tokens() = t;
   return req;
 }
 

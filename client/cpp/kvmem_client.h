@@ -58,8 +58,11 @@ struct FetchedBlock {
 // How FetchBlocks lays out and chunks the bytes.
 struct FetchOptions {
   v1::PayloadLayout layout = v1::PAYLOAD_LAYOUT_UNSPECIFIED;  // FRAME_MAJOR
-  std::vector<uint32_t> layers;  // BLOCK_LAYER_MAJOR only; empty: all.
+  std::vector<uint32_t> layers;  // BLOCK/TOKEN_LAYER_MAJOR; empty: all.
   uint32_t max_chunk_bytes = 0;  // 0: the server's default (1 MiB).
+  // TOKEN_LAYER_MAJOR only: the tokens to send of some blocks (the rest
+  // send all theirs); see FetchBlocksRequest.tokens.
+  std::vector<v1::BlockTokens> tokens;
 };
 
 // One block's bytes, where they are: in shared memory, in a caller's buffer
@@ -69,6 +72,9 @@ struct BlockView {
   v1::RecalledBlock info;  // FetchBlocks only (a recall has it in its set).
   const uint8_t* data = nullptr;
   size_t size = 0;
+  // A recall's TOKEN_LAYER_MAJOR delivery: the tokens the bytes hold
+  // (DeliveredBlock.token_offsets). Empty otherwise.
+  std::vector<uint32_t> token_offsets;
 };
 
 class ClientArena;  // A mapped shared-memory arena (client/cpp/shm.cc).

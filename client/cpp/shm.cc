@@ -314,6 +314,7 @@ grpc::Status KvmemClient::TakeDelivery(
       v.data = reinterpret_cast<const uint8_t*>(d.owned_.back().data());
       v.size = d.owned_.back().size();
     }
+    v.token_offsets.assign(b.token_offsets().begin(), b.token_offsets().end());
   }
   resp->clear_delivered();
   *out = std::move(d);

@@ -116,6 +116,18 @@ class Stream : public std::enable_shared_from_this<Stream> {
     return reader_.ReadBlockPayloadInto(block_id, layout, layers, dst, capacity,
                                         info);
   }
+  absl::StatusOr<std::vector<PayloadPiece>> ReadBlockTokens(
+      uint64_t block_id, const std::vector<uint32_t>& tokens,
+      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const {
+    return reader_.ReadBlockTokens(block_id, tokens, layers, info);
+  }
+  absl::StatusOr<uint64_t> ReadBlockTokensInto(
+      uint64_t block_id, const std::vector<uint32_t>& tokens,
+      const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+      BlockInfo* info = nullptr) const {
+    return reader_.ReadBlockTokensInto(block_id, tokens, layers, dst, capacity,
+                                       info);
+  }
   uint64_t RetainedPayloadBytes() const;
 
   // Frames acknowledged so far: the last durable frame + 1 (0 when none).

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/stream_copy.h"
 #include "engine/codec/quantize.h"
 #include "engine/stream_config.h"
 
@@ -169,6 +170,116 @@ absl::StatusOr<uint64_t> BlockReader::ReadBlockPayloadInto(
     }
   }
   return bytes;
+}
+
+namespace {
+
+// The rows of `tokens` (of t in a [kv_heads][t][row] slice) written to dst
+// as [kv_heads][tokens][row]; runs of consecutive offsets are one copy.
+uint8_t* GatherRows(absl::string_view slice, uint32_t t,
+                    const std::vector<uint32_t>& tokens, uint32_t heads,
+                    size_t row, uint8_t* dst) {
+  for (uint32_t h = 0; h < heads; ++h) {
+    const char* head = slice.data() + static_cast<size_t>(h) * t * row;
+    for (size_t i = 0; i < tokens.size();) {
+      size_t j = i + 1;
+      while (j < tokens.size() && tokens[j] == tokens[j - 1] + 1) ++j;
+      const size_t n = (j - i) * row;
+      StreamCopy(dst, head + tokens[i] * row, n);
+      dst += n;
+      i = j;
+    }
+  }
+  return dst;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> BlockReader::ReadBlockTokensInto(
+    uint64_t block_id, const std::vector<uint32_t>& tokens,
+    const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+    BlockInfo* info) const {
+  KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
+                         WantedLayers(layers));
+  KVMEM_ASSIGN_OR_RETURN(
+      Snapshot snap,
+      SnapshotBlock(block_id, PayloadLayout::kBlockLayerMajor, wanted));
+  if (info != nullptr) *info = snap.info;
+  const uint32_t t = snap.rec.info.token_count;
+  KVMEM_RETURN_IF_ERROR(ValidateTokenList(tokens, t, block_id, "tokens"));
+  // No tokens named: all of them, gathered the same way (one run per head).
+  std::vector<uint32_t> every;
+  if (tokens.empty()) {
+    every.resize(t);
+    for (uint32_t j = 0; j < t; ++j) every[j] = j;
+  }
+  return GatherTokens(snap, tokens.empty() ? every : tokens, wanted, dst,
+                      capacity);
+}
+
+absl::StatusOr<uint64_t> BlockReader::GatherTokens(
+    const Snapshot& snap, const std::vector<uint32_t>& tokens,
+    const std::vector<uint32_t>& wanted, uint8_t* dst,
+    uint64_t capacity) const {
+  const uint64_t block_id = snap.rec.info.id;
+  const uint32_t t = snap.rec.info.token_count;
+  const Geometry& g = view_.config().geometry;
+  const uint64_t bytes = BlockPayloadBytes(
+      g, tokens.size(), PayloadLayout::kBlockLayerMajor, wanted.size());
+  if (bytes != capacity) {
+    return absl::OutOfRangeError(absl::StrCat(
+        tokens.size(), " tokens of block ", block_id, " have ", bytes,
+        " payload bytes; the destination holds ", capacity));
+  }
+  const size_t row = static_cast<size_t>(g.head_dim) * DTypeBytes(g.dtype);
+  const size_t slice = LayerSliceElements(g, t) * DTypeBytes(g.dtype);
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    absl::string_view k, v;
+    if (snap.warm) {
+      k = snap.warm->K(wanted[i]);
+      v = snap.warm->V(wanted[i]);
+    } else {
+      k = absl::string_view(snap.records[i]).substr(0, slice);
+      v = absl::string_view(snap.records[i]).substr(slice, slice);
+    }
+    dst = GatherRows(k, t, tokens, g.kv_heads, row, dst);
+    dst = GatherRows(v, t, tokens, g.kv_heads, row, dst);
+  }
+  StreamFence();
+  return bytes;
+}
+
+absl::StatusOr<std::vector<PayloadPiece>> BlockReader::ReadBlockTokens(
+    uint64_t block_id, const std::vector<uint32_t>& tokens,
+    const std::vector<uint32_t>& layers, BlockInfo* info) const {
+  if (tokens.empty()) {
+    return ReadBlockPayload(block_id, PayloadLayout::kBlockLayerMajor, layers,
+                            info);
+  }
+  KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
+                         WantedLayers(layers));
+  const Geometry& g = view_.config().geometry;
+  const uint64_t layer_bytes =
+      BlockPayloadBytes(g, tokens.size(), PayloadLayout::kBlockLayerMajor, 1);
+  std::string bytes(layer_bytes * wanted.size(), '\0');
+  BlockInfo read;
+  KVMEM_RETURN_IF_ERROR(
+      ReadBlockTokensInto(block_id, tokens, wanted,
+                          reinterpret_cast<uint8_t*>(bytes.data()),
+                          bytes.size(), &read)
+          .status());
+  if (info != nullptr) *info = read;
+  // One buffer, a piece per layer pointing into it.
+  auto owned = std::make_shared<const std::string>(std::move(bytes));
+  std::vector<PayloadPiece> pieces(wanted.size());
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    pieces[i].frame_index = read.first_frame;
+    pieces[i].layer = wanted[i];
+    pieces[i].parts = {
+        absl::string_view(*owned).substr(i * layer_bytes, layer_bytes)};
+    pieces[i].keep = owned;
+  }
+  return pieces;
 }
 
 absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(

@@ -42,6 +42,14 @@ class BlockReader {
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
       BlockInfo* info) const ABSL_LOCKS_EXCLUDED(view_.mu());
+  absl::StatusOr<std::vector<PayloadPiece>> ReadBlockTokens(
+      uint64_t block_id, const std::vector<uint32_t>& tokens,
+      const std::vector<uint32_t>& layers, BlockInfo* info) const
+      ABSL_LOCKS_EXCLUDED(view_.mu());
+  absl::StatusOr<uint64_t> ReadBlockTokensInto(
+      uint64_t block_id, const std::vector<uint32_t>& tokens,
+      const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
+      BlockInfo* info) const ABSL_LOCKS_EXCLUDED(view_.mu());
 
   // A block's warm (layer-major) copy from its durable form (frames, or
   // layer records, dequantised when degraded); NOT_FOUND when evicted.
@@ -66,6 +74,12 @@ class BlockReader {
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& wanted) const
       ABSL_LOCKS_EXCLUDED(view_.mu());
+  // The rows of `tokens` (checked) of the snapshot's `wanted` layers into
+  // dst (capacity bytes, else OUT_OF_RANGE), with streaming stores.
+  absl::StatusOr<uint64_t> GatherTokens(const Snapshot& snap,
+                                        const std::vector<uint32_t>& tokens,
+                                        const std::vector<uint32_t>& wanted,
+                                        uint8_t* dst, uint64_t capacity) const;
   // layers, or every layer when empty; INVALID_ARGUMENT for one out of range.
   absl::StatusOr<std::vector<uint32_t>> WantedLayers(
       const std::vector<uint32_t>& layers) const;

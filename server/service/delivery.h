@@ -58,6 +58,9 @@ struct DeliveryRequest {
   std::vector<uint64_t> block_ids;  // Delivered in this order.
   PayloadLayout layout = PayloadLayout::kFrameMajor;
   std::vector<uint32_t> layers;  // kBlockLayerMajor: these (empty: all).
+  // Token delivery (TOKEN_LAYER_MAJOR; layout kBlockLayerMajor): when not
+  // empty, block i's tokens to deliver, tokens[i] (empty: all of them).
+  std::vector<std::vector<uint32_t>> tokens;
   // Blocks are read and copied in parallel on the calling thread and up to
   // `helpers` tasks of `executor` (null: the calling thread alone).
   Executor* executor = nullptr;
@@ -80,9 +83,15 @@ absl::StatusOr<Delivered> Deliver(const DeliveryRequest& request,
 absl::Status NoSharedMemory();
 
 // The engine's layout for a request's layout and layers (layers need
-// BLOCK_LAYER_MAJOR); INVALID_ARGUMENT naming the field otherwise.
+// BLOCK_LAYER_MAJOR or TOKEN_LAYER_MAJOR, which is kBlockLayerMajor with
+// tokens chosen); INVALID_ARGUMENT naming the field otherwise.
 absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
                                               int layers);
+
+// True for TOKEN_LAYER_MAJOR: deliveries choose tokens.
+inline bool GathersTokens(v1::PayloadLayout layout) {
+  return layout == v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR;
+}
 
 }  // namespace kvmem
 

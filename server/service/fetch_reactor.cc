@@ -12,9 +12,11 @@
 #include <memory>
 #include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/sync.h"
+#include "engine/stream_config.h"
 #include "server/service/delivery.h"
 #include "server/service/delivery_sinks.h"
 #include "server/service/proto_convert.h"
@@ -102,17 +104,60 @@ class FetchBlocksReactor final
     KVMEM_ASSIGN_OR_RETURN(layout_,
                            LayoutFromProto(req.layout(), req.layers_size()));
     layers_.assign(req.layers().begin(), req.layers().end());
+    KVMEM_RETURN_IF_ERROR(TokensOf(req));
     chunk_ = req.max_chunk_bytes() == 0 ? std::min(1u << 20, max_chunk)
                                         : req.max_chunk_bytes();
     arena_id_ = req.shm_arena_id();
     release_.assign(req.release_lease_ids().begin(),
                     req.release_lease_ids().end());
     all_warm_ = true;
-    for (uint64_t id : req.block_ids()) {
-      absl::StatusOr<BlockInfo> b = stream_->GetBlock(id);
+    for (size_t i = 0; i < static_cast<size_t>(req.block_ids_size()); ++i) {
+      absl::StatusOr<BlockInfo> b = stream_->GetBlock(req.block_ids(i));
       if (!b.ok()) return b.status();
+      if (!tokens_.empty()) {
+        KVMEM_RETURN_IF_ERROR(
+            ValidateTokenList(tokens_[i], b->token_count, b->id, "tokens"));
+      }
       blocks_.push_back(*b);
       all_warm_ = all_warm_ && b->tier == Tier::kWarm;
+    }
+    return absl::OkStatus();
+  }
+
+  // req.tokens as one list per block of block_ids (empty: all tokens);
+  // tokens_ stays empty unless the layout is TOKEN_LAYER_MAJOR.
+  absl::Status TokensOf(const v1::FetchBlocksRequest& req) {
+    if (!GathersTokens(req.layout())) {
+      if (req.tokens_size() > 0) {
+        return absl::InvalidArgumentError(
+            "tokens is set; it needs layout PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR");
+      }
+      return absl::OkStatus();
+    }
+    absl::flat_hash_map<uint64_t, size_t> index;
+    for (int i = 0; i < req.block_ids_size(); ++i) {
+      index.emplace(req.block_ids(i), i);
+    }
+    tokens_.assign(req.block_ids_size(), {});
+    std::vector<bool> named(req.block_ids_size(), false);
+    for (const v1::BlockTokens& t : req.tokens()) {
+      auto it = index.find(t.block_id());
+      if (it == index.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokens names block ", t.block_id(),
+                         ", which is not in block_ids"));
+      }
+      if (named[it->second]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokens names block ", t.block_id(), " twice"));
+      }
+      named[it->second] = true;
+      // A block listed twice in block_ids gets the same tokens each time.
+      for (int i = 0; i < req.block_ids_size(); ++i) {
+        if (req.block_ids(i) == t.block_id()) {
+          tokens_[i].assign(t.token_offsets().begin(), t.token_offsets().end());
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -127,11 +172,15 @@ class FetchBlocksReactor final
     }
     auto a = std::make_shared<Ahead>();
     ahead_ = a;
+    std::vector<uint32_t> tokens;
+    if (!tokens_.empty()) tokens = tokens_[i];
     auto read = [a, stream = *stream_, id = blocks_[i].id, layout = layout_,
-                 layers = layers_] {
+                 layers = layers_, gather = !tokens_.empty(),
+                 tokens = std::move(tokens)] {
       BlockInfo info;
       absl::StatusOr<std::vector<PayloadPiece>> pieces =
-          stream.ReadBlockPayload(id, layout, layers, &info);
+          gather ? stream.ReadBlockTokens(id, tokens, layers, &info)
+                 : stream.ReadBlockPayload(id, layout, layers, &info);
       std::function<void()> then;
       {
         kvmem::MutexLock lock(&a->mu);
@@ -234,6 +283,7 @@ class FetchBlocksReactor final
     for (const BlockInfo& b : blocks_) d.block_ids.push_back(b.id);
     d.layout = layout_;
     d.layers = layers_;
+    d.tokens = tokens_;
     d.executor = executor_;
     d.helpers = helpers_;
     ShmSink sink(shm_, caller_.tenant(), arena_id_, release_);
@@ -275,6 +325,8 @@ class FetchBlocksReactor final
   std::optional<StreamHandle> stream_;
   PayloadLayout layout_ = PayloadLayout::kFrameMajor;
   std::vector<uint32_t> layers_;
+  // TOKEN_LAYER_MAJOR: each block's tokens (empty: all); else empty.
+  std::vector<std::vector<uint32_t>> tokens_;
   std::vector<BlockInfo> blocks_;  // As at Prepare.
   bool all_warm_ = false;
   uint32_t chunk_ = 0;

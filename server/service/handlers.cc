@@ -1,12 +1,16 @@
 #include "server/service/handlers.h"
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <memory>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/timing.h"
+#include "engine/stream_config.h"
 #include "server/service/delivery.h"
 #include "server/service/delivery_sinks.h"
 #include "server/service/proto_convert.h"
@@ -92,6 +96,77 @@ absl::StatusOr<std::unique_ptr<DeliverySink>> RecallSink(
   }
 }
 
+constexpr int kMaxHeldTokenEntries = 4096;
+
+// The client's held tokens per block (req.held_tokens), checked.
+absl::StatusOr<absl::flat_hash_map<uint64_t, std::vector<uint32_t>>> HeldTokens(
+    const v1::RecallDelivery& req) {
+  absl::flat_hash_map<uint64_t, std::vector<uint32_t>> held;
+  if (req.held_tokens_size() == 0) return held;
+  if (!GathersTokens(req.layout())) {
+    return absl::InvalidArgumentError(
+        "delivery.held_tokens is set; it needs delivery.layout "
+        "PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR");
+  }
+  if (req.held_tokens_size() > kMaxHeldTokenEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delivery.held_tokens has ", req.held_tokens_size(),
+                     " entries; at most ", kMaxHeldTokenEntries));
+  }
+  for (const v1::BlockTokens& b : req.held_tokens()) {
+    std::vector<uint32_t> offsets(b.token_offsets().begin(),
+                                  b.token_offsets().end());
+    for (size_t i = 1; i < offsets.size(); ++i) {
+      if (offsets[i] <= offsets[i - 1]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("delivery.held_tokens of block ", b.block_id(),
+                         " has ", offsets[i], " after ", offsets[i - 1],
+                         "; offsets must be strictly increasing"));
+      }
+    }
+    if (!held.emplace(b.block_id(), std::move(offsets)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "delivery.held_tokens names block ", b.block_id(), " twice"));
+    }
+  }
+  return held;
+}
+
+// Each recalled block's chosen tokens over every set of the response, in
+// RecalledIds' order: the union of its token_offsets (all token_count
+// tokens where a set takes it whole).
+std::vector<std::vector<uint32_t>> RecalledTokens(
+    const v1::RecallResponse& resp, const std::vector<uint64_t>& ids) {
+  absl::flat_hash_map<uint64_t, size_t> index;
+  for (size_t i = 0; i < ids.size(); ++i) index[ids[i]] = i;
+  std::vector<std::vector<uint32_t>> tokens(ids.size());
+  std::vector<bool> whole(ids.size(), false);
+  auto add =
+      [&](const google::protobuf::RepeatedPtrField<v1::RecalledBlock>& blocks) {
+        for (const v1::RecalledBlock& b : blocks) {
+          const size_t i = index[b.block_id()];
+          if (whole[i]) continue;
+          std::vector<uint32_t>& t = tokens[i];
+          if (b.token_offsets().empty()) {
+            whole[i] = true;
+            t.resize(b.token_count());
+            for (uint32_t j = 0; j < b.token_count(); ++j) t[j] = j;
+            continue;
+          }
+          t.insert(t.end(), b.token_offsets().begin(), b.token_offsets().end());
+        }
+      };
+  add(resp.blocks());
+  for (const v1::LayerRecallSet& s : resp.layer_sets()) add(s.blocks());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (whole[i]) continue;
+    std::sort(tokens[i].begin(), tokens[i].end());
+    tokens[i].erase(std::unique(tokens[i].begin(), tokens[i].end()),
+                    tokens[i].end());
+  }
+  return tokens;
+}
+
 // Fills resp->delivered for a recall made with req.delivery.
 absl::Status DeliverRecall(const RecallDeliveryCall& call,
                            const StreamHandle& stream,
@@ -104,15 +179,36 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
   d.layers.assign(req.layers().begin(), req.layers().end());
   d.executor = call.executor;
   d.helpers = call.options->copy_helpers;
+  KVMEM_ASSIGN_OR_RETURN(const auto held_tokens, HeldTokens(req));
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<DeliverySink> sink,
                          RecallSink(call, req));
   const absl::flat_hash_set<uint64_t> held(req.held_block_ids().begin(),
                                            req.held_block_ids().end());
-  for (uint64_t id : RecalledIds(*resp)) {
-    if (held.contains(id)) {
+  const bool gather = GathersTokens(req.layout());
+  const std::vector<uint64_t> ids = RecalledIds(*resp);
+  std::vector<std::vector<uint32_t>> chosen;
+  if (gather) chosen = RecalledTokens(*resp, ids);
+  std::vector<std::vector<uint32_t>> described;  // Token layout: each's.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<uint32_t> missing;
+    if (gather && !held.contains(ids[i])) {
+      auto h = held_tokens.find(ids[i]);
+      if (h == held_tokens.end()) {
+        missing = std::move(chosen[i]);
+      } else {
+        std::set_difference(chosen[i].begin(), chosen[i].end(),
+                            h->second.begin(), h->second.end(),
+                            std::back_inserter(missing));
+      }
+    }
+    if (held.contains(ids[i]) || (gather && missing.empty())) {
       resp->set_held_blocks(resp->held_blocks() + 1);
-    } else {
-      d.block_ids.push_back(id);
+      continue;
+    }
+    d.block_ids.push_back(ids[i]);
+    if (gather) {
+      d.tokens.push_back(missing);
+      described.push_back(std::move(missing));
     }
   }
   KVMEM_ASSIGN_OR_RETURN(const Delivered delivered, Deliver(d, sink.get()));
@@ -120,6 +216,10 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
     v1::DeliveredBlock* out = resp->add_delivered();
     out->set_block_id(d.block_ids[i]);
     sink->Describe(i, out);
+    if (gather) {
+      out->mutable_token_offsets()->Assign(described[i].begin(),
+                                           described[i].end());
+    }
   }
   resp->set_delivered_bytes(delivered.bytes);
   return absl::OkStatus();

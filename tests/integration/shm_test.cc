@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -41,8 +42,11 @@ constexpr char kKeyB[] = "key-of-tenant-b-9876543210";
 
 enum class Tier { kWarm, kCold, kDegraded };
 
-v1::StreamConfig Config(const TestGeometry& g, Tier tier) {
+// groups: token groups per block (1: whole blocks, as StreamModel's
+// oracles need; more: recall chooses single tokens).
+v1::StreamConfig Config(const TestGeometry& g, Tier tier, uint32_t groups = 1) {
   v1::StreamConfig c = testing::WireConfig(g, kFpb * kTokens, kFpb, {1});
+  c.mutable_index_policy()->set_groups_per_block(groups);
   c.mutable_block_policy()->set_mode(v1::SEGMENT_MODE_FIXED);
   v1::TierPolicy* t = c.mutable_tier_policy();
   t->set_warm_budget_bytes(tier == Tier::kWarm ? (1ull << 30) : 1);
@@ -74,6 +78,31 @@ std::string Expected(const StreamModel& m, const TestGeometry& g,
           const size_t slice = size_t{g.kv_heads} * kTokens * row;
           out.append(b, (2 * l + kv) * slice + h * kTokens * row,
                      kTokens * row);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// TOKEN_LAYER_MAJOR bytes of some tokens of a block, from the frames the
+// test appended: per wanted layer K then V, each [kv_heads][tokens][dim].
+std::string ExpectedTokens(const StreamModel& m, const TestGeometry& g,
+                           uint64_t block, const std::vector<uint32_t>& tokens,
+                           std::vector<uint32_t> layers = {}) {
+  if (layers.empty()) {
+    for (uint32_t l = 0; l < g.layers; ++l) layers.push_back(l);
+  }
+  const size_t row = size_t{g.head_dim} * 2;  // fp16
+  const size_t slice = size_t{g.kv_heads} * kTokens * row;
+  std::string out;
+  for (uint32_t l : layers) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t o : tokens) {
+          const std::string& f = m.frames()[block * kFpb + o / kTokens].bytes;
+          out.append(
+              f, (2 * l + kv) * slice + (h * kTokens + o % kTokens) * row, row);
         }
       }
     }
@@ -120,9 +149,10 @@ class ShmTest : public ::testing::Test {
 
   // Opens `id` in `tier` and appends `blocks` blocks (+1 frame, so the last
   // block is sealed and past nothing); waits until block 0 is in the tier.
-  void Load(KvmemClient* c, const std::string& id, Tier tier, uint32_t blocks) {
+  void Load(KvmemClient* c, const std::string& id, Tier tier, uint32_t blocks,
+            uint32_t groups = 1) {
     v1::OpenStreamResponse opened;
-    ASSERT_TRUE(c->OpenStream(id, Config(g_, tier), &opened).ok());
+    ASSERT_TRUE(c->OpenStream(id, Config(g_, tier, groups), &opened).ok());
     std::vector<OutgoingFrame> frames;
     for (uint32_t f = 0; f < blocks * kFpb + 1; ++f) {
       frames.push_back(ToOutgoing(model_.AddFrame(rng_, kTokens), f));
@@ -268,6 +298,194 @@ TEST_F(ShmTest, RecallDeliversItsSetAndDeltasMoveOnlyNewBlocks) {
     EXPECT_TRUE(sd.Release().ok());
     EXPECT_TRUE(session->Finish().ok());
   }
+}
+
+// Each recalled block's tokens over the response's sets (all its tokens
+// where a set takes it whole), in the order blocks first appear.
+std::vector<std::pair<uint64_t, std::vector<uint32_t>>> RecalledTokens(
+    const v1::RecallResponse& resp) {
+  std::vector<std::pair<uint64_t, std::vector<uint32_t>>> out;
+  auto add = [&](const v1::RecalledBlock& b) {
+    std::vector<uint32_t>* t = nullptr;
+    for (auto& [id, tokens] : out) {
+      if (id == b.block_id()) t = &tokens;
+    }
+    if (t == nullptr) {
+      t = &out.emplace_back(b.block_id(), std::vector<uint32_t>()).second;
+    }
+    if (b.token_offsets().empty()) {
+      for (uint32_t j = 0; j < b.token_count(); ++j) t->push_back(j);
+    } else {
+      t->insert(t->end(), b.token_offsets().begin(), b.token_offsets().end());
+    }
+    std::sort(t->begin(), t->end());
+    t->erase(std::unique(t->begin(), t->end()), t->end());
+  };
+  for (const auto& b : resp.blocks()) add(b);
+  for (const auto& set : resp.layer_sets()) {
+    for (const auto& b : set.blocks()) add(b);
+  }
+  return out;
+}
+
+// TOKEN_LAYER_MAJOR: a recall delivers exactly its tokens' rows (bytes =
+// recalled tokens x bytes per token), inline and through shared memory,
+// for one set and for per-head sets (their union); tokens the client holds
+// are left out, a block wholly held is not delivered.
+TEST_F(ShmTest, TokenDeliveryMovesOnlyTheRecalledTokens) {
+  Start();
+  KvmemClient* c = Client();
+  Load(c, "cam", Tier::kCold, 6, /*groups=*/4);
+  const uint64_t token_bytes =
+      uint64_t{g_.layers} * 2 * g_.kv_heads * g_.head_dim * 2;  // fp16
+  bool partial = false;
+  for (bool per_head : {false, true}) {
+    for (auto mode : {v1::RecallDelivery::MODE_INLINE,
+                      v1::RecallDelivery::MODE_SHARED_MEMORY}) {
+      SCOPED_TRACE(std::to_string(mode) + (per_head ? " per_head" : ""));
+      v1::RecallRequest req = Query("cam", 2);
+      req.set_per_head(per_head);
+      req.mutable_delivery()->set_mode(mode);
+      req.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR);
+      v1::RecallResponse resp;
+      Delivery d;
+      grpc::Status s = c->RecallDelivered(req, &resp, &d);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      const auto want = RecalledTokens(resp);
+      ASSERT_GE(want.size(), 2u);
+      ASSERT_EQ(d.blocks().size(), want.size());
+      uint64_t tokens = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const auto& [id, offsets] = want[i];
+        EXPECT_EQ(d.blocks()[i].block_id, id);
+        EXPECT_EQ(d.blocks()[i].token_offsets, offsets);
+        EXPECT_EQ(Bytes(d.blocks()[i]), ExpectedTokens(model_, g_, id, offsets))
+            << "block " << id;
+        partial = partial || offsets.size() < kFpb * kTokens;
+        tokens += offsets.size();
+      }
+      // Bytes moved are the recalled tokens' bytes, exactly.
+      EXPECT_EQ(resp.delivered_bytes(), tokens * token_bytes);
+
+      // The next frame: the client holds all but the last token of the
+      // first block and the whole second block.
+      v1::RecallRequest next = req;
+      v1::BlockTokens* h = next.mutable_delivery()->add_held_tokens();
+      h->set_block_id(want[0].first);
+      h->mutable_token_offsets()->Assign(want[0].second.begin(),
+                                         want[0].second.end() - 1);
+      next.mutable_delivery()->add_held_block_ids(want[1].first);
+      v1::BlockTokens* other = next.mutable_delivery()->add_held_tokens();
+      other->set_block_id(999);  // Not in the set: ignored.
+      v1::RecallResponse again;
+      Delivery delta;
+      s = c->RecallDelivered(next, &again, &delta);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      ASSERT_EQ(RecalledTokens(again), want);
+      EXPECT_EQ(again.held_blocks(), 1u);
+      ASSERT_EQ(delta.blocks().size(), want.size() - 1);
+      EXPECT_THAT(delta.blocks()[0].token_offsets,
+                  ::testing::ElementsAre(want[0].second.back()));
+      EXPECT_EQ(
+          Bytes(delta.blocks()[0]),
+          ExpectedTokens(model_, g_, want[0].first, {want[0].second.back()}));
+      EXPECT_EQ(again.delivered_bytes(),
+                (tokens - want[0].second.size() + 1 - want[1].second.size()) *
+                    token_bytes);
+      EXPECT_TRUE(d.Release().ok());
+      EXPECT_TRUE(delta.Release().ok());
+    }
+  }
+  EXPECT_TRUE(partial) << "every recalled block was whole: nothing gathered";
+
+  // Held tokens are checked, and need the token layout.
+  v1::RecallRequest bad = Query("cam", 2);
+  bad.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_INLINE);
+  bad.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+  bad.mutable_delivery()->add_held_tokens()->set_block_id(0);
+  v1::RecallResponse resp;
+  Delivery d;
+  grpc::Status s = c->RecallDelivered(bad, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("needs delivery.layout"));
+  bad.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR);
+  bad.mutable_delivery()->mutable_held_tokens(0)->add_token_offsets(3);
+  bad.mutable_delivery()->mutable_held_tokens(0)->add_token_offsets(3);
+  s = c->RecallDelivered(bad, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("held_tokens of block 0 has 3 after 3"));
+  bad.mutable_delivery()->mutable_held_tokens(0)->clear_token_offsets();
+  bad.mutable_delivery()->add_held_tokens()->set_block_id(0);
+  s = c->RecallDelivered(bad, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("names block 0 twice"));
+}
+
+// FetchBlocks in TOKEN_LAYER_MAJOR: the named tokens of each block (all
+// for a block not named), byte-exact through the byte stream and shared
+// memory, for a subset of layers; bad token lists are refused.
+TEST_F(ShmTest, FetchBlocksSendsTheTokensItNames) {
+  Start();
+  KvmemClient* c = Client();
+  std::vector<uint8_t> buffer;
+  for (Tier tier : {Tier::kWarm, Tier::kDegraded}) {
+    const std::string id = "tok-" + std::to_string(static_cast<int>(tier));
+    model_ = StreamModel(g_, kFpb, kFpb * kTokens, {1});
+    Load(c, id, tier, 3);
+    FetchOptions o;
+    o.layout = v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR;
+    o.layers = {2, 0};
+    const std::vector<uint64_t> ids = {2, 0, 1};
+    const std::vector<std::vector<uint32_t>> tokens = {
+        {0, 5, 6, 7, 15}, {3}, {}};  // Block 1 not named: all 16.
+    for (size_t i = 0; i < 2; ++i) {
+      v1::BlockTokens& t = o.tokens.emplace_back();
+      t.set_block_id(ids[i]);
+      t.mutable_token_offsets()->Assign(tokens[i].begin(), tokens[i].end());
+    }
+    std::vector<BlockView> into;
+    grpc::Status s = c->FetchInto(id, ids, o, &buffer, &into);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    Delivery shared;
+    s = c->FetchShared(id, ids, o, &shared);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(into.size(), ids.size());
+    ASSERT_EQ(shared.blocks().size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<uint32_t> want = tokens[i];
+      for (uint32_t j = 0; tokens[i].empty() && j < kFpb * kTokens; ++j) {
+        want.push_back(j);
+      }
+      EXPECT_EQ(Bytes(into[i]), Bytes(shared.blocks()[i]));
+      if (tier == Tier::kWarm) {
+        EXPECT_EQ(Bytes(into[i]),
+                  ExpectedTokens(model_, g_, ids[i], want, o.layers));
+      } else {
+        EXPECT_EQ(into[i].size,
+                  ExpectedTokens(model_, g_, ids[i], want, o.layers).size());
+      }
+    }
+    EXPECT_TRUE(shared.Release().ok());
+  }
+  FetchOptions o;
+  o.layout = v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR;
+  v1::BlockTokens& t = o.tokens.emplace_back();
+  t.set_block_id(0);
+  t.add_token_offsets(16);
+  std::vector<BlockView> into;
+  grpc::Status s = c->FetchInto("tok-0", {0, 1}, o, &buffer, &into);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("tokens of block 0 has offset 16; the block holds 16"));
+  t.set_block_id(2);
+  s = c->FetchInto("tok-0", {0, 1}, o, &buffer, &into);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("not in block_ids"));
+  o.layout = v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR;
+  s = c->FetchInto("tok-0", {0, 1}, o, &buffer, &into);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("needs layout"));
 }
 
 // Inline delivery is bounded by what one response may carry: beyond it,

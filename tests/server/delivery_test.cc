@@ -137,6 +137,46 @@ TEST_F(DeliveryTest, AFailingBlockAbandonsTheSink) {
   EXPECT_THAT(sink3.calls, ElementsAre("prepare", "reserve", "abandon"));
 }
 
+// Token delivery: each block's chosen tokens as the stream reads them
+// (empty: all, BLOCK_LAYER_MAJOR's bytes); a bad token list is refused
+// before anything is reserved.
+TEST_F(DeliveryTest, TokenDeliveryGetsEachBlocksChosenTokens) {
+  Executor executor(2);
+  DeliveryRequest r;
+  r.stream = stream_.get();
+  r.block_ids = {4, 0, 2};
+  r.layout = PayloadLayout::kBlockLayerMajor;
+  r.layers = {2, 0};
+  r.tokens = {{0, 5}, {}, {3}};
+  r.executor = &executor;
+  r.helpers = 2;
+  CollectingSink sink;
+  auto d = Deliver(r, &sink);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(sink.calls, ElementsAre("prepare", "reserve", "finish"));
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < r.block_ids.size(); ++i) {
+    auto pieces =
+        stream_->ReadBlockTokens(r.block_ids[i], r.tokens[i], r.layers);
+    ASSERT_TRUE(pieces.ok()) << pieces.status();
+    std::string want;
+    for (const PayloadPiece& p : *pieces) want += p.ToString();
+    EXPECT_EQ(sink.blocks[i], want) << "block " << r.block_ids[i];
+    bytes += want.size();
+  }
+  EXPECT_EQ(sink.blocks[1],
+            Expected(0, PayloadLayout::kBlockLayerMajor, r.layers));
+  EXPECT_EQ(sink.blocks[2].size() * 6, sink.blocks[1].size());  // 1 of 6.
+  EXPECT_EQ(d->bytes, bytes);
+
+  r.tokens = {{0, 5}, {6}, {3}};  // Block 0 holds 6 tokens: 0..5.
+  CollectingSink refused;
+  d = Deliver(r, &refused);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("block 0 has offset 6"));
+  EXPECT_THAT(refused.calls, ElementsAre("prepare"));
+}
+
 TEST_F(DeliveryTest, InlineSinkKeepsItsLimitAndFillsTheResponse) {
   DeliveryRequest r;
   r.stream = stream_.get();

@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -443,26 +445,60 @@ v1::RecallRequest RecallQuery(const std::string& id, size_t dim,
   return req;
 }
 
+// Each recalled block's tokens over the response's sets (all its tokens
+// where a set takes it whole), as BlockTokens.
+std::vector<v1::BlockTokens> RecalledTokens(const v1::RecallResponse& resp) {
+  std::map<uint64_t, std::set<uint32_t>> tokens;
+  auto add = [&](const v1::RecalledBlock& b) {
+    std::set<uint32_t>& t = tokens[b.block_id()];
+    if (b.token_offsets().empty()) {
+      for (uint32_t j = 0; j < b.token_count(); ++j) t.insert(j);
+    }
+    t.insert(b.token_offsets().begin(), b.token_offsets().end());
+  };
+  for (const v1::RecalledBlock& b : resp.blocks()) add(b);
+  for (const v1::LayerRecallSet& set : resp.layer_sets()) {
+    for (const v1::RecalledBlock& b : set.blocks()) add(b);
+  }
+  std::vector<v1::BlockTokens> out;
+  for (const auto& [id, t] : tokens) {
+    v1::BlockTokens& b = out.emplace_back();
+    b.set_block_id(id);
+    b.mutable_token_offsets()->Assign(t.begin(), t.end());
+  }
+  return out;
+}
+
+uint64_t TokenCount(const std::vector<v1::BlockTokens>& tokens) {
+  uint64_t n = 0;
+  for (const v1::BlockTokens& b : tokens) n += b.token_offsets_size();
+  return n;
+}
+
 // A camera's recalls frame after frame, its query turning slowly (each
 // frame's = 0.95 x the last + 0.31 x fresh noise: variance stays ~1), each
-// naming the blocks held from the frame before: bytes delivered per recall
-// against the whole set's.
+// naming what it holds from the frame before (the blocks, or with `tokens`
+// the recalled tokens, TOKEN_LAYER_MAJOR): bytes delivered per recall
+// against the whole set's (its blocks', or its tokens').
 absl::Status CameraDeltas(KvmemClient* c, const std::string& id, size_t dim,
-                          FetchReport* r) {
+                          bool tokens, uint64_t token_bytes, FetchReport* r) {
   constexpr int kFrames = 30;
   std::mt19937_64 rng(29);
   std::normal_distribution<float> n(0, 1);
   std::vector<float> q(dim);
   for (float& x : q) x = n(rng);
   std::vector<uint64_t> held;
+  std::vector<v1::BlockTokens> held_tokens;
   double delta = 0, full = 0, delta_blocks = 0, full_blocks = 0;
   for (int f = 0; f < kFrames; ++f) {
     for (float& x : q) x = 0.95f * x + 0.31f * n(rng);
     v1::RecallRequest req = RecallQuery(id, dim, q);
     v1::RecallDelivery* d = req.mutable_delivery();
     d->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
-    d->set_layout(v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+    d->set_layout(tokens ? v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR
+                         : v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
     for (uint64_t b : held) d->add_held_block_ids(b);
+    for (const v1::BlockTokens& t : held_tokens) *d->add_held_tokens() = t;
     v1::RecallResponse resp;
     Delivery got;
     grpc::Status st = c->RecallDelivered(req, &resp, &got);
@@ -470,17 +506,26 @@ absl::Status CameraDeltas(KvmemClient* c, const std::string& id, size_t dim,
     delta += resp.delivered_bytes();
     delta_blocks += got.blocks().size();
     held.clear();
-    for (const v1::RecalledBlock& b : resp.blocks()) {
-      full += b.payload_bytes();
-      held.push_back(b.block_id());
+    if (tokens) {
+      held_tokens = RecalledTokens(resp);
+      full += TokenCount(held_tokens) * token_bytes;
+    } else {
+      for (const v1::RecalledBlock& b : resp.blocks()) {
+        full += b.payload_bytes();
+        held.push_back(b.block_id());
+      }
     }
     full_blocks += resp.blocks_size();
+  }
+  if (tokens) {
+    r->token_delta_mean_mib = delta / kFrames / 1048576.0;
+    r->token_full_mean_mib = full / kFrames / 1048576.0;
+    return absl::OkStatus();
   }
   r->delta_mean_mib = delta / kFrames / 1048576.0;
   r->full_mean_mib = full / kFrames / 1048576.0;
   r->delta_mean_blocks = delta_blocks / kFrames;
   r->full_mean_blocks = full_blocks / kFrames;
-  c->DeleteStream(id);
   return absl::OkStatus();
 }
 
@@ -497,7 +542,10 @@ absl::Status RecallFetch(KvmemClient* client, const FetchGeometry& g, int calls,
   const size_t dim =
       std::max<size_t>(1, stats.config().index_policy().indexed_layers_size()) *
       g.kv_heads * g.head_dim;
-  std::vector<double> shm_ms, grpc_ms, recall_ms;
+  std::vector<double> shm_ms, grpc_ms, recall_ms, token_ms, engine_ms,
+      token_stage_ms;
+  const uint64_t token_bytes =
+      uint64_t{g.layers} * 2 * g.kv_heads * g.head_dim * 2;  // fp16
   std::mt19937_64 rng(11);
   std::normal_distribution<float> n(0, 1);
   std::vector<uint8_t> buffer;
@@ -513,6 +561,8 @@ absl::Status RecallFetch(KvmemClient* client, const FetchGeometry& g, int calls,
     st = client->Recall(req, &resp);
     recall_ms.push_back(ms_since(t0));
     if (!st.ok()) return Failed("Recall", st);
+    engine_ms.push_back(resp.timing().total_us() / 1000.0);
+    token_stage_ms.push_back(resp.timing().token_us() / 1000.0);
 
     t0 = Clock::now();
     st = client->Recall(req, &resp);
@@ -540,11 +590,28 @@ absl::Status RecallFetch(KvmemClient* client, const FetchGeometry& g, int calls,
                        " bytes; FetchInto of ", "its set ", Sum(views)));
     }
     r->recall_fetch_bytes = resp.delivered_bytes();
+
+    // Only the recalled tokens.
+    req.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR);
+    Delivery td;
+    t0 = Clock::now();
+    st = client->RecallDelivered(req, &resp, &td);
+    td.ReleaseLater();
+    token_ms.push_back(ms_since(t0));
+    if (!st.ok()) return Failed("RecallDelivered", st);
+    r->recall_tokens_bytes = resp.delivered_bytes();
+    r->recalled_token_bytes = TokenCount(RecalledTokens(resp)) * token_bytes;
   }
   r->recall_fetch_ms = Summarize(&shm_ms);
   r->recall_fetch_grpc_ms = Summarize(&grpc_ms);
   r->recall_only_ms = Summarize(&recall_ms);
-  return CameraDeltas(client, id, dim, r);
+  r->recall_tokens_ms = Summarize(&token_ms);
+  r->recall_engine_ms = Summarize(&engine_ms);
+  r->recall_token_stage_ms = Summarize(&token_stage_ms);
+  s = CameraDeltas(client, id, dim, false, token_bytes, r);
+  if (s.ok()) s = CameraDeltas(client, id, dim, true, token_bytes, r);
+  client->DeleteStream(id);
+  return s;
 }
 
 }  // namespace
@@ -639,10 +706,18 @@ std::string FetchJson(const FetchReport& r) {
   w.Key("recall_fetch_7b_grpc_p50_ms").Num(r.recall_fetch_grpc_ms.p50_us, 2);
   w.Key("recall_fetch_7b_grpc_p99_ms").Num(r.recall_fetch_grpc_ms.p99_us, 2);
   w.Key("recall_only_7b_p50_ms").Num(r.recall_only_ms.p50_us, 2);
+  w.Key("recall_engine_7b_p50_ms").Num(r.recall_engine_ms.p50_us, 2);
+  w.Key("recall_token_stage_7b_p50_ms").Num(r.recall_token_stage_ms.p50_us, 2);
   w.Key("delta_recall_mean_mib").Num(r.delta_mean_mib, 2);
   w.Key("full_recall_mean_mib").Num(r.full_mean_mib, 2);
   w.Key("delta_recall_mean_blocks").Num(r.delta_mean_blocks, 2);
   w.Key("full_recall_mean_blocks").Num(r.full_mean_blocks, 2);
+  w.Key("recall_tokens_7b_mib").Num(r.recall_tokens_bytes / 1048576.0, 1);
+  w.Key("recalled_token_7b_mib").Num(r.recalled_token_bytes / 1048576.0, 1);
+  w.Key("recall_tokens_7b_p50_ms").Num(r.recall_tokens_ms.p50_us, 2);
+  w.Key("recall_tokens_7b_p99_ms").Num(r.recall_tokens_ms.p99_us, 2);
+  w.Key("token_delta_recall_mean_mib").Num(r.token_delta_mean_mib, 2);
+  w.Key("token_full_recall_mean_mib").Num(r.token_full_mean_mib, 2);
   w.EndObject();
   return w.Take();
 }
@@ -694,14 +769,29 @@ std::string FetchText(const FetchReport& r) {
       "is 333 ms:\n"
       "        shared memory, one exchange: p50 %.1f ms, p99 %.1f ms | Recall "
       "+ FetchInto: p50 %.1f ms, p99 %.1f ms | the recall alone: p50 %.1f "
-      "ms\n"
+      "ms (in the engine %.1f, its token stage %.1f)\n"
       "  a camera's recalls naming the blocks they hold (30 frames): %.2f "
       "MiB (%.2f blocks) delivered per recall, against %.2f MiB (%.2f "
       "blocks) for whole sets\n",
       r.recall_fetch_bytes / 1048576.0, r.recall_fetch_ms.p50_us,
       r.recall_fetch_ms.p99_us, r.recall_fetch_grpc_ms.p50_us,
-      r.recall_fetch_grpc_ms.p99_us, r.recall_only_ms.p50_us, r.delta_mean_mib,
-      r.delta_mean_blocks, r.full_mean_mib, r.full_mean_blocks);
+      r.recall_fetch_grpc_ms.p99_us, r.recall_only_ms.p50_us,
+      r.recall_engine_ms.p50_us, r.recall_token_stage_ms.p50_us,
+      r.delta_mean_mib, r.delta_mean_blocks, r.full_mean_mib,
+      r.full_mean_blocks);
+  absl::StrAppendFormat(
+      &s,
+      "  the same recall delivering only its tokens (TOKEN_LAYER_MAJOR, "
+      "shared memory): p50 %.1f ms, p99 %.1f ms, %.1f MiB moved for %.1f "
+      "MiB of recalled tokens (%.3fx)\n"
+      "  a camera's recalls naming the tokens they hold: %.2f MiB delivered "
+      "per recall, against %.2f MiB for whole token sets\n",
+      r.recall_tokens_ms.p50_us, r.recall_tokens_ms.p99_us,
+      r.recall_tokens_bytes / 1048576.0, r.recalled_token_bytes / 1048576.0,
+      r.recalled_token_bytes > 0
+          ? static_cast<double>(r.recall_tokens_bytes) / r.recalled_token_bytes
+          : 0.0,
+      r.token_delta_mean_mib, r.token_full_mean_mib);
   return s;
 }
 

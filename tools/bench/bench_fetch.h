@@ -75,12 +75,21 @@ struct FetchReport {
   // delivered through shared memory in the same exchange, and a Recall
   // then FetchInto over gRPC; the recall alone for scale.
   Latency recall_fetch_ms, recall_fetch_grpc_ms, recall_only_ms;
+  // The recall's own timing (RecallTiming.total_us, token_us), in ms.
+  Latency recall_engine_ms, recall_token_stage_ms;
   uint64_t recall_fetch_bytes = 0;
   // A camera's frame-to-frame recalls (a slowly turning query, 30 frames)
   // naming the blocks held from the previous frame: mean bytes delivered
   // per recall, against the whole set each time.
   double delta_mean_mib = 0, full_mean_mib = 0;
   double delta_mean_blocks = 0, full_mean_blocks = 0;
+  // The same recall delivered in TOKEN_LAYER_MAJOR through shared memory
+  // (only the recalled tokens): per call in ms, the bytes moved and the
+  // recalled tokens' own bytes (tokens x layers x 2 x kv_heads x head_dim x
+  // 2); and the camera's recalls naming the tokens they hold.
+  Latency recall_tokens_ms;
+  uint64_t recall_tokens_bytes = 0, recalled_token_bytes = 0;
+  double token_delta_mean_mib = 0, token_full_mean_mib = 0;
 };
 
 // o.target: the kvmem-server; o.scratch_dir: for the sockets (must exist).

@@ -260,6 +260,15 @@ bool AppendRandomFrames(benchmark::State& state, MemoryEngine* engine,
   return true;
 }
 
+// An engine on a fresh RocksDB store in dir (emptied first), default
+// store options.
+std::unique_ptr<MemoryEngine> FreshEngine(const std::filesystem::path& dir) {
+  std::filesystem::remove_all(dir);
+  RocksColdStoreOptions so;
+  so.path = dir.string();
+  return *MemoryEngine::Open(*OpenRocksColdStore(so));
+}
+
 // Recalls on stream "cam", one query from next() per iteration, timed one
 // by one: p50_us and p99_us counters.
 template <typename Next>
@@ -352,6 +361,71 @@ void BM_StreamRecall(benchmark::State& state) {
   std::filesystem::remove_all(dir);
 }
 
+// Reading recalled blocks' KV into one buffer at the 7B geometry (32 x 8
+// x 128 fp16, 64-token blocks, 12 warm blocks, 96 MiB): arg 0 = 0 whole
+// blocks layer-major (ReadBlockPayloadInto), 1 a random 80 % of each
+// block's tokens (ReadBlockTokensInto, what TOKEN_LAYER_MAJOR delivers),
+// 2 every token through the token path. One thread; bytes/s counts the
+// bytes written.
+void BM_ReadTokens(benchmark::State& state) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "kvmem-engine-bench-tokens";
+  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
+  StreamConfig c;
+  c.geometry = {32, 8, 128, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.frames_per_block = 4;
+  c.tiers.warm_budget_bytes = 1ull << 30;
+  if (!engine->OpenStream("cam", c).ok()) {
+    state.SkipWithError("OpenStream failed");
+    return;
+  }
+  std::mt19937_64 rng(8);
+  if (!AppendRandomFrames(state, engine.get(), 13 * 4, 16,
+                          size_t{32} * 2 * 8 * 128 * 16, rng)) {
+    return;
+  }
+  engine->WaitForBackground();
+  const StreamHandle stream = *engine->Find("cam");
+  const int mode = static_cast<int>(state.range(0));
+  std::vector<std::vector<uint32_t>> tokens(12);
+  std::bernoulli_distribution keep(0.8);
+  uint64_t total = 0;
+  for (auto& t : tokens) {
+    for (uint32_t j = 0; j < 64; ++j) {
+      if (mode == 2 || keep(rng)) t.push_back(j);
+    }
+    total += BlockPayloadBytes(c.geometry, mode == 0 ? 64 : t.size(),
+                               PayloadLayout::kBlockLayerMajor, 0);
+  }
+  std::vector<uint8_t> buffer(total);
+  for (auto _ : state) {
+    uint8_t* dst = buffer.data();
+    for (uint64_t b = 0; b < 12; ++b) {
+      const uint64_t n =
+          BlockPayloadBytes(c.geometry, mode == 0 ? 64 : tokens[b].size(),
+                            PayloadLayout::kBlockLayerMajor, 0);
+      auto r = mode == 0 ? stream.ReadBlockPayloadInto(
+                               b, PayloadLayout::kBlockLayerMajor, {}, dst, n)
+                         : stream.ReadBlockTokensInto(b, tokens[b], {}, dst, n);
+      if (!r.ok()) {
+        state.SkipWithError("read failed");
+        break;
+      }
+      dst += n;
+    }
+    benchmark::DoNotOptimize(buffer.data());
+  }
+  state.SetBytesProcessed(state.iterations() * total);
+  state.counters["MiB"] = total / 1048576.0;
+  state.SetLabel(mode == 0   ? "whole blocks"
+                 : mode == 1 ? "80% of tokens"
+                             : "every token");
+  engine.reset();
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_ReadTokens)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+
 // Token groups of one sealed block (k-means on the append path): arg 0
 // tokens, arg 1 groups, over 2 indexed layers x 4 KV heads x 64 dims.
 void BM_TokenGroups(benchmark::State& state) {
@@ -384,10 +458,7 @@ void BM_EvalShapedRecall(benchmark::State& state) {
   const uint64_t blocks = state.range(0);
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / "kvmem-engine-bench-evalshape";
-  std::filesystem::remove_all(dir);
-  RocksColdStoreOptions so;
-  so.path = dir.string();
-  auto engine = *MemoryEngine::Open(*OpenRocksColdStore(so));
+  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
   StreamConfig c;
   c.geometry = {2, 4, 64, DType::kFp16, 32};
   c.hot_window_tokens = 2048;

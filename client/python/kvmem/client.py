@@ -6,7 +6,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import grpc
 import numpy as np
@@ -57,7 +57,8 @@ class FetchedBlock:
     kv is (len(layers), 2, kv_heads, tokens, head_dim) for either layout (for
     FRAME_MAJOR the frames joined along the token axis); payload is the bytes
     as received. FRAME_MAJOR also gives each frame as appended in frames, with
-    its index in frame_indices.
+    its index in frame_indices; TOKEN_LAYER_MAJOR the tokens kv holds (offsets
+    in the block, in kv's order) in token_offsets.
     """
 
     info: RecalledBlock
@@ -67,6 +68,7 @@ class FetchedBlock:
     kv: np.ndarray
     frame_indices: list[int] = field(default_factory=list)
     frames: list[np.ndarray] = field(default_factory=list)
+    token_offsets: Optional[list[int]] = None
 
 
 def _read_pem(v: Union[None, bytes, str, os.PathLike]) -> Optional[bytes]:
@@ -373,16 +375,20 @@ class Client:
                      layout: PayloadLayout = PayloadLayout.FRAME_MAJOR,
                      layers: Optional[Sequence[int]] = None,
                      max_chunk_bytes: int = 0,
+                     tokens: Optional[Mapping[int, Sequence[int]]] = None,
                      timeout: Optional[float] = None) -> list[FetchedBlock]:
         """The KV of the given blocks as numpy arrays, in request order.
 
-        layers (BLOCK_LAYER_MAJOR only): the layers to send, in this order;
-        None means all.
+        layers (BLOCK_LAYER_MAJOR, TOKEN_LAYER_MAJOR): the layers to send, in
+        this order; None means all. tokens (TOKEN_LAYER_MAJOR only): block id
+        -> the token offsets to send of it (increasing); blocks not named send
+        all their tokens.
         """
         geometry = self.geometry(stream_id)
         req = pb.FetchBlocksRequest(stream_id=stream_id, block_ids=list(block_ids),
                                     max_chunk_bytes=max_chunk_bytes,
-                                    layout=int(layout), layers=list(layers or []))
+                                    layout=int(layout), layers=list(layers or []),
+                                    tokens=_block_tokens(tokens))
         want_layers = list(layers) if layers else list(range(geometry.layers))
         blocks: list[dict] = []
         try:
@@ -413,10 +419,13 @@ class Client:
         for b in blocks:
             payload = b"".join(b["parts"])
             info = from_proto(RecalledBlock, b["info"])
-            if layout == PayloadLayout.BLOCK_LAYER_MAJOR:
+            if layout in _LAYER_MAJOR:
                 kv = decode_kv(geometry, payload, len(want_layers))
-                out.append(FetchedBlock(info=info, layout=PayloadLayout.BLOCK_LAYER_MAJOR,
-                                        layers=want_layers, payload=payload, kv=kv))
+                out.append(FetchedBlock(
+                    info=info, layout=PayloadLayout(layout), layers=want_layers,
+                    payload=payload, kv=kv,
+                    token_offsets=_fetched_tokens(layout, dict(tokens or {}), b["id"],
+                                                  info.token_count)))
                 continue
             frames, indices, off = [], [], 0
             for index, size in b["frames"]:
@@ -504,16 +513,19 @@ class Client:
     def fetch_shared(self, stream_id: str, block_ids: Sequence[int], *,
                      layout: PayloadLayout = PayloadLayout.BLOCK_LAYER_MAJOR,
                      layers: Optional[Sequence[int]] = None,
+                     tokens: Optional[Mapping[int, Sequence[int]]] = None,
                      timeout: Optional[float] = None) -> Delivery:
         """The blocks placed in this client's shared-memory arena by the
-        server: read-only views (and kv arrays, BLOCK_LAYER_MAJOR), no bytes
-        through the socket. Release the Delivery when done."""
+        server: read-only views (and kv arrays, BLOCK_LAYER_MAJOR and
+        TOKEN_LAYER_MAJOR), no bytes through the socket. tokens: as
+        fetch_blocks'. Release the Delivery when done."""
         geometry = self.geometry(stream_id)
         n_layers = len(layers) if layers else geometry.layers
 
         def fetch(arena: Arena) -> Delivery:
             req = pb.FetchBlocksRequest(stream_id=stream_id, block_ids=list(block_ids),
                                         layout=int(layout), layers=list(layers or []),
+                                        tokens=_block_tokens(tokens),
                                         shm_arena_id=arena.id,
                                         release_lease_ids=self._take_deferred(arena))
             try:
@@ -522,10 +534,12 @@ class Client:
                     timeout=self.timeout if timeout is None else timeout))
             except grpc.RpcError as e:
                 raise error_from_rpc(e) from None
-            items = [(m.block_id, from_proto(RecalledBlock, m.block), m.shm, None)
+            named = dict(tokens or {})
+            items = [(m.block_id, from_proto(RecalledBlock, m.block), m.shm, None,
+                      _fetched_tokens(layout, named, m.block_id, m.block.token_count))
                      for m in msgs]
-            blocks = block_views(arena, geometry, n_layers,
-                                 layout == PayloadLayout.BLOCK_LAYER_MAJOR, items)
+            blocks = block_views(arena, geometry, n_layers, layout in _LAYER_MAJOR,
+                                 items)
             return Delivery(blocks=blocks, lease_id=msgs[0].shm.lease_id if msgs else 0,
                             nbytes=sum(len(b.data) for b in blocks),
                             _client=self, _arena=arena)
@@ -533,7 +547,7 @@ class Client:
         return self._with_arena(fetch)
 
     def _delivering(self, req: "pb.RecallRequest", stream_id: str, mode: str,
-                    layout: PayloadLayout, layers, held, exchange):
+                    layout: PayloadLayout, layers, held, held_tokens, exchange):
         """Runs a recall with delivery: exchange(req) -> pb.RecallResponse."""
         if mode not in ("shm", "inline"):
             raise ValueError(f"mode is {mode!r}; use 'shm' or 'inline'")
@@ -543,6 +557,7 @@ class Client:
         d.layout = int(layout)
         d.layers.extend(list(layers or []))
         d.held_block_ids.extend(list(held))
+        d.held_tokens.extend(_block_tokens(held_tokens))
         geometry = self.geometry(stream_id)
         n_layers = len(layers) if layers else geometry.layers
 
@@ -552,10 +567,13 @@ class Client:
                 del d.release_lease_ids[:]
                 d.release_lease_ids.extend(self._take_deferred(arena))
             resp = exchange(req)
+            token = layout == PayloadLayout.TOKEN_LAYER_MAJOR
             items = [(b.block_id, None, b.shm if b.HasField("shm") else None,
-                      None if b.HasField("shm") else b.data) for b in resp.delivered]
-            blocks = block_views(arena, geometry, n_layers,
-                                 layout == PayloadLayout.BLOCK_LAYER_MAJOR, items)
+                      None if b.HasField("shm") else b.data,
+                      list(b.token_offsets) if token else None)
+                     for b in resp.delivered]
+            blocks = block_views(arena, geometry, n_layers, layout in _LAYER_MAJOR,
+                                 items)
             lease = resp.delivered[0].shm.lease_id if (arena is not None and
                                                        resp.delivered) else 0
             resp.ClearField("delivered")
@@ -568,15 +586,20 @@ class Client:
     def recall_delivered(self, stream_id: str, query, *, mode: str = "shm",
                          layout: PayloadLayout = PayloadLayout.BLOCK_LAYER_MAJOR,
                          layers: Optional[Sequence[int]] = None,
-                         held: Sequence[int] = (), timeout: Optional[float] = None,
+                         held: Sequence[int] = (),
+                         held_tokens: Optional[Mapping[int, Sequence[int]]] = None,
+                         timeout: Optional[float] = None,
                          **recall_args) -> tuple[RecallResponse, Delivery]:
         """recall() and the recalled blocks' bytes in the same exchange: mode
         "shm" (views into the shared-memory arena) or "inline". held: block
         ids this client holds already; they are left out (the response's
-        held_blocks counts them). Release the Delivery when done."""
+        held_blocks counts them). layout TOKEN_LAYER_MAJOR delivers only the
+        recalled tokens (each SharedBlock's token_offsets says which);
+        held_tokens (that layout only): block id -> token offsets held, left
+        out. Release the Delivery when done."""
         req = _recall_request(stream_id, query, **_recall_defaults(recall_args))
         return self._delivering(
-            req, stream_id, mode, layout, layers, held,
+            req, stream_id, mode, layout, layers, held, held_tokens,
             lambda r: self._call(self._stub.Recall, r, stream_id, timeout))
 
     # -- session ----------------------------------------------------------
@@ -586,6 +609,22 @@ class Client:
         """Starts a Session (the bidirectional live-camera call) bound to the
         stream, opening it with config when given. Use as a context manager."""
         return Session(self, stream_id, config, timeout)
+
+
+_LAYER_MAJOR = (PayloadLayout.BLOCK_LAYER_MAJOR, PayloadLayout.TOKEN_LAYER_MAJOR)
+
+
+def _block_tokens(tokens: Optional[Mapping[int, Sequence[int]]]) -> list:
+    """{block id: token offsets} as BlockTokens messages."""
+    return [pb.BlockTokens(block_id=b, token_offsets=list(t))
+            for b, t in (tokens or {}).items()]
+
+
+def _fetched_tokens(layout, named: dict, block_id: int, token_count: int):
+    """The tokens a TOKEN_LAYER_MAJOR fetch of the block holds; else None."""
+    if layout != PayloadLayout.TOKEN_LAYER_MAJOR:
+        return None
+    return list(named.get(block_id) or range(token_count))
 
 
 def _recall_defaults(args: dict) -> dict:
@@ -719,12 +758,13 @@ class Session:
                          layout: PayloadLayout = PayloadLayout.BLOCK_LAYER_MAJOR,
                          layers: Optional[Sequence[int]] = None,
                          held: Sequence[int] = (),
+                         held_tokens: Optional[Mapping[int, Sequence[int]]] = None,
                          **recall_args) -> tuple[RecallResponse, Delivery]:
         """Client.recall_delivered over the session (the arena is the
         client's)."""
         req = _recall_request("", query, **_recall_defaults(recall_args))
         return self._client._delivering(
-            req, self.stream_id, mode, layout, layers, held,
+            req, self.stream_id, mode, layout, layers, held, held_tokens,
             lambda r: self._exchange(pb.SessionRequest(recall=r), wait=True).recall)
 
     def close(self) -> None:

@@ -65,12 +65,15 @@ class Tier(enum.IntEnum):
 
 
 class PayloadLayout(enum.IntEnum):
-    """FetchBlocks layout: FRAME_MAJOR (frames as appended) or
-    BLOCK_LAYER_MAJOR (per layer, K then V, [kv_heads][block tokens][head_dim])."""
+    """FetchBlocks and delivery layout: FRAME_MAJOR (frames as appended),
+    BLOCK_LAYER_MAJOR (per layer, K then V, [kv_heads][block tokens][head_dim])
+    or TOKEN_LAYER_MAJOR (the same with only the chosen tokens: a recall's
+    recalled tokens, or those fetch_blocks' tokens name)."""
 
     UNSPECIFIED = 0
     FRAME_MAJOR = 1
     BLOCK_LAYER_MAJOR = 2
+    TOKEN_LAYER_MAJOR = 3
 
 
 # The proto enum type name of each IntEnum (used by the consistency test).
@@ -257,6 +260,8 @@ class DeliveredBlock:
     block_id: int = 0
     data: bytes = b""
     shm: ShmRegion = field(default_factory=ShmRegion)
+    # TOKEN_LAYER_MAJOR: the tokens the bytes hold (offsets in the block).
+    token_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass

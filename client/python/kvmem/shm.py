@@ -68,12 +68,15 @@ class Arena:
 @dataclass
 class SharedBlock:
     """One delivered block: its bytes (a read-only view) and, for
-    BLOCK_LAYER_MAJOR, kv as (layers, 2, kv_heads, tokens, head_dim)."""
+    BLOCK_LAYER_MAJOR and TOKEN_LAYER_MAJOR, kv as (layers, 2, kv_heads,
+    tokens, head_dim); token_offsets: TOKEN_LAYER_MAJOR's tokens (offsets in
+    the block), in kv's token order."""
 
     block_id: int
     data: memoryview
     info: Optional[RecalledBlock] = None
     kv: Optional[np.ndarray] = None
+    token_offsets: Optional[list[int]] = None
 
 
 @dataclass
@@ -113,11 +116,15 @@ class Delivery:
 
 def block_views(arena: Optional[Arena], geometry: StreamGeometry, layers: int,
                 layer_major: bool, items) -> list[SharedBlock]:
-    """SharedBlocks of (block_id, info, region or inline bytes) items."""
+    """SharedBlocks of (block_id, info, region or inline bytes[, token
+    offsets]) items."""
     out = []
-    for block_id, info, region, inline in items:
+    for item in items:
+        block_id, info, region, inline = item[:4]
+        tokens = list(item[4]) if len(item) > 4 and item[4] is not None else None
         data = memoryview(inline) if region is None else \
             arena.view(region.offset, region.length)
         kv = decode_kv(geometry, data, layers) if layer_major else None
-        out.append(SharedBlock(block_id=block_id, data=data, info=info, kv=kv))
+        out.append(SharedBlock(block_id=block_id, data=data, info=info, kv=kv,
+                               token_offsets=tokens))
     return out

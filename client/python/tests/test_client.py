@@ -316,6 +316,50 @@ class RealServerTest(unittest.TestCase):
             self.assertEqual([b.block_id for b in d.blocks], plain.block_ids[1:])
             d.release()
 
+    def test_token_delivery(self):
+        """TOKEN_LAYER_MAJOR: recall_delivered delivers only the recalled
+        tokens (kv equals the appended frames at token_offsets), held_tokens
+        leaves tokens out; fetch_blocks and fetch_shared send the tokens named."""
+        cfg = config(score=kvmem.ScoreMode.MASS)
+        cfg.index_policy = kvmem.IndexPolicy(groups_per_block=4)
+        fs = self._stream("tok", seed=3, cfg=cfg)
+        c = self.client
+        tok = kvmem.PayloadLayout.TOKEN_LAYER_MAJOR
+
+        def block_kv(block_id):  # (layers, 2, heads, tokens, dim) as appended.
+            return np.concatenate(fs[2 * block_id:2 * block_id + 2], axis=3)
+
+        q = np.random.default_rng(4).standard_normal(LAYERS * HEADS * DIM)
+        for mode in ("shm", "inline"):
+            with self.subTest(mode=mode):
+                r, d = c.recall_delivered("tok", q, mode=mode, max_tokens=12, layout=tok)
+                self.assertEqual([b.block_id for b in d.blocks], r.block_ids)
+                for rb, b in zip(r.blocks, d.blocks):
+                    want = rb.token_offsets or list(range(rb.token_count))
+                    self.assertEqual(b.token_offsets, want)
+                    np.testing.assert_array_equal(b.kv, block_kv(b.block_id)[:, :, :, want])
+                tokens = sum(len(b.token_offsets) for b in d.blocks)
+                self.assertEqual(tokens, r.total_tokens)
+                self.assertEqual(d.nbytes, tokens * LAYERS * 2 * HEADS * DIM * 2)
+                first = d.blocks[0]
+                d.release()
+                r2, d2 = c.recall_delivered(
+                    "tok", q, mode=mode, max_tokens=12, layout=tok,
+                    held_tokens={first.block_id: first.token_offsets[:-1]})
+                self.assertEqual(d2.blocks[0].token_offsets, first.token_offsets[-1:])
+                d2.release()
+        (b,) = c.fetch_blocks("tok", [2], layout=tok, layers=[1], tokens={2: [0, 3]})
+        self.assertEqual(b.token_offsets, [0, 3])
+        np.testing.assert_array_equal(b.kv, block_kv(2)[1:2, :, :, [0, 3]])
+        with c.fetch_shared("tok", [2, 1], layout=tok, tokens={2: [4]}) as d:
+            self.assertEqual(d.blocks[0].token_offsets, [4])
+            np.testing.assert_array_equal(d.blocks[0].kv, block_kv(2)[:, :, :, [4]])
+            self.assertEqual(d.blocks[1].token_offsets, list(range(TOKENS[2] + TOKENS[3])))
+            np.testing.assert_array_equal(d.blocks[1].kv, block_kv(1))
+        with self.assertRaises(kvmem.KvmemError) as cm:
+            c.fetch_blocks("tok", [2], layout=tok, tokens={2: [3, 1]})
+        self.assertEqual(cm.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+
     def test_fp32_and_bf16_streams(self):
         for dtype, np_in in ((kvmem.DType.FP32, np.float32), (kvmem.DType.BF16, np.float32)):
             with self.subTest(dtype=dtype.name):

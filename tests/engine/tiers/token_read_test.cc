@@ -1,0 +1,175 @@
+// Token reads (StreamHandle::ReadBlockTokens/Into, what TOKEN_LAYER_MAJOR
+// delivers): the chosen tokens' rows of each layer, checked against the
+// frames as the test appended them, for blocks in RAM, on disk and
+// degraded; every token chosen is BLOCK_LAYER_MAJOR byte for byte; bad
+// token lists and a wrong destination size are refused.
+#include <random>
+
+#include "engine/codec/block_layout.h"
+#include "engine/codec/quantize.h"
+#include "engine/stream_config.h"
+#include "gmock/gmock.h"
+#include "tests/engine_fixture.h"
+
+namespace kvmem {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TestGeometry;
+
+constexpr uint32_t kTokens = 4;  // Per frame; 2 frames per block.
+
+// The TOKEN_LAYER_MAJOR bytes of `tokens` of a block, straight from its
+// frames as appended (frame-major, kTokens tokens each): per layer, K then
+// V, [head][token][dim].
+std::string FromFrames(const std::string& frames, const TestGeometry& g,
+                       const std::vector<uint32_t>& tokens,
+                       const std::vector<uint32_t>& layers) {
+  const size_t row = g.head_dim * 2;  // fp16.
+  const size_t frame_bytes = g.layers * 2 * g.kv_heads * kTokens * row;
+  std::string out;
+  for (uint32_t l : layers) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t o : tokens) {
+          const size_t f = o / kTokens, j = o % kTokens;
+          const size_t at =
+              f * frame_bytes +
+              (((l * 2 + kv) * g.kv_heads + h) * kTokens + j) * row;
+          out.append(frames, at, row);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The same rows picked out of BLOCK_LAYER_MAJOR bytes of `layers`.
+std::string FromLayerMajor(const std::string& bytes, const TestGeometry& g,
+                           uint32_t block_tokens,
+                           const std::vector<uint32_t>& tokens, size_t layers) {
+  const size_t row = g.head_dim * 2;
+  const size_t slice = g.kv_heads * block_tokens * row;
+  std::string out;
+  for (size_t l = 0; l < layers; ++l) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t o : tokens) {
+          out.append(bytes, (2 * l + kv) * slice + (h * block_tokens + o) * row,
+                     row);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::string Joined(const std::vector<PayloadPiece>& pieces) {
+  std::string out;
+  for (const PayloadPiece& p : pieces) out += p.ToString();
+  return out;
+}
+
+TEST(TokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = testing::TestConfig(g, 8, 2);
+  const Geometry geo = WithDefaults(c).geometry;
+  const uint64_t block_bytes = FramePayloadBytes(geo, 2 * kTokens);
+  c.tiers.warm_budget_bytes = 2 * WarmBlock::AllocatedBytes(geo, 2 * kTokens);
+  c.tiers.cold_budget_bytes = 4 * block_bytes;
+  c.tiers.storage_cap_bytes =
+      4 * block_bytes + 30 * g.layers * QuantizedLayerBytes(geo, 2 * kTokens);
+  testing::StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(12);
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  for (uint64_t f = 0; f < 24; ++f) {
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(m.AddFrame(rng, kTokens), f)).ok());
+  }
+  e->WaitForBackground();
+  const StreamHandle stream = *e->Find("s");
+  const std::vector<std::vector<uint32_t>> lists = {
+      {0}, {7}, {0, 1, 2, 3}, {1, 4, 6}, {0, 1, 2, 3, 4, 5, 6, 7}, {2, 3, 5}};
+  const std::vector<std::vector<uint32_t>> layer_lists = {{}, {2, 0}, {1}};
+  int seen[4] = {0, 0, 0, 0};  // warm, cold, degraded, compared.
+  for (uint64_t b = 0; b < 11; ++b) {
+    auto info = stream.GetBlock(b);
+    ASSERT_TRUE(info.ok()) << "block " << b << ": " << info.status();
+    ASSERT_EQ(info->token_count, 2 * kTokens);
+    seen[info->degraded ? 2 : info->tier == Tier::kWarm ? 0 : 1]++;
+    for (const std::vector<uint32_t>& layers : layer_lists) {
+      std::vector<uint32_t> all_layers = layers;
+      if (all_layers.empty()) all_layers = {0, 1, 2};
+      auto whole =
+          stream.ReadBlockPayload(b, PayloadLayout::kBlockLayerMajor, layers);
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      const std::string layer_major = Joined(*whole);
+      for (const std::vector<uint32_t>& tokens : lists) {
+        const std::string want =
+            info->degraded ? FromLayerMajor(layer_major, g, 2 * kTokens, tokens,
+                                            all_layers.size())
+                           : FromFrames(m.BlockBytes(b), g, tokens, all_layers);
+        std::string got(want.size(), '\0');
+        auto n = stream.ReadBlockTokensInto(
+            b, tokens, layers, reinterpret_cast<uint8_t*>(got.data()),
+            got.size());
+        ASSERT_TRUE(n.ok()) << n.status();
+        EXPECT_EQ(*n, want.size());
+        EXPECT_EQ(got, want)
+            << "block " << b << ", " << tokens.size() << " tokens";
+        auto pieces = stream.ReadBlockTokens(b, tokens, layers);
+        ASSERT_TRUE(pieces.ok()) << pieces.status();
+        ASSERT_EQ(pieces->size(), all_layers.size());
+        EXPECT_EQ((*pieces)[0].layer, all_layers[0]);
+        EXPECT_EQ(Joined(*pieces), want);
+        if (tokens.size() == 2 * kTokens) {
+          EXPECT_EQ(got, layer_major);
+        }
+        ++seen[3];
+      }
+      // No tokens named: all of them, BLOCK_LAYER_MAJOR's bytes.
+      auto all = stream.ReadBlockTokens(b, {}, layers);
+      ASSERT_TRUE(all.ok());
+      EXPECT_EQ(Joined(*all), layer_major);
+    }
+  }
+  EXPECT_GT(seen[0], 0) << "no warm block";
+  EXPECT_GT(seen[1], 0) << "no cold block";
+  EXPECT_GT(seen[2], 0) << "no degraded block";
+  EXPECT_EQ(seen[3], 11 * 3 * 6);
+}
+
+TEST(TokenReadTest, BadTokenListsAndSizesAreRefused) {
+  testing::TempDir dir;
+  TestGeometry g;
+  testing::StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(13);
+  auto e = testing::OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", testing::TestConfig(g, 8, 2)).ok());
+  for (uint64_t f = 0; f < 6; ++f) {
+    ASSERT_TRUE(
+        e->Append("s", testing::ToFrame(m.AddFrame(rng, kTokens), f)).ok());
+  }
+  const StreamHandle stream = *e->Find("s");
+  auto r = stream.ReadBlockTokens(0, {1, 8}, {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("tokens of block 0 has offset 8; the block holds 8"));
+  r = stream.ReadBlockTokens(0, {3, 3}, {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("strictly increasing"));
+  r = stream.ReadBlockTokens(0, {1}, {5});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  std::string small(10, '\0');
+  auto n = stream.ReadBlockTokensInto(
+      0, {1, 2}, {}, reinterpret_cast<uint8_t*>(small.data()), small.size());
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(stream.ReadBlockTokens(99, {0}, {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvmem
