@@ -1,5 +1,6 @@
 #include "client/cpp/kvmem_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -154,6 +155,26 @@ v1::FetchBlocksRequest KvmemClient::FetchRequest(
   return req;
 }
 
+void KvmemClient::NoteFetchedTokens(const FetchOptions& o,
+                                    std::vector<BlockView>* views) {
+  if (o.layout != v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR) return;
+  for (BlockView& v : *views) {
+    const uint64_t id = v.info.block_id();
+    auto named = std::find_if(
+        o.tokens.begin(), o.tokens.end(),
+        [id](const v1::BlockTokens& t) { return t.block_id() == id; });
+    v.token_offsets.clear();
+    if (named != o.tokens.end() && named->token_offsets_size() > 0) {
+      v.token_offsets.assign(named->token_offsets().begin(),
+                             named->token_offsets().end());
+      continue;
+    }
+    for (uint32_t j = 0; j < v.info.token_count(); ++j) {
+      v.token_offsets.push_back(j);
+    }
+  }
+}
+
 namespace {
 
 // Reads a FetchBlocks byte stream to its end, each chunk checked to continue
@@ -236,6 +257,7 @@ grpc::Status KvmemClient::FetchInto(const std::string& stream_id,
   for (size_t i = 0; i < views->size(); ++i) {
     (*views)[i].data = buffer->data() + starts[i];
   }
+  NoteFetchedTokens(options, views);
   return s;
 }
 

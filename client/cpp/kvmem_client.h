@@ -72,8 +72,8 @@ struct BlockView {
   v1::RecalledBlock info;  // FetchBlocks only (a recall has it in its set).
   const uint8_t* data = nullptr;
   size_t size = 0;
-  // A recall's TOKEN_LAYER_MAJOR delivery: the tokens the bytes hold
-  // (DeliveredBlock.token_offsets). Empty otherwise.
+  // TOKEN_LAYER_MAJOR (a recall's delivery, FetchShared, FetchInto): the
+  // tokens the bytes hold, offsets in the block. Empty in other layouts.
   std::vector<uint32_t> token_offsets;
 };
 
@@ -224,6 +224,10 @@ class KvmemClient {
  private:
   friend class SessionClient;
   friend class Delivery;
+  // TOKEN_LAYER_MAJOR: each view's token_offsets, from o.tokens (all of
+  // the block's tokens where o does not name it). Other layouts: nothing.
+  static void NoteFetchedTokens(const FetchOptions& o,
+                                std::vector<BlockView>* views);
   static v1::FetchBlocksRequest FetchRequest(
       const std::string& stream_id, const std::vector<uint64_t>& block_ids,
       const FetchOptions& options);

@@ -280,6 +280,7 @@ grpc::Status KvmemClient::FetchShared(const std::string& stream_id,
       d.bytes_ += v.size;
     }
     grpc::Status done = reader->Finish();
+    NoteFetchedTokens(options, &d.blocks_);
     return done.ok() ? viewed : done;
   });
   if (!s.ok()) {

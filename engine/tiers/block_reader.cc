@@ -258,6 +258,10 @@ absl::StatusOr<std::vector<PayloadPiece>> BlockReader::ReadBlockTokens(
   }
   KVMEM_ASSIGN_OR_RETURN(const std::vector<uint32_t> wanted,
                          WantedLayers(layers));
+  // Checked before the buffer is sized by them (again at the read).
+  KVMEM_ASSIGN_OR_RETURN(const BlockInfo block, GetBlock(block_id));
+  KVMEM_RETURN_IF_ERROR(
+      ValidateTokenList(tokens, block.token_count, block_id, "tokens"));
   const Geometry& g = view_.config().geometry;
   const uint64_t layer_bytes =
       BlockPayloadBytes(g, tokens.size(), PayloadLayout::kBlockLayerMajor, 1);

@@ -19,7 +19,8 @@ absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
     case v1::PAYLOAD_LAYOUT_FRAME_MAJOR:
       if (layers > 0) {
         return absl::InvalidArgumentError(
-            "layers is set; it needs layout PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR");
+            "layers is set; it needs layout PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR "
+            "or PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR");
       }
       return PayloadLayout::kFrameMajor;
     case v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR:

@@ -134,29 +134,27 @@ class FetchBlocksReactor final
       }
       return absl::OkStatus();
     }
-    absl::flat_hash_map<uint64_t, size_t> index;
+    // Where each block id stands in block_ids (a block listed twice gets
+    // the same tokens each time), and whether tokens named it yet.
+    absl::flat_hash_map<uint64_t, std::pair<std::vector<size_t>, bool>> at;
     for (int i = 0; i < req.block_ids_size(); ++i) {
-      index.emplace(req.block_ids(i), i);
+      at[req.block_ids(i)].first.push_back(i);
     }
     tokens_.assign(req.block_ids_size(), {});
-    std::vector<bool> named(req.block_ids_size(), false);
     for (const v1::BlockTokens& t : req.tokens()) {
-      auto it = index.find(t.block_id());
-      if (it == index.end()) {
+      auto it = at.find(t.block_id());
+      if (it == at.end()) {
         return absl::InvalidArgumentError(
             absl::StrCat("tokens names block ", t.block_id(),
                          ", which is not in block_ids"));
       }
-      if (named[it->second]) {
+      if (it->second.second) {
         return absl::InvalidArgumentError(
             absl::StrCat("tokens names block ", t.block_id(), " twice"));
       }
-      named[it->second] = true;
-      // A block listed twice in block_ids gets the same tokens each time.
-      for (int i = 0; i < req.block_ids_size(); ++i) {
-        if (req.block_ids(i) == t.block_id()) {
-          tokens_[i].assign(t.token_offsets().begin(), t.token_offsets().end());
-        }
+      it->second.second = true;
+      for (size_t i : it->second.first) {
+        tokens_[i].assign(t.token_offsets().begin(), t.token_offsets().end());
       }
     }
     return absl::OkStatus();

@@ -134,17 +134,20 @@ absl::StatusOr<absl::flat_hash_map<uint64_t, std::vector<uint32_t>>> HeldTokens(
 
 // Each recalled block's chosen tokens over every set of the response, in
 // RecalledIds' order: the union of its token_offsets (all token_count
-// tokens where a set takes it whole).
+// tokens where a set takes it whole); counts[i]: block i's token_count.
 std::vector<std::vector<uint32_t>> RecalledTokens(
-    const v1::RecallResponse& resp, const std::vector<uint64_t>& ids) {
+    const v1::RecallResponse& resp, const std::vector<uint64_t>& ids,
+    std::vector<uint32_t>* counts) {
   absl::flat_hash_map<uint64_t, size_t> index;
   for (size_t i = 0; i < ids.size(); ++i) index[ids[i]] = i;
   std::vector<std::vector<uint32_t>> tokens(ids.size());
   std::vector<bool> whole(ids.size(), false);
+  counts->assign(ids.size(), 0);
   auto add =
       [&](const google::protobuf::RepeatedPtrField<v1::RecalledBlock>& blocks) {
         for (const v1::RecalledBlock& b : blocks) {
           const size_t i = index[b.block_id()];
+          (*counts)[i] = b.token_count();
           if (whole[i]) continue;
           std::vector<uint32_t>& t = tokens[i];
           if (b.token_offsets().empty()) {
@@ -187,7 +190,8 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
   const bool gather = GathersTokens(req.layout());
   const std::vector<uint64_t> ids = RecalledIds(*resp);
   std::vector<std::vector<uint32_t>> chosen;
-  if (gather) chosen = RecalledTokens(*resp, ids);
+  std::vector<uint32_t> counts;
+  if (gather) chosen = RecalledTokens(*resp, ids, &counts);
   std::vector<std::vector<uint32_t>> described;  // Token layout: each's.
   for (size_t i = 0; i < ids.size(); ++i) {
     std::vector<uint32_t> missing;
@@ -196,6 +200,10 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
       if (h == held_tokens.end()) {
         missing = std::move(chosen[i]);
       } else {
+        // Held offsets of a recalled block are checked against it (those
+        // of other blocks are ignored, as held_block_ids' are).
+        KVMEM_RETURN_IF_ERROR(ValidateTokenList(h->second, counts[i], ids[i],
+                                                "delivery.held_tokens"));
         std::set_difference(chosen[i].begin(), chosen[i].end(),
                             h->second.begin(), h->second.end(),
                             std::back_inserter(missing));

@@ -415,6 +415,21 @@ TEST_F(ShmTest, TokenDeliveryMovesOnlyTheRecalledTokens) {
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(),
               HasSubstr("held_tokens of block 0 has 3 after 3"));
+  // An offset past a recalled block's tokens.
+  v1::RecallResponse plain;
+  ASSERT_TRUE(c->Recall(Query("cam", 2), &plain).ok());
+  ASSERT_GT(plain.blocks_size(), 0);
+  const uint64_t first = plain.blocks(0).block_id();
+  bad.mutable_delivery()->mutable_held_tokens(0)->set_block_id(first);
+  bad.mutable_delivery()->mutable_held_tokens(0)->clear_token_offsets();
+  bad.mutable_delivery()->mutable_held_tokens(0)->add_token_offsets(kFpb *
+                                                                    kTokens);
+  s = c->RecallDelivered(bad, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("delivery.held_tokens of block " +
+                        std::to_string(first) + " has offset 16"));
+  bad.mutable_delivery()->mutable_held_tokens(0)->set_block_id(0);
   bad.mutable_delivery()->mutable_held_tokens(0)->clear_token_offsets();
   bad.mutable_delivery()->add_held_tokens()->set_block_id(0);
   s = c->RecallDelivered(bad, &resp, &d);
@@ -458,6 +473,8 @@ TEST_F(ShmTest, FetchBlocksSendsTheTokensItNames) {
         want.push_back(j);
       }
       EXPECT_EQ(Bytes(into[i]), Bytes(shared.blocks()[i]));
+      EXPECT_EQ(into[i].token_offsets, want);
+      EXPECT_EQ(shared.blocks()[i].token_offsets, want);
       if (tier == Tier::kWarm) {
         EXPECT_EQ(Bytes(into[i]),
                   ExpectedTokens(model_, g_, ids[i], want, o.layers));
@@ -482,6 +499,13 @@ TEST_F(ShmTest, FetchBlocksSendsTheTokensItNames) {
   s = c->FetchInto("tok-0", {0, 1}, o, &buffer, &into);
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("not in block_ids"));
+  t.set_block_id(0);
+  t.clear_token_offsets();
+  o.tokens.push_back(t);
+  s = c->FetchInto("tok-0", {0, 1}, o, &buffer, &into);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("tokens names block 0 twice"));
+  o.tokens.pop_back();
   o.layout = v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR;
   s = c->FetchInto("tok-0", {0, 1}, o, &buffer, &into);
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);

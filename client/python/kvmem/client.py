@@ -616,7 +616,7 @@ _LAYER_MAJOR = (PayloadLayout.BLOCK_LAYER_MAJOR, PayloadLayout.TOKEN_LAYER_MAJOR
 
 def _block_tokens(tokens: Optional[Mapping[int, Sequence[int]]]) -> list:
     """{block id: token offsets} as BlockTokens messages."""
-    return [pb.BlockTokens(block_id=b, token_offsets=list(t))
+    return [pb.BlockTokens(block_id=int(b), token_offsets=[int(x) for x in t])
             for b, t in (tokens or {}).items()]
 
 
@@ -624,7 +624,8 @@ def _fetched_tokens(layout, named: dict, block_id: int, token_count: int):
     """The tokens a TOKEN_LAYER_MAJOR fetch of the block holds; else None."""
     if layout != PayloadLayout.TOKEN_LAYER_MAJOR:
         return None
-    return list(named.get(block_id) or range(token_count))
+    t = named.get(block_id)
+    return list(range(token_count)) if t is None or len(t) == 0 else [int(x) for x in t]
 
 
 def _recall_defaults(args: dict) -> dict:

@@ -348,7 +348,8 @@ class RealServerTest(unittest.TestCase):
                     held_tokens={first.block_id: first.token_offsets[:-1]})
                 self.assertEqual(d2.blocks[0].token_offsets, first.token_offsets[-1:])
                 d2.release()
-        (b,) = c.fetch_blocks("tok", [2], layout=tok, layers=[1], tokens={2: [0, 3]})
+        (b,) = c.fetch_blocks("tok", [2], layout=tok, layers=[1],
+                              tokens={2: np.array([0, 3])})  # numpy offsets too
         self.assertEqual(b.token_offsets, [0, 3])
         np.testing.assert_array_equal(b.kv, block_kv(2)[1:2, :, :, [0, 3]])
         with c.fetch_shared("tok", [2, 1], layout=tok, tokens={2: [4]}) as d:
