@@ -52,7 +52,8 @@ class StreamHandle {
       const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const;
   // The same bytes written to dst (capacity bytes; BlockPayloadBytes of the
   // block, else OUT_OF_RANGE) with one copy from RAM or from the store's
-  // read; returns the bytes written.
+  // read (layer-major: streaming stores, for memory another reader reads);
+  // returns the bytes written.
   absl::StatusOr<uint64_t> ReadBlockPayloadInto(
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,

@@ -161,14 +161,19 @@ absl::StatusOr<uint64_t> BlockReader::ReadBlockPayloadInto(
     snap.warm->CopyFrames(snap.rec.frame_tokens, dst);
     return bytes;
   }
+  // Layer by layer, K then V, with streaming stores: the reader is the
+  // client (a delivery), not this core.
   const uint64_t record = bytes / wanted.size();
   for (size_t i = 0; i < wanted.size(); ++i, dst += record) {
     if (snap.warm) {
-      snap.warm->CopyLayerRecord(wanted[i], dst);
+      const absl::string_view k = snap.warm->K(wanted[i]);
+      StreamCopy(dst, k.data(), k.size());
+      StreamCopy(dst + k.size(), snap.warm->V(wanted[i]).data(), k.size());
     } else {
-      std::memcpy(dst, snap.records[i].data(), record);
+      StreamCopy(dst, snap.records[i].data(), record);
     }
   }
+  StreamFence();
   return bytes;
 }
 
