@@ -140,6 +140,14 @@ absl::StatusOr<std::vector<PayloadPiece>> BlockReader::ReadBlockPayload(
   return pieces;
 }
 
+std::pair<absl::string_view, absl::string_view> BlockReader::LayerSlices(
+    const Snapshot& snap, const std::vector<uint32_t>& wanted, size_t i,
+    size_t slice) {
+  if (snap.warm) return {snap.warm->K(wanted[i]), snap.warm->V(wanted[i])};
+  const absl::string_view record(snap.records[i]);
+  return {record.substr(0, slice), record.substr(slice, slice)};
+}
+
 absl::StatusOr<uint64_t> BlockReader::ReadBlockPayloadInto(
     uint64_t block_id, PayloadLayout layout,
     const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
@@ -163,15 +171,11 @@ absl::StatusOr<uint64_t> BlockReader::ReadBlockPayloadInto(
   }
   // Layer by layer, K then V, with streaming stores: the reader is the
   // client (a delivery), not this core.
-  const uint64_t record = bytes / wanted.size();
-  for (size_t i = 0; i < wanted.size(); ++i, dst += record) {
-    if (snap.warm) {
-      const absl::string_view k = snap.warm->K(wanted[i]);
-      StreamCopy(dst, k.data(), k.size());
-      StreamCopy(dst + k.size(), snap.warm->V(wanted[i]).data(), k.size());
-    } else {
-      StreamCopy(dst, snap.records[i].data(), record);
-    }
+  const uint64_t slice = bytes / wanted.size() / 2;
+  for (size_t i = 0; i < wanted.size(); ++i, dst += 2 * slice) {
+    const auto [k, v] = LayerSlices(snap, wanted, i, slice);
+    StreamCopy(dst, k.data(), slice);
+    StreamCopy(dst + slice, v.data(), slice);
   }
   StreamFence();
   return bytes;
@@ -239,14 +243,7 @@ absl::StatusOr<uint64_t> BlockReader::GatherTokens(
   const size_t row = static_cast<size_t>(g.head_dim) * DTypeBytes(g.dtype);
   const size_t slice = LayerSliceElements(g, t) * DTypeBytes(g.dtype);
   for (size_t i = 0; i < wanted.size(); ++i) {
-    absl::string_view k, v;
-    if (snap.warm) {
-      k = snap.warm->K(wanted[i]);
-      v = snap.warm->V(wanted[i]);
-    } else {
-      k = absl::string_view(snap.records[i]).substr(0, slice);
-      v = absl::string_view(snap.records[i]).substr(slice, slice);
-    }
+    const auto [k, v] = LayerSlices(snap, wanted, i, slice);
     dst = GatherRows(k, t, tokens, g.kv_heads, row, dst);
     dst = GatherRows(v, t, tokens, g.kv_heads, row, dst);
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -74,6 +75,11 @@ class BlockReader {
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& wanted) const
       ABSL_LOCKS_EXCLUDED(view_.mu());
+  // K and V (slice bytes each) of the snapshot's layer wanted[i]: from the
+  // warm block, or the halves of records[i].
+  static std::pair<absl::string_view, absl::string_view> LayerSlices(
+      const Snapshot& snap, const std::vector<uint32_t>& wanted, size_t i,
+      size_t slice);
   // The rows of `tokens` (checked) of the snapshot's `wanted` layers into
   // dst (capacity bytes, else OUT_OF_RANGE), with streaming stores.
   absl::StatusOr<uint64_t> GatherTokens(const Snapshot& snap,
