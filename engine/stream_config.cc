@@ -43,7 +43,9 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
          weights.model == o.weights.model && weights.track == o.weights.track &&
          weights.iou == o.weights.iou && weights.scene == o.weights.scene &&
-         weights.score == o.weights.score && weights.scorer == o.weights.scorer;
+         weights.score == o.weights.score &&
+         weights.scorer == o.weights.scorer &&
+         weights.identity_share == o.weights.identity_share;
 }
 
 absl::Status ValidateEngineStreamId(absl::string_view id) {
@@ -156,7 +158,17 @@ StreamConfig WithServerDefaults(const StreamConfig& requested,
     c.weights.score = d.weights.score;
     c.weights.scorer = d.weights.scorer;
   }
+  if (!c.weights.identity_share) {
+    c.weights.identity_share = d.weights.identity_share;
+  }
   return c;
+}
+
+absl::Status CheckShare(absl::string_view field,
+                        const std::optional<float>& share) {
+  if (!share || (*share >= 0.0f && *share <= 1.0f)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", *share, "; must be in [0, 1] (or unset)"));
 }
 
 namespace {
@@ -312,7 +324,8 @@ absl::Status CheckPolicies(const StreamConfig& config) {
                        "; must be finite and in [0, 1e6]"));
     }
   }
-  return absl::OkStatus();
+  return CheckShare("config.recall_policy.identity_share",
+                    config.weights.identity_share);
 }
 
 absl::Status CheckLabels(const StreamConfig& config) {

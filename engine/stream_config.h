@@ -39,6 +39,11 @@ absl::Status ValidateStreamId(absl::string_view id,
 // tenant namespaces, server/ops/tenancy.h), each part a valid stream id.
 absl::Status ValidateEngineStreamId(absl::string_view id);
 
+// OK when share is unset or in [0, 1]; else INVALID_ARGUMENT naming `field`
+// and the value.
+absl::Status CheckShare(absl::string_view field,
+                        const std::optional<float>& share);
+
 // Returns config with every zero/empty default filled in. Does not validate.
 StreamConfig WithDefaults(const StreamConfig& config);
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,11 @@ struct TierConfig {
 // How recall scores candidates; see kvmem.v1.ScoreMode.
 enum class ScoreMode : uint32_t { kUnspecified = 0, kMass = 1, kSummed = 2 };
 
+// Which channel of a recall chose a token (kvmem.v1.RecallChannels):
+// attention mass, the query as a whole (its mean vector), or the query's
+// tracks (their last appearance outside the window).
+enum class RecallChannel : uint8_t { kAttention = 0, kQuery = 1, kTrack = 2 };
+
 // Weights of the recall signals; see kvmem.v1.RecallPolicy.
 struct RecallWeights {
   float model = 0;  // 0: 1.
@@ -53,6 +59,9 @@ struct RecallWeights {
   // The scorer by name (engine/recall/scorer.h): "mass", "summed", or one
   // the program registered; empty: the one `score` names.
   std::string scorer;
+  // The identity channel's share of each recall set's budget, in [0, 1];
+  // unset: the default (engine/recall/identity_channel.h).
+  std::optional<float> identity_share;
 };
 
 struct StreamConfig {
@@ -135,6 +144,9 @@ struct RecallQuery {
   float window_fraction = 0;            // Budget as a fraction of the window.
   bool per_layer = false;
   bool per_head = false;  // Score mass: a set per indexed layer and KV head.
+  // The identity channel's share of the budget for this recall, in [0, 1];
+  // unset: the stream's.
+  std::optional<float> identity_share;
   FrameSignals signals;
   // Served first when recalls of several streams contend for the
   // accelerator (the sim's queue); higher first.
@@ -165,6 +177,27 @@ struct RecalledBlock {
   // Offsets (append order within the block) of the tokens chosen, sorted;
   // empty means every token of the block.
   std::vector<uint32_t> token_offsets;
+  // The chosen tokens the identity channel took (sorted, among the chosen):
+  // for the query as a whole, and for the query's tracks. The others came
+  // from attention mass.
+  std::vector<uint32_t> query_offsets;
+  std::vector<uint32_t> track_offsets;
+};
+
+// Tokens of a recall set by the channel that chose them, and the identity
+// channel's reserved share of the budget (what it could take).
+struct ChannelTokens {
+  uint32_t attention = 0;
+  uint32_t query = 0;
+  uint32_t track = 0;
+  uint32_t identity_budget = 0;
+  ChannelTokens& operator+=(const ChannelTokens& o) {
+    attention += o.attention;
+    query += o.query;
+    track += o.track;
+    identity_budget += o.identity_budget;
+    return *this;
+  }
 };
 
 // Tokens a recalled block contributes to the budget.
@@ -179,6 +212,7 @@ struct LayerRecallSet {
   uint32_t kv_head = 0;  // per_head sets.
   std::vector<RecalledBlock> blocks;
   uint32_t total_tokens = 0;
+  ChannelTokens channels;
 };
 
 struct RecallResult {
@@ -197,6 +231,8 @@ struct RecallResult {
   // codes, over every set, and the time that took (within plan_us).
   uint64_t tokens_scored = 0;
   uint32_t token_us = 0;
+  // The answer's tokens by channel (summed over layer_sets when there are).
+  ChannelTokens channels;
   std::vector<LayerRecallSet> layer_sets;
   // The accelerator's cost of this recall: its searches and the staging of
   // the chosen KV (modelled fields: the sim backend only; 0 on cpu).

@@ -8,10 +8,11 @@
 namespace kvmem {
 namespace {
 
-constexpr uint8_t kConfigVersion = 5;  // 1: without tier/recall/shot fields;
+constexpr uint8_t kConfigVersion = 6;  // 1: without tier/recall/shot fields;
                                        // 2: without groups_per_block;
                                        // 3: without the score mode;
-                                       // 4: without the scorer's name.
+                                       // 4: without the scorer's name;
+                                       // 5: without the identity share.
 constexpr uint8_t kStateVersion = 1;
 // 1: info and summary only; 2: no groups; 3: no token codes.
 constexpr uint8_t kBlockVersion = 4;
@@ -125,6 +126,8 @@ std::string EncodeConfig(const StreamConfig& c) {
   w.U32(c.groups_per_block);
   w.U32(static_cast<uint32_t>(c.weights.score));
   w.Str(c.weights.scorer);
+  w.U8(c.weights.identity_share.has_value() ? 1 : 0);
+  w.F32(c.weights.identity_share.value_or(0.0f));
   return w.Take();
 }
 
@@ -179,6 +182,11 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
   c.weights.score = static_cast<ScoreMode>(score);
   // Before version 5 the score named the scorer (defaults fill it in).
   if (ok && version >= 5) ok = r.Str(&c.weights.scorer);
+  // Before version 6 no stream set the identity share (the default).
+  uint8_t has_share = 0;
+  float share = 0;
+  if (ok && version >= 6) ok = r.U8(&has_share) && r.F32(&share);
+  if (has_share) c.weights.identity_share = share;
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());
   c.segment_mode = static_cast<SegmentMode>(mode);
   c.geometry.dtype = static_cast<DType>(dtype);

@@ -20,6 +20,7 @@ MassEstimate EstimateMass(const MassInputs& in) {
   MassEstimate est;
   est.heads = in.heads;
   est.vectors = static_cast<uint32_t>(J);
+  est.weight = VectorWeights(in.weight, J);
   est.log_norm.assign(J * H, kNone);
   est.density.assign(in.ranges.size(), std::vector<float>(n, 0.0f));
   est.slack.assign(n, 0.0f);
@@ -58,7 +59,7 @@ MassEstimate EstimateMass(const MassInputs& in) {
       est.log_norm[j * H + h] = mx + std::log(sum);
       for (uint32_t r : ranges_of[h]) {
         const auto [h0, h1] = in.ranges[r];
-        Axpy(1.0f / (sum * static_cast<float>(J * (h1 - h0))), e.data(),
+        Axpy(est.weight[j] / (sum * static_cast<float>(h1 - h0)), e.data(),
              est.density[r].data(), n);
       }
     }
@@ -93,12 +94,52 @@ void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
     }
   }
   ExpInPlace(z.data(), z.size());
-  const float k = 1.0f / static_cast<float>(J * w);
+  const float k = 1.0f / static_cast<float>(w);
+  const float uniform = 1.0f / static_cast<float>(J);
   for (size_t c = 0; c < m; ++c) {
     double acc = 0;
-    for (size_t i = 0; i < J * w; ++i) acc += z[c * J * w + i];
+    for (size_t j = 0; j < J; ++j) {
+      double head_sum = 0;
+      for (size_t i = 0; i < w; ++i) head_sum += z[(c * J + j) * w + i];
+      acc += (est.weight.empty() ? uniform : est.weight[j]) * head_sum;
+    }
     out[c] = static_cast<float>(acc) * k;
   }
+}
+
+void MeanVectorDensities(const MassEstimate& mean_est, const float* dots,
+                         size_t m, uint32_t vectors, const float* weight,
+                         uint32_t h0, uint32_t h1, float logit_scale,
+                         float* out) {
+  const size_t H = mean_est.heads, J = vectors, w = h1 - h0;
+  struct Scratch {
+    std::vector<float> z;
+  };
+  std::vector<float>& z = ThreadScratch<Scratch>().z;
+  z.resize(m * w);
+  const float* norm = mean_est.log_norm.data();
+  for (size_t c = 0; c < m; ++c) {
+    for (size_t h = h0; h < h1; ++h) {
+      float dot = 0;
+      for (size_t j = 0; j < J; ++j)
+        dot += weight[j] * dots[(c * J + j) * H + h];
+      z[c * w + h - h0] =
+          norm[h] == kNone ? kNone : dot * logit_scale - norm[h];
+    }
+  }
+  ExpInPlace(z.data(), z.size());
+  const float k = 1.0f / static_cast<float>(w);
+  for (size_t c = 0; c < m; ++c) {
+    double acc = 0;
+    for (size_t i = 0; i < w; ++i) acc += z[c * w + i];
+    out[c] = static_cast<float>(acc) * k;
+  }
+}
+
+std::vector<float> VectorWeights(const std::vector<float>& weight,
+                                 size_t vectors) {
+  if (weight.size() == vectors) return weight;
+  return std::vector<float>(vectors, 1.0f / static_cast<float>(vectors));
 }
 
 }  // namespace kvmem

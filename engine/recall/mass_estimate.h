@@ -9,7 +9,8 @@
 // with W_jh the log-sum-exp of what attention reads besides the candidates
 // (the front end's window and sinks; -inf for nothing), and the candidate's
 // estimated attention mass per token is
-//   density_c = mean over j and h of exp(z_jch - L_jh).
+//   density_c = sum over j of w_j x mean over h of exp(z_jch - L_jh),
+// w_j the vector's weight (MassInputs::weight; 1/n each by default).
 // A candidate's mass is n_c * density_c: the share of the query's
 // attention, averaged over vectors and heads, its tokens would hold if each
 // had the summary's logit. That is exp(mean logit) per token, below the mean
@@ -54,10 +55,13 @@ struct MassInputs {
   // Head ranges [begin, end) to report densities for: {0, heads} for one
   // recall set over all heads, one range per layer for per-layer sets.
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  // [vector]: w_j, summing to 1; empty: 1/n each.
+  std::vector<float> weight;
 };
 
 struct MassEstimate {
   uint32_t heads = 0, vectors = 0;
+  std::vector<float> weight;                // [vector]: w_j (empty: 1/n each).
   std::vector<float> log_norm;              // [vector][head]: L_jh
   std::vector<std::vector<float>> density;  // [range][candidate]
   std::vector<float> slack;                 // [candidate], >= 1
@@ -73,6 +77,20 @@ MassEstimate EstimateMass(const MassInputs& in);
 void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
                         uint32_t h0, uint32_t h1, float logit_scale,
                         float* out);
+
+// The densities over heads [h0, h1) of m candidates for the weighted mean of
+// the query vectors (the query as a whole: its logit is the weighted mean of
+// the vectors' logits), from the vectors' dots laid out as for
+// CandidateDensities (`weight`, `vectors` of them), with the normaliser of
+// `mean_est` (an estimate of that one mean vector), into out[candidate].
+void MeanVectorDensities(const MassEstimate& mean_est, const float* dots,
+                         size_t m, uint32_t vectors, const float* weight,
+                         uint32_t h0, uint32_t h1, float logit_scale,
+                         float* out);
+
+// The weights of `in` (w_j), uniform when it gives none.
+std::vector<float> VectorWeights(const std::vector<float>& weight,
+                                 size_t vectors);
 
 }  // namespace kvmem
 

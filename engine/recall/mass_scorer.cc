@@ -8,8 +8,10 @@
 #include "base/thread_scratch.h"
 #include "base/timing.h"
 #include "engine/index/dot.h"
+#include "engine/recall/identity_channel.h"
 #include "engine/recall/mass_bounds.h"
 #include "engine/recall/mass_estimate.h"
+#include "engine/recall/mass_rows.h"
 #include "engine/recall/mass_scan.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/semantic_cache.h"
@@ -22,32 +24,9 @@
 namespace kvmem {
 namespace {
 
-// Tracks of a query that anchor a recall (re-identification).
-constexpr size_t kAnchorTracks = 8;
-
 // Per-thread scratch is kept between recalls up to this many floats (32 MiB);
 // a larger recall frees its scratch when it is done.
 constexpr uint64_t kKeepScratchFloats = uint64_t{1} << 23;
-
-// The token group of a unit id (block << shift | group).
-uint32_t GroupOf(uint64_t unit, uint32_t shift) {
-  return static_cast<uint32_t>(unit & ((uint64_t{1} << shift) - 1));
-}
-
-// The scanned candidates, shared by the sets of one recall (per-thread
-// scratch: a recall allocates little once warm).
-struct MassRows {
-  std::vector<SegmentScan> scans;  // One per query vector.
-  std::vector<uint32_t> tokens;
-  std::vector<CandidateRole> role;
-  std::vector<float> counted;     // MassInputs::counted.
-  std::vector<float> recallable;  // 1 for kRecall rows, else 0.
-  MassEstimate est;
-  std::vector<std::pair<uint32_t, uint32_t>> ranges;
-  bool exact = true;       // The scans' dots are exact.
-  TokenQuery token_query;  // The token stage's vectors.
-  const std::vector<uint64_t>& ids() const { return scans[0].ids; }
-};
 
 // Frees a large recall's scratch once its plans are made (ScoredRecall::
 // state), on the recall's thread.
@@ -60,58 +39,6 @@ struct SetState {
   SemanticCache sem;
   std::vector<bool> ranked;  // Rows the first pass ranked.
 };
-
-// Each scanned unit's tokens and role (recallable, window, ignored).
-void ClassifyRows(const RecallView& view, const ScoreRequest& req,
-                  MassRows* rows) ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
-  const size_t n = rows->ids().size();
-  const uint32_t shift = view.unit_shift();
-  rows->tokens.resize(n);
-  rows->role.resize(n);
-  rows->counted.resize(n);
-  rows->recallable.resize(n);
-  const bool front_window = !req.query->window_lse.empty();
-  const uint64_t* ids = rows->ids().data();
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t b = ids[i] >> shift;
-    const uint32_t tokens = view.UnitTokens(b, GroupOf(ids[i], shift));
-    const CandidateRole role = b < req.eligible ? CandidateRole::kRecall
-                               : front_window   ? CandidateRole::kIgnore
-                                                : CandidateRole::kWindow;
-    rows->tokens[i] = tokens;
-    rows->role[i] = role;
-    rows->counted[i] =
-        role == CandidateRole::kIgnore ? 0.0f : static_cast<float>(tokens);
-    rows->recallable[i] = role == CandidateRole::kRecall ? 1.0f : 0.0f;
-  }
-  rows->exact = true;
-  for (const SegmentScan& s : rows->scans) rows->exact &= s.bound.empty();
-}
-
-// [vector][head]: what attention reads besides the candidates: the front
-// end's window, or the open block as its mean key stands for it (the
-// sealed blocks in the window are kWindow rows).
-std::vector<float> WindowLse(const RecallView& view, const RecallQuery& q)
-    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
-  if (!q.window_lse.empty()) return q.window_lse;
-  const uint32_t dim = view.summary_dim();
-  const uint32_t hd = view.config().geometry.head_dim, heads = dim / hd;
-  const uint32_t vectors = static_cast<uint32_t>(q.query.size() / dim);
-  std::vector<float> window(static_cast<size_t>(vectors) * heads,
-                            -std::numeric_limits<float>::infinity());
-  const OpenMean& open = view.open_mean();
-  if (open.tokens == 0) return window;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const float log_tokens = std::log(static_cast<float>(open.tokens));
-  for (uint32_t j = 0; j < vectors; ++j) {
-    const float* qj = q.query.data() + j * dim;
-    for (uint32_t h = 0; h < heads; ++h) {
-      window[j * heads + h] =
-          log_tokens + scale * Dot(qj + h * hd, open.mean.data() + h * hd, hd);
-    }
-  }
-  return window;
-}
 
 // The semantic scores a mass recall knows up front.
 SemanticCache MassSemantics(const RecallView& view, const RecallQuery& q,
@@ -167,23 +94,6 @@ void ExactDensities(const RecallView& view, const RecallQuery& q,
   CandidateDensities(rows.est, dots->data(), first.size(), h0, h1, scale,
                      exact->data());
   for (size_t k = 0; k < first.size(); ++k) (*density)[k] = (*exact)[k];
-}
-
-// The most recent recallable block of each of the query's tracks (at most
-// kAnchorTracks).
-std::vector<uint64_t> AnchorBlocks(const RecallView& view, const RecallQuery& q,
-                                   size_t eligible)
-    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
-  std::vector<uint64_t> anchors;
-  for (const Detection& d : q.signals.detections) {
-    if (anchors.size() >= kAnchorTracks) break;
-    for (uint64_t b : RecentTrackBlocks(view, d.track_id, eligible, 1)) {
-      if (std::find(anchors.begin(), anchors.end(), b) == anchors.end()) {
-        anchors.push_back(b);
-      }
-    }
-  }
-  return anchors;
 }
 
 // Moves the re-identification anchors (track weight > 0): each track the
@@ -279,13 +189,30 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
     tokens.push_back(rows.tokens[i]);
     id.push_back(ids[i]);
   }
+  std::vector<uint32_t> pool_rows = BestUntil(value, tokens, id, pool_budget);
+  for (uint32_t& k : pool_rows) {
+    k = row[k];
+    set->ranked[k] = true;
+  }
+  // The identity channel's candidates join the pool.
+  const bool identity = !rows.mean_est.density.empty();
+  const IdentitySplit split =
+      identity ? SplitIdentity(req.budget.tokens,
+                               IdentityShare(view.config().weights, *req.query),
+                               rows.anchors.size())
+               : IdentitySplit{};
+  if (split.identity > 0) {
+    for (uint32_t i : IdentityPoolRows(view, rows, range, split, set->ranked)) {
+      set->ranked[i] = true;
+      pool_rows.push_back(i);
+    }
+  }
   std::vector<PlanUnit> pool;
-  for (uint32_t k : BestUntil(value, tokens, id, pool_budget)) {
-    const uint32_t i = row[k];
+  pool.reserve(pool_rows.size());
+  for (uint32_t i : pool_rows) {
     const uint64_t b = ids[i] >> shift;
     pool.push_back({b, GroupOf(ids[i], shift), rows.tokens[i], density[i],
                     set->sem.on() ? set->sem.Get(b) : 0.0f});
-    set->ranked[i] = true;
   }
   TokenStageInput in;
   in.query = &rows.token_query;
@@ -294,9 +221,11 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
   in.h1 = h1;
   in.logit_scale =
       1.0f / std::sqrt(static_cast<float>(view.config().geometry.head_dim));
+  if (split.identity > 0) in.mean_est = &rows.mean_est;
   auto scored = std::make_shared<TokenStageOutput>();
   ScorePoolTokens(view, in, pool, scored.get());
   RankScoredTokens(scored, policy, req.budget.tokens, &out->ranked, rest);
+  if (split.identity > 0) IdentityUnits(*scored, rows.anchors, split, out);
   out->tokens_scored = scored->tokens_scored;
   out->token_us = WholeMicrosSince(t0);
 }
@@ -354,7 +283,9 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
   ScanUnits(view, req, cost, &rows.scans);
   out->search_us = WholeMicrosSince(t0);
   ClassifyRows(view, req, &rows);
-  const std::vector<float> window = WindowLse(view, q);
+  const std::vector<float> window =
+      WindowLse(view, q.query.data(), static_cast<uint32_t>(rows.scans.size()),
+                q.window_lse);
   MassInputs in;
   in.heads = heads;
   in.logit_scale =
@@ -375,10 +306,13 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
   }
   rows.ranges = in.ranges;
   rows.est = EstimateMass(in);
+  rows.anchors.clear();
+  rows.mean_est = MassEstimate{};
   if (token_stage_ && view.grouped()) {
     PrepareTokenQuery(TokenCodeShapeOf(config), q.query.data(),
                       static_cast<uint32_t>(rows.scans.size()),
                       &rows.token_query);
+    if (IdentityShare(config.weights, q) > 0) PrepareIdentity(view, req, &rows);
   }
   for (size_t ri = 0; ri < rows.ranges.size(); ++ri) {
     ScoredSet set = RankSet(view, req, out->policy, rows, ri);

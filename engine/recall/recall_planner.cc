@@ -39,8 +39,7 @@ void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
               if (a.first != b.first) return a.first > b.first;
               const PlanUnit &x = u[a.second], &y = u[b.second];
               if (x.block != y.block) return x.block > y.block;
-              return x.group != y.group ? x.group > y.group
-                                        : x.token > y.token;
+              return x.group != y.group ? x.group > y.group : x.token > y.token;
             });
   std::vector<PlanUnit> sorted;
   sorted.reserve(units->size());
@@ -52,10 +51,13 @@ PlannedBlock& RecallPlanner::Slot(uint64_t block) {
   return blocks_[slot_.at(block)];
 }
 
-void RecallPlanner::Take(const std::vector<PlanUnit>& ranked) {
-  for (size_t i = 0; i < ranked.size() && used_ < policy_.max_tokens; ++i) {
+void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
+  uint64_t added = 0;
+  for (size_t i = 0;
+       i < ranked.size() && used_ < policy_.max_tokens && added < limit; ++i) {
     const PlanUnit& u = ranked[i];
     if (u.tokens == 0) continue;
+    if (u.channel != RecallChannel::kAttention) dedupe_ = true;
     const auto slot = slot_.find(u.block);
     // A whole group charges the tokens it adds: its tokens already taken
     // one by one are absorbed.
@@ -66,9 +68,13 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked) {
       if (u.token == kWholeUnit) {
         for (uint32_t g : have.single_groups) absorbed += g == u.group;
         charge = u.tokens > absorbed ? u.tokens - absorbed : 0;
+      } else if (dedupe_ && taken_.count({u.block, u.token}) > 0) {
+        continue;  // Taken before, by another channel.
       }
     }
-    if (used_ + charge > policy_.max_tokens) continue;
+    if (used_ + charge > policy_.max_tokens || added + charge > limit) {
+      continue;
+    }
     if (slot == slot_.end()) {
       if (policy_.top_k > 0 && blocks_.size() >= policy_.top_k) continue;
       slot_.emplace(u.block, blocks_.size());
@@ -100,8 +106,15 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked) {
     } else {
       b.single_tokens.push_back(u.token);
       b.single_groups.push_back(u.group);
+      if (dedupe_) taken_.insert({u.block, u.token});
+      if (u.channel == RecallChannel::kQuery) b.query_tokens.push_back(u.token);
+      if (u.channel == RecallChannel::kTrack) b.track_tokens.push_back(u.token);
     }
+    (u.channel == RecallChannel::kQuery   ? channels_.query
+     : u.channel == RecallChannel::kTrack ? channels_.track
+                                          : channels_.attention) += charge;
     used_ += charge;
+    added += charge;
   }
 }
 
@@ -109,9 +122,13 @@ RecallPlan RecallPlanner::Finish() {
   RecallPlan plan;
   plan.total_tokens = static_cast<uint32_t>(used_);
   plan.blocks = std::move(blocks_);
+  plan.channels = channels_;
   AssignGateWeights(&plan.blocks, policy_.gate_temperature, policy_.mode);
   blocks_.clear();
   slot_.clear();
+  taken_.clear();
+  channels_ = {};
+  dedupe_ = false;
   used_ = 0;
   return plan;
 }

@@ -22,8 +22,11 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "engine/types.h"
 
 namespace kvmem {
@@ -44,6 +47,10 @@ struct PlanUnit {
   // The weighted semantic score of the unit's block (0 when unknown).
   float semantic = 0;
   uint32_t token = kWholeUnit;
+  // The channel that offers it (identity channels offer token units only,
+  // their `score` still the attention density, so masses and gates stay
+  // attention's).
+  RecallChannel channel = RecallChannel::kAttention;
 };
 
 struct PlanPolicy {
@@ -76,11 +83,15 @@ struct PlannedBlock {
   // once).
   std::vector<uint32_t> single_tokens;
   std::vector<uint32_t> single_groups;
+  // The single tokens the identity channels took (their `token`s).
+  std::vector<uint32_t> query_tokens;
+  std::vector<uint32_t> track_tokens;
 };
 
 struct RecallPlan {
   std::vector<PlannedBlock> blocks;
   uint32_t total_tokens = 0;
+  ChannelTokens channels;  // identity_budget: left to the caller.
 };
 
 class RecallPlanner {
@@ -94,9 +105,10 @@ class RecallPlanner {
   // Takes units in the given order: each whose tokens still fit in what is
   // left of the budget, as long as its block is already taken or fewer than
   // top_k blocks are. Units of 0 tokens are never taken, nor a token unit
-  // whose group is already taken whole. May be called again to continue the
-  // fill with further units.
-  void Take(const std::vector<PlanUnit>& ranked);
+  // whose group is already taken whole or that was taken before. May be
+  // called again to continue the fill with further units; `limit` caps the
+  // tokens this call adds.
+  void Take(const std::vector<PlanUnit>& ranked, uint32_t limit = UINT32_MAX);
   uint32_t tokens_left() const {
     return static_cast<uint32_t>(policy_.max_tokens - used_);
   }
@@ -120,6 +132,13 @@ class RecallPlanner {
   uint64_t used_ = 0;
   std::vector<PlannedBlock> blocks_;
   std::unordered_map<uint64_t, size_t> slot_;  // Block -> index in blocks_.
+  ChannelTokens channels_;
+  // Single tokens taken, as (block, token), once a channel other than
+  // attention offered units (attention offers each token once).
+  std::unordered_set<std::pair<uint64_t, uint32_t>,
+                     absl::Hash<std::pair<uint64_t, uint32_t>>>
+      taken_;
+  bool dedupe_ = false;
 };
 
 // The value score MASS ranks units by: density * exp(semantic /

@@ -62,6 +62,7 @@ absl::Status ValidateRecallQuery(const RecallQuery& q,
                                    id, "\" scores with \"",
                                    config.weights.scorer, "\""));
   }
+  KVMEM_RETURN_IF_ERROR(CheckShare("budget.identity_share", q.identity_share));
   if (!(q.window_fraction >= 0.0f && q.window_fraction <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("budget.window_fraction is ",
                                                    q.window_fraction,

@@ -1,5 +1,7 @@
 #include "engine/recall/recaller.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/timing.h"
@@ -42,6 +44,10 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
           TokenOffsets(e.rec.token_group, p.group_mask,
                        GroupOrderTokens(e.rec.token_group, p.single_tokens),
                        r.block.token_count);
+      r.query_offsets = GroupOrderTokens(e.rec.token_group, p.query_tokens);
+      r.track_offsets = GroupOrderTokens(e.rec.token_group, p.track_tokens);
+      std::sort(r.query_offsets.begin(), r.query_offsets.end());
+      std::sort(r.track_offsets.begin(), r.track_offsets.end());
     }
     out.push_back(std::move(r));
   }
@@ -52,6 +58,13 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
 // left) the scorer's further units, ranked by the policy.
 RecallPlan PlanSet(const PlanPolicy& policy, ScoredSet* set) {
   RecallPlanner planner(policy);
+  // The identity channel first, within its share: the tracks, then the
+  // query as a whole (engine/recall/identity_channel.h).
+  planner.Take(set->track_units, set->track_budget);
+  const uint32_t used = policy.max_tokens - planner.tokens_left();
+  if (set->identity_budget > used) {
+    planner.Take(set->query_units, set->identity_budget - used);
+  }
   planner.Take(set->ranked);
   if (!planner.full() && set->more) {
     std::vector<PlanUnit> more = set->more(planner.tokens_left());
@@ -111,6 +124,9 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
     out.kv_head = set.kv_head;
     out.blocks = ToRecalled(view, plan, scored, mean_query);
     out.total_tokens = plan.total_tokens;
+    out.channels = plan.channels;
+    out.channels.identity_budget = set.identity_budget;
+    r->channels += out.channels;
     float mass = 0;
     for (const RecalledBlock& b : out.blocks) mass += b.mass;
     if (scored.layer_sets) {

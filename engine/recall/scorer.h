@@ -72,6 +72,12 @@ struct ScoredSet {
   // time that took.
   uint64_t tokens_scored = 0;
   uint32_t token_us = 0;
+  // Optional: the identity channel (engine/recall/identity_channel.h). The
+  // planner takes track_units (at most track_budget tokens), then
+  // query_units (up to identity_budget with what the tracks took), then
+  // `ranked`; their units' channel says which took them.
+  std::vector<PlanUnit> track_units, query_units;
+  uint32_t track_budget = 0, identity_budget = 0;
 };
 
 struct ScoredRecall {

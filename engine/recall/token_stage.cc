@@ -8,7 +8,8 @@
 namespace kvmem {
 
 void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
-                    const uint8_t* records, size_t m, float* out) {
+                    const uint8_t* records, size_t m, float* out,
+                    float* mean_out) {
   const size_t per_token = size_t{in.query->vectors} * shape.segments;
   struct Scratch {
     std::vector<float> dots;
@@ -19,6 +20,12 @@ void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
                            dots.data());
   CandidateDensities(*in.est, dots.data(), m, in.h0, in.h1, in.logit_scale,
                      out);
+  if (in.mean_est != nullptr && mean_out != nullptr) {
+    const std::vector<float> weight =
+        VectorWeights(in.est->weight, in.query->vectors);
+    MeanVectorDensities(*in.mean_est, dots.data(), m, in.query->vectors,
+                        weight.data(), in.h0, in.h1, in.logit_scale, mean_out);
+  }
 }
 
 namespace {
@@ -65,6 +72,7 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
     tokens += count;
   }
   out->density.resize(tokens);
+  out->mean_density.resize(in.mean_est != nullptr ? tokens : 0);
   out->run.resize(tokens);
   out->place.resize(tokens);
   size_t at = 0;
@@ -74,7 +82,9 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
     if (i + 1 < s.runs.size()) {
       PrefetchRun(s.runs[i + 1].records, s.runs[i + 1].count * stride);
     }
-    TokenDensities(shape, in, r.records, r.count, out->density.data() + at);
+    TokenDensities(
+        shape, in, r.records, r.count, out->density.data() + at,
+        in.mean_est != nullptr ? out->mean_density.data() + at : nullptr);
     const uint32_t run = static_cast<uint32_t>(out->runs.size());
     out->runs.push_back(*r.unit);
     for (uint32_t k = 0; k < r.count; ++k, ++at) {

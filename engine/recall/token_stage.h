@@ -47,16 +47,20 @@ struct TokenStageInput {
   const MassEstimate* est = nullptr;  // Its normaliser.
   uint32_t h0 = 0, h1 = 0;            // The set's head range.
   float logit_scale = 0;              // 1 / sqrt(head_dim).
+  // Optional (the identity channel): the estimate of the vectors' weighted
+  // mean; each token then also gets its density for that mean vector.
+  const MassEstimate* mean_est = nullptr;
 };
 
 // The scored tokens, flat (a pool holds several thousand: the set ranks
 // them by value and makes units of the few it can take).
 struct TokenStageOutput {
-  std::vector<PlanUnit> runs;   // The pooled groups that had codes.
-  std::vector<float> density;   // [token]
-  std::vector<uint32_t> run;    // [token]: its group in runs.
-  std::vector<uint32_t> place;  // [token]: its place in group order.
-  std::vector<PlanUnit> whole;  // Pooled groups without codes, whole.
+  std::vector<PlanUnit> runs;       // The pooled groups that had codes.
+  std::vector<float> density;       // [token]
+  std::vector<float> mean_density;  // [token], with in.mean_est.
+  std::vector<uint32_t> run;        // [token]: its group in runs.
+  std::vector<uint32_t> place;      // [token]: its place in group order.
+  std::vector<PlanUnit> whole;      // Pooled groups without codes, whole.
   uint64_t tokens_scored = 0;
   // Token i as a unit (1 token, its density, its block's semantic score).
   PlanUnit Unit(size_t i) const {
@@ -70,9 +74,11 @@ struct TokenStageOutput {
 
 // The densities of m tokens from their m consecutive code records over
 // heads [in.h0, in.h1), into out[k]: the formula above, from the int4 keys
-// and the int8 query.
+// and the int8 query; with in.mean_est, also each token's density for the
+// vectors' weighted mean into mean_out[k].
 void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
-                    const uint8_t* records, size_t m, float* out);
+                    const uint8_t* records, size_t m, float* out,
+                    float* mean_out = nullptr);
 
 // Every token of the pool's group units scored, into *out (its block's
 // semantic score carried over); a token unit's `token` is its place in its

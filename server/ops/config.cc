@@ -77,7 +77,16 @@ bool ScalarText(const toml::node& v, std::string* out) {
 }
 
 // [stream_defaults] keys: the policy fields of StreamConfig.
-enum class Kind { kU32, kU64, kF32, kStr, kSegment, kReplacement, kScore };
+enum class Kind {
+  kU32,
+  kU64,
+  kF32,
+  kStr,
+  kSegment,
+  kReplacement,
+  kScore,
+  kShare
+};
 struct DefaultKey {
   const char* name;
   Kind kind;
@@ -103,6 +112,7 @@ const DefaultKey kDefaultKeys[] = {
     {"replacement", Kind::kReplacement, KVMEM_FIELD(tiers.replacement)},
     {"score", Kind::kScore, KVMEM_FIELD(weights.score)},
     {"scorer", Kind::kStr, KVMEM_FIELD(weights.scorer)},
+    {"identity_share", Kind::kShare, KVMEM_FIELD(weights.identity_share)},
     {"heat_half_life_frames", Kind::kU32,
      KVMEM_FIELD(tiers.heat_half_life_frames)},
     {"prefetch_blocks", Kind::kU32, KVMEM_FIELD(tiers.prefetch_blocks)},
@@ -145,6 +155,10 @@ std::string FieldToml(const DefaultKey& k, const StreamConfig& config) {
       const float v = *static_cast<float*>(p);
       return v == 0 ? "" : absl::StrCat(v);
     }
+    case Kind::kShare: {
+      const auto& v = *static_cast<std::optional<float>*>(p);
+      return v ? absl::StrCat(*v) : "";
+    }
     case Kind::kStr: {
       const std::string& v = *static_cast<std::string*>(p);
       return v.empty() ? "" : Quote(v);
@@ -163,6 +177,21 @@ std::string FieldToml(const DefaultKey& k, const StreamConfig& config) {
     }
   }
   return "";
+}
+
+// Sets *p to the value `v` names among `names`; false when it names none.
+template <typename T>
+bool Named(const toml::node& v,
+           std::initializer_list<std::pair<const char*, T>> names, void* p) {
+  const auto s = v.value_exact<std::string>();
+  if (!s) return false;
+  for (const auto& [name, value] : names) {
+    if (*s == name) {
+      *static_cast<T*>(p) = value;
+      return true;
+    }
+  }
+  return false;
 }
 
 absl::Status SetField(const DefaultKey& k, const toml::node& v,
@@ -192,10 +221,18 @@ absl::Status SetField(const DefaultKey& k, const toml::node& v,
       }
       return absl::OkStatus();
     }
-    case Kind::kF32: {
+    case Kind::kF32:
+    case Kind::kShare: {
       const auto d = v.value<double>();  // Integers convert too.
-      if (!d || !(*d >= 0) || *d > 1e6) return bad("a number in [0, 1e6]");
-      *static_cast<float*>(p) = static_cast<float>(*d);
+      const double max = k.kind == Kind::kShare ? 1 : 1e6;
+      if (!d || !(*d >= 0) || *d > max) {
+        return bad(absl::StrCat("a number in [0, ", max, "]"));
+      }
+      if (k.kind == Kind::kShare) {
+        *static_cast<std::optional<float>*>(p) = static_cast<float>(*d);
+      } else {
+        *static_cast<float*>(p) = static_cast<float>(*d);
+      }
       return absl::OkStatus();
     }
     case Kind::kStr: {
@@ -204,39 +241,26 @@ absl::Status SetField(const DefaultKey& k, const toml::node& v,
       *static_cast<std::string*>(p) = *s;
       return absl::OkStatus();
     }
-    case Kind::kSegment: {
-      const auto s = v.value_exact<std::string>();
-      if (s && *s == "fixed") {
-        *static_cast<SegmentMode*>(p) = SegmentMode::kFixed;
-      } else if (s && *s == "shot") {
-        *static_cast<SegmentMode*>(p) = SegmentMode::kShot;
-      } else {
-        return bad("\"fixed\" or \"shot\"");
-      }
-      return absl::OkStatus();
-    }
-    case Kind::kReplacement: {
-      const auto s = v.value_exact<std::string>();
-      if (s && *s == "lru") {
-        *static_cast<Replacement*>(p) = Replacement::kLru;
-      } else if (s && *s == "heat") {
-        *static_cast<Replacement*>(p) = Replacement::kHeat;
-      } else {
-        return bad("\"lru\" or \"heat\"");
-      }
-      return absl::OkStatus();
-    }
-    case Kind::kScore: {
-      const auto s = v.value_exact<std::string>();
-      if (s && *s == "mass") {
-        *static_cast<ScoreMode*>(p) = ScoreMode::kMass;
-      } else if (s && *s == "summed") {
-        *static_cast<ScoreMode*>(p) = ScoreMode::kSummed;
-      } else {
-        return bad("\"mass\" or \"summed\"");
-      }
-      return absl::OkStatus();
-    }
+    case Kind::kSegment:
+      return Named<SegmentMode>(
+                 v,
+                 {{"fixed", SegmentMode::kFixed}, {"shot", SegmentMode::kShot}},
+                 p)
+                 ? absl::OkStatus()
+                 : bad("\"fixed\" or \"shot\"");
+    case Kind::kReplacement:
+      return Named<Replacement>(
+                 v, {{"lru", Replacement::kLru}, {"heat", Replacement::kHeat}},
+                 p)
+                 ? absl::OkStatus()
+                 : bad("\"lru\" or \"heat\"");
+    case Kind::kScore:
+      return Named<ScoreMode>(
+                 v,
+                 {{"mass", ScoreMode::kMass}, {"summed", ScoreMode::kSummed}},
+                 p)
+                 ? absl::OkStatus()
+                 : bad("\"mass\" or \"summed\"");
   }
   return absl::OkStatus();
 }

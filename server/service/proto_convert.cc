@@ -38,6 +38,9 @@ StreamConfig FromProto(const v1::StreamConfig& p) {
   c.weights.scene = p.recall_policy().scene_weight();
   c.weights.score = static_cast<ScoreMode>(p.recall_policy().score());
   c.weights.scorer = p.recall_policy().scorer();
+  if (p.recall_policy().has_identity_share()) {
+    c.weights.identity_share = p.recall_policy().identity_share();
+  }
   return c;
 }
 
@@ -63,6 +66,9 @@ RecallQuery FromProto(const v1::RecallRequest& p) {
   q.window_fraction = p.budget().window_fraction();
   q.per_layer = p.per_layer();
   q.per_head = p.per_head();
+  if (p.budget().has_identity_share()) {
+    q.identity_share = p.budget().identity_share();
+  }
   q.priority = p.priority();
   q.signals = FromProto(p.signals());
   return q;
@@ -118,6 +124,9 @@ void ToProto(const StreamConfig& c, v1::StreamConfig* p) {
   r->set_scene_weight(c.weights.scene);
   r->set_score(static_cast<v1::ScoreMode>(c.weights.score));
   r->set_scorer(c.weights.scorer);
+  if (c.weights.identity_share) {
+    r->set_identity_share(*c.weights.identity_share);
+  }
 }
 
 namespace {
@@ -208,6 +217,17 @@ void ToProto(const RecalledBlock& b, v1::RecalledBlock* out) {
   out->set_mass(b.mass);
   out->mutable_token_offsets()->Assign(b.token_offsets.begin(),
                                        b.token_offsets.end());
+  out->mutable_query_offsets()->Assign(b.query_offsets.begin(),
+                                       b.query_offsets.end());
+  out->mutable_track_offsets()->Assign(b.track_offsets.begin(),
+                                       b.track_offsets.end());
+}
+
+void ToProto(const ChannelTokens& c, v1::RecallChannels* p) {
+  p->set_attention_tokens(c.attention);
+  p->set_query_tokens(c.query);
+  p->set_track_tokens(c.track);
+  p->set_identity_budget(c.identity_budget);
 }
 }  // namespace
 
@@ -219,7 +239,9 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
     out->set_kv_head(set.kv_head);
     out->set_total_tokens(set.total_tokens);
     for (const RecalledBlock& b : set.blocks) ToProto(b, out->add_blocks());
+    ToProto(set.channels, out->mutable_channels());
   }
+  ToProto(r.channels, p->mutable_channels());
   p->set_total_tokens(r.total_tokens);
   p->set_candidates(r.candidates);
   p->set_budget_tokens(r.budget_tokens);

@@ -50,6 +50,12 @@ TEST(EvalGrpcTest, GrpcPathGivesTheInProcessRecallSets) {
   const PolicySummary& y = testing::PolicyOf(*remote, "kvmem");
   EXPECT_EQ(x.cold_mass_recalled, y.cold_mass_recalled);
   EXPECT_EQ(x.reid_success, y.reid_success);
+  // The identity channel's tokens travel with each answer (the frame
+  // queries carry detections: tracks as well as the query as a whole).
+  EXPECT_EQ(x.query_tokens_mean, y.query_tokens_mean);
+  EXPECT_EQ(x.track_tokens_mean, y.track_tokens_mean);
+  EXPECT_GT(x.query_tokens_mean, 0);
+  EXPECT_GT(x.track_tokens_mean, 0);
   EXPECT_EQ(server.Stop(), 0);
 }
 

@@ -569,6 +569,14 @@ TEST_F(ServerTest, BadInputCatalogue) {
          });
        },
        StatusCode::INVALID_ARGUMENT, "sub-quantizers; the count must divide"},
+      {"OpenStream", "recall_policy.identity_share -0.5",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_recall_policy()->set_identity_share(-0.5f);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT,
+       "config.recall_policy.identity_share is -0.5"},
       {"OpenStream", "index_policy.groups_per_block 65",
        [&] {
          return with([](auto* c) {
@@ -781,6 +789,12 @@ TEST_F(ServerTest, BadInputCatalogue) {
          });
        },
        StatusCode::INVALID_ARGUMENT, "n in [1, 64]"},
+      {"Recall", "budget.identity_share 1.5",
+       [&] {
+         return recall(
+             [](auto* r) { r->mutable_budget()->set_identity_share(1.5f); });
+       },
+       StatusCode::INVALID_ARGUMENT, "budget.identity_share is 1.5"},
       {"Recall", "window_lse of 3 floats",
        [&] {
          return recall([](auto* r) {

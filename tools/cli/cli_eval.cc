@@ -78,6 +78,18 @@ ABSL_FLAG(double, diffuse_scale, 1.0, "eval: logit scale of diffuse heads.");
 ABSL_FLAG(double, lookalike, 0,
           "eval: cosine between identities of one object class (0: "
           "orthogonal).");
+ABSL_FLAG(uint32_t, frame_query_tokens, 0,
+          "eval: whole-frame queries: each frame query sends this many of "
+          "the frame's query tokens (re-entry frames are probes); 0: one "
+          "token per query head.");
+ABSL_FLAG(double, appearance_change, 0,
+          "eval: weight of a random per-visit change of each object part "
+          "(0: objects look the same on every visit).");
+ABSL_FLAG(uint32_t, textures, 0,
+          "eval: recurring textures (each shown by single patches of many "
+          "frames; with --texture_tokens).");
+ABSL_FLAG(uint32_t, texture_tokens, 0,
+          "eval: patches of every frame that show a recurring texture.");
 ABSL_FLAG(std::string, gaps, "loguniform",
           "eval: re-entry gap distribution: loguniform, uniform or pareto.");
 ABSL_FLAG(bool, matrix, false,
@@ -86,6 +98,9 @@ ABSL_FLAG(bool, matrix, false,
           "--cameras size every cell.");
 // The kvmem policy: unset knobs leave the stream's defaults.
 ABSL_FLAG(double, track_weight, 0, "eval: kvmem recall_policy.track_weight.");
+ABSL_FLAG(double, identity_share, -1,
+          "eval: kvmem recall_policy.identity_share (negative: unset, the "
+          "default).");
 ABSL_FLAG(double, scene_weight, 0, "eval: kvmem recall_policy.scene_weight.");
 ABSL_FLAG(double, iou_weight, 0, "eval: kvmem recall_policy.iou_weight.");
 ABSL_FLAG(uint32_t, rebuild_every_blocks, 0,
@@ -112,7 +127,9 @@ ABSL_FLAG(std::string, kvmem_variants,
           "log-sum-exp sent), kvmem_blocks (no token groups), kvmem_groups "
           "(whole token groups: scorer mass_groups, no token stage), "
           "kvmem_group_mean (each GQA group's mean query, not one vector "
-          "per query head), kvmem_per_head (a recall set per KV head).");
+          "per query head), kvmem_per_head (a recall set per KV head), "
+          "kvmem_attention_only (identity share 0: attention mass alone), "
+          "kvmem_identity_only (identity share 1).");
 
 ABSL_DECLARE_FLAG(int, cameras);
 ABSL_DECLARE_FLAG(int, frames);
@@ -228,6 +245,11 @@ int WorkloadFromFlags(VideoWorkloadOptions* wp) {
       static_cast<float>(absl::GetFlag(FLAGS_sharp_head_fraction));
   w.diffuse_scale = static_cast<float>(absl::GetFlag(FLAGS_diffuse_scale));
   w.lookalike = static_cast<float>(absl::GetFlag(FLAGS_lookalike));
+  w.frame_query_tokens = absl::GetFlag(FLAGS_frame_query_tokens);
+  w.appearance_change =
+      static_cast<float>(absl::GetFlag(FLAGS_appearance_change));
+  w.textures = absl::GetFlag(FLAGS_textures);
+  w.texture_tokens = absl::GetFlag(FLAGS_texture_tokens);
   const std::string gaps = absl::GetFlag(FLAGS_gaps);
   if (gaps == "uniform") {
     w.gaps = VideoWorkloadOptions::Gaps::kUniform;
@@ -266,6 +288,7 @@ int EvalOptionsFromFlags(EvalOptions* op) {
   for (double x : windows) o.extra_windows.push_back(static_cast<uint32_t>(x));
   KvmemKnobs& k = o.kvmem;
   k.track_weight = static_cast<float>(absl::GetFlag(FLAGS_track_weight));
+  k.identity_share = static_cast<float>(absl::GetFlag(FLAGS_identity_share));
   k.scene_weight = static_cast<float>(absl::GetFlag(FLAGS_scene_weight));
   k.iou_weight = static_cast<float>(absl::GetFlag(FLAGS_iou_weight));
   k.rebuild_every_blocks = absl::GetFlag(FLAGS_rebuild_every_blocks);

@@ -55,6 +55,7 @@ v1::StreamConfig KvmemConfig(const KvmemKnobs& k, const VideoWorkloadOptions& w,
   r->set_iou_weight(k.iou_weight);
   r->set_score(static_cast<v1::ScoreMode>(k.score));
   r->set_scorer(k.scorer);
+  if (k.identity_share >= 0) r->set_identity_share(k.identity_share);
   return c;
 }
 
@@ -114,11 +115,16 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
     k.query_heads = false;
   } else if (name == "kvmem_per_head") {
     k.per_head = true;
+  } else if (name == "kvmem_attention_only") {
+    k.identity_share = 0;
+  } else if (name == "kvmem_identity_only") {
+    k.identity_share = 1;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown kvmem variant \"", name,
         "\"; use kvmem_summed, kvmem_no_lse, kvmem_blocks, kvmem_groups, "
-        "kvmem_group_mean or kvmem_per_head"));
+        "kvmem_group_mean, kvmem_per_head, kvmem_attention_only or "
+        "kvmem_identity_only"));
   }
   return k;
 }
@@ -156,7 +162,7 @@ class EvalRun {
         w_(o.workload),
         wl_(o.workload),
         kv_heads_(w_.layers * w_.kv_heads),
-        group_(w_.query_heads_per_kv),
+        group_(wl_.query_vectors()),
         cams_(w_.cameras) {}
   ~EvalRun() {
     backend_.reset();
@@ -489,6 +495,8 @@ void EvalRun::Score(const Selection& sel, const WorkloadQuery& q,
   row->cold_hit = static_cast<float>(hit);
   ScoreOutputs(t_, ct, sel, row);
   row->violations = sel.violations;
+  row->query_tokens = sel.query_tokens;
+  row->track_tokens = sel.track_tokens;
   if (q.kind == QueryKind::kProbe && !q.earlier.empty() &&
       q.earlier.back().second <= ws) {
     row->reid = Intersects(sel.recalled, q.earlier) ? 1 : 0;

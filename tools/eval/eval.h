@@ -72,6 +72,8 @@ struct KvmemKnobs {
   bool query_heads = true;
   // A recall set per KV head (RecallRequest.per_head) instead of one set.
   bool per_head = false;
+  // RecallPolicy.identity_share; negative: unset (the default).
+  float identity_share = -1.0f;
 };
 
 // kvmem before per-head scoring, as this evaluation ran it: summed logits,
@@ -82,7 +84,9 @@ KvmemKnobs SummedKnobs();
 // kvmem_no_lse (no window log-sum-exp sent), kvmem_blocks (no token
 // groups), kvmem_groups (scorer mass_groups: whole token groups, no token
 // stage), kvmem_group_mean (each GQA group's mean query, one vector),
-// kvmem_per_head (a set per KV head).
+// kvmem_per_head (a set per KV head), kvmem_attention_only (identity share
+// 0: attention mass alone), kvmem_identity_only (identity share 1: the
+// identity channel first, attention only for what it leaves).
 absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
                                         const KvmemKnobs& base);
 
@@ -141,6 +145,9 @@ struct PolicySummary {
   double budget_used = 0;  // Mean tokens recalled / R.
   uint64_t budget_violations = 0, window_violations = 0;
   double estimated_mass = 0;  // Mean RecallResponse.recalled_mass.
+  // kvmem: mean tokens per recall by the channel that chose them
+  // (RecallResponse.channels; per KV head with per-head sets).
+  double query_tokens_mean = 0, track_tokens_mean = 0;
 };
 
 struct ConfigSummary {
@@ -168,6 +175,7 @@ struct QueryRow {
   float gated_cosine = 0, gated_rel_error = 0;  // With gates (kvmem).
   float estimated_mass = 0;
   uint8_t violations = 0;  // Bit 0: over the budget; bit 1: in the window.
+  float query_tokens = 0, track_tokens = 0;  // kvmem: by channel.
 };
 
 // Memory of the primary configuration after a frame, summed over cameras,

@@ -97,6 +97,10 @@ class KvmemPolicy : public EvalPolicy {
                           std::chrono::steady_clock::now() - t0)
                           .count();
     const uint64_t lo = cam.sink_tokens;
+    const float sets =
+        std::max<float>(1.0f, static_cast<float>(resp.layer_sets_size()));
+    out->query_tokens = resp.channels().query_tokens() / sets;
+    out->track_tokens = resp.channels().track_tokens() / sets;
     if (request_.per_head) return PerHeadSets(resp, cam, ws, out);
     std::vector<Span> spans;
     for (const v1::RecalledBlock& blk : resp.blocks()) {

@@ -191,6 +191,8 @@ PolicySummary Summarize(const EvalResult& result, size_t ci, size_t pi,
       ps.gated_output_rel_error += r.gated_rel_error;
       ps.estimated_mass += r.estimated_mass;
     }
+    ps.query_tokens_mean += r.query_tokens;
+    ps.track_tokens_mean += r.track_tokens;
     ps.budget_violations += r.violations & 1;
     ps.window_violations += (r.violations >> 1) & 1;
     lat.push_back(r.latency_us);
@@ -208,6 +210,8 @@ PolicySummary Summarize(const EvalResult& result, size_t ci, size_t pi,
   ps.mass_recalled /= nq;
   ps.output_cosine /= nq;
   ps.output_rel_error /= nq;
+  ps.query_tokens_mean /= nq;
+  ps.track_tokens_mean /= nq;
   ps.gated_output_cosine = ratio(ps.gated_output_cosine, gated);
   ps.gated_output_rel_error = ratio(ps.gated_output_rel_error, gated);
   ps.estimated_mass = ratio(ps.estimated_mass, gated);

@@ -82,6 +82,9 @@ struct Selection {
   // kvmem with per-head sets: the tokens each KV head ([layer][kv_head])
   // attends besides sinks and window; `recalled` is then their union.
   std::vector<std::vector<Span>> head_recalled;
+  // kvmem: the set's tokens the identity channel chose (per set with
+  // per-head sets), for the query as a whole and for its tracks.
+  float query_tokens = 0, track_tokens = 0;
 };
 
 // What the runner knows of a query besides the workload: the oracle's

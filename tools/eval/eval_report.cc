@@ -141,6 +141,8 @@ void PolicyJson(const PolicySummary& p, JsonWriter* w) {
   w->Key("gated_output_rel_error").Num(p.gated_output_rel_error, 4);
   w->Key("estimated_mass").Num(p.estimated_mass, 4);
   w->Key("budget_used").Num(p.budget_used, 3);
+  w->Key("query_tokens_mean").Num(p.query_tokens_mean, 1);
+  w->Key("track_tokens_mean").Num(p.track_tokens_mean, 1);
   w->Key("budget_violations").UInt(p.budget_violations);
   w->Key("window_violations").UInt(p.window_violations);
   w->EndObject();

@@ -99,7 +99,8 @@ namespace {
 // Orthonormal latent directions the workload needs: the sink, the places,
 // the objects and, with look-alike identities, one per object class.
 uint32_t EntityDirections(const VideoWorkloadOptions& o) {
-  return 1 + o.places + o.objects + (o.lookalike > 0 ? o.object_classes : 0);
+  return 1 + o.places + o.objects + (o.lookalike > 0 ? o.object_classes : 0) +
+         o.textures;
 }
 
 // The next absence of an object, in seconds.
@@ -168,9 +169,9 @@ std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
   const uint32_t entities = EntityDirections(o);
   if (o.latent_dim != 0 && entities > o.latent_dim) {
     return absl::StrCat("1 + --places + --objects",
-                        o.lookalike > 0 ? " + --object_classes" : "", " (",
-                        entities, ") must be at most --latent_dim (",
-                        o.latent_dim, ")");
+                        o.lookalike > 0 ? " + --object_classes" : "",
+                        o.textures > 0 ? " + --textures" : "", " (", entities,
+                        ") must be at most --latent_dim (", o.latent_dim, ")");
   }
   if (o.query_heads_per_kv < 1 || o.query_heads_per_kv > 64) {
     return "--query_heads_per_kv must be in [1, 64]";
@@ -208,6 +209,29 @@ std::string CheckVideoWorkloadOptions(const VideoWorkloadOptions& o) {
     return "--frame_noise must be >= 0";
   }
   if (!std::isfinite(o.low_freq_bias)) return "--low_freq_bias must be finite";
+  if (o.frame_query_tokens > o.tokens_per_frame) {
+    return "--frame_query_tokens must be at most --tokens_per_frame";
+  }
+  if (static_cast<uint64_t>(o.query_heads_per_kv) *
+          std::max<uint32_t>(1, o.frame_query_tokens) >
+      1024) {
+    return "--frame_query_tokens x --query_heads_per_kv must be at most 1024";
+  }
+  if (o.frame_query_tokens > 0 && o.frame_query_tokens < o.object_tokens) {
+    return "--frame_query_tokens must be 0 or at least --object_tokens";
+  }
+  if (!(o.appearance_change >= 0 && std::isfinite(o.appearance_change))) {
+    return "--appearance_change must be >= 0";
+  }
+  if ((o.textures == 0) != (o.texture_tokens == 0)) {
+    return "--textures and --texture_tokens are both 0 or both > 0";
+  }
+  if (static_cast<uint64_t>(o.texture_tokens) +
+          static_cast<uint64_t>(o.object_tokens) * o.max_objects_per_frame >
+      o.tokens_per_frame - o.sink_tokens) {
+    return "--texture_tokens + --object_tokens * --max_objects_per_frame "
+           "must fit in a frame beside the sinks";
+  }
   return "";
 }
 
@@ -231,6 +255,10 @@ void VideoWorkload::Impl::BuildEntities(const VideoWorkloadOptions& o,
   place.assign(basis.begin() + 1, basis.begin() + 1 + o.places);
   object.assign(basis.begin() + 1 + o.places,
                 basis.begin() + 1 + o.places + o.objects);
+  const size_t classes = o.lookalike > 0 ? o.object_classes : 0;
+  texture.assign(
+      basis.begin() + 1 + o.places + o.objects + classes,
+      basis.begin() + 1 + o.places + o.objects + classes + o.textures);
   if (o.lookalike > 0) {
     // Objects of a class share a prototype: cosine `lookalike` between them.
     const auto* proto = &basis[1 + o.places + o.objects];
@@ -360,6 +388,15 @@ void VideoWorkload::Impl::BuildVisits(const VideoWorkloadOptions& o) {
   }
 }
 
+std::vector<float> VideoWorkload::Impl::Appearance(
+    const VideoWorkloadOptions& o, size_t L, int ob, uint32_t serial,
+    uint32_t j) const {
+  std::vector<float> v = Gaussian(
+      Seed(o.seed, kAppearance, static_cast<uint64_t>(ob), serial, j), L, 1.0f);
+  Normalize(&v);
+  return v;
+}
+
 VideoWorkload::~VideoWorkload() = default;
 
 uint64_t VideoWorkload::bytes_per_token() const {
@@ -423,6 +460,8 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   out.place = shot.place;
   out.shot = shot_serial;
   out.token_object.assign(T, -1);
+  out.token_visit.assign(T, 0);
+  out.token_texture.assign(T, -1);
   const auto in_view = InView(o_, m.visits, camera, f);
 
   // Token latents.
@@ -438,6 +477,25 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
     AddScaled(&x[s], m.patch[s], 0.35f);
     AddScaled(&x[s], shot_vec, 0.2f / std::sqrt(float(L)));
   }
+  if (o_.textures > 0) {
+    // Recurring textures on random background patches (objects take the
+    // last slots, the sinks the first of frame 0).
+    std::mt19937_64 rng(Seed(o_.seed, kTexture, camera, f));
+    std::vector<uint32_t> slots;
+    const size_t objects_from =
+        T - static_cast<size_t>(o_.object_tokens) * o_.max_objects_per_frame;
+    for (size_t s = o_.sink_tokens; s < objects_from; ++s) {
+      slots.push_back(static_cast<uint32_t>(s));
+    }
+    std::shuffle(slots.begin(), slots.end(), rng);
+    std::uniform_int_distribution<uint32_t> pick(0, o_.textures - 1);
+    for (uint32_t k = 0; k < o_.texture_tokens; ++k) {
+      const uint32_t s = slots[k], tex = pick(rng);
+      x[s] = m.texture[tex];
+      AddScaled(&x[s], m.patch[s], 0.25f);
+      out.token_texture[s] = static_cast<int>(tex);
+    }
+  }
   v1::FrameSignals* sig = out.frame.header.mutable_signals();
   for (size_t k = 0; k < in_view.size(); ++k) {
     const int ob = in_view[k].first;
@@ -450,7 +508,13 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
       for (auto& e : x[s]) e *= 0.85f;
       AddScaled(&x[s], m.part[j], 0.3f);
       AddScaled(&x[s], visit_vec, 0.3f / std::sqrt(float(L)));
+      if (o_.appearance_change > 0) {
+        AddScaled(&x[s], m.Appearance(o_, L, ob, v.serial, j),
+                  o_.appearance_change);
+      }
       out.token_object[s] = ob;
+      out.token_visit[s] = v.serial;
+      out.token_texture[s] = -1;
     }
     AddDetection(o_.seed, ob, v, f, sig->add_detections());
   }

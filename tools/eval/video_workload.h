@@ -33,6 +33,7 @@
 #ifndef KVMEM_TOOLS_EVAL_VIDEO_WORKLOAD_H_
 #define KVMEM_TOOLS_EVAL_VIDEO_WORKLOAD_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -93,6 +94,27 @@ struct VideoWorkloadOptions {
   // [gap_min_s, gap_max_s].
   enum class Gaps { kLogUniform, kUniform, kPareto } gaps = Gaps::kLogUniform;
   double gap_pareto_alpha = 1.1;
+  // Whole-frame queries: each frame query reads this many of the frame's
+  // tokens (every query head of each: frame_query_tokens x
+  // query_heads_per_kv vectors, what a front end that sends its frame's
+  // query tokens sends), and a frame where an object re-enters this camera
+  // is that query, labelled as the object's probe (its tokens among those
+  // read). 0: one random token per query head, and probes of their own
+  // (the object's identity as the query).
+  uint32_t frame_query_tokens = 0;
+  // Appearance change: each visit of an object adds, to each of its parts,
+  // a random direction of this weight (pose, light, scale): its tokens on
+  // one visit match those of another less, and a look-alike's tokens can
+  // match one of them better by chance, while what its tokens share (the
+  // identity) stays. 0: an object looks the same on every visit.
+  float appearance_change = 0.0f;
+  // Recurring textures: `textures` patterns (signs, floor tiles, logos)
+  // each shown by one patch here and there: `texture_tokens` patches of
+  // every frame show a random one of them, and half of the frame queries
+  // read a texture patch, so their attention is spread over many frames
+  // but peaked on one token in each. 0: none.
+  uint32_t textures = 0;
+  uint32_t texture_tokens = 0;
 };
 
 enum class QueryKind { kFrame = 0, kProbe = 1 };
@@ -105,13 +127,17 @@ struct WorkloadQuery {
   int object = -1;        // Probe: the object asked about.
   // Probe: positions [begin, end) of the object's tokens in earlier visits
   // to this camera (re-identification targets), oldest first.
+  // With whole-frame queries a probe is the frame's query (its kind is
+  // kProbe, every vector of the frame's tokens in q_heads).
   std::vector<std::pair<uint64_t, uint64_t>> earlier;
   // What a front end sends (the kvmem.v1 convention for grouped-query
   // attention): per KV head the mean of its group's query heads,
   // [layer][kv_head][head_dim], RoPE'd and scaled.
   std::vector<float> q;
   // The query heads themselves, [query_head][layer][kv_head][head_dim]:
-  // what the oracle attends with; query_heads_per_kv vectors.
+  // what the oracle attends with; query_vectors() of them
+  // (query_heads_per_kv, times frame_query_tokens with whole-frame
+  // queries: token t's query head j is vector t * query_heads_per_kv + j).
   std::vector<std::vector<float>> q_heads;
   v1::FrameSignals signals;
 };
@@ -120,6 +146,10 @@ struct WorkloadFrame {
   OutgoingFrame frame;  // fp16 payload, layer-major.
   std::vector<int>
       token_object;  // Per token: object id, -1 background, -2 sink.
+  // Per token: the visit serial of its object (appearance change), and its
+  // texture (-1: none).
+  std::vector<uint32_t> token_visit;
+  std::vector<int> token_texture;
   uint32_t place = 0;
   uint64_t shot = 0;
 };
@@ -135,6 +165,10 @@ class VideoWorkload {
   // KV bytes of one token (all layers, K and V, fp16).
   uint64_t bytes_per_token() const;
   uint32_t summary_dim() const { return o_.layers * o_.kv_heads * o_.head_dim; }
+  // Query vectors per query (WorkloadQuery::q_heads).
+  uint32_t query_vectors() const {
+    return o_.query_heads_per_kv * std::max<uint32_t>(1, o_.frame_query_tokens);
+  }
   uint32_t latent_dim() const;
 
   // Frame f of camera c (deterministic; any order).

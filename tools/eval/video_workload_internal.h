@@ -42,6 +42,8 @@ enum Purpose : uint64_t {
   kScene,
   kBox,
   kPatch,
+  kTexture,
+  kAppearance,
 };
 
 inline std::vector<float> Gaussian(uint64_t seed, size_t n, float sigma) {
@@ -97,7 +99,7 @@ struct VideoWorkload::Impl {
   // Latent basis: the sink, the places and the objects are orthonormal
   // directions (distinct entities do not match by accident); patches, parts,
   // shots, visits and noise are small random perturbations on top.
-  std::vector<std::vector<float>> place, object, patch, part;
+  std::vector<std::vector<float>> place, object, patch, part, texture;
   std::vector<float> sink;
   // Projections per (layer, head): A (keys and queries) and B (values),
   // head_dim x latent_dim, row-major.
@@ -135,6 +137,21 @@ struct VideoWorkload::Impl {
   void Probes(const VideoWorkloadOptions& o, size_t latent, size_t summary_dim,
               uint32_t camera, uint64_t f, const WorkloadFrame& frame,
               std::vector<WorkloadQuery>* out) const;
+  // Whole-frame queries (frame_query_tokens > 0): the frame's query, a
+  // probe when an object re-enters this camera at f.
+  void FrameQuery(const VideoWorkloadOptions& o, size_t latent,
+                  size_t summary_dim, uint32_t camera, uint64_t f,
+                  const WorkloadFrame& frame,
+                  std::vector<WorkloadQuery>* out) const;
+  // The positions of object ob's tokens on its visits to `camera` before
+  // visit i (re-identification targets), oldest first.
+  std::vector<std::pair<uint64_t, uint64_t>> Earlier(
+      const VideoWorkloadOptions& o, uint32_t camera, uint32_t ob,
+      size_t i) const;
+  // The change of object ob's part j on its visit `serial` (appearance
+  // change; unit length).
+  std::vector<float> Appearance(const VideoWorkloadOptions& o, size_t latent,
+                                int ob, uint32_t serial, uint32_t j) const;
   // The scene embedding of a shot at a place.
   std::vector<float> Scene(const VideoWorkloadOptions& o, size_t latent,
                            uint32_t shot_place,

@@ -51,8 +51,9 @@ TEST(RecordCodecTest, ReadsVersionOneConfigs) {
   std::string v1 = EncodeConfig(c);
   // Version 2 appended 3 x 4 bytes (shots), 4 x 8 + 5 x 4 (tiers) and
   // 4 x 4 (weights) after the version 1 fields; version 3, 4 (groups);
-  // version 4, 4 (score mode); version 5, 4 (an empty scorer name).
-  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4 + 4));
+  // version 4, 4 (score mode); version 5, 4 (an empty scorer name);
+  // version 6, 5 (the identity share).
+  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4 + 4 + 5));
   v1[0] = 1;
   auto decoded = DecodeConfig(v1);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -71,8 +72,8 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   c.groups_per_block = 9;
   std::string v2 = EncodeConfig(c);
   // Version 3 appended groups_per_block, version 4 the score mode, version
-  // 5 the scorer's name (empty: 4 bytes).
-  v2.resize(v2.size() - 12);
+  // 5 the scorer's name (empty: 4 bytes), version 6 the identity share.
+  v2.resize(v2.size() - 17);
   v2[0] = 2;
   auto config = DecodeConfig(v2);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -134,8 +135,9 @@ TEST(RecordCodecTest, ReadsVersionThreeConfigsAsSummed) {
   auto v4 = DecodeConfig(v3);
   ASSERT_TRUE(v4.ok()) << v4.status();
   EXPECT_EQ(WithDefaults(*v4).weights.score, ScoreMode::kMass);
-  // Version 4 appended the score mode, version 5 the (empty) scorer name.
-  v3.resize(v3.size() - 8);
+  // Version 4 appended the score mode, version 5 the (empty) scorer name,
+  // version 6 the identity share.
+  v3.resize(v3.size() - 13);
   v3[0] = 3;
   auto config = DecodeConfig(v3);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -159,12 +161,32 @@ TEST(RecordCodecTest, KeepsTheScorerNameAndReadsVersionFourWithout) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->weights.scorer, "summed");
   EXPECT_TRUE(*back == c);
-  v5.resize(v5.size() - (4 + 6));  // The name, length-prefixed.
+  v5.resize(v5.size() - (4 + 6 + 5));  // The name, length-prefixed; share.
   v5[0] = 4;
   auto v4 = DecodeConfig(v5);
   ASSERT_TRUE(v4.ok()) << v4.status();
   EXPECT_EQ(v4->weights.scorer, "");
   EXPECT_EQ(WithDefaults(*v4).weights.scorer, "summed");
+}
+
+// Version 6 keeps the identity share, set or unset; a version 5 record
+// has none: the default.
+TEST(RecordCodecTest, KeepsTheIdentityShareAndReadsVersionFiveWithout) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  EXPECT_FALSE(DecodeConfig(EncodeConfig(c))->weights.identity_share);
+  c.weights.identity_share = 0.0f;  // Off: kept apart from unset.
+  std::string v6 = EncodeConfig(c);
+  auto back = DecodeConfig(v6);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->weights.identity_share, 0.0f);
+  EXPECT_TRUE(*back == c);
+  v6.resize(v6.size() - 5);  // Whether it is set, and its value.
+  v6[0] = 5;
+  auto v5 = DecodeConfig(v6);
+  ASSERT_TRUE(v5.ok()) << v5.status();
+  EXPECT_FALSE(v5->weights.identity_share);
 }
 
 TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {

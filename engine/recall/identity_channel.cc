@@ -1,0 +1,159 @@
+#include "engine/recall/identity_channel.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/thread_scratch.h"
+#include "engine/index/dot.h"
+#include "engine/recall/track_candidates.h"
+
+namespace kvmem {
+
+float IdentityShare(const RecallWeights& w, const RecallQuery& q) {
+  return q.identity_share.value_or(
+      w.identity_share.value_or(kDefaultIdentityShare));
+}
+
+IdentitySplit SplitIdentity(uint32_t budget, float share, size_t anchors) {
+  IdentitySplit s;
+  s.identity = static_cast<uint32_t>(
+      std::min<double>(budget, std::lround(double(share) * budget)));
+  s.track = anchors == 0 ? 0 : (s.identity + 1) / 2;
+  return s;
+}
+
+std::vector<uint64_t> AnchorBlocks(const RecallView& view, const RecallQuery& q,
+                                   size_t eligible) {
+  std::vector<uint64_t> anchors;
+  for (const Detection& d : q.signals.detections) {
+    if (anchors.size() >= kAnchorTracks) break;
+    for (uint64_t b : RecentTrackBlocks(view, d.track_id, eligible, 1)) {
+      if (std::find(anchors.begin(), anchors.end(), b) == anchors.end()) {
+        anchors.push_back(b);
+      }
+    }
+  }
+  return anchors;
+}
+
+void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
+                     MassRows* rows) {
+  rows->anchors = AnchorBlocks(view, *req.query, req.eligible);
+  const size_t n = rows->tokens.size(), H = rows->est.heads;
+  struct Scratch {
+    SegmentScan mean;
+    std::vector<float> counted;
+  };
+  Scratch& s = ThreadScratch<Scratch>();
+  // The mean vector's dots: the weighted mean of the vectors' (a logit is
+  // linear in the query).
+  s.mean.segments = static_cast<uint32_t>(H);
+  s.mean.bound.clear();
+  s.mean.dots.assign(n * H, 0.0f);
+  for (size_t j = 0; j < rows->scans.size(); ++j) {
+    Axpy(rows->est.weight[j], rows->scans[j].dots.data(), s.mean.dots.data(),
+         n * H);
+  }
+  // Every row counts in its normaliser, the window's too: the front end's
+  // window_lse speaks of its own vectors only.
+  s.counted.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    s.counted[i] = static_cast<float>(rows->tokens[i]);
+  const std::vector<float> window =
+      WindowLse(view, req.mean_query->data(), 1, {});
+  MassInputs in;
+  in.heads = static_cast<uint32_t>(H);
+  in.logit_scale =
+      1.0f / std::sqrt(static_cast<float>(view.config().geometry.head_dim));
+  in.n = n;
+  in.counted = s.counted.data();
+  in.scans = {&s.mean};
+  in.window_lse = window.data();
+  in.ranges = rows->ranges;
+  rows->mean_est = EstimateMass(in);
+}
+
+std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
+                                       const MassRows& rows, size_t range,
+                                       const IdentitySplit& split,
+                                       const std::vector<bool>& pooled) {
+  const std::vector<uint64_t>& ids = rows.ids();
+  const std::vector<float>& density = rows.mean_est.density[range];
+  const uint32_t shift = view.unit_shift();
+  std::vector<uint32_t> row, tokens, out;
+  std::vector<float> value;
+  std::vector<uint64_t> id;
+  for (uint32_t i = 0; i < ids.size(); ++i) {
+    if (rows.role[i] != CandidateRole::kRecall || rows.tokens[i] == 0 ||
+        pooled[i]) {
+      continue;
+    }
+    const bool anchor = std::find(rows.anchors.begin(), rows.anchors.end(),
+                                  ids[i] >> shift) != rows.anchors.end();
+    if (anchor) {
+      out.push_back(i);
+      continue;
+    }
+    row.push_back(i);
+    value.push_back(density[i]);
+    tokens.push_back(rows.tokens[i]);
+    id.push_back(ids[i]);
+  }
+  for (uint32_t k : BestUntil(value, tokens, id,
+                              uint64_t{split.identity} * kTokenPoolFactor)) {
+    out.push_back(row[k]);
+  }
+  return out;
+}
+
+namespace {
+
+// The first `keep` of the pool's tokens by `value` (ties to the later
+// place in the newer block), as token units of `channel`.
+void BestTokens(const TokenStageOutput& scored, std::vector<uint32_t> tokens,
+                const std::vector<float>& value, size_t keep,
+                RecallChannel channel, std::vector<PlanUnit>* out) {
+  const auto better = [&](uint32_t a, uint32_t b) {
+    if (value[a] != value[b]) return value[a] > value[b];
+    const PlanUnit &x = scored.runs[scored.run[a]],
+                   &y = scored.runs[scored.run[b]];
+    if (x.block != y.block) return x.block > y.block;
+    return scored.place[a] > scored.place[b];
+  };
+  keep = std::min(keep, tokens.size());
+  std::partial_sort(tokens.begin(), tokens.begin() + keep, tokens.end(),
+                    better);
+  for (size_t k = 0; k < keep; ++k) {
+    PlanUnit u = scored.Unit(tokens[k]);
+    u.channel = channel;
+    out->push_back(u);
+  }
+}
+
+}  // namespace
+
+void IdentityUnits(const TokenStageOutput& scored,
+                   const std::vector<uint64_t>& anchors,
+                   const IdentitySplit& split, ScoredSet* out) {
+  const size_t n = scored.density.size();
+  out->identity_budget = split.identity;
+  if (split.track > 0 && !anchors.empty()) {
+    out->track_budget = split.track;
+    const size_t part = std::max<size_t>(1, split.track / anchors.size());
+    for (uint64_t a : anchors) {
+      std::vector<uint32_t> mine;
+      for (uint32_t i = 0; i < n; ++i) {
+        if (scored.runs[scored.run[i]].block == a) mine.push_back(i);
+      }
+      BestTokens(scored, std::move(mine), scored.density, part,
+                 RecallChannel::kTrack, &out->track_units);
+    }
+  }
+  std::vector<uint32_t> all(n);
+  for (uint32_t i = 0; i < n; ++i) all[i] = i;
+  BestTokens(scored, std::move(all), scored.mean_density,
+             size_t{split.identity} + kRankSlack, RecallChannel::kQuery,
+             &out->query_units);
+}
+
+}  // namespace kvmem

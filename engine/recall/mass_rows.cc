@@ -1,0 +1,58 @@
+#include "engine/recall/mass_rows.h"
+
+#include <cmath>
+#include <limits>
+
+#include "engine/index/dot.h"
+
+namespace kvmem {
+
+void ClassifyRows(const RecallView& view, const ScoreRequest& req,
+                  MassRows* rows) {
+  const size_t n = rows->ids().size();
+  const uint32_t shift = view.unit_shift();
+  rows->tokens.resize(n);
+  rows->role.resize(n);
+  rows->counted.resize(n);
+  rows->recallable.resize(n);
+  const bool front_window = !req.query->window_lse.empty();
+  const uint64_t* ids = rows->ids().data();
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t b = ids[i] >> shift;
+    const uint32_t tokens = view.UnitTokens(b, GroupOf(ids[i], shift));
+    const CandidateRole role = b < req.eligible ? CandidateRole::kRecall
+                               : front_window   ? CandidateRole::kIgnore
+                                                : CandidateRole::kWindow;
+    rows->tokens[i] = tokens;
+    rows->role[i] = role;
+    rows->counted[i] =
+        role == CandidateRole::kIgnore ? 0.0f : static_cast<float>(tokens);
+    rows->recallable[i] = role == CandidateRole::kRecall ? 1.0f : 0.0f;
+  }
+  rows->exact = true;
+  for (const SegmentScan& s : rows->scans) rows->exact &= s.bound.empty();
+}
+
+std::vector<float> WindowLse(const RecallView& view, const float* query,
+                             uint32_t vectors,
+                             const std::vector<float>& window_lse) {
+  if (!window_lse.empty()) return window_lse;
+  const uint32_t dim = view.summary_dim();
+  const uint32_t hd = view.config().geometry.head_dim, heads = dim / hd;
+  std::vector<float> window(static_cast<size_t>(vectors) * heads,
+                            -std::numeric_limits<float>::infinity());
+  const OpenMean& open = view.open_mean();
+  if (open.tokens == 0) return window;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float log_tokens = std::log(static_cast<float>(open.tokens));
+  for (uint32_t j = 0; j < vectors; ++j) {
+    const float* qj = query + static_cast<size_t>(j) * dim;
+    for (uint32_t h = 0; h < heads; ++h) {
+      window[j * heads + h] =
+          log_tokens + scale * Dot(qj + h * hd, open.mean.data() + h * hd, hd);
+    }
+  }
+  return window;
+}
+
+}  // namespace kvmem

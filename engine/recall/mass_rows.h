@@ -1,0 +1,62 @@
+// Score MASS's scanned rows: every unit the scans returned, with its tokens,
+// its role in the estimate and the estimate itself, shared by the recall
+// sets of one recall (engine/recall/mass_scorer.cc) and by its identity
+// channel (engine/recall/identity_channel.h). Call under the view's lock.
+#ifndef KVMEM_ENGINE_RECALL_MASS_ROWS_H_
+#define KVMEM_ENGINE_RECALL_MASS_ROWS_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "engine/index/block_index.h"
+#include "engine/index/token_codes.h"
+#include "engine/recall/mass_estimate.h"
+#include "engine/recall/scorer.h"
+#include "engine/view/recall_view.h"
+
+namespace kvmem {
+
+// The token group of a unit id (block << shift | group).
+inline uint32_t GroupOf(uint64_t unit, uint32_t shift) {
+  return static_cast<uint32_t>(unit & ((uint64_t{1} << shift) - 1));
+}
+
+// The scanned candidates, shared by the sets of one recall (per-thread
+// scratch: a recall allocates little once warm).
+struct MassRows {
+  std::vector<SegmentScan> scans;  // One per query vector.
+  std::vector<uint32_t> tokens;
+  std::vector<CandidateRole> role;
+  std::vector<float> counted;     // MassInputs::counted.
+  std::vector<float> recallable;  // 1 for kRecall rows, else 0.
+  MassEstimate est;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  bool exact = true;       // The scans' dots are exact.
+  TokenQuery token_query;  // The token stage's vectors.
+  // The identity channel: the estimate of the query's mean vector (the
+  // query as a whole) over every row, recallable or in the window, and the
+  // query's tracks' most recent recallable blocks (none when the channel
+  // is off).
+  MassEstimate mean_est;
+  std::vector<uint64_t> anchors;
+  const std::vector<uint64_t>& ids() const { return scans[0].ids; }
+};
+
+// Each scanned unit's tokens and role (recallable, window, ignored).
+void ClassifyRows(const RecallView& view, const ScoreRequest& req,
+                  MassRows* rows) ABSL_SHARED_LOCKS_REQUIRED(view.mu());
+
+// [vector][head]: what attention reads besides the candidates for the
+// `vectors` query vectors at `query`: window_lse when the front end sent it
+// (non-empty), else the open block as its mean key stands for it (the
+// sealed blocks in the window are then kWindow rows).
+std::vector<float> WindowLse(const RecallView& view, const float* query,
+                             uint32_t vectors,
+                             const std::vector<float>& window_lse)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu());
+
+}  // namespace kvmem
+
+#endif  // KVMEM_ENGINE_RECALL_MASS_ROWS_H_
