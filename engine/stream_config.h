@@ -21,13 +21,16 @@ inline constexpr uint32_t kMaxTopK = 4096;
 // BM_TokenGroups).
 inline constexpr uint32_t kTokensPerGroup = 8;
 inline constexpr uint32_t kMaxDefaultGroups = 32;
-// Query vectors one recall may carry (kvmem.v1.RecallRequest.query).
-inline constexpr uint32_t kMaxQueryVectors = 64;
+// Query vectors one recall may carry (kvmem.v1.RecallRequest.query), and
+// their floats in all (16 MiB); recall scores at most kMaxScoredVectors of
+// them (engine/recall/query_reduction.h).
+inline constexpr uint32_t kMaxQueryVectors = 1024;
+inline constexpr uint64_t kMaxQueryFloats = uint64_t{1} << 22;
 // Scores one MASS recall may compute: query vectors x heads (indexed layers
 // x KV heads) x recall units in the index. Each is a float held during the
 // recall (2^25: 128 MiB), so this bounds a recall's memory and time; above
-// it Recall answers RESOURCE_EXHAUSTED. 64 vectors x 8 heads reach it at
-// 65,536 units (4,096 blocks of 16 token groups).
+// it Recall answers RESOURCE_EXHAUSTED. 16 vectors (the most scored) x 32
+// heads reach it at 65,536 units (4,096 blocks of 16 token groups).
 inline constexpr uint64_t kMaxScoresPerRecall = uint64_t{1} << 25;
 inline constexpr size_t kMaxStreamIdBytes = 128;
 

@@ -222,6 +222,11 @@ struct RecallResult {
   uint32_t budget_tokens = 0;
   uint32_t top_k = 0;  // 0: no cap.
   uint32_t query_vectors = 0;
+  // The vectors scored: query_vectors, or the representatives a larger
+  // query was reduced to (engine/recall/query_reduction.h), and the time
+  // the reduction took.
+  uint32_t scored_vectors = 0;
+  uint32_t reduce_us = 0;
   float recalled_mass = 0;        // Score mass: sum of the sets' mass.
   bool window_estimated = false;  // Score mass: no window_lse was given.
   uint32_t search_us = 0;

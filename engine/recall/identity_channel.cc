@@ -78,30 +78,40 @@ std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
                                        const IdentitySplit& split,
                                        const std::vector<bool>& pooled) {
   const std::vector<uint64_t>& ids = rows.ids();
-  const std::vector<float>& density = rows.mean_est.density[range];
+  const std::vector<float>& mean = rows.mean_est.density[range];
+  const std::vector<float>& attention = rows.est.density[range];
   const uint32_t shift = view.unit_shift();
-  std::vector<uint32_t> row, tokens, out;
-  std::vector<float> value;
-  std::vector<uint64_t> id;
+  const size_t anchors = rows.anchors.size();
+  // Candidates: the mean vector's (0), and each anchor's (1 + its index).
+  std::vector<std::vector<uint32_t>> row(1 + anchors), tokens(1 + anchors);
+  std::vector<std::vector<float>> value(1 + anchors);
+  std::vector<std::vector<uint64_t>> id(1 + anchors);
   for (uint32_t i = 0; i < ids.size(); ++i) {
     if (rows.role[i] != CandidateRole::kRecall || rows.tokens[i] == 0 ||
         pooled[i]) {
       continue;
     }
-    const bool anchor = std::find(rows.anchors.begin(), rows.anchors.end(),
-                                  ids[i] >> shift) != rows.anchors.end();
-    if (anchor) {
-      out.push_back(i);
-      continue;
-    }
-    row.push_back(i);
-    value.push_back(density[i]);
-    tokens.push_back(rows.tokens[i]);
-    id.push_back(ids[i]);
+    const auto a =
+        std::find(rows.anchors.begin(), rows.anchors.end(), ids[i] >> shift);
+    const size_t c =
+        a == rows.anchors.end() ? 0 : 1 + (a - rows.anchors.begin());
+    row[c].push_back(i);
+    value[c].push_back(c == 0 ? mean[i] : attention[i]);
+    tokens[c].push_back(rows.tokens[i]);
+    id[c].push_back(ids[i]);
   }
-  for (uint32_t k : BestUntil(value, tokens, id,
-                              uint64_t{split.identity} * kTokenPoolFactor)) {
-    out.push_back(row[k]);
+  // Each anchor's groups best by attention, kTokenPoolFactor times its
+  // part of the tracks' share; the mean vector's best, kTokenPoolFactor
+  // times the identity share.
+  const uint64_t part =
+      anchors == 0 ? 0 : std::max<uint64_t>(1, split.track / anchors);
+  std::vector<uint32_t> out;
+  for (size_t c = 0; c <= anchors; ++c) {
+    const uint64_t want =
+        (c == 0 ? uint64_t{split.identity} : part) * kTokenPoolFactor;
+    for (uint32_t k : BestUntil(value[c], tokens[c], id[c], want)) {
+      out.push_back(row[c][k]);
+    }
   }
   return out;
 }

@@ -71,8 +71,9 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
 
 // The rows the identity channel adds to range `range`'s pool, not marked
 // in `pooled`: the recallable rows best by the mean vector's density
-// holding kTokenPoolFactor x split.identity tokens, and every recallable
-// row of the anchor blocks.
+// holding kTokenPoolFactor x split.identity tokens, and each anchor block's
+// rows best by attention holding kTokenPoolFactor x its part of
+// split.track.
 std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
                                        const MassRows& rows, size_t range,
                                        const IdentitySplit& split,

@@ -266,7 +266,7 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
         "recall would score ", req.budget.query_vectors, " query vectors x ",
         heads, " heads x ", units, " units of stream \"", view.stream_id(),
         "\" = ", scores, " scores; at most ", kMaxScoresPerRecall,
-        " per recall: send fewer query vectors"));
+        " per recall: send fewer query vectors or index fewer layers"));
   }
   const auto t0 = SteadyClock::now();
   out->window_estimated = q.window_lse.empty();
@@ -294,6 +294,7 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
   in.counted = rows.counted.data();
   for (const SegmentScan& s : rows.scans) in.scans.push_back(&s);
   in.window_lse = window.data();
+  if (req.vector_weights != nullptr) in.weight = *req.vector_weights;
   const uint32_t kv = config.geometry.kv_heads;
   if (q.per_layer) {
     for (uint32_t li = 0; li < heads / kv; ++li) {

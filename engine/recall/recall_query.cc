@@ -18,12 +18,15 @@ absl::Status CheckShape(const RecallQuery& q, uint32_t summary_dim,
         " floats ([indexed_layer][kv_head][head_dim])"));
   }
   if (q.query.size() % summary_dim != 0 ||
-      q.query.size() / summary_dim > kMaxQueryVectors) {
+      q.query.size() / summary_dim > kMaxQueryVectors ||
+      q.query.size() > kMaxQueryFloats) {
     return absl::InvalidArgumentError(absl::StrCat(
         "query has ", q.query.size(), " floats; stream \"", id,
         "\" expects n x ", summary_dim,
         " (n query vectors of [indexed_layer][kv_head][head_dim], n in [1, ",
-        kMaxQueryVectors, "])"));
+        std::min<uint64_t>(kMaxQueryVectors, kMaxQueryFloats / summary_dim),
+        "]: at most ", kMaxQueryVectors, " vectors and ", kMaxQueryFloats,
+        " floats)"));
   }
   return absl::OkStatus();
 }

@@ -17,17 +17,19 @@ namespace kvmem {
 // The budget a recall is held to, resolved from the query and the stream's
 // defaults before scoring.
 struct RecallBudget {
-  uint32_t tokens = 0;         // Each set's most tokens (> 0).
-  uint32_t top_k = 0;          // Each set's most distinct blocks; 0: no cap.
-  uint32_t query_vectors = 0;  // The query's vectors.
+  uint32_t tokens = 0;  // Each set's most tokens (> 0).
+  uint32_t top_k = 0;   // Each set's most distinct blocks; 0: no cap.
+  // The query's vectors as scored: at most kMaxScoredVectors (a larger
+  // query is reduced first, engine/recall/query_reduction.h).
+  uint32_t query_vectors = 0;
 };
 
 // INVALID_ARGUMENT naming the field and its value for a query the stream
 // cannot answer: no or misshapen query vectors (n x summary_dim floats, n in
-// [1, kMaxQueryVectors]), non-finite values, a window_lse of the wrong
-// length, bad signals, per_head with per_layer, or per_head when the
-// stream's scorer (named `scorer`) cannot answer it (!per_head_ok), a
-// position past 2^63, a window fraction outside [0, 1].
+// [1, kMaxQueryVectors], at most kMaxQueryFloats), non-finite values, a
+// window_lse of the wrong length, bad signals, per_head with per_layer, or
+// per_head when the stream's scorer (named `scorer`) cannot answer it
+// (!per_head_ok), a position past 2^63, a window fraction outside [0, 1].
 absl::Status ValidateRecallQuery(const RecallQuery& q,
                                  const StreamConfig& config,
                                  uint32_t summary_dim,

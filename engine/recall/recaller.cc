@@ -6,6 +6,7 @@
 #include "base/status_macros.h"
 #include "base/timing.h"
 #include "engine/index/dot.h"
+#include "engine/recall/query_reduction.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/recall_query.h"
 #include "engine/recall/token_stage.h"
@@ -79,7 +80,8 @@ RecallPlan PlanSet(const PlanPolicy& policy, ScoredSet* set) {
 absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
                         Accelerator& accel, const RecallQuery& q,
                         const RecallBudget& budget,
-                        const std::vector<float>& mean_query, RecallResult* r,
+                        const std::vector<float>& mean_query,
+                        const std::vector<float>* weights, RecallResult* r,
                         uint64_t* now_frame)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   if (view.deleted()) return view.DeletedError();
@@ -103,6 +105,7 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   ScoreRequest req;
   req.query = &q;
   req.mean_query = &mean_query;
+  req.vector_weights = weights;
   req.budget = budget;
   req.eligible = eligible;
   req.accel = &accel;
@@ -177,19 +180,37 @@ absl::StatusOr<RecallResult> AnswerRecall(const RecallView& view,
   KVMEM_RETURN_IF_ERROR(ValidateRecallQuery(q, config, view.summary_dim(),
                                             view.stream_id(),
                                             scorer.answers_per_head()));
-  KVMEM_ASSIGN_OR_RETURN(const RecallBudget budget,
+  KVMEM_ASSIGN_OR_RETURN(RecallBudget budget,
                          ResolveBudget(q, config, view.summary_dim()));
   RecallResult result;
   result.budget_tokens = budget.tokens;
   result.top_k = budget.top_k;
   result.query_vectors = budget.query_vectors;
   // The mean of the query vectors: what SUMMED scores (its scores are
-  // linear), and MASS's RecalledBlock.score and candidate pool.
+  // linear), and MASS's RecalledBlock.score, candidate pool and the query
+  // as a whole.
   const std::vector<float> mean_query = MeanQuery(q.query, view.summary_dim());
+  // A query of more vectors than recall scores: weighted representatives.
+  RecallQuery reduced;
+  ReducedQuery red;
+  const bool reduce = budget.query_vectors > kMaxScoredVectors;
+  if (reduce) {
+    const auto t0 = SteadyClock::now();
+    red = ReduceQuery(q.query, q.window_lse, view.summary_dim(),
+                      view.summary_dim() / config.geometry.head_dim,
+                      kMaxScoredVectors);
+    reduced = q;
+    reduced.query = std::move(red.query);
+    reduced.window_lse = std::move(red.window_lse);
+    budget.query_vectors = static_cast<uint32_t>(red.weight.size());
+    result.reduce_us = WholeMicrosSince(t0);
+  }
+  result.scored_vectors = budget.query_vectors;
   {
     kvmem::ReaderMutexLock lock(&view.mu());
-    KVMEM_RETURN_IF_ERROR(PlanRecall(view, scorer, accel, q, budget, mean_query,
-                                     &result, now_frame));
+    KVMEM_RETURN_IF_ERROR(PlanRecall(
+        view, scorer, accel, reduce ? reduced : q, budget, mean_query,
+        reduce ? &red.weight : nullptr, &result, now_frame));
   }
   StageRecall(config.geometry, accel, q.priority, &result);
   return result;

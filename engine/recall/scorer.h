@@ -47,6 +47,10 @@ namespace kvmem {
 struct ScoreRequest {
   const RecallQuery* query = nullptr;  // Validated (ValidateRecallQuery).
   const std::vector<float>* mean_query = nullptr;  // Mean of its vectors.
+  // The vectors' weights (MassInputs::weight), when the query was reduced
+  // to weighted representatives (engine/recall/query_reduction.h); null:
+  // equal.
+  const std::vector<float>* vector_weights = nullptr;
   RecallBudget budget;  // Resolved before scoring (ResolveBudget).
   // Blocks [0, eligible) lie wholly before the hot window: only their
   // units may be recalled (evicted ones never are).

@@ -249,12 +249,14 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
   p->set_recalled_mass(r.recalled_mass);
   p->set_window_estimated(r.window_estimated);
   p->set_query_vectors(r.query_vectors);
+  p->set_scored_query_vectors(r.scored_vectors);
   p->mutable_timing()->set_search_us(r.search_us);
   p->mutable_timing()->set_plan_us(r.plan_us);
   p->mutable_timing()->set_total_us(r.total_us);
   v1::RecallTiming* t = p->mutable_timing();
   t->set_tokens_scored(r.tokens_scored);
   t->set_token_us(r.token_us);
+  t->set_reduce_us(r.reduce_us);
   t->set_modelled_us(r.accel.modelled_us);
   t->set_modelled_dram_bytes(r.accel.dram_bytes);
   t->set_modelled_energy_uj(r.accel.energy_uj);

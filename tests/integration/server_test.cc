@@ -781,14 +781,14 @@ TEST_F(ServerTest, BadInputCatalogue) {
              [](auto* r) { r->mutable_budget()->set_window_fraction(2.0f); });
        },
        StatusCode::INVALID_ARGUMENT, "budget.window_fraction is 2"},
-      {"Recall", "65 query vectors",
+      {"Recall", "1025 query vectors",
        [&] {
          return recall([](auto* r) {
            const auto one = r->query();
-           for (int i = 0; i < 64; ++i) r->mutable_query()->MergeFrom(one);
+           for (int i = 0; i < 1024; ++i) r->mutable_query()->MergeFrom(one);
          });
        },
-       StatusCode::INVALID_ARGUMENT, "n in [1, 64]"},
+       StatusCode::INVALID_ARGUMENT, "n in [1, 1024]"},
       {"Recall", "budget.identity_share 1.5",
        [&] {
          return recall(

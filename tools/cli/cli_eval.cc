@@ -127,7 +127,9 @@ ABSL_FLAG(std::string, kvmem_variants,
           "log-sum-exp sent), kvmem_blocks (no token groups), kvmem_groups "
           "(whole token groups: scorer mass_groups, no token stage), "
           "kvmem_group_mean (each GQA group's mean query, not one vector "
-          "per query head), kvmem_per_head (a recall set per KV head), "
+          "per query head), kvmem_mean_query (one vector, the query's "
+          "mean, no window log-sum-exp), kvmem_per_head (a recall set per "
+          "KV head), "
           "kvmem_attention_only (identity share 0: attention mass alone), "
           "kvmem_identity_only (identity share 1).");
 

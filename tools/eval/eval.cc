@@ -115,6 +115,9 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
     k.query_heads = false;
   } else if (name == "kvmem_per_head") {
     k.per_head = true;
+  } else if (name == "kvmem_mean_query") {
+    k.query_heads = false;
+    k.window_lse = false;
   } else if (name == "kvmem_attention_only") {
     k.identity_share = 0;
   } else if (name == "kvmem_identity_only") {
@@ -123,8 +126,8 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown kvmem variant \"", name,
         "\"; use kvmem_summed, kvmem_no_lse, kvmem_blocks, kvmem_groups, "
-        "kvmem_group_mean, kvmem_per_head, kvmem_attention_only or "
-        "kvmem_identity_only"));
+        "kvmem_group_mean, kvmem_mean_query, kvmem_per_head, "
+        "kvmem_attention_only or kvmem_identity_only"));
   }
   return k;
 }

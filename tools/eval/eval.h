@@ -84,7 +84,9 @@ KvmemKnobs SummedKnobs();
 // kvmem_no_lse (no window log-sum-exp sent), kvmem_blocks (no token
 // groups), kvmem_groups (scorer mass_groups: whole token groups, no token
 // stage), kvmem_group_mean (each GQA group's mean query, one vector),
-// kvmem_per_head (a set per KV head), kvmem_attention_only (identity share
+// kvmem_mean_query (one vector, the query's mean, and no window log-sum-exp:
+// the simplest front end), kvmem_per_head (a set per KV head),
+// kvmem_attention_only (identity share
 // 0: attention mass alone), kvmem_identity_only (identity share 1: the
 // identity channel first, attention only for what it leaves).
 absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,

@@ -277,9 +277,9 @@ TEST(MassRecallValidationTest, QueryVectorsAndWindowSumsAreChecked) {
   auto r = e->Recall("s", q);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("query has 67 floats"));
-  q.query.assign(dim * 65, 0.5f);
+  q.query.assign(dim * 1025, 0.5f);
   r = e->Recall("s", q);
-  EXPECT_THAT(r.status().message(), HasSubstr("n in [1, 64]"));
+  EXPECT_THAT(r.status().message(), HasSubstr("n in [1, 1024]"));
   q.query = testing::RandomQuery(rng, 2 * dim);
   q.window_lse.assign(3, 1.0f);
   r = e->Recall("s", q);
@@ -307,8 +307,9 @@ TEST(MassRecallValidationTest, QueryVectorsAndWindowSumsAreChecked) {
 
 // A recall holds a float per query vector, head and unit: past
 // kMaxScoresPerRecall it is refused with the figures, not run. 4 layers x
-// 1,024 KV heads of 1 dim: 4,096 heads, so 64 vectors score 2^18 per unit
-// and 3 blocks of 64 token groups (192 units) pass the limit.
+// 1,024 KV heads of 1 dim: 4,096 heads, so 16 vectors (the most scored: a
+// larger query is reduced to 16) score 2^16 per unit and 9 blocks of 64
+// token groups (576 units) pass the limit.
 TEST(MassRecallValidationTest, ScoresPerRecallAreBounded) {
   testing::TempDir dir;
   const testing::TestGeometry g{4, 1024, 1, DType::kFp16};
@@ -319,26 +320,28 @@ TEST(MassRecallValidationTest, ScoresPerRecallAreBounded) {
   c.groups_per_block = 64;
   ASSERT_TRUE(e->OpenStream("s", c).ok());
   std::mt19937_64 rng(25);
-  for (uint64_t f = 0; f < 13; ++f) {
+  for (uint64_t f = 0; f < 37; ++f) {
     ASSERT_TRUE(
         e->Append("s", testing::FrameOf(testing::RandomFrame(rng, g, 16), f,
                                         g.dtype))
             .ok());
   }
-  ASSERT_EQ((*e->GetStats("s")).sealed_blocks, 3u);
+  ASSERT_EQ((*e->GetStats("s")).sealed_blocks, 9u);
   const size_t dim = 4 * 1024;
   RecallQuery q;
-  q.query = testing::RandomQuery(rng, 64 * dim);
+  for (uint32_t sent : {16u, 100u}) {
+    q.query = testing::RandomQuery(rng, sent * dim);
+    auto r = e->Recall("s", q);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(r.status().message(),
+                HasSubstr("recall would score 16 query vectors x 4096 heads x "
+                          "576 units"));
+    EXPECT_THAT(r.status().message(), HasSubstr("send fewer query vectors"));
+  }
+  q.query.resize(14 * dim);  // 14 x 4096 x 576 < 2^25.
   auto r = e->Recall("s", q);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("recall would score 64 query vectors x 4096 heads x "
-                        "192 units"));
-  EXPECT_THAT(r.status().message(), HasSubstr("send fewer query vectors"));
-  q.query.resize(42 * dim);  // 42 x 4096 x 192 < 2^25.
-  r = e->Recall("s", q);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->query_vectors, 42u);
+  EXPECT_EQ(r->query_vectors, 14u);
   EXPECT_GT(r->total_tokens, 0u);
 }
 
