@@ -142,6 +142,9 @@ struct RecallQuery {
   uint32_t max_tokens = 0;              // 0: stream default.
   uint64_t current_token_position = 0;  // 0: newest appended token.
   float window_fraction = 0;            // Budget as a fraction of the window.
+  // Score MASS, in [0, 1], 0 off: each set stops once its estimated share
+  // of the cold mass reaches it (kvmem.v1.RecallBudget.mass_target).
+  float mass_target = 0;
   bool per_layer = false;
   bool per_head = false;  // Score mass: a set per indexed layer and KV head.
   // The identity channel's share of the budget for this recall, in [0, 1];
@@ -213,6 +216,7 @@ struct LayerRecallSet {
   std::vector<RecalledBlock> blocks;
   uint32_t total_tokens = 0;
   ChannelTokens channels;
+  float cold_share = 0;  // Its estimated share of the cold mass.
 };
 
 struct RecallResult {
@@ -227,7 +231,11 @@ struct RecallResult {
   // the reduction took.
   uint32_t scored_vectors = 0;
   uint32_t reduce_us = 0;
-  float recalled_mass = 0;        // Score mass: sum of the sets' mass.
+  float recalled_mass = 0;  // Score mass: sum of the sets' mass.
+  // Score mass: the set's estimated share of the attention mass outside
+  // the window (its mass over every recallable unit's); with layer sets,
+  // their mean.
+  float cold_share = 0;
   bool window_estimated = false;  // Score mass: no window_lse was given.
   uint32_t search_us = 0;
   uint32_t plan_us = 0;

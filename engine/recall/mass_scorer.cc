@@ -224,6 +224,13 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
   if (split.identity > 0) in.mean_est = &rows.mean_est;
   auto scored = std::make_shared<TokenStageOutput>();
   ScorePoolTokens(view, in, pool, scored.get());
+  // The pooled groups' mass at token resolution, in place of their means'.
+  for (const PlanUnit& u : pool) out->cold_mass -= double(u.score) * u.tokens;
+  for (float d : scored->density) out->cold_mass += d;
+  for (const PlanUnit& u : scored->whole) {
+    out->cold_mass += double(u.score) * u.tokens;
+  }
+  out->cold_mass = std::max(out->cold_mass, 0.0);
   RankScoredTokens(scored, policy, req.budget.tokens, &out->ranked, rest);
   if (split.identity > 0) IdentityUnits(*scored, rows.anchors, split, out);
   out->tokens_scored = scored->tokens_scored;
@@ -393,6 +400,11 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
       SetState{MassSemantics(view, *req.query, req.eligible),
                std::vector<bool>(n, false)});
   ScoredSet out;
+  for (size_t i = 0; i < n; ++i) {
+    if (rows.role[i] == CandidateRole::kRecall) {
+      out.cold_mass += double(density[i]) * rows.tokens[i];
+    }
+  }
   std::function<std::vector<PlanUnit>()> rest_tokens;
   if (token_stage_ && view.grouped()) {
     // The tokens decide: the pool needs no exact group ranking.

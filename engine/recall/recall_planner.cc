@@ -53,8 +53,7 @@ PlannedBlock& RecallPlanner::Slot(uint64_t block) {
 
 void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
   uint64_t added = 0;
-  for (size_t i = 0;
-       i < ranked.size() && used_ < policy_.max_tokens && added < limit; ++i) {
+  for (size_t i = 0; i < ranked.size() && !full() && added < limit; ++i) {
     const PlanUnit& u = ranked[i];
     if (u.tokens == 0) continue;
     if (u.channel != RecallChannel::kAttention) dedupe_ = true;
@@ -89,6 +88,7 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
     PlannedBlock& b = Slot(u.block);
     if (policy_.mode == ScoreMode::kMass) {
       b.mass += u.score * static_cast<float>(charge);
+      mass_ += double(u.score) * charge;
     }
     b.tokens += charge;
     if (u.token == kWholeUnit) {
@@ -130,6 +130,7 @@ RecallPlan RecallPlanner::Finish() {
   channels_ = {};
   dedupe_ = false;
   used_ = 0;
+  mass_ = 0;
   return plan;
 }
 

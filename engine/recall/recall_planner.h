@@ -21,6 +21,7 @@
 #define KVMEM_ENGINE_RECALL_RECALL_PLANNER_H_
 
 #include <cstdint>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -60,6 +61,8 @@ struct PlanPolicy {
   float model_weight = 1;   // MASS: the model signal's weight (> 0).
   float model_scale = 1;    // SUMMED: model weight / sqrt(head_dim).
   float gate_temperature = 1;
+  // MASS: the fill stops once the set's mass reaches it (a mass target).
+  double mass_goal = std::numeric_limits<double>::infinity();
 };
 
 // One block of a plan, in the order blocks were first taken.
@@ -112,7 +115,11 @@ class RecallPlanner {
   uint32_t tokens_left() const {
     return static_cast<uint32_t>(policy_.max_tokens - used_);
   }
-  bool full() const { return used_ >= policy_.max_tokens; }
+  bool full() const {
+    return used_ >= policy_.max_tokens || mass_ >= policy_.mass_goal;
+  }
+  uint32_t used() const { return static_cast<uint32_t>(used_); }
+  double mass() const { return mass_; }
   // The plan, with gate weights (AssignGateWeights over the planned
   // blocks). The planner is spent.
   RecallPlan Finish();
@@ -130,6 +137,7 @@ class RecallPlanner {
 
   const PlanPolicy policy_;
   uint64_t used_ = 0;
+  double mass_ = 0;  // MASS: sum of the taken units' density x tokens.
   std::vector<PlannedBlock> blocks_;
   std::unordered_map<uint64_t, size_t> slot_;  // Block -> index in blocks_.
   ChannelTokens channels_;

@@ -66,6 +66,15 @@ absl::Status ValidateRecallQuery(const RecallQuery& q,
                                    config.weights.scorer, "\""));
   }
   KVMEM_RETURN_IF_ERROR(CheckShare("budget.identity_share", q.identity_share));
+  if (!(q.mass_target >= 0.0f && q.mass_target <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget.mass_target is ", q.mass_target, "; must be in [0, 1]"));
+  }
+  if (q.mass_target > 0 && config.weights.score != ScoreMode::kMass) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("budget.mass_target needs score MASS; stream \"", id,
+                     "\" scores with \"", config.weights.scorer, "\""));
+  }
   if (!(q.window_fraction >= 0.0f && q.window_fraction <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("budget.window_fraction is ",
                                                    q.window_fraction,

@@ -29,7 +29,9 @@ struct RecallBudget {
 // [1, kMaxQueryVectors], at most kMaxQueryFloats), non-finite values, a
 // window_lse of the wrong length, bad signals, per_head with per_layer, or
 // per_head when the stream's scorer (named `scorer`) cannot answer it
-// (!per_head_ok), a position past 2^63, a window fraction outside [0, 1].
+// (!per_head_ok), a position past 2^63, a window fraction outside [0, 1],
+// an identity share outside [0, 1], a mass target outside [0, 1] or with a
+// score other than MASS.
 absl::Status ValidateRecallQuery(const RecallQuery& q,
                                  const StreamConfig& config,
                                  uint32_t summary_dim,

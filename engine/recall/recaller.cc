@@ -9,6 +9,7 @@
 #include "engine/recall/query_reduction.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/recall_query.h"
+#include "engine/recall/set_planning.h"
 #include "engine/recall/token_stage.h"
 #include "engine/stream_config.h"
 
@@ -55,26 +56,6 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
   return out;
 }
 
-// The planner over one scored set: its ranked units, then (when budget is
-// left) the scorer's further units, ranked by the policy.
-RecallPlan PlanSet(const PlanPolicy& policy, ScoredSet* set) {
-  RecallPlanner planner(policy);
-  // The identity channel first, within its share: the tracks, then the
-  // query as a whole (engine/recall/identity_channel.h).
-  planner.Take(set->track_units, set->track_budget);
-  const uint32_t used = policy.max_tokens - planner.tokens_left();
-  if (set->identity_budget > used) {
-    planner.Take(set->query_units, set->identity_budget - used);
-  }
-  planner.Take(set->ranked);
-  if (!planner.full() && set->more) {
-    std::vector<PlanUnit> more = set->more(planner.tokens_left());
-    planner.Rank(&more);
-    planner.Take(more);
-  }
-  return planner.Finish();
-}
-
 // Under the view's lock: the eligible blocks, the scorer's sets and their
 // plans, into *r.
 absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
@@ -118,10 +99,13 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   }
   r->window_estimated = scored.window_estimated;
   r->search_us = scored.search_us;
-  for (ScoredSet& set : scored.sets) {
+  const std::vector<RecallPlan> plans =
+      PlanSets(scored.policy, &scored.sets, q.mass_target);
+  for (size_t si = 0; si < scored.sets.size(); ++si) {
+    const ScoredSet& set = scored.sets[si];
+    const RecallPlan& plan = plans[si];
     r->tokens_scored += set.tokens_scored;
     r->token_us += set.token_us;
-    const RecallPlan plan = PlanSet(scored.policy, &set);
     LayerRecallSet out;
     out.layer = set.layer;
     out.kv_head = set.kv_head;
@@ -132,11 +116,17 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
     r->channels += out.channels;
     float mass = 0;
     for (const RecalledBlock& b : out.blocks) mass += b.mass;
+    out.cold_share =
+        set.cold_mass > 0
+            ? static_cast<float>(std::min(1.0, mass / set.cold_mass))
+            : 0.0f;
     if (scored.layer_sets) {
       r->recalled_mass += mass / static_cast<float>(scored.sets.size());
+      r->cold_share += out.cold_share / static_cast<float>(scored.sets.size());
       r->layer_sets.push_back(std::move(out));
     } else {
       r->recalled_mass = mass;
+      r->cold_share = out.cold_share;
       r->blocks = std::move(out.blocks);
       r->total_tokens = out.total_tokens;
     }

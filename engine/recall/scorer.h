@@ -82,6 +82,10 @@ struct ScoredSet {
   // `ranked`; their units' channel says which took them.
   std::vector<PlanUnit> track_units, query_units;
   uint32_t track_budget = 0, identity_budget = 0;
+  // Score MASS: the estimated attention mass of every recallable unit of
+  // the set (its share of the attention outside the window), for mass
+  // targets and RecallResult.cold_share; 0 when unknown.
+  double cold_mass = 0;
 };
 
 struct ScoredRecall {

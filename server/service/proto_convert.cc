@@ -69,6 +69,7 @@ RecallQuery FromProto(const v1::RecallRequest& p) {
   if (p.budget().has_identity_share()) {
     q.identity_share = p.budget().identity_share();
   }
+  q.mass_target = p.budget().mass_target();
   q.priority = p.priority();
   q.signals = FromProto(p.signals());
   return q;
@@ -240,6 +241,7 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
     out->set_total_tokens(set.total_tokens);
     for (const RecalledBlock& b : set.blocks) ToProto(b, out->add_blocks());
     ToProto(set.channels, out->mutable_channels());
+    out->set_cold_share(set.cold_share);
   }
   ToProto(r.channels, p->mutable_channels());
   p->set_total_tokens(r.total_tokens);
@@ -247,6 +249,7 @@ void ToProto(const RecallResult& r, v1::RecallResponse* p) {
   p->set_budget_tokens(r.budget_tokens);
   p->set_top_k(r.top_k);
   p->set_recalled_mass(r.recalled_mass);
+  p->set_cold_share(r.cold_share);
   p->set_window_estimated(r.window_estimated);
   p->set_query_vectors(r.query_vectors);
   p->set_scored_query_vectors(r.scored_vectors);

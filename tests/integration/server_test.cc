@@ -795,6 +795,12 @@ TEST_F(ServerTest, BadInputCatalogue) {
              [](auto* r) { r->mutable_budget()->set_identity_share(1.5f); });
        },
        StatusCode::INVALID_ARGUMENT, "budget.identity_share is 1.5"},
+      {"Recall", "budget.mass_target 2",
+       [&] {
+         return recall(
+             [](auto* r) { r->mutable_budget()->set_mass_target(2.0f); });
+       },
+       StatusCode::INVALID_ARGUMENT, "budget.mass_target is 2"},
       {"Recall", "window_lse of 3 floats",
        [&] {
          return recall([](auto* r) {
