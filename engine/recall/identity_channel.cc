@@ -108,7 +108,7 @@ std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
   std::vector<uint32_t> out;
   for (size_t c = 0; c <= anchors; ++c) {
     const uint64_t want =
-        (c == 0 ? uint64_t{split.identity} : part) * kTokenPoolFactor;
+        (c == 0 ? uint64_t{split.identity} : part) * kIdentityPoolFactor;
     for (uint32_t k : BestUntil(value[c], tokens[c], id[c], want)) {
       out.push_back(row[c][k]);
     }

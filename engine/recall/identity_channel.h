@@ -46,6 +46,11 @@ namespace kvmem {
 inline constexpr float kDefaultIdentityShare = 0.25f;
 // Tracks of a query that anchor a recall.
 inline constexpr size_t kAnchorTracks = 8;
+// The identity channel's pool: groups holding this many times its share
+// (the mean vector's best, each anchor's best by attention), besides the
+// attention pool (kTokenPoolFactor): the query as a whole mostly matches
+// what attention pooled already.
+inline constexpr uint32_t kIdentityPoolFactor = 2;
 
 // The share in force: the query's, else the stream's, else the default.
 float IdentityShare(const RecallWeights& w, const RecallQuery& q);
@@ -71,8 +76,8 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
 
 // The rows the identity channel adds to range `range`'s pool, not marked
 // in `pooled`: the recallable rows best by the mean vector's density
-// holding kTokenPoolFactor x split.identity tokens, and each anchor block's
-// rows best by attention holding kTokenPoolFactor x its part of
+// holding kIdentityPoolFactor x split.identity tokens, and each anchor
+// block's rows best by attention holding kIdentityPoolFactor x its part of
 // split.track.
 std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
                                        const MassRows& rows, size_t range,

@@ -73,37 +73,59 @@ MassEstimate EstimateMass(const MassInputs& in) {
   return est;
 }
 
+namespace {
+
+// -L_jh over heads [h0, h1) for each vector (-inf where nothing was counted:
+// its exp is 0), so a logit's term is exp(dot * scale + neg).
+void NegatedNorms(const MassEstimate& est, size_t J, uint32_t h0, uint32_t h1,
+                  std::vector<float>* neg) {
+  const size_t w = h1 - h0;
+  neg->resize(J * w);
+  for (size_t j = 0; j < J; ++j) {
+    for (size_t h = h0; h < h1; ++h) {
+      const float n = est.log_norm[j * est.heads + h];
+      (*neg)[j * w + h - h0] = n == kNone ? kNone : -n;
+    }
+  }
+}
+
+}  // namespace
+
 void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
                         uint32_t h0, uint32_t h1, float logit_scale,
                         float* out) {
   const size_t H = est.heads, J = est.vectors, w = h1 - h0;
   struct Scratch {
-    std::vector<float> z;
+    std::vector<float> z, neg, coef;
   };
-  std::vector<float>& z = ThreadScratch<Scratch>().z;
-  z.resize(m * J * w);
+  Scratch& s = ThreadScratch<Scratch>();
+  NegatedNorms(est, J, h0, h1, &s.neg);
+  // Each vector's weight over the range's heads.
+  s.coef.resize(J);
+  for (size_t j = 0; j < J; ++j) {
+    s.coef[j] =
+        (est.weight.empty() ? 1.0f / static_cast<float>(J) : est.weight[j]) /
+        static_cast<float>(w);
+  }
+  s.z.resize(m * J * w);
   for (size_t c = 0; c < m; ++c) {
     for (size_t j = 0; j < J; ++j) {
-      const float* d = dots + (c * J + j) * H;
-      const float* norm = est.log_norm.data() + j * H;
-      float* zc = z.data() + (c * J + j) * w;
-      // A head with nothing counted has log_norm -inf: its exp is 0.
-      for (size_t h = h0; h < h1; ++h) {
-        zc[h - h0] = norm[h] == kNone ? kNone : d[h] * logit_scale - norm[h];
-      }
+      const float* d = dots + (c * J + j) * H + h0;
+      const float* neg = s.neg.data() + j * w;
+      float* zc = s.z.data() + (c * J + j) * w;
+      for (size_t i = 0; i < w; ++i) zc[i] = d[i] * logit_scale + neg[i];
     }
   }
-  ExpInPlace(z.data(), z.size());
-  const float k = 1.0f / static_cast<float>(w);
-  const float uniform = 1.0f / static_cast<float>(J);
+  ExpInPlace(s.z.data(), s.z.size());
   for (size_t c = 0; c < m; ++c) {
-    double acc = 0;
+    float acc = 0;
     for (size_t j = 0; j < J; ++j) {
-      double head_sum = 0;
-      for (size_t i = 0; i < w; ++i) head_sum += z[(c * J + j) * w + i];
-      acc += (est.weight.empty() ? uniform : est.weight[j]) * head_sum;
+      const float* zc = s.z.data() + (c * J + j) * w;
+      float sum = 0;
+      for (size_t i = 0; i < w; ++i) sum += zc[i];
+      acc += s.coef[j] * sum;
     }
-    out[c] = static_cast<float>(acc) * k;
+    out[c] = acc;
   }
 }
 
@@ -113,26 +135,26 @@ void MeanVectorDensities(const MassEstimate& mean_est, const float* dots,
                          float* out) {
   const size_t H = mean_est.heads, J = vectors, w = h1 - h0;
   struct Scratch {
-    std::vector<float> z;
+    std::vector<float> z, neg;
   };
-  std::vector<float>& z = ThreadScratch<Scratch>().z;
-  z.resize(m * w);
-  const float* norm = mean_est.log_norm.data();
+  Scratch& s = ThreadScratch<Scratch>();
+  NegatedNorms(mean_est, 1, h0, h1, &s.neg);
+  s.z.assign(m * w, 0.0f);
   for (size_t c = 0; c < m; ++c) {
-    for (size_t h = h0; h < h1; ++h) {
-      float dot = 0;
-      for (size_t j = 0; j < J; ++j)
-        dot += weight[j] * dots[(c * J + j) * H + h];
-      z[c * w + h - h0] =
-          norm[h] == kNone ? kNone : dot * logit_scale - norm[h];
+    float* zc = s.z.data() + c * w;
+    for (size_t j = 0; j < J; ++j) {
+      const float* d = dots + (c * J + j) * H + h0;
+      const float k = weight[j] * logit_scale;
+      for (size_t i = 0; i < w; ++i) zc[i] += k * d[i];
     }
+    for (size_t i = 0; i < w; ++i) zc[i] += s.neg[i];
   }
-  ExpInPlace(z.data(), z.size());
+  ExpInPlace(s.z.data(), s.z.size());
   const float k = 1.0f / static_cast<float>(w);
   for (size_t c = 0; c < m; ++c) {
-    double acc = 0;
-    for (size_t i = 0; i < w; ++i) acc += z[c * w + i];
-    out[c] = static_cast<float>(acc) * k;
+    float acc = 0;
+    for (size_t i = 0; i < w; ++i) acc += s.z[c * w + i];
+    out[c] = acc * k;
   }
 }
 

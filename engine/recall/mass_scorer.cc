@@ -221,7 +221,10 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
   in.h1 = h1;
   in.logit_scale =
       1.0f / std::sqrt(static_cast<float>(view.config().geometry.head_dim));
-  if (split.identity > 0) in.mean_est = &rows.mean_est;
+  if (split.identity > 0) {
+    in.mean_est = &rows.mean_est;
+    in.weight = rows.est.weight.data();
+  }
   auto scored = std::make_shared<TokenStageOutput>();
   ScorePoolTokens(view, in, pool, scored.get());
   // The pooled groups' mass at token resolution, in place of their means'.

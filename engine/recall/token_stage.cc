@@ -21,10 +21,8 @@ void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
   CandidateDensities(*in.est, dots.data(), m, in.h0, in.h1, in.logit_scale,
                      out);
   if (in.mean_est != nullptr && mean_out != nullptr) {
-    const std::vector<float> weight =
-        VectorWeights(in.est->weight, in.query->vectors);
     MeanVectorDensities(*in.mean_est, dots.data(), m, in.query->vectors,
-                        weight.data(), in.h0, in.h1, in.logit_scale, mean_out);
+                        in.weight, in.h0, in.h1, in.logit_scale, mean_out);
   }
 }
 

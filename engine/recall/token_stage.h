@@ -48,8 +48,10 @@ struct TokenStageInput {
   uint32_t h0 = 0, h1 = 0;            // The set's head range.
   float logit_scale = 0;              // 1 / sqrt(head_dim).
   // Optional (the identity channel): the estimate of the vectors' weighted
-  // mean; each token then also gets its density for that mean vector.
+  // mean, and the vectors' weights; each token then also gets its density
+  // for that mean vector.
   const MassEstimate* mean_est = nullptr;
+  const float* weight = nullptr;  // [vector]
 };
 
 // The scored tokens, flat (a pool holds several thousand: the set ranks

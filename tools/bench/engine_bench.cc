@@ -452,8 +452,10 @@ BENCHMARK(BM_TokenGroups)
 // layers x 4 KV heads x 64 dims, both layers indexed, 32 tokens per frame,
 // 4-frame blocks with arg 1 token groups each (arg 0 blocks: 225 is a
 // 5-minute camera), a 2048-token window and a 614-token budget; arg 2 the
-// scorer (1 mass: token resolution, 2 summed, 3 mass_groups). Random keys:
-// the cost, not the quality.
+// scorer (1 mass: token resolution, 2 summed, 3 mass_groups); arg 3 the
+// query's vectors (8: a frame's query tokens; more than 16 are reduced to
+// 16 representatives) and a window log-sum-exp per vector and head, as the
+// README's front end sends. Random keys: the cost, not the quality.
 void BM_EvalShapedRecall(benchmark::State& state) {
   const uint64_t blocks = state.range(0);
   const std::filesystem::path dir =
@@ -477,9 +479,14 @@ void BM_EvalShapedRecall(benchmark::State& state) {
     return;
   }
   engine->WaitForBackground();
+  const size_t vectors = static_cast<size_t>(state.range(3));
   std::vector<std::vector<float>> queries;
   for (int i = 0; i < 64; ++i) {
-    queries.push_back(testing::RandomQuery(rng, 512));
+    queries.emplace_back();
+    for (size_t j = 0; j < vectors; ++j) {
+      const std::vector<float> v = testing::RandomQuery(rng, 512);
+      queries.back().insert(queries.back().end(), v.begin(), v.end());
+    }
     // Logits of a few units, as real queries have.
     for (float& x : queries.back()) x *= 3;
   }
@@ -487,6 +494,7 @@ void BM_EvalShapedRecall(benchmark::State& state) {
   TimeRecalls(state, engine.get(), [&] {
     RecallQuery q;
     q.query = queries[i++ % queries.size()];
+    q.window_lse.assign(vectors * 8, 4.0f);
     return q;
   });
   state.SetLabel(c.weights.scorer);
@@ -494,12 +502,15 @@ void BM_EvalShapedRecall(benchmark::State& state) {
   std::filesystem::remove_all(dir);
 }
 BENCHMARK(BM_EvalShapedRecall)
-    ->Args({225, 8, 1})
-    ->Args({225, 16, 1})
-    ->Args({225, 8, 3})
-    ->Args({225, 16, 3})
-    ->Args({225, 8, 2})
-    ->Args({225, 16, 2})
+    ->Args({225, 8, 1, 1})
+    ->Args({225, 16, 1, 1})
+    ->Args({225, 16, 1, 8})
+    ->Args({225, 16, 1, 128})
+    ->Args({225, 8, 3, 1})
+    ->Args({225, 16, 3, 1})
+    ->Args({225, 16, 3, 8})
+    ->Args({225, 8, 2, 1})
+    ->Args({225, 16, 2, 1})
     ->Unit(benchmark::kMicrosecond);
 
 // What server metrics add to every call (ServerMetrics::OnCallDone, run by
