@@ -13,6 +13,10 @@
 namespace kvmem {
 namespace {
 
+// engine/recall/query_reduction.h's kMaxScoredVectors: a whole-frame cell
+// sends more, so the reduction runs.
+constexpr uint32_t kMaxScoredVectorsForTests = 16;
+
 TEST(EvalOracleTest, MatchesDirectSoftmaxAttention) {
   const uint32_t heads = 2, d = 4, n = 5;
   std::mt19937_64 rng(3);
@@ -132,6 +136,46 @@ TEST(EvalTest, ReferencesBoundEverySharedSet) {
   EXPECT_LE(k.budget_used, 1.0);
 }
 
+// Whole-frame queries carry every read token's query heads, a re-entry
+// frame's query is its object's probe (the object in view); textures take
+// their patches in every frame; bad knobs are refused.
+TEST(VideoWorkloadTest, WholeFrameQueriesTexturesAndAppearance) {
+  VideoWorkloadOptions w = SmallEval().workload;
+  w.frame_query_tokens = 8;
+  w.query_heads_per_kv = 2;
+  w.textures = 3;
+  w.texture_tokens = 2;
+  w.appearance_change = 1.0f;
+  ASSERT_EQ(CheckVideoWorkloadOptions(w), "");
+  const VideoWorkload wl(w);
+  EXPECT_EQ(wl.query_vectors(), 16u);
+  uint64_t probes = 0, frames = 0;
+  for (uint64_t f = 0; f < w.frames; ++f) {
+    const WorkloadFrame fr = wl.Frame(0, f);
+    EXPECT_EQ(std::count_if(fr.token_texture.begin(), fr.token_texture.end(),
+                            [](int t) { return t >= 0; }),
+              2);
+    for (const WorkloadQuery& q : wl.Queries(0, f, fr)) {
+      EXPECT_EQ(q.q_heads.size(), 16u);
+      (q.kind == QueryKind::kProbe ? probes : frames)++;
+      if (q.kind == QueryKind::kProbe) {
+        EXPECT_FALSE(q.earlier.empty());
+        EXPECT_NE(
+            std::find(fr.token_object.begin(), fr.token_object.end(), q.object),
+            fr.token_object.end());
+      }
+    }
+  }
+  EXPECT_GT(probes, 0u);
+  EXPECT_GT(frames, w.frames / 2);
+  // Too many vectors, or textures without patches, are refused.
+  w.frame_query_tokens = w.tokens_per_frame + 1;
+  EXPECT_NE(CheckVideoWorkloadOptions(w), "");
+  w.frame_query_tokens = 8;
+  w.texture_tokens = 0;
+  EXPECT_NE(CheckVideoWorkloadOptions(w), "");
+}
+
 TEST(EvalMatrixTest, CellsChangeOnePropertyAndReportEveryPolicy) {
   EvalOptions base = SmallEval();
   base.workload.frames = 120;
@@ -146,6 +190,32 @@ TEST(EvalMatrixTest, CellsChangeOnePropertyAndReportEveryPolicy) {
   }
   EXPECT_EQ(cells[4].name, "gqa_4x32");
   EXPECT_EQ(cells[4].options.workload.query_heads_per_kv, 4u);
+  // The cells of the recall issue's properties, and the channel settings
+  // (the mass-vs-re-ID plot) and the mean-query client in every cell.
+  auto cell = [&](const std::string& name) -> const MatrixCell* {
+    for (const MatrixCell& c : cells)
+      if (c.name == name) return &c;
+    return nullptr;
+  };
+  for (const char* name : {"peaked_tokens", "whole_frame",
+                           "lookalike_attention", "whole_frame_128"}) {
+    ASSERT_NE(cell(name), nullptr) << name;
+  }
+  EXPECT_GT(cell("peaked_tokens")->options.workload.texture_tokens, 0u);
+  EXPECT_EQ(cell("whole_frame")->options.workload.frame_query_tokens, 32u);
+  EXPECT_GT(cell("lookalike_attention")->options.workload.appearance_change,
+            0.0f);
+  EXPECT_GT(cell("whole_frame_128")->options.workload.frame_query_tokens,
+            kMaxScoredVectorsForTests);
+  for (const MatrixCell& c : cells) {
+    for (const char* v :
+         {"kvmem_attention_only", "kvmem_identity_only", "kvmem_mean_query"}) {
+      EXPECT_TRUE(std::any_of(c.options.kvmem_variants.begin(),
+                              c.options.kvmem_variants.end(),
+                              [&](const auto& x) { return x.first == v; }))
+          << c.name << " " << v;
+    }
+  }
   // Two cells through the runner: one table row and JSON summary each.
   const std::vector<MatrixCell> two = {cells[0], cells[4]};
   auto m = RunEvalMatrix(two, nullptr);
@@ -156,6 +226,9 @@ TEST(EvalMatrixTest, CellsChangeOnePropertyAndReportEveryPolicy) {
   EXPECT_NE(table.find("| gqa_4x32 |"), std::string::npos) << table;
   EXPECT_NE(json.find("\"summary\""), std::string::npos);
   EXPECT_NE(json.find("\"kvmem_vs_exact_keys_per_head\""), std::string::npos);
+  EXPECT_NE(json.find("\"met_vs_oracle\""), std::string::npos);
+  EXPECT_NE(json.find("\"reid_goal\""), std::string::npos);
+  EXPECT_NE(json.find("\"met_mean_query_within_5_points\""), std::string::npos);
   // The GQA cell also runs kvmem with each group's mean query.
   EXPECT_TRUE(std::any_of(
       m->summaries[1].policies.begin(), m->summaries[1].policies.end(),

@@ -92,6 +92,9 @@ ABSL_FLAG(uint32_t, texture_tokens, 0,
           "eval: patches of every frame that show a recurring texture.");
 ABSL_FLAG(std::string, gaps, "loguniform",
           "eval: re-entry gap distribution: loguniform, uniform or pareto.");
+ABSL_FLAG(std::string, matrix_cells, "",
+          "eval: with --matrix, only these cells (comma-separated names; "
+          "empty: all).");
 ABSL_FLAG(bool, matrix, false,
           "eval: run the generalisation matrix (workload variants that each "
           "change one property) instead of one workload; --frames and "
@@ -171,9 +174,30 @@ int RunMatrix(EvalOptions o) {
   o.workload.frames =
       static_cast<uint32_t>(std::max(2, FlagOr(FLAGS_frames, "frames", 600)));
   const std::string out_dir = o.out_dir;
+  std::vector<MatrixCell> cells = MatrixCells(o);
+  const std::string only = absl::GetFlag(FLAGS_matrix_cells);
+  if (!only.empty()) {
+    std::vector<MatrixCell> chosen;
+    for (absl::string_view name : absl::StrSplit(only, ',')) {
+      auto it =
+          std::find_if(cells.begin(), cells.end(),
+                       [&](const MatrixCell& c) { return c.name == name; });
+      if (it == cells.end()) {
+        std::string names;
+        for (const MatrixCell& c : cells) absl::StrAppend(&names, " ", c.name);
+        std::fprintf(stderr,
+                     "kvmem eval: --matrix_cells names \"%s\"; the cells "
+                     "are:%s\n",
+                     std::string(name).c_str(), names.c_str());
+        return 2;
+      }
+      chosen.push_back(*it);
+    }
+    cells = std::move(chosen);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<MatrixResult> m =
-      RunEvalMatrix(MatrixCells(o), [&](int done, int total) {
+      RunEvalMatrix(cells, [&](int done, int total) {
         std::fprintf(
             stderr, "kvmem eval: matrix cell %d/%d, %.0f s\n", done, total,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
