@@ -20,6 +20,9 @@ inline constexpr uint32_t kMaxTopK = 4096;
 // 512 tokens into 32 groups over 512 summary dims, kvmem_engine_bench
 // BM_TokenGroups).
 inline constexpr uint32_t kTokensPerGroup = 8;
+// The identity channel's share of a recall set's budget when neither the
+// stream nor the query sets one (engine/recall/identity_channel.h).
+inline constexpr float kDefaultIdentityShare = 0.25f;
 inline constexpr uint32_t kMaxDefaultGroups = 32;
 // Query vectors one recall may carry (kvmem.v1.RecallRequest.query), and
 // their floats in all (16 MiB); recall scores at most kMaxScoredVectors of

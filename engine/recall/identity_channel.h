@@ -5,7 +5,8 @@
 // the query as a whole matches, and what the front end's tracker knows,
 // point at the object's own past. So a share of each recall set's budget
 // is reserved for identity (RecallPolicy.identity_share, default
-// kDefaultIdentityShare) and attention mass fills the rest:
+// kDefaultIdentityShare, engine/stream_config.h) and attention mass fills
+// the rest:
 //
 //   identity = round(share x budget) tokens, taken first:
 //     1. tracks: when the query carries detections, each of its tracks (at
@@ -38,12 +39,11 @@
 #include "engine/recall/mass_rows.h"
 #include "engine/recall/scorer.h"
 #include "engine/recall/token_stage.h"
+#include "engine/stream_config.h"
 #include "engine/view/recall_view.h"
 
 namespace kvmem {
 
-// The identity share when neither the stream nor the query sets one.
-inline constexpr float kDefaultIdentityShare = 0.25f;
 // Tracks of a query that anchor a recall.
 inline constexpr size_t kAnchorTracks = 8;
 // The identity channel's pool: groups holding this many times its share

@@ -420,6 +420,9 @@ std::string EffectiveConfigToml(const StreamConfig& stream_defaults) {
     } else if (std::strcmp(k.name, "groups_per_block") == 0) {
       out << "# " << k.name << " = 0  (about one per " << kTokensPerGroup
           << " tokens of a full block, at most " << kMaxDefaultGroups << ")\n";
+    } else if (std::strcmp(k.name, "identity_share") == 0) {
+      out << "# " << k.name << " = " << kDefaultIdentityShare
+          << "  (unset; 0 turns the identity channel off)\n";
     } else if (std::strcmp(k.name, "default_top_k") == 0) {
       out << "# " << k.name << " = 0  (no cap: the token budget limits)\n";
     } else {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/percentile.h"
+#include "base/status_macros.h"
 #include "base/timing.h"
 #include "client/cpp/kvmem_client.h"
 #include "engine/index/int8_kernels.h"
@@ -267,7 +268,12 @@ absl::Status BenchRun::InProcess() {
   }
   Say(absl::StrCat("in-process stream recall: ", o_.inproc_vectors,
                    " blocks, per-head mass vs summed score"));
-  return InprocStreamRecall(o_, &r_.stream_mass, &r_.stream_summed);
+  KVMEM_RETURN_IF_ERROR(
+      InprocStreamRecall(o_, &r_.stream_mass, &r_.stream_summed));
+  Say(absl::StrCat("in-process stream recall: ", o_.inproc_vectors,
+                   " blocks of 16 tokens, token vs group resolution"));
+  return InprocTokenRecall(o_, &r_.stream_tokens, &r_.stream_groups,
+                           &r_.stream_tokens_scored);
 }
 
 void BenchRun::BuildFrames() {
@@ -524,6 +530,9 @@ std::string BenchJson(const BenchReport& r) {
   lat("flat_faiss", r.flat);
   lat("stream_recall_mass", r.stream_mass);
   lat("stream_recall_summed", r.stream_summed);
+  lat("stream_recall_tokens", r.stream_tokens);
+  lat("stream_recall_groups", r.stream_groups);
+  w.Key("stream_recall_tokens_scored").Num(r.stream_tokens_scored, 1);
   lat("wide_inproc_recall", r.wide_inproc);
   lat("wide_flat_faiss", r.wide_flat);
   w.Key("live_fps").Num(r.live_fps, 2);
@@ -546,6 +555,8 @@ std::string BenchJson(const BenchReport& r) {
       .Num(ratio(r.flat.p99_us, r.inproc.p99_us), 2);
   w.Key("stream_recall_mass_p99_vs_summed_p99")
       .Num(ratio(r.stream_mass.p99_us, r.stream_summed.p99_us), 2);
+  w.Key("stream_recall_tokens_p99_vs_groups_p99")
+      .Num(ratio(r.stream_tokens.p99_us, r.stream_groups.p99_us), 2);
   w.EndObject();
   return w.Take();
 }
@@ -571,6 +582,12 @@ std::string BenchText(const BenchReport& r) {
       r.stream_mass.p50_us, r.stream_mass.p99_us, r.stream_summed.p50_us,
       r.stream_summed.p99_us,
       ratio(r.stream_mass.p99_us, r.stream_summed.p99_us));
+  s += absl::StrFormat(
+      "  stream recall, token resolution p50 %7.1f us  p99 %7.1f us (%.0f "
+      "tokens scored); token groups p50 %.1f us p99 %.1f us (p99 x%.2f)\n",
+      r.stream_tokens.p50_us, r.stream_tokens.p99_us, r.stream_tokens_scored,
+      r.stream_groups.p50_us, r.stream_groups.p99_us,
+      ratio(r.stream_tokens.p99_us, r.stream_groups.p99_us));
   if (r.wide_inproc.count > 0) {
     s += absl::StrFormat(
         "  wide in-process     p50 %7.1f us  p99 %7.1f us; FAISS flat p99 "

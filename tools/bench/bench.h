@@ -75,7 +75,11 @@ struct BenchReport {
   // default budget: by per-head attention mass (score MASS, the default)
   // and by the summed score (SUMMED, before), queries alternating.
   Latency stream_mass, stream_summed;
-  std::string cpu;  // /proc/cpuinfo's model name.
+  // In process, inproc_vectors one-frame blocks of 16 tokens in 4 groups:
+  // recall at token resolution (the default) and at group resolution.
+  Latency stream_tokens, stream_groups;
+  double stream_tokens_scored = 0;  // Per token-resolution recall.
+  std::string cpu;                  // /proc/cpuinfo's model name.
   // References.
   double storage_put_mb_per_s = 0;
   double raw_stream_mb_per_s = 0;

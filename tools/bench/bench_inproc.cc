@@ -107,6 +107,66 @@ absl::Status InprocStreamRecall(const BenchOptions& o, Latency* mass,
   return absl::OkStatus();
 }
 
+absl::Status InprocTokenRecall(const BenchOptions& o, Latency* tokens,
+                               Latency* groups, double* tokens_scored) {
+  RocksColdStoreOptions so;
+  so.path = o.scratch_dir + "/token-recall";
+  auto store = OpenRocksColdStore(so);
+  if (!store.ok()) return store.status();
+  auto engine = MemoryEngine::Open(std::move(*store));
+  if (!engine.ok()) return engine.status();
+  const uint32_t heads = std::max<uint32_t>(1, o.inproc_dim / 64);
+  constexpr uint32_t kTokens = 16;
+  StreamConfig c;
+  c.geometry = {2, heads, 64, DType::kFp16, kTokens};
+  c.hot_window_tokens = 256;
+  c.frames_per_block = 1;
+  c.indexed_layers = {0};
+  c.groups_per_block = 4;
+  c.weights.score = ScoreMode::kMass;
+  const char* const scorers[] = {"mass", "mass_groups"};
+  for (const char* id : scorers) {
+    c.weights.scorer = id;
+    if (auto st = (*engine)->OpenStream(id, c); !st.ok()) return st.status();
+  }
+  std::mt19937_64 rng(o.seed + 11);
+  const size_t values = 2 * 2 * heads * kTokens * 64;  // 2 layers, K+V.
+  for (uint32_t i = 0; i < o.inproc_vectors + 16; ++i) {
+    Frame f;
+    f.index = i;
+    f.first_token_position = uint64_t{i} * kTokens;
+    f.token_count = kTokens;
+    const std::vector<float> kv = Gaussian(rng, values);
+    f.payload.resize(values * 2);
+    EncodeFromFloat(kv.data(), values, DType::kFp16,
+                    reinterpret_cast<uint8_t*>(f.payload.data()));
+    for (const char* id : scorers) {
+      if (auto st = (*engine)->Append(id, f); !st.ok()) return st.status();
+    }
+  }
+  (*engine)->WaitForBackground();
+  std::vector<double> a, b;
+  double scored = 0;
+  for (uint32_t q = 0; q < o.inproc_queries; ++q) {
+    RecallQuery rq;
+    rq.query = Gaussian(rng, heads * 64);
+    rq.max_tokens = 64;
+    for (const auto& [id, lat] :
+         {std::pair<const char*, std::vector<double>*>{"mass", &a},
+          {"mass_groups", &b}}) {
+      const auto t0 = Clock::now();
+      auto r = (*engine)->Recall(id, rq);
+      lat->push_back(MicrosSince(t0));
+      if (!r.ok()) return r.status();
+      if (lat == &a) scored += static_cast<double>(r->tokens_scored);
+    }
+  }
+  *tokens = Summarize(&a);
+  *groups = Summarize(&b);
+  *tokens_scored = o.inproc_queries > 0 ? scored / o.inproc_queries : 0;
+  return absl::OkStatus();
+}
+
 std::string CpuModel() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;

@@ -29,6 +29,14 @@ void InprocIndex(uint32_t n, uint32_t dim, uint32_t k, uint32_t queries,
 absl::Status InprocStreamRecall(const BenchOptions& o, Latency* mass,
                                 Latency* summed);
 
+// Token-resolution recall at the same scale: inproc_vectors one-frame
+// blocks of 16 tokens in 4 token groups, two streams with score MASS, one
+// ending at the tokens (scorer "mass", the default) and one at the groups
+// ("mass_groups"), queries alternating, a budget of 64 tokens; the tokens
+// each recall scored one by one, on average, into *tokens_scored.
+absl::Status InprocTokenRecall(const BenchOptions& o, Latency* tokens,
+                               Latency* groups, double* tokens_scored);
+
 // /proc/cpuinfo's first model name ("" when absent).
 std::string CpuModel();
 

@@ -98,7 +98,9 @@ def _recall_request(stream_id: str, query, *, top_k: int, max_tokens: int,
                     window_fraction: float, current_token_position: int,
                     signals: Optional[FrameSignals], per_layer: bool,
                     priority: int, window_lse=None,
-                    per_head: bool = False) -> "pb.RecallRequest":
+                    per_head: bool = False,
+                    identity_share: Optional[float] = None,
+                    mass_target: float = 0.0) -> "pb.RecallRequest":
     q = np.asarray(query, dtype=np.float32).ravel()
     req = pb.RecallRequest(stream_id=stream_id,
                            current_token_position=current_token_position,
@@ -109,6 +111,9 @@ def _recall_request(stream_id: str, query, *, top_k: int, max_tokens: int,
     req.budget.top_k = top_k
     req.budget.max_tokens = max_tokens
     req.budget.window_fraction = window_fraction
+    if identity_share is not None:
+        req.budget.identity_share = identity_share
+    req.budget.mass_target = mass_target
     if signals is not None:
         to_proto(signals, req.signals)
     return req
@@ -352,22 +357,29 @@ class Client:
                window_fraction: float = 0.0, current_token_position: int = 0,
                signals: Optional[FrameSignals] = None, per_layer: bool = False,
                priority: int = 0, window_lse=None, per_head: bool = False,
+               identity_share: Optional[float] = None, mass_target: float = 0.0,
                timeout: Optional[float] = None) -> RecallResponse:
         """The budgeted recall set for a query.
 
         query: one or more query vectors of summary_dim floats each,
         [indexed_layer][kv_head][head_dim] (any array of n * summary_dim
-        elements, e.g. shape (n, summary_dim); sent as fp32). window_lse:
-        optional, n * (indexed layers x kv_heads) log-sum-exps of each vector
-        over what the front end holds (kvmem.v1.RecallRequest.window_lse).
-        per_head: a set per indexed layer and KV head, in layer_sets. Zero
-        budget fields take the stream's defaults.
+        elements, e.g. shape (n, summary_dim); sent as fp32; up to 1,024,
+        more than 16 reduced in the server). window_lse: optional, n *
+        (indexed layers x kv_heads) log-sum-exps of each vector over what the
+        front end holds (kvmem.v1.RecallRequest.window_lse). per_head: a set
+        per indexed layer and KV head, in layer_sets. identity_share: the
+        identity channel's share of the budget (None: the stream's);
+        mass_target: stop each set once its estimated share of the cold mass
+        reaches it (0: fill the budget). Zero budget fields take the
+        stream's defaults.
         """
         req = _recall_request(stream_id, query, top_k=top_k, max_tokens=max_tokens,
                               window_fraction=window_fraction,
                               current_token_position=current_token_position,
                               signals=signals, per_layer=per_layer, priority=priority,
-                              window_lse=window_lse, per_head=per_head)
+                              window_lse=window_lse, per_head=per_head,
+                              identity_share=identity_share,
+                              mass_target=mass_target)
         return from_proto(RecallResponse,
                           self._call(self._stub.Recall, req, stream_id, timeout))
 
@@ -632,7 +644,7 @@ def _recall_defaults(args: dict) -> dict:
     """recall()'s keyword arguments with their defaults, for _recall_request."""
     out = dict(top_k=0, max_tokens=0, window_fraction=0.0, current_token_position=0,
                signals=None, per_layer=False, priority=0, window_lse=None,
-               per_head=False)
+               per_head=False, identity_share=None, mass_target=0.0)
     unknown = set(args) - set(out)
     if unknown:
         raise TypeError(f"unknown recall arguments: {sorted(unknown)}")
@@ -745,13 +757,16 @@ class Session:
                window_fraction: float = 0.0, current_token_position: int = 0,
                signals: Optional[FrameSignals] = None, per_layer: bool = False,
                priority: int = 0, window_lse=None,
-               per_head: bool = False) -> RecallResponse:
+               per_head: bool = False, identity_share: Optional[float] = None,
+               mass_target: float = 0.0) -> RecallResponse:
         """Client.recall over the session."""
         req = _recall_request("", query, top_k=top_k, max_tokens=max_tokens,
                               window_fraction=window_fraction,
                               current_token_position=current_token_position,
                               signals=signals, per_layer=per_layer, priority=priority,
-                              window_lse=window_lse, per_head=per_head)
+                              window_lse=window_lse, per_head=per_head,
+                              identity_share=identity_share,
+                              mass_target=mass_target)
         resp = self._exchange(pb.SessionRequest(recall=req), wait=True)
         return from_proto(RecallResponse, resp.recall)
 

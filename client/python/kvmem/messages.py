@@ -12,7 +12,7 @@ import enum
 import functools
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Type, TypeVar
+from typing import Any, Optional, Type, TypeVar
 
 import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
@@ -136,6 +136,9 @@ class RecallPolicy:
     scene_weight: float = 0.0
     score: ScoreMode = ScoreMode.UNSPECIFIED
     scorer: str = ""
+    # The identity channel's share of each recall set's budget, in [0, 1];
+    # None: unset (the default, 0.25).
+    identity_share: Optional[float] = None
 
 
 @dataclass
@@ -207,6 +210,10 @@ class RecalledBlock:
     semantic_score: float = 0.0
     token_offsets: list[int] = field(default_factory=list)
     mass: float = 0.0
+    # The chosen tokens the identity channel took: for the query as a
+    # whole, and for the query's tracks; the others came from attention.
+    query_offsets: list[int] = field(default_factory=list)
+    track_offsets: list[int] = field(default_factory=list)
 
     @property
     def recalled_tokens(self) -> int:
@@ -226,6 +233,7 @@ class RecallTiming:
     injections: int = 0
     tokens_scored: int = 0
     token_us: int = 0
+    reduce_us: int = 0
 
 
 @dataclass
@@ -233,6 +241,18 @@ class RecallBudget:
     top_k: int = 0
     max_tokens: int = 0
     window_fraction: float = 0.0
+    identity_share: Optional[float] = None  # None: the stream's.
+    mass_target: float = 0.0
+
+
+@dataclass
+class RecallChannels:
+    """A recall set's tokens by the channel that chose them."""
+
+    attention_tokens: int = 0
+    query_tokens: int = 0
+    track_tokens: int = 0
+    identity_budget: int = 0
 
 
 @dataclass
@@ -241,6 +261,8 @@ class LayerRecallSet:
     blocks: list[RecalledBlock] = field(default_factory=list)
     total_tokens: int = 0
     kv_head: int = 0
+    channels: RecallChannels = field(default_factory=RecallChannels)
+    cold_share: float = 0.0
 
 
 @dataclass
@@ -283,6 +305,12 @@ class RecallResponse:
     delivered: list[DeliveredBlock] = field(default_factory=list)
     delivered_bytes: int = 0
     held_blocks: int = 0
+    # Tokens by channel (identity share), the vectors scored (a query of
+    # more than 16 is reduced to 16), and the estimated share of the cold
+    # attention mass the set holds.
+    channels: RecallChannels = field(default_factory=RecallChannels)
+    scored_query_vectors: int = 0
+    cold_share: float = 0.0
 
     @property
     def block_ids(self) -> list[int]:
@@ -410,6 +438,7 @@ MIRRORS: dict[type, str] = {
     RecallTiming: "RecallTiming",
     RecallBudget: "RecallBudget",
     LayerRecallSet: "LayerRecallSet",
+    RecallChannels: "RecallChannels",
     RecallResponse: "RecallResponse",
     ShmRegion: "ShmRegion",
     DeliveredBlock: "DeliveredBlock",
@@ -511,6 +540,8 @@ def from_proto(cls: Type[T], msg: Message) -> T:
             kwargs[f.name] = from_proto(t, v)
         elif fd.type == FieldDescriptor.TYPE_ENUM:
             kwargs[f.name] = _enum(t, v)
+        elif t is not hints[f.name] and not msg.HasField(f.name):
+            kwargs[f.name] = None  # An optional field left unset.
         else:
             kwargs[f.name] = v
     return cls(**kwargs)

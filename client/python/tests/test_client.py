@@ -167,6 +167,19 @@ class RealServerTest(unittest.TestCase):
                                    places=5)
         with self.assertRaises(kvmem.InvalidArgumentError):
             self.client.recall("mass", queries, window_lse=window[0])
+        # The response's new figures, and the budget's new fields.
+        self.assertEqual(r.scored_query_vectors, 2)
+        self.assertGreater(r.cold_share, 0.0)
+        self.assertLessEqual(r.cold_share, 1.0)
+        many = 3 * rng.standard_normal((40, LAYERS * HEADS * DIM)).astype(np.float32)
+        r = self.client.recall("mass", many, max_tokens=1000, identity_share=0.0,
+                               mass_target=0.5)
+        self.assertEqual((r.query_vectors, r.scored_query_vectors), (40, 16))
+        self.assertEqual(r.channels.query_tokens + r.channels.track_tokens, 0)
+        with self.assertRaises(kvmem.InvalidArgumentError):
+            self.client.recall("mass", queries, mass_target=2.0)
+        with self.assertRaises(kvmem.InvalidArgumentError):
+            self.client.recall("mass", queries, identity_share=1.5)
 
     def test_recall_budgets_and_scores(self):
         fs = self._stream("rc", seed=2)

@@ -69,6 +69,14 @@ class MirrorTest(unittest.TestCase):
         self.assertEqual(dict(msg.labels), {"site": "lab", "camera": "7"})
         back = messages.from_proto(kvmem.StreamConfig, msg)
         self.assertEqual(back, cfg)
+        # An optional field keeps unset apart from 0 both ways.
+        self.assertFalse(msg.recall_policy.HasField("identity_share"))
+        self.assertIsNone(back.recall_policy.identity_share)
+        cfg.recall_policy.identity_share = 0.0
+        msg = messages.to_proto(cfg, types_pb2.StreamConfig())
+        self.assertTrue(msg.recall_policy.HasField("identity_share"))
+        self.assertEqual(messages.from_proto(kvmem.StreamConfig, msg)
+                         .recall_policy.identity_share, 0.0)
         self.assertIsInstance(back.block_policy.mode, kvmem.SegmentMode)
 
 
