@@ -76,41 +76,47 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
 std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
                                        const MassRows& rows, size_t range,
                                        const IdentitySplit& split,
-                                       const std::vector<bool>& pooled) {
-  const std::vector<uint64_t>& ids = rows.ids();
+                                       const std::vector<bool>& pooled,
+                                       PoolCandidates* c) {
   const std::vector<float>& mean = rows.mean_est.density[range];
-  const std::vector<float>& attention = rows.est.density[range];
   const uint32_t shift = view.unit_shift();
-  const size_t anchors = rows.anchors.size();
-  // Candidates: the mean vector's (0), and each anchor's (1 + its index).
-  std::vector<std::vector<uint32_t>> row(1 + anchors), tokens(1 + anchors);
-  std::vector<std::vector<float>> value(1 + anchors);
-  std::vector<std::vector<uint64_t>> id(1 + anchors);
-  for (uint32_t i = 0; i < ids.size(); ++i) {
-    if (rows.role[i] != CandidateRole::kRecall || rows.tokens[i] == 0 ||
-        pooled[i]) {
-      continue;
-    }
-    const auto a =
-        std::find(rows.anchors.begin(), rows.anchors.end(), ids[i] >> shift);
-    const size_t c =
-        a == rows.anchors.end() ? 0 : 1 + (a - rows.anchors.begin());
-    row[c].push_back(i);
-    value[c].push_back(c == 0 ? mean[i] : attention[i]);
-    tokens[c].push_back(rows.tokens[i]);
-    id[c].push_back(ids[i]);
-  }
-  // Each anchor's groups best by attention, kTokenPoolFactor times its
-  // part of the tracks' share; the mean vector's best, kTokenPoolFactor
-  // times the identity share.
-  const uint64_t part =
-      anchors == 0 ? 0 : std::max<uint64_t>(1, split.track / anchors);
   std::vector<uint32_t> out;
-  for (size_t c = 0; c <= anchors; ++c) {
-    const uint64_t want =
-        (c == 0 ? uint64_t{split.identity} : part) * kIdentityPoolFactor;
-    for (uint32_t k : BestUntil(value[c], tokens[c], id[c], want)) {
-      out.push_back(row[c][k]);
+  // The mean vector's best, kIdentityPoolFactor times the share (rows
+  // pooled already last: they are not added again).
+  c->other.resize(c->row.size());
+  for (size_t k = 0; k < c->row.size(); ++k) {
+    c->other[k] = pooled[c->row[k]] ? -1.0f : mean[c->row[k]];
+  }
+  for (uint32_t k : BestUntil(c->other, c->tokens, c->id,
+                              uint64_t{split.identity} * kIdentityPoolFactor)) {
+    if (!pooled[c->row[k]]) out.push_back(c->row[k]);
+  }
+  // Each anchor's groups best by attention, kIdentityPoolFactor times its
+  // part of the tracks' share.
+  const size_t anchors = rows.anchors.size();
+  if (anchors == 0) return out;
+  const uint64_t part = std::max<uint64_t>(1, split.track / anchors);
+  std::vector<std::vector<uint32_t>> mine(anchors);
+  for (size_t k = 0; k < c->row.size(); ++k) {
+    const auto a =
+        std::find(rows.anchors.begin(), rows.anchors.end(), c->id[k] >> shift);
+    if (a != rows.anchors.end()) mine[a - rows.anchors.begin()].push_back(k);
+  }
+  for (const std::vector<uint32_t>& ks : mine) {
+    std::vector<float> value;
+    std::vector<uint32_t> tokens;
+    std::vector<uint64_t> id;
+    for (uint32_t k : ks) {
+      value.push_back(c->value[k]);
+      tokens.push_back(c->tokens[k]);
+      id.push_back(c->id[k]);
+    }
+    for (uint32_t j :
+         BestUntil(value, tokens, id, part * kIdentityPoolFactor)) {
+      const uint32_t i = c->row[ks[j]];
+      if (!pooled[i] && std::find(out.begin(), out.end(), i) == out.end()) {
+        out.push_back(i);
+      }
     }
   }
   return out;

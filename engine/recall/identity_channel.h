@@ -79,10 +79,12 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
 // holding kIdentityPoolFactor x split.identity tokens, and each anchor
 // block's rows best by attention holding kIdentityPoolFactor x its part of
 // split.track.
+// c: the set's candidates (PoolCandidates::other is overwritten).
 std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
                                        const MassRows& rows, size_t range,
                                        const IdentitySplit& split,
-                                       const std::vector<bool>& pooled)
+                                       const std::vector<bool>& pooled,
+                                       PoolCandidates* c)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu());
 
 // The identity channel's units from the scored pool: out->track_units (each

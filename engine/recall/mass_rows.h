@@ -44,6 +44,21 @@ struct MassRows {
   const std::vector<uint64_t>& ids() const { return scans[0].ids; }
 };
 
+// The recallable rows a set's token pool is chosen from, with their value
+// (attention), tokens and unit ids (per-thread scratch of one set).
+struct PoolCandidates {
+  std::vector<uint32_t> row, tokens;
+  std::vector<float> value, other;  // other: a second value (identity).
+  std::vector<uint64_t> id;
+  void Clear() {
+    row.clear();
+    tokens.clear();
+    value.clear();
+    other.clear();
+    id.clear();
+  }
+};
+
 // Each scanned unit's tokens and role (recallable, window, ignored).
 void ClassifyRows(const RecallView& view, const ScoreRequest& req,
                   MassRows* rows) ABSL_SHARED_LOCKS_REQUIRED(view.mu());

@@ -175,34 +175,35 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
   const auto [h0, h1] = rows.ranges[range];
   const uint32_t pool_budget =
       PoolBudget(req.budget.tokens, rows.token_query.vectors, h1 - h0);
+  // The identity channel's share, when it is on.
+  const IdentitySplit split =
+      rows.mean_est.density.empty()
+          ? IdentitySplit{}
+          : SplitIdentity(req.budget.tokens,
+                          IdentityShare(view.config().weights, *req.query),
+                          rows.anchors.size());
   // The recallable units by their scanned value (the first pass's bounds
-  // need no proof here: the tokens decide).
-  std::vector<uint32_t> row;
-  std::vector<float> value;
-  std::vector<uint32_t> tokens;
-  std::vector<uint64_t> id;
+  // need no proof here: the tokens decide), in one pass.
+  PoolCandidates& c = ThreadScratch<PoolCandidates>();
+  c.Clear();
   for (uint32_t i = 0; i < ids.size(); ++i) {
     if (rows.role[i] != CandidateRole::kRecall || rows.tokens[i] == 0) continue;
-    row.push_back(i);
-    value.push_back(MassRankValue(density[i], set->sem.Known(ids[i] >> shift),
-                                  policy.model_weight));
-    tokens.push_back(rows.tokens[i]);
-    id.push_back(ids[i]);
+    c.row.push_back(i);
+    c.value.push_back(MassRankValue(density[i], set->sem.Known(ids[i] >> shift),
+                                    policy.model_weight));
+    c.tokens.push_back(rows.tokens[i]);
+    c.id.push_back(ids[i]);
   }
-  std::vector<uint32_t> pool_rows = BestUntil(value, tokens, id, pool_budget);
+  std::vector<uint32_t> pool_rows =
+      BestUntil(c.value, c.tokens, c.id, pool_budget);
   for (uint32_t& k : pool_rows) {
-    k = row[k];
+    k = c.row[k];
     set->ranked[k] = true;
   }
   // The identity channel's candidates join the pool.
-  const bool identity = !rows.mean_est.density.empty();
-  const IdentitySplit split =
-      identity ? SplitIdentity(req.budget.tokens,
-                               IdentityShare(view.config().weights, *req.query),
-                               rows.anchors.size())
-               : IdentitySplit{};
   if (split.identity > 0) {
-    for (uint32_t i : IdentityPoolRows(view, rows, range, split, set->ranked)) {
+    for (uint32_t i :
+         IdentityPoolRows(view, rows, range, split, set->ranked, &c)) {
       set->ranked[i] = true;
       pool_rows.push_back(i);
     }

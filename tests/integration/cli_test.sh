@@ -79,7 +79,7 @@ d, gnuplot = sys.argv[1], sys.argv[2]
 ev = json.load(open(f"{d}/eval.json"))
 names = ["full", "streaming_llm", "window_lru", "h2o", "mean_key_topk", "kvmem",
          "kvmem_summed", "kvmem_no_lse", "kvmem_per_head", "kvmem_groups",
-         "oracle_tokens",
+         "kvmem_attention_only", "kvmem_mean_query", "oracle_tokens",
          "exact_keys_per_head"]
 keys = ["mass_recalled", "cold_mass_recalled", "output_cosine", "reid_success",
         "useless_hit_rate", "resident_bytes_peak", "stored_bytes_peak", "recall_p99_us"]

@@ -124,7 +124,8 @@ ABSL_FLAG(bool, no_window_lse, false,
           "eval: the kvmem policy does not send its window's log-sum-exp "
           "(kvmem estimates it).");
 ABSL_FLAG(std::string, kvmem_variants,
-          "kvmem_summed,kvmem_no_lse,kvmem_per_head,kvmem_groups",
+          "kvmem_summed,kvmem_no_lse,kvmem_per_head,kvmem_groups,"
+          "kvmem_attention_only,kvmem_mean_query",
           "eval: kvmem variants run beside kvmem, comma-separated: "
           "kvmem_summed (before per-head scoring), kvmem_no_lse (no window "
           "log-sum-exp sent), kvmem_blocks (no token groups), kvmem_groups "

@@ -88,6 +88,46 @@ TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
   }
 }
 
+// BestUntil equals a full sort's prefix, also where the best candidates
+// are smaller than the mean (the selection then widens round by round).
+TEST(TokenStageTest, BestUntilIsTheSortedPrefixThatHoldsTheBudget) {
+  std::mt19937_64 rng(9);
+  for (int trial = 0; trial < 30; ++trial) {
+    // Past 8,192 candidates a sampled floor narrows the selection first.
+    const size_t n = trial < 20 ? 1 + rng() % 3000 : 9000 + rng() % 60000;
+    std::vector<float> value(n);
+    std::vector<uint32_t> tokens(n);
+    std::vector<uint64_t> id(n);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      value[i] = u(rng);
+      // Odd trials: the best candidates are the smallest.
+      tokens[i] = trial % 2 ? (value[i] > 0.9f ? 1 : 12) : 1 + rng() % 8;
+      id[i] = i;
+    }
+    std::shuffle(id.begin(), id.end(), rng);  // Unique ids, in no order.
+    value[0] = value[n / 2];                  // A tie, broken by id.
+    if (trial % 5 == 4) {
+      // Many ties around where the floor falls.
+      for (size_t i = 0; i < n; i += 3) value[i] = 0.95f;
+    }
+    const uint64_t budget = 1 + rng() % 2000;
+    std::vector<uint32_t> all(n);
+    for (uint32_t i = 0; i < n; ++i) all[i] = i;
+    std::sort(all.begin(), all.end(), [&](uint32_t a, uint32_t b) {
+      return value[a] != value[b] ? value[a] > value[b] : id[a] > id[b];
+    });
+    std::vector<uint32_t> want;
+    uint64_t held = 0;
+    for (uint32_t i : all) {
+      if (held >= budget) break;
+      want.push_back(i);
+      held += tokens[i];
+    }
+    EXPECT_EQ(BestUntil(value, tokens, id, budget), want) << "trial " << trial;
+  }
+}
+
 // Two streams of the same frames, one per scorer: each block holds a few
 // "needle" tokens whose keys share one direction among tokens that match
 // nothing (attention lives in a few tokens of many blocks).
