@@ -137,8 +137,11 @@ void BestTokens(const TokenStageOutput& scored, std::vector<uint32_t> tokens,
     return scored.place[a] > scored.place[b];
   };
   keep = std::min(keep, tokens.size());
-  std::partial_sort(tokens.begin(), tokens.begin() + keep, tokens.end(),
-                    better);
+  if (keep < tokens.size()) {
+    std::nth_element(tokens.begin(), tokens.begin() + keep, tokens.end(),
+                     better);
+  }
+  std::sort(tokens.begin(), tokens.begin() + keep, better);
   for (size_t k = 0; k < keep; ++k) {
     PlanUnit u = scored.Unit(tokens[k]);
     u.channel = channel;
@@ -167,8 +170,10 @@ void IdentityUnits(const TokenStageOutput& scored,
   }
   std::vector<uint32_t> all(n);
   for (uint32_t i = 0; i < n; ++i) all[i] = i;
+  // The share and as many again: the tracks' tokens come first, and a
+  // token they took is passed over.
   BestTokens(scored, std::move(all), scored.mean_density,
-             size_t{split.identity} + kRankSlack, RecallChannel::kQuery,
+             2 * size_t{split.identity}, RecallChannel::kQuery,
              &out->query_units);
 }
 

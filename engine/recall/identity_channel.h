@@ -90,7 +90,7 @@ std::vector<uint32_t> IdentityPoolRows(const RecallView& view,
 // The identity channel's units from the scored pool: out->track_units (each
 // anchor's tokens best by attention density, an equal part of split.track
 // each) and out->query_units (the tokens best by the mean vector's density,
-// split.identity and kRankSlack more), with their budgets.
+// twice split.identity of them), with their budgets.
 // REQUIRES: scored has mean_density.
 void IdentityUnits(const TokenStageOutput& scored,
                    const std::vector<uint64_t>& anchors,
