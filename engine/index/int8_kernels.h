@@ -16,9 +16,11 @@
 // into error bounds and keeps the vectors that can still reach the top-k,
 // in one pass that rarely leaves SIMD registers.
 //
-// Kernels: "avx2" (vpmaddubsw + vpmaddwd) when the CPU has AVX2, and
-// "scalar" everywhere; both return the same integers. The AVX-512/VNNI
-// form is not built: this project's machines have no AVX-512 to test it on.
+// Kernels: "avx512vnni" (vpdpbusd: two groups of 8 vectors per 64-byte
+// load, the query's terms accumulated apart) when the CPU has AVX-512 VNNI,
+// "avx2" (vpmaddubsw + vpmaddwd) when it has AVX2, and "scalar" everywhere;
+// all return the same integers (tests/engine/index/int8_kernels_test.cc
+// checks every kernel the CPU can run). The selector is AVX2's in both.
 #ifndef KVMEM_ENGINE_INDEX_INT8_KERNELS_H_
 #define KVMEM_ENGINE_INDEX_INT8_KERNELS_H_
 
@@ -94,7 +96,8 @@ struct Int8KernelInfo {
   Int8SegmentKernel segments;
 };
 
-// Kernels this CPU can run, best first ("avx2" when present, "scalar").
+// Kernels this CPU can run, best first ("avx512vnni", "avx2" when present,
+// "scalar").
 const std::vector<Int8KernelInfo>& AvailableInt8Kernels();
 // The kernel searches use: the best available, unless overridden.
 const Int8KernelInfo& ActiveInt8Kernel();

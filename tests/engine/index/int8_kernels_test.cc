@@ -1,6 +1,6 @@
 // The int8 kernels of the progressive search's first stage, each kernel this
-// CPU can run (engine/index/int8_kernels.h: "avx2" where present, "scalar"
-// everywhere) against the scalar definitions written out here: block sums,
+// CPU can run (engine/index/int8_kernels.h: "avx512vnni" and "avx2" where
+// present, "scalar" everywhere) against the scalar definitions written out here: block sums,
 // per-segment sums and the survivor selector.
 #include "engine/index/int8_kernels.h"
 
@@ -91,25 +91,30 @@ TEST(Int8KernelsTest, BlockSumsEqualTheDefinitionAtTheExtremes) {
   }
 }
 
+// Segments of 4 and of 3 or 5 groups (16, 12 and 20 dims): the VNNI
+// kernel's pairs of groups then straddle a segment's end.
 TEST(Int8KernelsTest, SegmentSumsEqualTheDefinition) {
   std::mt19937_64 rng(22);
-  const size_t seg_groups = 4, segments = 3;  // 3 heads of 16 dims.
-  const Packed p = RandomPacked(rng, 5, seg_groups * segments);
-  for (bool two_terms : {false, true}) {
-    std::vector<int32_t> want(p.nblocks * segments * kInt8Lanes);
-    for (size_t b = 0; b < p.nblocks; ++b) {
-      for (size_t s = 0; s < segments; ++s) {
-        for (size_t l = 0; l < kInt8Lanes; ++l) {
-          want[(b * segments + s) * kInt8Lanes + l] =
-              Raw(p, b, l, s * seg_groups, (s + 1) * seg_groups, two_terms);
+  for (const size_t seg_groups : {4, 3, 5}) {
+    const size_t segments = 3;
+    const Packed p = RandomPacked(rng, 5, seg_groups * segments);
+    for (bool two_terms : {false, true}) {
+      std::vector<int32_t> want(p.nblocks * segments * kInt8Lanes);
+      for (size_t b = 0; b < p.nblocks; ++b) {
+        for (size_t s = 0; s < segments; ++s) {
+          for (size_t l = 0; l < kInt8Lanes; ++l) {
+            want[(b * segments + s) * kInt8Lanes + l] =
+                Raw(p, b, l, s * seg_groups, (s + 1) * seg_groups, two_terms);
+          }
         }
       }
-    }
-    for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
-      std::vector<int32_t> got(want.size(), -1);
-      k.segments(p.codes.data(), p.nblocks, seg_groups, segments, p.hi.data(),
-                 two_terms ? p.lo.data() : nullptr, got.data());
-      EXPECT_EQ(got, want) << k.name << (two_terms ? " two terms" : "");
+      for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
+        std::vector<int32_t> got(want.size(), -1);
+        k.segments(p.codes.data(), p.nblocks, seg_groups, segments,
+                   p.hi.data(), two_terms ? p.lo.data() : nullptr, got.data());
+        EXPECT_EQ(got, want) << k.name << " " << seg_groups << " groups"
+                             << (two_terms ? " two terms" : "");
+      }
     }
   }
 }
