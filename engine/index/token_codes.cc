@@ -131,23 +131,24 @@ __attribute__((target("avx2"))) inline void Finish8(__m256i raw,
 }
 
 // Several vectors: each block of 8 segments has its codes unpacked once
-// (kMaxUnpackChunks chunks a segment at most) and scored against every
-// vector from there.
+// (kChunks chunks a segment, known at compile time up to kMaxUnpackChunks)
+// and scored against every vector from there.
 constexpr uint32_t kMaxUnpackChunks = 4;
 
+template <uint32_t kChunks>
 __attribute__((target("avx2"))) void Avx2ManyVectors(
     const TokenCodeShape& shape, const TokenQuery& q, const uint8_t* rec,
     uint32_t s0, uint32_t s1, float* out) {
-  const size_t row = size_t{shape.chunks()} * 64;
-  const uint32_t chunks = shape.chunks(), width = shape.segments;
+  constexpr size_t row = size_t{kChunks} * 64;
+  const uint32_t width = shape.segments;
   const __m256i mask = _mm256_set1_epi8(15);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i un[8][2 * kMaxUnpackChunks];
+  __m256i un[8][2 * kChunks];
   uint32_t s = s0;
   for (; s + 8 <= s1; s += 8) {
     for (int k = 0; k < 8; ++k) {
       const uint8_t* codes = CodesOf(shape, rec, s + k);
-      for (uint32_t c = 0; c < chunks; ++c) {
+      for (uint32_t c = 0; c < kChunks; ++c) {
         const __m256i v = _mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(codes + 32 * c));
         un[k][2 * c] = _mm256_and_si256(v, mask);
@@ -160,7 +161,7 @@ __attribute__((target("avx2"))) void Avx2ManyVectors(
       for (int k = 0; k < 8; ++k) {
         const int8_t* qr = q.q.data() + (qs + k) * row;
         acc[k] = _mm256_setzero_si256();
-        for (uint32_t c = 0; c < chunks; ++c) {
+        for (uint32_t c = 0; c < kChunks; ++c) {
           const __m256i pairs = _mm256_add_epi16(
               _mm256_maddubs_epi16(
                   un[k][2 * c],
@@ -180,11 +181,36 @@ __attribute__((target("avx2"))) void Avx2ManyVectors(
     for (uint32_t j = 0; j < q.vectors; ++j) {
       const size_t qs = size_t{j} * shape.segments + s;
       const int32_t raw = HorizontalSum(Avx2SegmentSum(
-          CodesOf(shape, rec, s), q.q.data() + qs * row, chunks));
+          CodesOf(shape, rec, s), q.q.data() + qs * row, kChunks));
       out[size_t{j} * width + s] = Finish(raw, q, qs, ScaleOf(rec, s));
     }
   }
 }
+
+using TokenRecordFn = void (*)(const TokenCodeShape&, const TokenQuery&,
+                               const uint8_t*, uint32_t, uint32_t, float*);
+
+// The per-record function of a kernel family for a chunk count (null past
+// kMaxUnpackChunks).
+template <template <uint32_t> class F>
+TokenRecordFn ForChunks(uint32_t chunks) {
+  static_assert(kMaxUnpackChunks == 4, "one case per chunk count");
+  switch (chunks) {
+    case 1: return &F<1>::Run;
+    case 2: return &F<2>::Run;
+    case 3: return &F<3>::Run;
+    case 4: return &F<4>::Run;
+    default: return nullptr;
+  }
+}
+
+template <uint32_t kChunks>
+struct Avx2Many {
+  static void Run(const TokenCodeShape& shape, const TokenQuery& q,
+                  const uint8_t* rec, uint32_t s0, uint32_t s1, float* out) {
+    Avx2ManyVectors<kChunks>(shape, q, rec, s0, s1, out);
+  }
+};
 
 // Eight segments at a time: their sums reduced together, and Finish's
 // float operations, in the same order, on 8 lanes.
@@ -196,14 +222,16 @@ __attribute__((target("avx2"))) void Avx2Dots(const TokenCodeShape& shape,
   const size_t stride = shape.bytes_per_token();
   const size_t row = size_t{shape.chunks()} * 64;
   const uint32_t width = shape.segments;
+  const TokenRecordFn many =
+      q.vectors > 1 ? ForChunks<Avx2Many>(shape.chunks()) : nullptr;
   for (size_t t = 0; t < n; ++t) {
     const uint8_t* rec = records + t * stride;
     if (t + 1 < n) {
       const char* next = reinterpret_cast<const char*>(rec + stride);
       for (size_t b = 0; b < stride; b += 64) __builtin_prefetch(next + b);
     }
-    if (q.vectors > 1 && shape.chunks() <= kMaxUnpackChunks) {
-      Avx2ManyVectors(shape, q, rec, s0, s1, out + t * q.vectors * width);
+    if (many != nullptr) {
+      many(shape, q, rec, s0, s1, out + t * q.vectors * width);
       continue;
     }
     for (uint32_t j = 0; j < q.vectors; ++j) {

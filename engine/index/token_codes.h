@@ -23,9 +23,15 @@
 // side's rounding) plus their product's share; ranking is what matters, and
 // tests/engine/index/token_codes_test.cc measures it on random data.
 //
-// Kernels: "avx2" where the CPU has it, and "scalar" everywhere; chosen at
-// run time like engine/index/int8_kernels.h. Pure functions, safe from any
-// thread.
+// Kernels: "avx2" (vpmaddubsw + vpmaddwd) where the CPU has it, and
+// "scalar" everywhere; chosen at run time like engine/index/int8_kernels.h.
+// Both return the same floats (the integer sums are exact in each). An
+// AVX-512 VNNI form (vpdpbusd for the five AVX2 steps of each 32 bytes)
+// was built and measured on a Zen 5 VM: no faster than AVX2 at 1 or 8
+// vectors (kvmem_engine_bench --benchmark_filter=BM_TokenKernel, medians
+// within the VM's noise either way): the per-vector reduction of 8 segments
+// and the float finish dominate, not the multiplies, so it was not kept.
+// Pure functions, safe from any thread.
 #ifndef KVMEM_ENGINE_INDEX_TOKEN_CODES_H_
 #define KVMEM_ENGINE_INDEX_TOKEN_CODES_H_
 

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +54,39 @@ float ScalarMaxScaled(const float* x, const float* mask, float scale, size_t n,
   float m = init;
   for (size_t i = 0; i < n; ++i) m = std::max(m, x[i] * scale + mask[i]);
   return m;
+}
+
+// The definition the AVX2 form follows (FMA rounds once where this rounds
+// twice). acc and zm: w floats of scratch each.
+void ScalarDensities(const DensityArgs& a) {
+  constexpr size_t kMaxLanes = 64;
+  float acc[kMaxLanes], zm[kMaxLanes];
+  for (size_t c = 0; c < a.m; ++c) {
+    float total = 0, mean_total = 0;
+    // Heads in runs of kMaxLanes (ranges are rarely wider than 64).
+    for (uint32_t i0 = 0; i0 < a.w; i0 += kMaxLanes) {
+      const uint32_t n = std::min<uint32_t>(kMaxLanes, a.w - i0);
+      for (uint32_t i = 0; i < n; ++i) acc[i] = zm[i] = 0;
+      for (uint32_t j = 0; j < a.vectors; ++j) {
+        const float* d = a.dots + (c * a.vectors + j) * a.stride + i0;
+        const float* neg = a.neg + size_t{j} * a.w + i0;
+        for (uint32_t i = 0; i < n; ++i) {
+          acc[i] += a.coef[j] * ExpOne(d[i] * a.scale + neg[i]);
+          if (a.mean_k != nullptr) zm[i] += a.mean_k[j] * d[i];
+        }
+      }
+      for (uint32_t i = 0; i < n; ++i) total += acc[i];
+      if (a.mean_k != nullptr) {
+        for (uint32_t i = 0; i < n; ++i) {
+          mean_total += ExpOne(zm[i] + a.mean_neg[i0 + i]);
+        }
+      }
+    }
+    a.out[c] = total;
+    if (a.mean_k != nullptr) {
+      a.mean_out[c] = mean_total * (1.0f / static_cast<float>(a.w));
+    }
+  }
 }
 
 #if defined(__x86_64__)
@@ -120,6 +154,40 @@ __attribute__((target("avx2,fma"))) float Avx2MaxScaled(const float* x,
   return r;
 }
 
+// Lane i of each 8-head run: the scalar form's acc[i] / zm[i].
+__attribute__((target("avx2,fma"))) void Avx2Densities(const DensityArgs& a) {
+  if (a.w % 8 != 0) return ScalarDensities(a);
+  const __m256 scale = _mm256_set1_ps(a.scale);
+  for (size_t c = 0; c < a.m; ++c) {
+    float total = 0, mean_total = 0;
+    for (uint32_t i0 = 0; i0 < a.w; i0 += 8) {
+      __m256 acc = _mm256_setzero_ps(), zm = _mm256_setzero_ps();
+      for (uint32_t j = 0; j < a.vectors; ++j) {
+        const __m256 d =
+            _mm256_loadu_ps(a.dots + (c * a.vectors + j) * a.stride + i0);
+        const __m256 e = Exp8(_mm256_fmadd_ps(
+            d, scale, _mm256_loadu_ps(a.neg + size_t{j} * a.w + i0)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a.coef[j]), e, acc);
+        if (a.mean_k != nullptr) {
+          zm = _mm256_fmadd_ps(_mm256_set1_ps(a.mean_k[j]), d, zm);
+        }
+      }
+      alignas(32) float part[8];
+      _mm256_store_ps(part, acc);
+      for (float v : part) total += v;
+      if (a.mean_k != nullptr) {
+        _mm256_store_ps(
+            part, Exp8(_mm256_add_ps(zm, _mm256_loadu_ps(a.mean_neg + i0))));
+        for (float v : part) mean_total += v;
+      }
+    }
+    a.out[c] = total;
+    if (a.mean_k != nullptr) {
+      a.mean_out[c] = mean_total * (1.0f / static_cast<float>(a.w));
+    }
+  }
+}
+
 __attribute__((target("avx2,fma"))) void Avx2Exp(float* x, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -134,10 +202,12 @@ std::vector<ExpKernelInfo> Detect() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    k.push_back({"avx2", &Avx2Exp, &Avx2ExpDot, &Avx2MaxScaled});
+    k.push_back(
+        {"avx2", &Avx2Exp, &Avx2ExpDot, &Avx2MaxScaled, &Avx2Densities});
   }
 #endif
-  k.push_back({"scalar", &ScalarExp, &ScalarExpDot, &ScalarMaxScaled});
+  k.push_back({"scalar", &ScalarExp, &ScalarExpDot, &ScalarMaxScaled,
+               &ScalarDensities});
   return k;
 }
 

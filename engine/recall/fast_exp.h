@@ -27,11 +27,34 @@ using ExpDotKernel = float (*)(const float* x, float scale, float shift,
 using MaxScaledKernel = float (*)(const float* x, const float* mask,
                                   float scale, size_t n, float init);
 
+// The per-token step of the attention-mass estimate (mass_estimate.h's
+// density, and the identity channel's density for the vectors' weighted
+// mean), fused: for each of m candidates c, over the w heads of a range,
+//   out[c] = sum_i sum_j coef[j] * exp(d_cji * scale + neg[j * w + i])
+//   mean_out[c] = (1 / w) * sum_i exp(sum_j mean_k[j] * d_cji + mean_neg[i])
+// with d_cji = dots[(c * vectors + j) * stride + i]; mean_out only with
+// mean_k. The sums run over j first (lane i), then over i in order.
+struct DensityArgs {
+  const float* dots = nullptr;
+  size_t m = 0, stride = 0;
+  uint32_t vectors = 0, w = 0;
+  float scale = 0;
+  const float* neg = nullptr;   // [vector][w]: -L_jh, or -inf.
+  const float* coef = nullptr;  // [vector]
+  const float* mean_k = nullptr;    // [vector], or null.
+  const float* mean_neg = nullptr;  // [w]
+  float* out = nullptr;
+  float* mean_out = nullptr;
+};
+using DensityKernel = void (*)(const DensityArgs& a);
+
 struct ExpKernelInfo {
   std::string name;
   ExpKernel fn;
   ExpDotKernel exp_dot;
   MaxScaledKernel max_scaled;
+  // "avx2" runs ranges of a multiple of 8 heads in lanes, others as scalar.
+  DensityKernel densities;
 };
 
 // Kernels this CPU can run, best first.

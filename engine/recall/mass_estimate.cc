@@ -91,71 +91,78 @@ void NegatedNorms(const MassEstimate& est, size_t J, uint32_t h0, uint32_t h1,
 
 }  // namespace
 
-void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
-                        uint32_t h0, uint32_t h1, float logit_scale,
-                        float* out) {
-  const size_t H = est.heads, J = est.vectors, w = h1 - h0;
-  struct Scratch {
-    std::vector<float> z, neg, coef;
-  };
-  Scratch& s = ThreadScratch<Scratch>();
-  NegatedNorms(est, J, h0, h1, &s.neg);
+void PrepareDensityTerms(const MassEstimate& est, uint32_t h0, uint32_t h1,
+                         float logit_scale, const MassEstimate* mean_est,
+                         const float* weight, DensityTerms* out) {
+  const size_t J = est.vectors, w = h1 - h0;
+  out->heads = est.heads;
+  out->vectors = est.vectors;
+  out->h0 = h0;
+  out->w = static_cast<uint32_t>(w);
+  out->logit_scale = logit_scale;
+  NegatedNorms(est, J, h0, h1, &out->neg);
   // Each vector's weight over the range's heads.
-  s.coef.resize(J);
+  out->coef.resize(J);
   for (size_t j = 0; j < J; ++j) {
-    s.coef[j] =
+    out->coef[j] =
         (est.weight.empty() ? 1.0f / static_cast<float>(J) : est.weight[j]) /
         static_cast<float>(w);
   }
-  s.z.resize(m * J * w);
-  for (size_t c = 0; c < m; ++c) {
-    for (size_t j = 0; j < J; ++j) {
-      const float* d = dots + (c * J + j) * H + h0;
-      const float* neg = s.neg.data() + j * w;
-      float* zc = s.z.data() + (c * J + j) * w;
-      for (size_t i = 0; i < w; ++i) zc[i] = d[i] * logit_scale + neg[i];
-    }
+  out->mean_k.clear();
+  out->mean_neg.clear();
+  if (mean_est != nullptr && weight != nullptr) {
+    NegatedNorms(*mean_est, 1, h0, h1, &out->mean_neg);
+    out->mean_k.resize(J);
+    for (size_t j = 0; j < J; ++j) out->mean_k[j] = weight[j] * logit_scale;
   }
-  ExpInPlace(s.z.data(), s.z.size());
-  for (size_t c = 0; c < m; ++c) {
-    float acc = 0;
-    for (size_t j = 0; j < J; ++j) {
-      const float* zc = s.z.data() + (c * J + j) * w;
-      float sum = 0;
-      for (size_t i = 0; i < w; ++i) sum += zc[i];
-      acc += s.coef[j] * sum;
-    }
-    out[c] = acc;
+}
+
+void TermDensities(const DensityTerms& t, const float* dots, size_t m,
+                   float* out, float* mean_out) {
+  DensityArgs a;
+  a.dots = dots + t.h0;
+  a.m = m;
+  a.stride = t.heads;
+  a.vectors = t.vectors;
+  a.w = t.w;
+  a.scale = t.logit_scale;
+  a.neg = t.neg.data();
+  a.coef = t.coef.data();
+  if (!t.mean_k.empty() && mean_out != nullptr) {
+    a.mean_k = t.mean_k.data();
+    a.mean_neg = t.mean_neg.data();
+    a.mean_out = mean_out;
   }
+  a.out = out;
+  ActiveExpKernel().densities(a);
+}
+
+void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
+                        uint32_t h0, uint32_t h1, float logit_scale,
+                        float* out) {
+  DensityTerms& t = ThreadScratch<DensityTerms>();
+  PrepareDensityTerms(est, h0, h1, logit_scale, nullptr, nullptr, &t);
+  TermDensities(t, dots, m, out, nullptr);
 }
 
 void MeanVectorDensities(const MassEstimate& mean_est, const float* dots,
                          size_t m, uint32_t vectors, const float* weight,
                          uint32_t h0, uint32_t h1, float logit_scale,
                          float* out) {
-  const size_t H = mean_est.heads, J = vectors, w = h1 - h0;
+  // The terms of an estimate of `vectors` vectors whose own densities are
+  // not wanted (their normaliser: none, so they cost exps of -inf).
+  MassEstimate none;
+  none.heads = mean_est.heads;
+  none.vectors = vectors;
+  none.log_norm.assign(size_t{vectors} * mean_est.heads, kNone);
+  DensityTerms& t = ThreadScratch<DensityTerms>();
+  PrepareDensityTerms(none, h0, h1, logit_scale, &mean_est, weight, &t);
   struct Scratch {
-    std::vector<float> z, neg;
+    std::vector<float> unused;
   };
-  Scratch& s = ThreadScratch<Scratch>();
-  NegatedNorms(mean_est, 1, h0, h1, &s.neg);
-  s.z.assign(m * w, 0.0f);
-  for (size_t c = 0; c < m; ++c) {
-    float* zc = s.z.data() + c * w;
-    for (size_t j = 0; j < J; ++j) {
-      const float* d = dots + (c * J + j) * H + h0;
-      const float k = weight[j] * logit_scale;
-      for (size_t i = 0; i < w; ++i) zc[i] += k * d[i];
-    }
-    for (size_t i = 0; i < w; ++i) zc[i] += s.neg[i];
-  }
-  ExpInPlace(s.z.data(), s.z.size());
-  const float k = 1.0f / static_cast<float>(w);
-  for (size_t c = 0; c < m; ++c) {
-    float acc = 0;
-    for (size_t i = 0; i < w; ++i) acc += s.z[c * w + i];
-    out[c] = acc * k;
-  }
+  std::vector<float>& unused = ThreadScratch<Scratch>().unused;
+  unused.resize(m);
+  TermDensities(t, dots, m, unused.data(), out);
 }
 
 std::vector<float> VectorWeights(const std::vector<float>& weight,

@@ -88,6 +88,25 @@ void MeanVectorDensities(const MassEstimate& mean_est, const float* dots,
                          uint32_t h0, uint32_t h1, float logit_scale,
                          float* out);
 
+// A head range's terms of both formulas above, prepared once for many
+// candidates: TermDensities then gives CandidateDensities' values in out
+// and, with a mean estimate, MeanVectorDensities' in mean_out, in one pass
+// over the dots (fast_exp.h's density kernel).
+struct DensityTerms {
+  uint32_t heads = 0, vectors = 0, h0 = 0, w = 0;
+  float logit_scale = 0;
+  std::vector<float> neg, coef;       // [vector][head in range], [vector]
+  std::vector<float> mean_k, mean_neg;  // [vector], [head]; empty: no mean
+};
+// mean_est and weight: both or neither.
+void PrepareDensityTerms(const MassEstimate& est, uint32_t h0, uint32_t h1,
+                         float logit_scale, const MassEstimate* mean_est,
+                         const float* weight, DensityTerms* out);
+// mean_out: the mean vector's densities when the terms have a mean (null:
+// not computed).
+void TermDensities(const DensityTerms& t, const float* dots, size_t m,
+                   float* out, float* mean_out);
+
 // The weights of `in` (w_j), uniform when it gives none.
 std::vector<float> VectorWeights(const std::vector<float>& weight,
                                  size_t vectors);

@@ -20,12 +20,15 @@ void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
   dots.resize(m * per_token);
   ActiveTokenKernel().dots(shape, *in.query, records, m, in.h0, in.h1,
                            dots.data());
-  CandidateDensities(*in.est, dots.data(), m, in.h0, in.h1, in.logit_scale,
-                     out);
-  if (in.mean_est != nullptr && mean_out != nullptr) {
-    MeanVectorDensities(*in.mean_est, dots.data(), m, in.query->vectors,
-                        in.weight, in.h0, in.h1, in.logit_scale, mean_out);
+  const bool mean = in.mean_est != nullptr && mean_out != nullptr;
+  const DensityTerms* terms = in.terms;
+  if (terms == nullptr) {
+    DensityTerms& t = ThreadScratch<DensityTerms>();
+    PrepareDensityTerms(*in.est, in.h0, in.h1, in.logit_scale,
+                        mean ? in.mean_est : nullptr, in.weight, &t);
+    terms = &t;
   }
+  TermDensities(*terms, dots.data(), m, out, mean ? mean_out : nullptr);
 }
 
 namespace {
@@ -73,6 +76,16 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
   }
   out->density.resize(tokens);
   out->mean_density.resize(in.mean_est != nullptr ? tokens : 0);
+  // The density terms, once for the pool (a scratch of their own: the
+  // functions of mass_estimate.h use DensityTerms' own).
+  struct PoolTerms {
+    DensityTerms t;
+  };
+  DensityTerms& terms = ThreadScratch<PoolTerms>().t;
+  PrepareDensityTerms(*in.est, in.h0, in.h1, in.logit_scale, in.mean_est,
+                      in.weight, &terms);
+  TokenStageInput pool_in = in;
+  pool_in.terms = &terms;
   out->run.resize(tokens);
   out->place.resize(tokens);
   size_t at = 0;
@@ -83,7 +96,7 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
       PrefetchRun(s.runs[i + 1].records, s.runs[i + 1].count * stride);
     }
     TokenDensities(
-        shape, in, r.records, r.count, out->density.data() + at,
+        shape, pool_in, r.records, r.count, out->density.data() + at,
         in.mean_est != nullptr ? out->mean_density.data() + at : nullptr);
     const uint32_t run = static_cast<uint32_t>(out->runs.size());
     out->runs.push_back(*r.unit);

@@ -52,6 +52,9 @@ struct TokenStageInput {
   // for that mean vector.
   const MassEstimate* mean_est = nullptr;
   const float* weight = nullptr;  // [vector]
+  // Optional: the above's density terms, prepared (ScorePoolTokens prepares
+  // them once for the pool; TokenDensities does for each call without).
+  const DensityTerms* terms = nullptr;
 };
 
 // The scored tokens, flat (a pool holds several thousand: the set ranks

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -23,6 +24,7 @@
 #include "engine/codec/quantize.h"
 #include "engine/codec/record_codec.h"
 #include "engine/index/int8_kernels.h"
+#include "engine/index/token_codes.h"
 #include "engine/memory_engine.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/token_groups.h"
@@ -177,6 +179,66 @@ void BM_Int8Kernel(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(state.iterations() * packed.size());
+}
+
+// The token-code kernel, per dispatch level (arg 0), over 6,144 token
+// records (the eval's pool: 8x a 614-token budget, 2 indexed layers x 4 KV
+// heads) of head_dim arg 1 against arg 2 query vectors; arg 3 = 1: the
+// records are runs of 8 tokens at random places of 36,864 tokens' codes
+// (10 MiB at head_dim 64, a 5-minute eval camera's codes being 8 MiB), one
+// kernel call per run with the next run prefetched, as the token stage
+// reads its pool (engine/recall/token_stage.cc); 0: one call over 6,144
+// consecutive records. The figures: tokens scored per second, and
+// 64-dimension dots per second (dots_per_s).
+void BM_TokenKernel(benchmark::State& state) {
+  const auto& kernels = AvailableTokenKernels();
+  if (static_cast<size_t>(state.range(0)) >= kernels.size()) {
+    state.SkipWithError("kernel not available on this CPU");
+    return;
+  }
+  const TokenKernelInfo& k = kernels[state.range(0)];
+  const TokenCodeShape shape{8, static_cast<uint32_t>(state.range(1))};
+  const uint32_t vectors = static_cast<uint32_t>(state.range(2));
+  const bool scattered = state.range(3) != 0;
+  const size_t n = 6144, run = 8, all = scattered ? 6 * n : n;
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> g;
+  std::vector<float> keys(all * shape.segments * shape.head_dim);
+  for (float& x : keys) x = g(rng);
+  const std::string codes = EncodeTokenCodes(shape, keys.data(), all);
+  const auto* base = reinterpret_cast<const uint8_t*>(codes.data());
+  const size_t stride = shape.bytes_per_token();
+  std::vector<const uint8_t*> runs;
+  for (size_t r = 0; r < n / run; ++r) {
+    runs.push_back(base + (scattered ? rng() % (all / run) : r) * run * stride);
+  }
+  std::vector<float> query(size_t{vectors} * shape.segments * shape.head_dim);
+  for (float& x : query) x = g(rng);
+  TokenQuery q;
+  PrepareTokenQuery(shape, query.data(), vectors, &q);
+  const size_t per_token = size_t{vectors} * shape.segments;
+  std::vector<float> out(n * per_token);
+  for (auto _ : state) {
+    if (!scattered) {
+      k.dots(shape, q, base, n, 0, shape.segments, out.data());
+    } else {
+      for (size_t r = 0; r < runs.size(); ++r) {
+        if (r + 1 < runs.size()) {
+          for (size_t b = 0; b < run * stride; b += 64) {
+            __builtin_prefetch(runs[r + 1] + b);
+          }
+        }
+        k.dots(shape, q, runs[r], run, 0, shape.segments,
+               out.data() + r * run * per_token);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(k.name + (scattered ? " scattered runs" : " consecutive"));
+  state.SetItemsProcessed(state.iterations() * n);
+  state.counters["dots_per_s"] = benchmark::Counter(
+      static_cast<double>(n) * vectors * shape.segments * shape.chunks(),
+      benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Cold store puts and gets of frames of N KiB, WAL on (the server's
@@ -555,6 +617,9 @@ BENCHMARK(BM_BlockRecordCodec);
 BENCHMARK(BM_Int8Kernel)
     ->ArgsProduct({{0, 1}, {128, 1024}})
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TokenKernel)
+    ->ArgsProduct({{0, 1, 2}, {64, 128}, {1, 8}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StorePut)
     ->Arg(16)
     ->Arg(64)
@@ -571,4 +636,25 @@ BENCHMARK(BM_StoreGet)
 }  // namespace
 }  // namespace kvmem
 
-BENCHMARK_MAIN();
+// KVMEM_INT8_KERNEL / KVMEM_TOKEN_KERNEL=<name> run every benchmark on that
+// kernel (e.g. avx2 on an AVX-512 machine, for the ratio).
+int main(int argc, char** argv) {
+  for (const auto& [var, select] :
+       {std::pair<const char*, bool (*)(const std::string&)>{
+            "KVMEM_INT8_KERNEL", &kvmem::SelectInt8Kernel},
+        {"KVMEM_TOKEN_KERNEL", &kvmem::SelectTokenKernel}}) {
+    const char* name = std::getenv(var);
+    if (name != nullptr && !select(name)) {
+      std::fprintf(stderr, "%s=%s: no such kernel on this CPU\n", var, name);
+      return 2;
+    }
+  }
+  std::printf("int8 kernel %s, token kernel %s\n",
+              kvmem::ActiveInt8Kernel().name.c_str(),
+              kvmem::ActiveTokenKernel().name.c_str());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -59,8 +59,12 @@ TEST(IdentityPlanTest, ChannelsTakeTheirShareFirstAndEachTokenOnce) {
       EXPECT_TRUE(seen.insert({b.block, t}).second)
           << "block " << b.block << " token " << t << " twice";
     }
-    if (b.block == 1) EXPECT_EQ(b.track_tokens, (std::vector<uint32_t>{0, 1}));
-    if (b.block == 2) EXPECT_EQ(b.query_tokens, (std::vector<uint32_t>{5}));
+    if (b.block == 1) {
+      EXPECT_EQ(b.track_tokens, (std::vector<uint32_t>{0, 1}));
+    }
+    if (b.block == 2) {
+      EXPECT_EQ(b.query_tokens, (std::vector<uint32_t>{5}));
+    }
   }
   EXPECT_EQ(seen.size(), 6u);
 }
@@ -206,7 +210,9 @@ TEST_F(TrackChannelTest, ATrackBringsBackItsLastAppearanceWithinItsShare) {
     // Half of the identity share goes to the one track (its block has 16
     // tokens, more than the part).
     EXPECT_EQ(anchor_recalled, identity > 0);
-    if (identity > 0) EXPECT_EQ(ch.track, (identity + 1) / 2);
+    if (identity > 0) {
+      EXPECT_EQ(ch.track, (identity + 1) / 2);
+    }
   }
 }
 

@@ -263,6 +263,74 @@ TEST(FastExpTest, FusedKernelsMatchTheirScalarDefinitions) {
   }
 }
 
+// The fused per-token densities (fast_exp.h's DensityArgs) against the
+// formula in double, on every kernel: head ranges of 8 and 16 (AVX2's
+// lanes), 3 and 1 (the scalar path), with -inf normalisers (nothing
+// counted) and with and without the mean vector.
+TEST(FastExpTest, DensityKernelsMatchTheFormula) {
+  std::mt19937_64 rng(18);
+  std::normal_distribution<float> g(0.0f, 4.0f);
+  for (uint32_t w : {8u, 16u, 3u, 1u}) {
+    const uint32_t vectors = 3, stride = w + 2, h0 = 1;
+    const size_t m = 13;
+    std::vector<float> dots(m * vectors * stride), neg(vectors * w),
+        coef(vectors), mean_k(vectors), mean_neg(w);
+    for (float& d : dots) d = g(rng);
+    for (size_t k = 0; k < neg.size(); ++k) {
+      neg[k] = k % 7 == 3 ? kNone : -std::fabs(g(rng)) - 3;
+    }
+    for (uint32_t j = 0; j < vectors; ++j) {
+      coef[j] = (j + 1.0f) / (6.0f * w);
+      mean_k[j] = 0.125f * (j + 1.0f) / 6.0f;
+    }
+    for (float& n : mean_neg) n = -std::fabs(g(rng)) - 2;
+    const float scale = 0.125f;
+    std::vector<double> want(m, 0.0), want_mean(m, 0.0);
+    for (size_t c = 0; c < m; ++c) {
+      for (uint32_t i = 0; i < w; ++i) {
+        double zm = 0;
+        for (uint32_t j = 0; j < vectors; ++j) {
+          const double d = dots[(c * vectors + j) * stride + h0 + i];
+          want[c] += coef[j] * std::exp(d * scale + neg[j * w + i]);
+          zm += mean_k[j] * d;
+        }
+        want_mean[c] += std::exp(zm + mean_neg[i]) / w;
+      }
+    }
+    for (const ExpKernelInfo& k : AvailableExpKernels()) {
+      for (bool mean : {false, true}) {
+        std::vector<float> out(m, -1), mean_out(m, -1);
+        DensityArgs a;
+        a.dots = dots.data() + h0;
+        a.m = m;
+        a.stride = stride;
+        a.vectors = vectors;
+        a.w = w;
+        a.scale = scale;
+        a.neg = neg.data();
+        a.coef = coef.data();
+        if (mean) {
+          a.mean_k = mean_k.data();
+          a.mean_neg = mean_neg.data();
+          a.mean_out = mean_out.data();
+        }
+        a.out = out.data();
+        k.densities(a);
+        for (size_t c = 0; c < m; ++c) {
+          EXPECT_NEAR(out[c], want[c], 1e-5 * want[c] + 1e-30)
+              << k.name << " w " << w << " candidate " << c;
+          if (mean) {
+            EXPECT_NEAR(mean_out[c], want_mean[c], 1e-5 * want_mean[c])
+                << k.name << " w " << w << " candidate " << c;
+          } else {
+            EXPECT_EQ(mean_out[c], -1.0f) << "mean_out untouched";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(SegmentScanTest, EveryKernelGivesTheSameSegmentSums) {
   std::mt19937_64 rng(17);
   std::uniform_int_distribution<int> code(0, 255), hd(-63, 63), ld(-32, 32);
