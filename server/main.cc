@@ -52,7 +52,12 @@ ABSL_FLAG(std::string, unix_socket, "",
           "Unix socket path to serve on (created with mode 0600). Empty "
           "disables it.");
 ABSL_FLAG(std::string, data_dir, "./kvmem-data",
-          "RocksDB directory of the cold store (created if missing).");
+          "RocksDB directory of the cold store (created if missing); "
+          "--store names another store.");
+ABSL_FLAG(std::string, store, "",
+          "The cold store: rocksdb:DIR (RocksDB in DIR; empty: "
+          "rocksdb:<--data_dir>) or memory: (nothing survives the process: "
+          "tests and demos).");
 ABSL_FLAG(std::string, wal_sync, "interval",
           "When the RocksDB WAL is fsynced. commit: before each frame is "
           "acknowledged (nothing acknowledged is lost on power loss); "
@@ -214,6 +219,7 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   o.listen = absl::GetFlag(FLAGS_listen);
   o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   KVMEM_RETURN_IF_ERROR(StoreOptionsFromFlags(&o.store));
+  o.store_spec = absl::GetFlag(FLAGS_store);  // Server::Start checks it.
   const std::string recovery = absl::GetFlag(FLAGS_recovery);
   if (recovery != "salvage" && recovery != "strict") {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -158,8 +158,20 @@ absl::Status Server::OpenEngine() {
     engine_options.error = [](const std::string& e) { spdlog::error("{}", e); };
   }
   engine_options.sim_profile_path = options_.accelerator_profile;
+  StoreSpec spec{StoreSpec::Kind::kRocksDb, options_.store.path};
+  if (!options_.store_spec.empty()) {
+    absl::StatusOr<StoreSpec> parsed = ParseStoreSpec(options_.store_spec);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--store: ", parsed.status().message()));
+    }
+    spec = *std::move(parsed);
+  }
+  if (!spec.durable()) {
+    spdlog::warn("store \"{}\" keeps nothing past this process", spec.ToString());
+  }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
-                         OpenRocksColdStore(options_.store));
+                         OpenColdStore(spec, options_.store));
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<MemoryEngine>> engine =
       MemoryEngine::Open(std::move(store), engine_options);
@@ -184,11 +196,13 @@ absl::Status Server::OpenEngine() {
         st.stream_id, st.frames, st.sealed_blocks, st.last_durable_frame);
   }
   spdlog::info(
-      "opened {} with {} streams ({} quarantined) in {:.1f} ms (WAL sync: "
-      "{}, recovery: {})",
-      options_.store.path, engine_->stream_count(),
+      "opened {} with {} streams ({} quarantined) in {:.1f} ms ({}, "
+      "recovery: {})",
+      spec.ToString(), engine_->stream_count(),
       engine_->Quarantined().size(), recover_ms,
-      WalSyncName(options_.store.wal_sync),
+      spec.kind == StoreSpec::Kind::kRocksDb
+          ? absl::StrCat("WAL sync: ", WalSyncName(options_.store.wal_sync))
+          : std::string("not durable"),
       engine_options.strict_recovery ? "strict" : "salvage");
   return absl::OkStatus();
 }

@@ -20,6 +20,7 @@
 #include "server/ops/tenancy.h"
 #include "server/service/shm_arenas.h"
 #include "storage/rocks_cold_store.h"
+#include "storage/store_factory.h"
 
 namespace grpc {
 class Server;
@@ -39,7 +40,10 @@ struct ServerOptions {
   // Server::tcp_port); unix_socket: a path, created owner-only.
   std::string listen;
   std::string unix_socket;
-  // The cold store (path, WAL sync, RocksDB sizes, disk reserve).
+  // Which cold store (storage/store_factory.h; empty: rocksdb:<store.path>)
+  // and RocksDB's options (path, WAL sync, sizes, disk reserve) when it is
+  // RocksDB.
+  std::string store_spec;
   RocksColdStoreOptions store;
   // The engine (budgets, stream defaults, recovery); its warn and error
   // callbacks default to the server's log.

@@ -3,8 +3,38 @@
 // frame index, and opaque block records keyed by block id. The engine owns the
 // encoding of every record; the store owns durability and atomicity.
 //
-// Thread safety: every ColdStore implementation is safe for concurrent use
-// from multiple threads without external synchronisation.
+// The contract every implementation keeps (tests/storage/
+// cold_store_conformance_test.cc checks it on each store that runs here):
+//
+// - Commit is atomic per StreamWrite: after it returns OK every part is
+//   stored, and a reader never sees part of a write. Deletions apply before
+//   the puts of the same write. OK means as durable as the store promises
+//   (its sync policy: RocksColdStoreOptions::wal_sync) before it returns.
+// - A Commit that returns an error changed nothing that a later read can
+//   see, with one exception: UNAVAILABLE or DEADLINE_EXCEEDED from a store
+//   that could not learn the outcome (a remote tier that timed out): the
+//   write may have been applied whole, never in part. The engine never
+//   acknowledges a frame whose Commit returned an error, whatever the code.
+// - Status codes: NOT_FOUND for a record that is not stored (reads);
+//   RESOURCE_EXHAUSTED when the store refuses writes for want of space
+//   (retriable once space is freed; reads and deletions keep working);
+//   UNAVAILABLE when the store is closed or unreachable (retriable);
+//   DATA_LOSS when a stored record is damaged (never wrong bytes);
+//   INVALID_ARGUMENT for an unusable option or path at open.
+// - Reads see every Commit that returned OK before them (read your writes,
+//   across threads).
+// - ScanBlocks and ListStreams order by block id / stream id; ListStreams
+//   lists a stream only once it has a config record. Stream ids are the
+//   engine's (validated there: no NUL byte); a stream's records never mix
+//   with those of another whose id it prefixes.
+// - The acknowledgement record (RecordAcknowledged / Acknowledged) is a
+//   separate, whole-map record: once RecordAcknowledged returns OK, every
+//   Commit that returned before it is durable under any failure the store
+//   guards against, and Acknowledged returns this map (or a later one)
+//   after any crash and restart. Recovery compares each stream's stored
+//   frames with it to tell a store that lost acknowledged frames from one
+//   that did not.
+//
 #ifndef KVMEM_STORAGE_COLD_STORE_H_
 #define KVMEM_STORAGE_COLD_STORE_H_
 
@@ -75,6 +105,14 @@ class ColdStore {
                                                     uint64_t block_id,
                                                     uint32_t layer) = 0;
 
+  // Several layer records of one block in one call (one round trip where
+  // the store is remote), in the order asked; the first layer that cannot
+  // be read fails the whole call with its status (NOT_FOUND naming it,
+  // DATA_LOSS, ...). The default reads them one by one.
+  virtual absl::StatusOr<std::vector<std::string>> GetBlockLayers(
+      absl::string_view stream_id, uint64_t block_id,
+      const std::vector<uint32_t>& layers);
+
   // Calls fn for every block record of the stream in increasing block id
   // order. Stops at and returns the first non-OK status fn returns.
   virtual absl::Status ScanBlocks(
@@ -93,9 +131,11 @@ class ColdStore {
 
   // The acknowledgement record: per stream, how many frames were
   // acknowledged (last frame + 1). RecordAcknowledged first makes every
-  // commit that returned so far durable, then replaces the record where a
-  // lost or corrupt write-ahead-log tail cannot take it back, so recovery
-  // can tell a store that lost acknowledged commits from one that did not.
+  // commit that returned so far durable, then replaces the record where no
+  // failure the store guards against can take it back (RocksDB: a file
+  // beside the database, written and renamed after a synced write, out of
+  // reach of a damaged log tail), so recovery can tell a store that lost
+  // acknowledged commits from one that did not.
   virtual absl::Status RecordAcknowledged(
       const std::map<std::string, uint64_t>& frames) = 0;
   // The last record (empty when none was made). DATA_LOSS when it exists but

@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/ack_record.h"
 #include "storage/layer_trailer.h"
 #include "storage/rocks_keys.h"
@@ -137,6 +138,44 @@ absl::StatusOr<std::string> RocksColdStore::GetBlockLayer(
   v = Get(&RocksColdStore::block_layers_, key, what(), /*verify=*/true);
   if (v.ok()) StripLayerTrailer(key, &*v);
   return v;
+}
+
+absl::StatusOr<std::vector<std::string>> RocksColdStore::GetBlockLayers(
+    absl::string_view stream_id, uint64_t block_id,
+    const std::vector<uint32_t>& layers) {
+  if (options_.verify_layers_with_rocksdb || layers.size() < 2) {
+    return ColdStore::GetBlockLayers(stream_id, block_id, layers);
+  }
+  std::vector<std::string> keys;
+  keys.reserve(layers.size());
+  for (uint32_t l : layers) keys.push_back(LayerKey(stream_id, block_id, l));
+  std::vector<rocksdb::Slice> slices(keys.begin(), keys.end());
+  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<rocksdb::Status> statuses(keys.size());
+  {
+    kvmem::ReaderMutexLock lock(&db_mu_);
+    KVMEM_STORE_OPEN_OR_RETURN();
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = false;  // Our trailer checks, as in GetBlockLayer.
+    ro.fill_cache = false;
+    db_.db->MultiGet(ro, block_layers_, slices.size(), slices.data(),
+                     values.data(), statuses.data());
+  }
+  std::vector<std::string> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (statuses[i].ok()) {
+      out[i].assign(values[i].data(), values[i].size());
+      if (StripLayerTrailer(keys[i], &out[i])) continue;
+    } else if (statuses[i].IsNotFound()) {
+      return absl::NotFoundError(absl::StrCat("layer ", layers[i], " of block ",
+                                              block_id, " of stream ",
+                                              stream_id, " is not stored"));
+    }
+    // An error, an older record or a damaged one: the single read decides.
+    KVMEM_ASSIGN_OR_RETURN(out[i],
+                           GetBlockLayer(stream_id, block_id, layers[i]));
+  }
+  return out;
 }
 
 absl::Status RocksColdStore::ScanBlocks(

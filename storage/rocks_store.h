@@ -69,6 +69,11 @@ class RocksColdStore final : public ColdStore {
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
                                            uint64_t frame_index) override
       ABSL_LOCKS_EXCLUDED(db_mu_);
+  // One MultiGet (RocksDB's check off, as GetBlockLayer reads first); a
+  // record whose trailer does not check is read again by GetBlockLayer.
+  absl::StatusOr<std::vector<std::string>> GetBlockLayers(
+      absl::string_view stream_id, uint64_t block_id,
+      const std::vector<uint32_t>& layers) override;
   absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,
                                             uint64_t block_id,
                                             uint32_t layer) override

@@ -1,13 +1,18 @@
-// Helpers for engine tests over a real RocksDB cold store in a temp dir.
+// Helpers for engine tests over a real RocksDB cold store in a temp dir (or,
+// with KVMEM_TEST_STORE=memory, the in-memory store: see OpenTestStore).
 #ifndef KVMEM_TESTS_ENGINE_FIXTURE_H_
 #define KVMEM_TESTS_ENGINE_FIXTURE_H_
 
+#include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "engine/memory_engine.h"
 #include "engine/stream/stream.h"
 #include "gtest/gtest.h"
+#include "storage/forwarding_store.h"
 #include "storage/rocks_cold_store.h"
 #include "tests/stream_model.h"
 #include "tests/test_util.h"
@@ -27,15 +32,34 @@ class StreamTestPeer {
 
 namespace kvmem::testing {
 
-inline std::unique_ptr<MemoryEngine> OpenTestEngine(
-    const std::string& dir, const EngineOptions& options = {}) {
+// The store an engine test opens in `dir`: RocksDB in dir/db, or with
+// KVMEM_TEST_STORE=memory an in-memory store kept for `dir` for the rest
+// of the process, so a test that reopens its engine finds what it stored
+// (as a store that outlives its server would keep it). ctest runs the
+// engine tests both ways (tests/CMakeLists.txt, the memory_store tests).
+inline std::unique_ptr<ColdStore> OpenTestStore(const std::string& dir) {
+  const char* kind = std::getenv("KVMEM_TEST_STORE");
+  if (kind != nullptr && std::string(kind) == "memory") {
+    static std::mutex mu;
+    static auto* stores = new std::map<std::string, std::shared_ptr<ColdStore>>;
+    std::lock_guard<std::mutex> lock(mu);
+    std::shared_ptr<ColdStore>& s = (*stores)[dir];
+    if (s == nullptr) s = NewMemColdStore();
+    return std::make_unique<ForwardingColdStore>(s);
+  }
   RocksColdStoreOptions o;
   o.path = dir + "/db";
   o.write_buffer_bytes = 4 << 20;
   o.block_cache_bytes = 8 << 20;
   auto store = OpenRocksColdStore(o);
   EXPECT_TRUE(store.ok()) << store.status();
-  auto engine = MemoryEngine::Open(*std::move(store), options);
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
+inline std::unique_ptr<MemoryEngine> OpenTestEngine(
+    const std::string& dir, const EngineOptions& options = {}) {
+  std::unique_ptr<ColdStore> store = OpenTestStore(dir);
+  auto engine = MemoryEngine::Open(std::move(store), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return *std::move(engine);
 }

@@ -323,12 +323,15 @@ absl::StatusOr<std::vector<std::string>> BlockReader::LoadLayerRecords(
   const Geometry& g = view_.config().geometry;
   const uint64_t want =
       2 * LayerSliceElements(g, rec.info.token_count) * DTypeBytes(g.dtype);
+  // One batched read (one round trip where the store is remote).
+  KVMEM_ASSIGN_OR_RETURN(
+      std::vector<std::string> records,
+      store_->GetBlockLayers(view_.stream_id(), rec.info.id, layers));
   std::vector<std::string> out;
   out.reserve(layers.size());
-  for (uint32_t l : layers) {
-    KVMEM_ASSIGN_OR_RETURN(
-        std::string bytes,
-        store_->GetBlockLayer(view_.stream_id(), rec.info.id, l));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const uint32_t l = layers[i];
+    std::string bytes = std::move(records[i]);
     if (rec.disk == DiskForm::kInt8) {
       KVMEM_ASSIGN_OR_RETURN(bytes,
                              DequantizeLayer(g, rec.info.token_count, bytes));

@@ -5,6 +5,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <filesystem>
+
 #include "gtest/gtest.h"
 #include "kvmem/v1/service.grpc.pb.h"
 #include "tests/test_util.h"
@@ -103,6 +105,45 @@ TEST(ServerTest, OptionsOutOfRangeAreInvalidArgumentNamingTheFlag) {
   s = Server::Start(profile);
   ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("--accelerator_profile"),
+            std::string::npos)
+      << s.status();
+}
+
+// --store picks the cold store through storage/store_factory.h: memory:
+// serves without touching the data dir; an unknown scheme is refused
+// before anything starts, naming the flag.
+TEST(ServerTest, TheStoreFlagPicksTheStore) {
+  testing::TempDir dir;
+  ServerOptions memory = TestOptions(dir.path());
+  memory.store_spec = "memory:";
+  {
+    auto server = Server::Start(memory);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto stub = v1::KvMemory::NewStub(grpc::CreateChannel(
+        "unix:" + memory.unix_socket, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::OpenStreamResponse opened;
+    grpc::Status s = stub->OpenStream(&ctx, OpenRequest("cam-1"), &opened);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(opened.created());
+    (*server)->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::seconds(5));
+  }
+  EXPECT_FALSE(std::filesystem::exists(memory.store.path));
+  ServerOptions rocks = TestOptions(dir.path());
+  rocks.store_spec = "rocksdb:" + dir.path() + "/other";
+  {
+    auto server = Server::Start(rocks);
+    ASSERT_TRUE(server.ok()) << server.status();
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/other"));
+  ServerOptions rados = TestOptions(dir.path());
+  rados.store_spec = "rados:kvmem";
+  auto s = Server::Start(rados);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("--store: "), std::string::npos)
+      << s.status();
+  EXPECT_NE(s.status().message().find("rocksdb:DIR or memory:"),
             std::string::npos)
       << s.status();
 }

@@ -195,10 +195,8 @@ TEST(ScorerTest, AStreamNamingAnUnknownScorerIsQuarantined) {
     ASSERT_TRUE(e->OpenStream("ok", testing::TestConfig(g, 40, 3)).ok());
   }
   {
-    RocksColdStoreOptions o;
-    o.path = dir.path() + "/db";
-    auto store = OpenRocksColdStore(o);
-    ASSERT_TRUE(store.ok()) << store.status();
+    std::unique_ptr<ColdStore> store = testing::OpenTestStore(dir.path());
+    ASSERT_NE(store, nullptr);
     StreamConfig c = WithDefaults(testing::TestConfig(g, 40, 3));
     c.weights.score = ScoreMode::kUnspecified;
     c.weights.scorer = "gone_scorer";
@@ -206,7 +204,7 @@ TEST(ScorerTest, AStreamNamingAnUnknownScorerIsQuarantined) {
     w.stream_id = "orphan";
     w.config = EncodeConfig(c);
     w.state = EncodeState(StreamState());
-    ASSERT_TRUE((*store)->Commit(w).ok());
+    ASSERT_TRUE(store->Commit(w).ok());
   }
   auto e = testing::OpenTestEngine(dir.path());
   std::vector<std::string> quarantined;

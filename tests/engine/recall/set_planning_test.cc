@@ -142,7 +142,9 @@ TEST(SetPlanningEngineTest, TargetsHoldThroughTheEngine) {
     if (target > 0 && r->total_tokens < 40) {
       EXPECT_GE(r->cold_share, target * (1 - 1e-4)) << target;
     }
-    if (target > 0) EXPECT_GE(r->total_tokens, last) << target;
+    if (target > 0) {
+      EXPECT_GE(r->total_tokens, last) << target;
+    }
     last = target > 0 ? r->total_tokens : 0;
   }
   q.per_head = true;
