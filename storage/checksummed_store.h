@@ -9,8 +9,8 @@
 // RocksColdStore does not need it: it writes the same trailer without a
 // copy (SliceParts) and, on a failed check, falls back to RocksDB's own
 // checksum to tell older records from damaged ones. A remote backend (the
-// shared tier) gets end-to-end checking from this. Commit copies each
-// layer record once to append the trailer.
+// shared tier) gets end-to-end checking from this. Commit copies the write
+// (its frame stays a view of the caller's bytes) to append the trailers.
 #ifndef KVMEM_STORAGE_CHECKSUMMED_STORE_H_
 #define KVMEM_STORAGE_CHECKSUMMED_STORE_H_
 

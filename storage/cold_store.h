@@ -16,15 +16,16 @@
 //   write may have been applied whole, never in part. The engine never
 //   acknowledges a frame whose Commit returned an error, whatever the code.
 // - Status codes: NOT_FOUND for a record that is not stored (reads);
-//   RESOURCE_EXHAUSTED when the store refuses writes for want of space
-//   (retriable once space is freed; reads and deletions keep working);
-//   UNAVAILABLE when the store is closed or unreachable (retriable);
-//   DATA_LOSS when a stored record is damaged (never wrong bytes);
-//   INVALID_ARGUMENT for an unusable option or path at open.
+//   RESOURCE_EXHAUSTED when the store refuses writes for want of space or
+//   after a failed write (retriable once space is freed; reads keep
+//   working); UNAVAILABLE when a read finds the store closed or
+//   unreachable (retriable); DATA_LOSS when a stored record is damaged
+//   (never wrong bytes); INVALID_ARGUMENT or FAILED_PRECONDITION for an
+//   unusable option or path at open.
 // - Reads see every Commit that returned OK before them (read your writes,
 //   across threads).
 // - ScanBlocks and ListStreams order by block id / stream id; ListStreams
-//   lists a stream only once it has a config record. Stream ids are the
+//   lists a stream only once it has a non-empty config record. Stream ids are the
 //   engine's (validated there: no NUL byte); a stream's records never mix
 //   with those of another whose id it prefixes.
 // - The acknowledgement record (RecordAcknowledged / Acknowledged) is a
@@ -106,9 +107,10 @@ class ColdStore {
                                                     uint32_t layer) = 0;
 
   // Several layer records of one block in one call (one round trip where
-  // the store is remote), in the order asked; the first layer that cannot
-  // be read fails the whole call with its status (NOT_FOUND naming it,
-  // DATA_LOSS, ...). The default reads them one by one.
+  // the store is remote), in the order asked; a layer that cannot be read
+  // fails the whole call with its status (NOT_FOUND naming it, DATA_LOSS,
+  // ...; with several such layers, any one of theirs). The default reads
+  // them one by one.
   virtual absl::StatusOr<std::vector<std::string>> GetBlockLayers(
       absl::string_view stream_id, uint64_t block_id,
       const std::vector<uint32_t>& layers);

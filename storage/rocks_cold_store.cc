@@ -131,11 +131,17 @@ absl::StatusOr<std::string> RocksColdStore::GetBlockLayer(
   absl::StatusOr<std::string> v =
       Get(&RocksColdStore::block_layers_, key, what(), /*verify=*/false);
   if (!v.ok() || StripLayerTrailer(key, &*v)) return v;
+  return VerifiedLayer(key, what());
+}
+
+absl::StatusOr<std::string> RocksColdStore::VerifiedLayer(
+    const std::string& key, const std::string& what) {
   // RocksDB's check passed: a trailer that checks now was damaged in
   // flight the first time; none (or one that does not check) is an older
   // record's last bytes, returned whole (a wrong size is the engine's
   // DATA_LOSS).
-  v = Get(&RocksColdStore::block_layers_, key, what(), /*verify=*/true);
+  absl::StatusOr<std::string> v =
+      Get(&RocksColdStore::block_layers_, key, what, /*verify=*/true);
   if (v.ok()) StripLayerTrailer(key, &*v);
   return v;
 }
@@ -150,7 +156,7 @@ absl::StatusOr<std::vector<std::string>> RocksColdStore::GetBlockLayers(
   keys.reserve(layers.size());
   for (uint32_t l : layers) keys.push_back(LayerKey(stream_id, block_id, l));
   std::vector<rocksdb::Slice> slices(keys.begin(), keys.end());
-  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<std::string> out(keys.size());
   std::vector<rocksdb::Status> statuses(keys.size());
   {
     kvmem::ReaderMutexLock lock(&db_mu_);
@@ -158,22 +164,27 @@ absl::StatusOr<std::vector<std::string>> RocksColdStore::GetBlockLayers(
     rocksdb::ReadOptions ro;
     ro.verify_checksums = false;  // Our trailer checks, as in GetBlockLayer.
     ro.fill_cache = false;
+    // Pinned values point into the DB's blocks: copied out and released
+    // before the lock (a reopen closes the DB).
+    std::vector<rocksdb::PinnableSlice> values(keys.size());
     db_.db->MultiGet(ro, block_layers_, slices.size(), slices.data(),
                      values.data(), statuses.data());
-  }
-  std::vector<std::string> out(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (statuses[i].ok()) {
-      out[i].assign(values[i].data(), values[i].size());
-      if (StripLayerTrailer(keys[i], &out[i])) continue;
-    } else if (statuses[i].IsNotFound()) {
-      return absl::NotFoundError(absl::StrCat("layer ", layers[i], " of block ",
-                                              block_id, " of stream ",
-                                              stream_id, " is not stored"));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (statuses[i].ok()) out[i].assign(values[i].data(), values[i].size());
     }
-    // An error, an older record or a damaged one: the single read decides.
-    KVMEM_ASSIGN_OR_RETURN(out[i],
-                           GetBlockLayer(stream_id, block_id, layers[i]));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto what = [&] {
+      return absl::StrCat("layer ", layers[i], " of block ", block_id,
+                          " of stream ", stream_id);
+    };
+    if (statuses[i].IsNotFound()) {
+      return absl::NotFoundError(absl::StrCat(what(), " is not stored"));
+    }
+    if (!statuses[i].ok()) return FromRocks(statuses[i], what());
+    if (StripLayerTrailer(keys[i], &out[i])) continue;
+    // An older record or a damaged one: RocksDB's own check decides.
+    KVMEM_ASSIGN_OR_RETURN(out[i], VerifiedLayer(keys[i], what()));
   }
   return out;
 }

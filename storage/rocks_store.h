@@ -70,7 +70,8 @@ class RocksColdStore final : public ColdStore {
                                            uint64_t frame_index) override
       ABSL_LOCKS_EXCLUDED(db_mu_);
   // One MultiGet (RocksDB's check off, as GetBlockLayer reads first); a
-  // record whose trailer does not check is read again by GetBlockLayer.
+  // record whose trailer does not check is read again with RocksDB's check
+  // (VerifiedLayer), as in GetBlockLayer.
   absl::StatusOr<std::vector<std::string>> GetBlockLayers(
       absl::string_view stream_id, uint64_t block_id,
       const std::vector<uint32_t>& layers) override;
@@ -95,6 +96,11 @@ class RocksColdStore final : public ColdStore {
  private:
   explicit RocksColdStore(const RocksColdStoreOptions& options);
 
+  // A layer record read with RocksDB's check, its trailer stripped when it
+  // has one that checks (GetBlockLayer's second read).
+  absl::StatusOr<std::string> VerifiedLayer(const std::string& key,
+                                            const std::string& what)
+      ABSL_LOCKS_EXCLUDED(db_mu_);
   // cf names the handle member: read under the lock, a reopen replaces it.
   absl::StatusOr<std::string> Get(
       rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,

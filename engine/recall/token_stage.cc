@@ -74,16 +74,18 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
                       begin, count});
     tokens += count;
   }
+  // The mean vector's densities: with its estimate and the weights both.
+  const bool mean = in.mean_est != nullptr && in.weight != nullptr;
   out->density.resize(tokens);
-  out->mean_density.resize(in.mean_est != nullptr ? tokens : 0);
+  out->mean_density.resize(mean ? tokens : 0);
   // The density terms, once for the pool (a scratch of their own: the
   // functions of mass_estimate.h use DensityTerms' own).
   struct PoolTerms {
     DensityTerms t;
   };
   DensityTerms& terms = ThreadScratch<PoolTerms>().t;
-  PrepareDensityTerms(*in.est, in.h0, in.h1, in.logit_scale, in.mean_est,
-                      in.weight, &terms);
+  PrepareDensityTerms(*in.est, in.h0, in.h1, in.logit_scale,
+                      mean ? in.mean_est : nullptr, in.weight, &terms);
   TokenStageInput pool_in = in;
   pool_in.terms = &terms;
   out->run.resize(tokens);
@@ -97,7 +99,7 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
     }
     TokenDensities(
         shape, pool_in, r.records, r.count, out->density.data() + at,
-        in.mean_est != nullptr ? out->mean_density.data() + at : nullptr);
+        mean ? out->mean_density.data() + at : nullptr);
     const uint32_t run = static_cast<uint32_t>(out->runs.size());
     out->runs.push_back(*r.unit);
     for (uint32_t k = 0; k < r.count; ++k, ++at) {

@@ -189,6 +189,15 @@ TEST(RocksColdStoreTest, LayerRecordsCarryTheirOwnChecksum) {
           ASSERT_EQ(*got, LayerBytes(b, l))
               << written_with_trailer << rocksdb_check << b << l;
         }
+        // The batched read (one MultiGet) gives the same bytes.
+        const std::vector<uint32_t> order = {3, 0, 2, 1};
+        auto all = (*store)->GetBlockLayers("cam", b, order);
+        ASSERT_TRUE(all.ok()) << all.status();
+        ASSERT_EQ(all->size(), order.size());
+        for (size_t i = 0; i < order.size(); ++i) {
+          ASSERT_EQ((*all)[i], LayerBytes(b, order[i]))
+              << written_with_trailer << rocksdb_check << b << " batched " << i;
+        }
       }
     }
   }
@@ -225,6 +234,16 @@ TEST(RocksColdStoreTest, DamagedLayerRecordsAreDataLossNeverWrongBytes) {
         continue;
       }
       EXPECT_EQ(*got, LayerBytes(b, l)) << "block " << b << " layer " << l;
+    }
+    // The batched read: DATA_LOSS where a layer is lost, else the bytes.
+    auto all = (*store)->GetBlockLayers("cam", b, {0, 1, 2, 3});
+    if (!all.ok()) {
+      EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss)
+          << all.status();
+      continue;
+    }
+    for (uint32_t l = 0; l < 4; ++l) {
+      EXPECT_EQ((*all)[l], LayerBytes(b, l)) << "batched block " << b;
     }
   }
   EXPECT_GE(lost, 1);
