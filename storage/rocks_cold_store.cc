@@ -146,49 +146,6 @@ absl::StatusOr<std::string> RocksColdStore::VerifiedLayer(
   return v;
 }
 
-absl::StatusOr<std::vector<std::string>> RocksColdStore::GetBlockLayers(
-    absl::string_view stream_id, uint64_t block_id,
-    const std::vector<uint32_t>& layers) {
-  if (options_.verify_layers_with_rocksdb || layers.size() < 2) {
-    return ColdStore::GetBlockLayers(stream_id, block_id, layers);
-  }
-  std::vector<std::string> keys;
-  keys.reserve(layers.size());
-  for (uint32_t l : layers) keys.push_back(LayerKey(stream_id, block_id, l));
-  std::vector<rocksdb::Slice> slices(keys.begin(), keys.end());
-  std::vector<std::string> out(keys.size());
-  std::vector<rocksdb::Status> statuses(keys.size());
-  {
-    kvmem::ReaderMutexLock lock(&db_mu_);
-    KVMEM_STORE_OPEN_OR_RETURN();
-    rocksdb::ReadOptions ro;
-    ro.verify_checksums = false;  // Our trailer checks, as in GetBlockLayer.
-    ro.fill_cache = false;
-    // Pinned values point into the DB's blocks: copied out and released
-    // before the lock (a reopen closes the DB).
-    std::vector<rocksdb::PinnableSlice> values(keys.size());
-    db_.db->MultiGet(ro, block_layers_, slices.size(), slices.data(),
-                     values.data(), statuses.data());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (statuses[i].ok()) out[i].assign(values[i].data(), values[i].size());
-    }
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const auto what = [&] {
-      return absl::StrCat("layer ", layers[i], " of block ", block_id,
-                          " of stream ", stream_id);
-    };
-    if (statuses[i].IsNotFound()) {
-      return absl::NotFoundError(absl::StrCat(what(), " is not stored"));
-    }
-    if (!statuses[i].ok()) return FromRocks(statuses[i], what());
-    if (StripLayerTrailer(keys[i], &out[i])) continue;
-    // An older record or a damaged one: RocksDB's own check decides.
-    KVMEM_ASSIGN_OR_RETURN(out[i], VerifiedLayer(keys[i], what()));
-  }
-  return out;
-}
-
 absl::Status RocksColdStore::ScanBlocks(
     absl::string_view stream_id,
     const std::function<absl::Status(uint64_t, absl::string_view)>& fn) {

@@ -189,7 +189,7 @@ TEST(RocksColdStoreTest, LayerRecordsCarryTheirOwnChecksum) {
           ASSERT_EQ(*got, LayerBytes(b, l))
               << written_with_trailer << rocksdb_check << b << l;
         }
-        // The batched read (one MultiGet) gives the same bytes.
+        // The batched read gives the same bytes.
         const std::vector<uint32_t> order = {3, 0, 2, 1};
         auto all = (*store)->GetBlockLayers("cam", b, order);
         ASSERT_TRUE(all.ok()) << all.status();
