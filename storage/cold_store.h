@@ -25,9 +25,10 @@
 // - Reads see every Commit that returned OK before them (read your writes,
 //   across threads).
 // - ScanBlocks and ListStreams order by block id / stream id; ListStreams
-//   lists a stream only once it has a non-empty config record. Stream ids are the
-//   engine's (validated there: no NUL byte); a stream's records never mix
-//   with those of another whose id it prefixes.
+//   lists a stream only once it has a non-empty config record. Stream ids
+//   are the engine's (ValidateEngineStreamId: [A-Za-z0-9._:-], an optional
+//   "tenant/" prefix; never a NUL byte); a stream's records never mix with
+//   those of another whose id it prefixes.
 // - The acknowledgement record (RecordAcknowledged / Acknowledged) is a
 //   separate, whole-map record: once RecordAcknowledged returns OK, every
 //   Commit that returned before it is durable under any failure the store
