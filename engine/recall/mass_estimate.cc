@@ -145,26 +145,6 @@ void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
   TermDensities(t, dots, m, out, nullptr);
 }
 
-void MeanVectorDensities(const MassEstimate& mean_est, const float* dots,
-                         size_t m, uint32_t vectors, const float* weight,
-                         uint32_t h0, uint32_t h1, float logit_scale,
-                         float* out) {
-  // The terms of an estimate of `vectors` vectors whose own densities are
-  // not wanted (their normaliser: none, so they cost exps of -inf).
-  MassEstimate none;
-  none.heads = mean_est.heads;
-  none.vectors = vectors;
-  none.log_norm.assign(size_t{vectors} * mean_est.heads, kNone);
-  DensityTerms& t = ThreadScratch<DensityTerms>();
-  PrepareDensityTerms(none, h0, h1, logit_scale, &mean_est, weight, &t);
-  struct Scratch {
-    std::vector<float> unused;
-  };
-  std::vector<float>& unused = ThreadScratch<Scratch>().unused;
-  unused.resize(m);
-  TermDensities(t, dots, m, unused.data(), out);
-}
-
 std::vector<float> VectorWeights(const std::vector<float>& weight,
                                  size_t vectors) {
   if (weight.size() == vectors) return weight;

@@ -78,20 +78,13 @@ void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
                         uint32_t h0, uint32_t h1, float logit_scale,
                         float* out);
 
-// The densities over heads [h0, h1) of m candidates for the weighted mean of
-// the query vectors (the query as a whole: its logit is the weighted mean of
-// the vectors' logits), from the vectors' dots laid out as for
-// CandidateDensities (`weight`, `vectors` of them), with the normaliser of
-// `mean_est` (an estimate of that one mean vector), into out[candidate].
-void MeanVectorDensities(const MassEstimate& mean_est, const float* dots,
-                         size_t m, uint32_t vectors, const float* weight,
-                         uint32_t h0, uint32_t h1, float logit_scale,
-                         float* out);
-
-// A head range's terms of both formulas above, prepared once for many
-// candidates: TermDensities then gives CandidateDensities' values in out
-// and, with a mean estimate, MeanVectorDensities' in mean_out, in one pass
-// over the dots (fast_exp.h's density kernel).
+// A head range's terms of CandidateDensities' formula and, with a mean
+// estimate, of the identity channel's: each candidate's density over heads
+// [h0, h1) for the weighted mean of the query vectors (the query as a
+// whole: its logit is the weighted mean of the vectors' logits, `weight`
+// over the vectors), with the normaliser of `mean_est` (an estimate of that
+// one mean vector). Prepared once for many candidates: TermDensities then
+// gives both in one pass over the dots (fast_exp.h's density kernel).
 struct DensityTerms {
   uint32_t heads = 0, vectors = 0, h0 = 0, w = 0;
   float logit_scale = 0;

@@ -98,12 +98,20 @@ TEST(IdentityPlanTest, MeanVectorDensityIsTheFormula) {
   mean.heads = heads;
   mean.vectors = 1;
   for (uint32_t h = 0; h < heads; ++h) mean.log_norm.push_back(2.0f + h);
+  // The vectors' own estimate (its densities are CandidateDensities',
+  // tested in mass_estimate_test.cc).
+  MassEstimate est;
+  est.heads = heads;
+  est.vectors = vectors;
+  est.weight = weight;
+  est.log_norm.assign(vectors * heads, 3.0f);
   const float scale = 0.25f;
   for (const auto& [h0, h1] : {std::pair<uint32_t, uint32_t>{0, 4},
                                std::pair<uint32_t, uint32_t>{1, 2}}) {
-    std::vector<float> got(m);
-    MeanVectorDensities(mean, dots.data(), m, vectors, weight.data(), h0, h1,
-                        scale, got.data());
+    DensityTerms terms;
+    PrepareDensityTerms(est, h0, h1, scale, &mean, weight.data(), &terms);
+    std::vector<float> attention(m), got(m);
+    TermDensities(terms, dots.data(), m, attention.data(), got.data());
     for (uint32_t c = 0; c < m; ++c) {
       double want = 0;
       for (uint32_t h = h0; h < h1; ++h) {
