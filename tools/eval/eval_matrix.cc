@@ -83,11 +83,11 @@ std::vector<MatrixCell> MatrixCells(const EvalOptions& base) {
       variants.emplace_back(v, *KvmemVariant(v, base.kvmem));
     }
   }
-  auto add_options = [&](const std::string& name, const std::string& change,
-                         const std::function<void(EvalOptions*)>& edit) {
+  auto add = [&](const std::string& name, const std::string& change,
+                 const std::function<void(VideoWorkloadOptions*)>& edit) {
     MatrixCell c{name, change, base};
     c.options.kvmem_variants = variants;
-    edit(&c.options);
+    edit(&c.options.workload);
     c.options.recall_fractions = {base.primary_fraction};
     c.options.extra_windows.clear();
     c.options.out_dir.clear();
@@ -98,10 +98,6 @@ std::vector<MatrixCell> MatrixCells(const EvalOptions& base) {
       c.options.kvmem_variants.emplace_back("kvmem_group_mean", mean);
     }
     cells.push_back(std::move(c));
-  };
-  auto add = [&](const std::string& name, const std::string& change,
-                 const std::function<void(VideoWorkloadOptions*)>& edit) {
-    add_options(name, change, [&](EvalOptions* o) { edit(&o->workload); });
   };
   using W = VideoWorkloadOptions;
   add("base", "the default workload (heads alike, orthogonal identities)",
@@ -149,34 +145,32 @@ std::vector<MatrixCell> MatrixCells(const EvalOptions& base) {
       });
   // Whole-frame cells query every 3rd frame (and every re-entry): the
   // oracle attends with each of the frame's tokens.
-  add_options("whole_frame",
-              "each query is the frame's 32 tokens (a probe: the frame where "
-              "the object re-enters), every 3rd frame",
-              [](EvalOptions* o) {
-                o->workload.frame_query_tokens = 32;
-                o->workload.query_every = 3;
-              });
-  add_options("lookalike_attention",
-              "whole-frame queries of 16 tokens; identities of a class at "
-              "cosine 0.9 and each object's look changing per visit (1.2): "
-              "single tokens match look-alikes, the object as a whole matches "
-              "itself",
-              [](EvalOptions* o) {
-                o->workload.frame_query_tokens = 16;
-                o->workload.query_every = 3;
-                o->workload.lookalike = 0.9f;
-                o->workload.appearance_change = 1.2f;
-              });
-  add_options("whole_frame_128",
-              "128 tokens per frame, each query all 128 (reduced to 16 "
-              "representatives), every 4th frame, 300 frames",
-              [](EvalOptions* o) {
-                o->workload.tokens_per_frame = 128;
-                o->workload.frame_query_tokens = 128;
-                o->workload.query_every = 4;
-                o->workload.frames =
-                    std::min<uint32_t>(o->workload.frames, 300);
-              });
+  add("whole_frame",
+      "each query is the frame's 32 tokens (a probe: the frame where the "
+      "object re-enters), every 3rd frame",
+      [](W* w) {
+        w->frame_query_tokens = 32;
+        w->query_every = 3;
+      });
+  add("lookalike_attention",
+      "whole-frame queries of 16 tokens; identities of a class at cosine 0.9 "
+      "and each object's look changing per visit (1.2): single tokens match "
+      "look-alikes, the object as a whole matches itself",
+      [](W* w) {
+        w->frame_query_tokens = 16;
+        w->query_every = 3;
+        w->lookalike = 0.9f;
+        w->appearance_change = 1.2f;
+      });
+  add("whole_frame_128",
+      "128 tokens per frame, each query all 128 (reduced to 16 "
+      "representatives), every 4th frame, 300 frames",
+      [](W* w) {
+        w->tokens_per_frame = 128;
+        w->frame_query_tokens = 128;
+        w->query_every = 4;
+        w->frames = std::min<uint32_t>(w->frames, 300);
+      });
   add("all_at_once",
       "2 KV heads x 32 dims, 4 query heads each, head subspaces, sharp and "
       "diffuse heads, look-alikes, Pareto gaps, RoPE 5e5",
