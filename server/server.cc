@@ -168,7 +168,8 @@ absl::Status Server::OpenEngine() {
     spec = *std::move(parsed);
   }
   if (!spec.durable()) {
-    spdlog::warn("store \"{}\" keeps nothing past this process", spec.ToString());
+    spdlog::warn("store \"{}\" keeps nothing past this process",
+                 spec.ToString());
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
                          OpenColdStore(spec, options_.store));
@@ -198,8 +199,8 @@ absl::Status Server::OpenEngine() {
   spdlog::info(
       "opened {} with {} streams ({} quarantined) in {:.1f} ms ({}, "
       "recovery: {})",
-      spec.ToString(), engine_->stream_count(),
-      engine_->Quarantined().size(), recover_ms,
+      spec.ToString(), engine_->stream_count(), engine_->Quarantined().size(),
+      recover_ms,
       spec.kind == StoreSpec::Kind::kRocksDb
           ? absl::StrCat("WAL sync: ", WalSyncName(options_.store.wal_sync))
           : std::string("not durable"),

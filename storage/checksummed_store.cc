@@ -30,8 +30,8 @@ class ChecksummedStore final : public ForwardingColdStore {
     if (write.block_layers.empty()) return inner().Commit(write);
     StreamWrite w = write;  // The frame stays a view of the caller's bytes.
     for (BlockLayerWrite& l : w.block_layers) {
-      l.bytes += LayerTrailer(LayerKey(w.stream_id, l.block_id, l.layer),
-                              l.bytes);
+      l.bytes +=
+          LayerTrailer(LayerKey(w.stream_id, l.block_id, l.layer), l.bytes);
     }
     return inner().Commit(w);
   }
@@ -64,7 +64,8 @@ class ChecksummedStore final : public ForwardingColdStore {
 
 }  // namespace
 
-std::unique_ptr<ColdStore> WithLayerChecksums(std::unique_ptr<ColdStore> inner) {
+std::unique_ptr<ColdStore> WithLayerChecksums(
+    std::unique_ptr<ColdStore> inner) {
   return std::make_unique<ChecksummedStore>(std::move(inner));
 }
 

@@ -400,8 +400,7 @@ std::vector<Int8KernelInfo> Detect() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512vnni")) {
-    k.push_back(
-        {"avx512vnni", &VnniKernel, &Avx2Select, &VnniSegmentKernel});
+    k.push_back({"avx512vnni", &VnniKernel, &Avx2Select, &VnniSegmentKernel});
   }
   if (__builtin_cpu_supports("avx2")) {
     k.push_back({"avx2", &Avx2Kernel, &Avx2Select, &Avx2SegmentKernel});

@@ -196,11 +196,16 @@ template <template <uint32_t> class F>
 TokenRecordFn ForChunks(uint32_t chunks) {
   static_assert(kMaxUnpackChunks == 4, "one case per chunk count");
   switch (chunks) {
-    case 1: return &F<1>::Run;
-    case 2: return &F<2>::Run;
-    case 3: return &F<3>::Run;
-    case 4: return &F<4>::Run;
-    default: return nullptr;
+    case 1:
+      return &F<1>::Run;
+    case 2:
+      return &F<2>::Run;
+    case 3:
+      return &F<3>::Run;
+    case 4:
+      return &F<4>::Run;
+    default:
+      return nullptr;
   }
 }
 

@@ -39,8 +39,8 @@ struct DensityArgs {
   size_t m = 0, stride = 0;
   uint32_t vectors = 0, w = 0;
   float scale = 0;
-  const float* neg = nullptr;   // [vector][w]: -L_jh, or -inf.
-  const float* coef = nullptr;  // [vector]
+  const float* neg = nullptr;       // [vector][w]: -L_jh, or -inf.
+  const float* coef = nullptr;      // [vector]
   const float* mean_k = nullptr;    // [vector], or null.
   const float* mean_neg = nullptr;  // [w]
   float* out = nullptr;

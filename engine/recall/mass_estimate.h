@@ -88,7 +88,7 @@ void CandidateDensities(const MassEstimate& est, const float* dots, size_t m,
 struct DensityTerms {
   uint32_t heads = 0, vectors = 0, h0 = 0, w = 0;
   float logit_scale = 0;
-  std::vector<float> neg, coef;       // [vector][head in range], [vector]
+  std::vector<float> neg, coef;         // [vector][head in range], [vector]
   std::vector<float> mean_k, mean_neg;  // [vector], [head]; empty: no mean
 };
 // mean_est and weight: both or neither.

@@ -97,9 +97,8 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
     if (i + 1 < s.runs.size()) {
       PrefetchRun(s.runs[i + 1].records, s.runs[i + 1].count * stride);
     }
-    TokenDensities(
-        shape, pool_in, r.records, r.count, out->density.data() + at,
-        mean ? out->mean_density.data() + at : nullptr);
+    TokenDensities(shape, pool_in, r.records, r.count, out->density.data() + at,
+                   mean ? out->mean_density.data() + at : nullptr);
     const uint32_t run = static_cast<uint32_t>(out->runs.size());
     out->runs.push_back(*r.unit);
     for (uint32_t k = 0; k < r.count; ++k, ++at) {

@@ -39,8 +39,8 @@ struct ChecksummedMemoryStore {
 template <typename T, typename = void>
 struct Checksummed : std::false_type {};
 template <typename T>
-struct Checksummed<T, std::void_t<decltype(T::kChecksummed)>>
-    : std::true_type {};
+struct Checksummed<T, std::void_t<decltype(T::kChecksummed)>> : std::true_type {
+};
 
 template <typename T>
 class ColdStoreConformance : public ::testing::Test {
@@ -127,9 +127,8 @@ TYPED_TEST(ColdStoreConformance, ACommitStoresEveryPart) {
   EXPECT_EQ(*s.GetBlockLayer("cam", 1, 0), "L0");
   EXPECT_EQ(*s.GetBlockLayer("cam", 1, 1), std::string(10000, 'x'));
   EXPECT_EQ(*s.GetBlockLayer("cam", 2, 0), "");  // Empty is a value.
-  EXPECT_EQ(this->Blocks("cam"),
-            (std::vector<std::pair<uint64_t, std::string>>{{1, "b1"},
-                                                           {2, "b2"}}));
+  EXPECT_EQ(this->Blocks("cam"), (std::vector<std::pair<uint64_t, std::string>>{
+                                     {1, "b1"}, {2, "b2"}}));
   auto list = s.ListStreams();
   ASSERT_TRUE(list.ok()) << list.status();
   ASSERT_EQ(list->size(), 1u);
@@ -178,8 +177,7 @@ TYPED_TEST(ColdStoreConformance, DeletionsComeBeforePutsAndStayInRange) {
   this->Commit(d);
   ColdStore& s = this->store();
   for (uint64_t f : {1u, 3u}) {
-    EXPECT_EQ(s.GetFrame("cam", f).status().code(),
-              absl::StatusCode::kNotFound)
+    EXPECT_EQ(s.GetFrame("cam", f).status().code(), absl::StatusCode::kNotFound)
         << f;
     EXPECT_EQ(s.GetFrameMeta("cam", f).status().code(),
               absl::StatusCode::kNotFound)
@@ -409,11 +407,12 @@ TEST(StoreSpecTest, ParsesTheSchemesAndRefusesOthersByName) {
                           "rados:kvmem", "RocksDB:/x"}) {
     auto b = ParseStoreSpec(bad);
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(b.status().message().find(bad), std::string::npos)
-        << b.status();
+    EXPECT_NE(b.status().message().find(bad), std::string::npos) << b.status();
   }
-  EXPECT_NE(ParseStoreSpec("rados:kvmem").status().message().find(
-                "rocksdb:DIR or memory:"),
+  EXPECT_NE(ParseStoreSpec("rados:kvmem")
+                .status()
+                .message()
+                .find("rocksdb:DIR or memory:"),
             std::string::npos);
 }
 

@@ -201,8 +201,7 @@ void BM_TokenKernel(benchmark::State& state) {
   const TokenCodeShape shape{8, static_cast<uint32_t>(state.range(1))};
   const uint32_t vectors = static_cast<uint32_t>(state.range(2));
   const bool scattered = state.range(3) != 0;
-  const size_t n = 6144, run = 8, copies = scattered ? 6 : 1,
-               all = copies * n;
+  const size_t n = 6144, run = 8, copies = scattered ? 6 : 1, all = copies * n;
   std::mt19937_64 rng(4);
   std::normal_distribution<float> g;
   std::vector<float> keys(n * shape.segments * shape.head_dim);
@@ -655,8 +654,8 @@ int main(int argc, char** argv) {
     }
   }
   std::fprintf(stderr, "int8 kernel %s, token kernel %s\n",
-              kvmem::ActiveInt8Kernel().name.c_str(),
-              kvmem::ActiveTokenKernel().name.c_str());
+               kvmem::ActiveInt8Kernel().name.c_str(),
+               kvmem::ActiveTokenKernel().name.c_str());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

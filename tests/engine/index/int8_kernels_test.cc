@@ -1,7 +1,7 @@
 // The int8 kernels of the progressive search's first stage, each kernel this
 // CPU can run (engine/index/int8_kernels.h: "avx512vnni" and "avx2" where
-// present, "scalar" everywhere) against the scalar definitions written out here: block sums,
-// per-segment sums and the survivor selector.
+// present, "scalar" everywhere) against the scalar definitions written out
+// here: block sums, per-segment sums and the survivor selector.
 #include "engine/index/int8_kernels.h"
 
 #include <algorithm>
@@ -110,8 +110,8 @@ TEST(Int8KernelsTest, SegmentSumsEqualTheDefinition) {
       }
       for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
         std::vector<int32_t> got(want.size(), -1);
-        k.segments(p.codes.data(), p.nblocks, seg_groups, segments,
-                   p.hi.data(), two_terms ? p.lo.data() : nullptr, got.data());
+        k.segments(p.codes.data(), p.nblocks, seg_groups, segments, p.hi.data(),
+                   two_terms ? p.lo.data() : nullptr, got.data());
         EXPECT_EQ(got, want) << k.name << " " << seg_groups << " groups"
                              << (two_terms ? " two terms" : "");
       }

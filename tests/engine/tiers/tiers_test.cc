@@ -578,7 +578,8 @@ TEST(TiersTest, ReadsRacingTierMovesStayConsistent) {
     // Every 4th frame, the reader catches up (a read per 4 frames) before
     // the next tier moves: appends to a fast store (the memory store) would
     // otherwise all be done before it read much.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (f % 4 == 3 && reads.load() < static_cast<int>(f / 4) &&
            std::chrono::steady_clock::now() < until) {
       std::this_thread::yield();
