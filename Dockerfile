@@ -18,7 +18,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libabsl20220623 libfmt9 libgomp1 libgrpc++1.51 libgrpc29 \
       libopenblas0-pthread libprometheus-cpp-core1.0 \
-      libprometheus-cpp-pull1.0 libprotobuf32 librocksdb7.8 libspdlog1.10 \
+      libprometheus-cpp-pull1.0 libprotobuf32 librados2 librocksdb7.8 \
+      libspdlog1.10 \
       libstdc++6 libtomlplusplus3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /data \

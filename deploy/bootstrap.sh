@@ -10,6 +10,7 @@ PACKAGES=(
   libabsl-dev
   libfaiss-dev libopenblas-dev libblas-dev liblapack-dev
   librocksdb-dev
+  librados-dev ceph-mon ceph-osd ceph-mgr ceph-common uuid-runtime
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev libomp-dev openssl

@@ -56,8 +56,20 @@ ABSL_FLAG(std::string, data_dir, "./kvmem-data",
           "--store names another store.");
 ABSL_FLAG(std::string, store, "",
           "The cold store: rocksdb:DIR (RocksDB in DIR; empty: "
-          "rocksdb:<--data_dir>) or memory: (nothing survives the process: "
-          "tests and demos).");
+          "rocksdb:<--data_dir>), rados:POOL (a Ceph RADOS pool: the shared "
+          "durable tier, see --ceph_conf) or memory: (nothing survives the "
+          "process: tests and demos).");
+ABSL_FLAG(std::string, ceph_conf, "",
+          "With --store=rados:POOL: the Ceph cluster's configuration file "
+          "(empty: librados' search, CEPH_CONF then /etc/ceph/ceph.conf).");
+ABSL_FLAG(std::string, rados_prefix, "",
+          "With --store=rados:POOL: prepended to every stream's RADOS "
+          "namespace and to the stream index: deployments with different "
+          "prefixes share a pool without seeing each other's streams.");
+ABSL_FLAG(int32_t, rados_timeout_ms, 30000,
+          "With --store=rados:POOL: the deadline of every RADOS operation "
+          "(>= 1000); a commit past it fails UNAVAILABLE and is never "
+          "acknowledged.");
 ABSL_FLAG(std::string, wal_sync, "interval",
           "When the RocksDB WAL is fsynced. commit: before each frame is "
           "acknowledged (nothing acknowledged is lost on power loss); "
@@ -220,6 +232,14 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   KVMEM_RETURN_IF_ERROR(StoreOptionsFromFlags(&o.store));
   o.store_spec = absl::GetFlag(FLAGS_store);  // Server::Start checks it.
+  o.rados.ceph_conf = absl::GetFlag(FLAGS_ceph_conf);
+  o.rados.prefix = absl::GetFlag(FLAGS_rados_prefix);
+  const int32_t rados_ms = absl::GetFlag(FLAGS_rados_timeout_ms);
+  if (rados_ms < 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rados_timeout_ms is ", rados_ms, "; must be at least 1000"));
+  }
+  o.rados.op_timeout = absl::Milliseconds(rados_ms);
   const std::string recovery = absl::GetFlag(FLAGS_recovery);
   if (recovery != "salvage" && recovery != "strict") {
     return absl::InvalidArgumentError(absl::StrCat(

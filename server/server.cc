@@ -149,6 +149,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   return s;
 }
 
+namespace {
+
+// What "acknowledged" means with this store, for the log.
+std::string DurabilityNote(const StoreSpec& spec,
+                           const RocksColdStoreOptions& rocks) {
+  switch (spec.kind) {
+    case StoreSpec::Kind::kRocksDb:
+      return absl::StrCat("WAL sync: ", WalSyncName(rocks.wal_sync));
+    case StoreSpec::Kind::kRados:
+      return "each commit on disk on every replica";
+    case StoreSpec::Kind::kMemory:
+      break;
+  }
+  return "not durable";
+}
+
+}  // namespace
+
 absl::Status Server::OpenEngine() {
   EngineOptions engine_options = options_.engine;
   if (!engine_options.warn) {
@@ -172,7 +190,7 @@ absl::Status Server::OpenEngine() {
                  spec.ToString());
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
-                         OpenColdStore(spec, options_.store));
+                         OpenColdStore(spec, options_.store, options_.rados));
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<MemoryEngine>> engine =
       MemoryEngine::Open(std::move(store), engine_options);
@@ -200,10 +218,7 @@ absl::Status Server::OpenEngine() {
       "opened {} with {} streams ({} quarantined) in {:.1f} ms ({}, "
       "recovery: {})",
       spec.ToString(), engine_->stream_count(), engine_->Quarantined().size(),
-      recover_ms,
-      spec.kind == StoreSpec::Kind::kRocksDb
-          ? absl::StrCat("WAL sync: ", WalSyncName(options_.store.wal_sync))
-          : std::string("not durable"),
+      recover_ms, DurabilityNote(spec, options_.store),
       engine_options.strict_recovery ? "strict" : "salvage");
   return absl::OkStatus();
 }

@@ -45,6 +45,9 @@ struct ServerOptions {
   // RocksDB.
   std::string store_spec;
   RocksColdStoreOptions store;
+  // The Ceph cluster when store_spec is rados:POOL (its pool comes from the
+  // spec).
+  RadosColdStoreOptions rados;
   // The engine (budgets, stream defaults, recovery); its warn and error
   // callbacks default to the server's log.
   EngineOptions engine;

@@ -21,7 +21,10 @@
 //   working); UNAVAILABLE when a read finds the store closed or
 //   unreachable (retriable); DATA_LOSS when a stored record is damaged
 //   (never wrong bytes); INVALID_ARGUMENT or FAILED_PRECONDITION for an
-//   unusable option or path at open.
+//   unusable option or path at open; ABORTED, from a store several servers
+//   share (RADOS), when another store instance has taken the stream over:
+//   the write changed nothing, and this instance neither reads nor writes
+//   the stream again (not retriable here; the new owner serves it).
 // - Reads see every Commit that returned OK before them (read your writes,
 //   across threads).
 // - ScanBlocks and ListStreams order by block id / stream id; ListStreams

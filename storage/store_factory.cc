@@ -5,7 +5,7 @@
 namespace kvmem {
 namespace {
 
-constexpr absl::string_view kSchemes = "rocksdb:DIR or memory:";
+constexpr absl::string_view kSchemes = "rocksdb:DIR, rados:POOL or memory:";
 
 }  // namespace
 
@@ -15,6 +15,8 @@ std::string StoreSpec::ToString() const {
       return absl::StrCat("rocksdb:", location);
     case Kind::kMemory:
       return "memory:";
+    case Kind::kRados:
+      return absl::StrCat("rados:", location);
   }
   return "";
 }
@@ -37,6 +39,15 @@ absl::StatusOr<StoreSpec> ParseStoreSpec(absl::string_view text) {
     spec.location = std::string(rest);
     return spec;
   }
+  if (scheme == "rados") {
+    if (rest.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "store \"", text, "\": rados needs a pool (rados:POOL)"));
+    }
+    spec.kind = StoreSpec::Kind::kRados;
+    spec.location = std::string(rest);
+    return spec;
+  }
   if (scheme == "memory") {
     if (!rest.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -51,7 +62,8 @@ absl::StatusOr<StoreSpec> ParseStoreSpec(absl::string_view text) {
 }
 
 absl::StatusOr<std::unique_ptr<ColdStore>> OpenColdStore(
-    const StoreSpec& spec, const RocksColdStoreOptions& rocks) {
+    const StoreSpec& spec, const RocksColdStoreOptions& rocks,
+    const RadosColdStoreOptions& rados) {
   switch (spec.kind) {
     case StoreSpec::Kind::kRocksDb: {
       RocksColdStoreOptions o = rocks;
@@ -60,6 +72,11 @@ absl::StatusOr<std::unique_ptr<ColdStore>> OpenColdStore(
     }
     case StoreSpec::Kind::kMemory:
       return NewMemColdStore();
+    case StoreSpec::Kind::kRados: {
+      RadosColdStoreOptions o = rados;
+      o.pool = spec.location;
+      return OpenRadosColdStore(o);
+    }
   }
   return absl::InvalidArgumentError("unknown store kind");
 }

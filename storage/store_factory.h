@@ -4,6 +4,8 @@
 //                rocksdb:<--data_dir>); RocksColdStoreOptions tune it.
 //   memory:      in memory (NewMemColdStore): nothing survives the process;
 //                for tests and demos.
+//   rados:POOL   a Ceph RADOS pool (storage/rados_cold_store.h): the shared
+//                durable tier; RadosColdStoreOptions name the cluster.
 // Any other scheme is INVALID_ARGUMENT naming the schemes this build has.
 // server/ opens its store only through OpenColdStore and uses only the
 // ColdStore contract (storage/cold_store.h).
@@ -16,28 +18,32 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "storage/cold_store.h"
+#include "storage/rados_cold_store.h"
 #include "storage/rocks_cold_store.h"
 
 namespace kvmem {
 
 struct StoreSpec {
-  enum class Kind { kRocksDb, kMemory };
+  enum class Kind { kRocksDb, kMemory, kRados };
   Kind kind = Kind::kRocksDb;
-  std::string location;  // kRocksDb: the directory.
+  std::string location;  // kRocksDb: the directory; kRados: the pool.
 
   bool durable() const { return kind != Kind::kMemory; }
-  // The spec as ParseStoreSpec reads it ("rocksdb:DIR", "memory:").
+  // The spec as ParseStoreSpec reads it ("rocksdb:DIR", "memory:",
+  // "rados:POOL").
   std::string ToString() const;
 };
 
 // INVALID_ARGUMENT (naming the text and the schemes) for an unknown scheme,
-// a missing ':' or an empty rocksdb directory.
+// a missing ':', an empty rocksdb directory or rados pool.
 absl::StatusOr<StoreSpec> ParseStoreSpec(absl::string_view text);
 
 // Opens the store `spec` names. rocksdb: `rocks` with its path replaced by
-// the spec's directory.
+// the spec's directory; rados: `rados` with its pool replaced by the
+// spec's.
 absl::StatusOr<std::unique_ptr<ColdStore>> OpenColdStore(
-    const StoreSpec& spec, const RocksColdStoreOptions& rocks);
+    const StoreSpec& spec, const RocksColdStoreOptions& rocks,
+    const RadosColdStoreOptions& rados = {});
 
 }  // namespace kvmem
 

@@ -39,7 +39,8 @@ RULES = {
 }
 # Includes of FAISS stay inside the index part of the engine.
 ONLY_IN = {"faiss/": ("engine/index/", "tools/", "tests/"),
-           "rocksdb/": ("storage/", "tools/", "tests/")}
+           "rocksdb/": ("storage/", "tools/", "tests/"),
+           "rados/": ("storage/", "tests/distributed/")}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 

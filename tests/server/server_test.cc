@@ -137,15 +137,24 @@ TEST(ServerTest, TheStoreFlagPicksTheStore) {
     ASSERT_TRUE(server.ok()) << server.status();
   }
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/other"));
-  ServerOptions rados = TestOptions(dir.path());
-  rados.store_spec = "rados:kvmem";
-  auto s = Server::Start(rados);
+  ServerOptions unknown = TestOptions(dir.path());
+  unknown.store_spec = "s3:bucket";
+  auto s = Server::Start(unknown);
   ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("--store: "), std::string::npos)
       << s.status();
-  EXPECT_NE(s.status().message().find("rocksdb:DIR or memory:"),
+  EXPECT_NE(s.status().message().find("rocksdb:DIR, rados:POOL or memory:"),
             std::string::npos)
       << s.status();
+  // rados: with a cluster configuration that cannot be read is refused at
+  // once, naming the file (tests/distributed/ runs it on a real cluster).
+  ServerOptions rados = TestOptions(dir.path());
+  rados.store_spec = "rados:kvmem";
+  rados.rados.ceph_conf = dir.path() + "/no-such-ceph.conf";
+  auto r = Server::Start(rados);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("no-such-ceph.conf"), std::string::npos)
+      << r.status();
 }
 
 TEST(ServerTest, AnAddressInUseFailsStartWithoutAServer) {

@@ -1,17 +1,26 @@
 // The ColdStore contract (storage/cold_store.h), one typed suite run on
 // every store this machine can run: the in-memory store and RocksDB in a
 // temp directory (opened through storage/store_factory.h, as the server
-// opens them). What only a durable store can show (reopen, the
-// acknowledgement record after a crash) is in the store's own tests
-// (rocks_cold_store_test.cc, tests/reliability/).
+// opens them). Built again with KVMEM_CONFORMANCE_RADOS for the RADOS store
+// (kvmem_rados_tests, label distributed: on the test cluster whose
+// configuration KVMEM_CEPH_CONF names; each test under its own prefix). What
+// only a durable store can show (reopen, the acknowledgement record after a
+// crash) is in the store's own tests (rocks_cold_store_test.cc,
+// tests/reliability/).
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "storage/checksummed_store.h"
 #include "storage/cold_store.h"
@@ -36,6 +45,28 @@ struct ChecksummedMemoryStore {
   static constexpr bool kChecksummed = true;
 };
 
+struct RadosStore {
+  static std::string Spec(const std::string&) { return "rados:kvmem"; }
+};
+
+// The cluster's configuration, or "" (then the RADOS tests skip, saying
+// why).
+inline std::string CephConf() {
+  const char* conf = std::getenv("KVMEM_CEPH_CONF");
+  return conf != nullptr && std::filesystem::exists(conf) ? conf : "";
+}
+
+// Options for a RADOS store no other test sees.
+inline RadosColdStoreOptions IsolatedRados() {
+  static std::atomic<int> next{0};
+  RadosColdStoreOptions o;
+  o.ceph_conf = CephConf();
+  o.prefix = absl::StrCat("t", getpid(), "-", next++, "-",
+                          absl::ToUnixNanos(absl::Now()), "/");
+  o.op_timeout = absl::Seconds(20);
+  return o;
+}
+
 template <typename T, typename = void>
 struct Checksummed : std::false_type {};
 template <typename T>
@@ -46,11 +77,17 @@ template <typename T>
 class ColdStoreConformance : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (std::is_same_v<T, RadosStore> && CephConf().empty()) {
+      GTEST_SKIP() << "no Ceph test cluster: KVMEM_CEPH_CONF is unset or "
+                      "missing (ctest starts one with the ceph_cluster_up "
+                      "fixture, tests/distributed/ceph_cluster.sh)";
+    }
     absl::StatusOr<StoreSpec> spec = ParseStoreSpec(T::Spec(dir_.path()));
     ASSERT_TRUE(spec.ok()) << spec.status();
     RocksColdStoreOptions rocks;
     rocks.reserve_bytes = 0;  // A test's temp dir may sit on a full disk.
-    absl::StatusOr<std::unique_ptr<ColdStore>> s = OpenColdStore(*spec, rocks);
+    absl::StatusOr<std::unique_ptr<ColdStore>> s =
+        OpenColdStore(*spec, rocks, IsolatedRados());
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
     if (Checksummed<T>::value) store_ = WithLayerChecksums(std::move(store_));
@@ -79,14 +116,19 @@ class ColdStoreConformance : public ::testing::Test {
   std::unique_ptr<ColdStore> store_;
 };
 
+#if defined(KVMEM_CONFORMANCE_RADOS)
+using Stores = ::testing::Types<RadosStore>;
+#else
 using Stores =
     ::testing::Types<MemoryStore, RocksStore, ChecksummedMemoryStore>;
+#endif
 class StoreNames {
  public:
   template <typename T>
   static std::string GetName(int) {
     if (std::is_same_v<T, MemoryStore>) return "Memory";
     if (std::is_same_v<T, RocksStore>) return "RocksDb";
+    if (std::is_same_v<T, RadosStore>) return "Rados";
     return "ChecksummedMemory";
   }
 };
@@ -359,6 +401,7 @@ TYPED_TEST(ColdStoreConformance, ConcurrentWritersAndReadersSeeWholeWrites) {
 
 // The decorator's reads of records damaged in the inner store: DATA_LOSS
 // naming the layer, never the wrong bytes.
+#if !defined(KVMEM_CONFORMANCE_RADOS)
 TEST(ChecksummedStoreTest, DamagedOrForeignRecordsAreDataLoss) {
   std::unique_ptr<ColdStore> inner = NewMemColdStore();
   ColdStore* raw = inner.get();  // Owned by the decorator below.
@@ -403,18 +446,26 @@ TEST(StoreSpecTest, ParsesTheSchemesAndRefusesOthersByName) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_FALSE(m->durable());
   EXPECT_EQ(m->ToString(), "memory:");
+  auto rados = ParseStoreSpec("rados:kvmem");
+  ASSERT_TRUE(rados.ok()) << rados.status();
+  EXPECT_EQ(rados->kind, StoreSpec::Kind::kRados);
+  EXPECT_EQ(rados->location, "kvmem");
+  EXPECT_TRUE(rados->durable());
+  EXPECT_EQ(rados->ToString(), "rados:kvmem");
   for (const char* bad : {"", "rocksdb:", "/var/lib/kvmem", "memory:x",
-                          "rados:kvmem", "RocksDB:/x"}) {
+                          "rados:", "s3:bucket", "RocksDB:/x"}) {
     auto b = ParseStoreSpec(bad);
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(b.status().message().find(bad), std::string::npos) << b.status();
   }
-  EXPECT_NE(ParseStoreSpec("rados:kvmem")
+  EXPECT_NE(ParseStoreSpec("s3:bucket")
                 .status()
                 .message()
-                .find("rocksdb:DIR or memory:"),
+                .find("rocksdb:DIR, rados:POOL or memory:"),
             std::string::npos);
 }
+
+#endif  // !KVMEM_CONFORMANCE_RADOS
 
 }  // namespace
 }  // namespace kvmem

@@ -39,6 +39,12 @@ ABSL_FLAG(uint32_t, index_queries, 2000,
 ABSL_FLAG(std::string, scratch_dir, "",
           "bench: directory for the storage reference, the sink socket and a "
           "server it starts (default /tmp/kvmem-bench-PID; removed after).");
+ABSL_FLAG(std::string, server_store, "",
+          "bench: the --store of the server it starts (empty: its RocksDB "
+          "default), e.g. rados:POOL to measure ingest into Ceph.");
+ABSL_FLAG(std::string, server_ceph_conf, "",
+          "bench: the --ceph_conf of the server it starts, with "
+          "--server_store=rados:POOL.");
 
 ABSL_DECLARE_FLAG(int, frames);
 ABSL_DECLARE_FLAG(uint32_t, layers);
@@ -112,7 +118,15 @@ int RunBench(const std::vector<std::string>&) {
   o.target = absl::GetFlag(FLAGS_addr);
   if (o.target.empty()) {
     std::string error;
-    server = ScratchServer::Start(scratch + "/server", {}, &error);
+    std::vector<std::string> args;
+    if (const std::string st = absl::GetFlag(FLAGS_server_store); !st.empty()) {
+      args.push_back("--store=" + st);
+    }
+    if (const std::string cc = absl::GetFlag(FLAGS_server_ceph_conf);
+        !cc.empty()) {
+      args.push_back("--ceph_conf=" + cc);
+    }
+    server = ScratchServer::Start(scratch + "/server", args, &error);
     if (server == nullptr) {
       std::fprintf(stderr, "kvmem bench: %s\n", error.c_str());
       return 1;

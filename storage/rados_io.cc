@@ -1,0 +1,192 @@
+#include "storage/rados_io.h"
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+
+namespace kvmem::rados_io {
+
+absl::Status FromRc(int rc, absl::string_view what) {
+  if (rc >= 0) return absl::OkStatus();
+  const std::string msg =
+      absl::StrCat(what, ": ", std::strerror(-rc), " (rados ", rc, ")");
+  switch (-rc) {
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case ECANCELED:
+      return absl::AbortedError(msg);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(msg);
+    case ETIMEDOUT:
+      return absl::UnavailableError(
+          absl::StrCat(msg, "; the cluster did not answer in time"));
+    case ENOTCONN:
+    case ESHUTDOWN:  // Also Ceph's EBLOCKLISTED.
+    case ECONNREFUSED:
+      return absl::UnavailableError(msg);
+    case EIO:
+      return absl::DataLossError(msg);
+    case EINVAL:
+    case ERANGE:
+      return absl::InternalError(msg);
+    default:
+      return absl::UnknownError(msg);
+  }
+}
+
+AioBatch::~AioBatch() {
+  if (!waited_) (void)Wait();
+  for (Op& op : ops_) op.c->release();
+}
+
+librados::AioCompletion* AioBatch::Add(std::string what) {
+  librados::AioCompletion* c = librados::Rados::aio_create_completion();
+  ops_.push_back({c, std::move(what), 0});
+  return c;
+}
+
+void AioBatch::NotStarted(int rc) { ops_.back().start_rc = rc < 0 ? rc : -EIO; }
+
+absl::Status AioBatch::Wait() {
+  absl::Status first;
+  rcs_.assign(ops_.size(), 0);
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    Op& op = ops_[i];
+    if (op.start_rc == 0) {
+      op.c->wait_for_complete();
+      rcs_[i] = op.c->get_return_value();
+    } else {
+      rcs_[i] = op.start_rc;
+    }
+    if (rcs_[i] < 0 && first.ok()) first = FromRc(rcs_[i], op.what);
+  }
+  waited_ = true;
+  return first;
+}
+
+std::string EncodeRef(const Ref& ref) {
+  return absl::StrCat(ref.offset, ",", ref.length, ",", ref.object);
+}
+
+bool DecodeRef(absl::string_view bytes, Ref* ref) {
+  const size_t a = bytes.find(',');
+  if (a == absl::string_view::npos) return false;
+  const size_t b = bytes.find(',', a + 1);
+  if (b == absl::string_view::npos) return false;
+  if (!absl::SimpleAtoi(bytes.substr(0, a), &ref->offset) ||
+      !absl::SimpleAtoi(bytes.substr(a + 1, b - a - 1), &ref->length)) {
+    return false;
+  }
+  ref->object = std::string(bytes.substr(b + 1));
+  return !ref->object.empty();
+}
+
+std::string FrameKey(uint64_t frame) {
+  return absl::StrFormat("f/%016x", frame);
+}
+std::string MetaKey(uint64_t frame) {
+  return absl::StrFormat("m/%016x", frame);
+}
+std::string BlockKey(uint64_t block) {
+  return absl::StrFormat("b/%016x", block);
+}
+std::string LayerKey(uint64_t block, uint32_t layer) {
+  return absl::StrFormat("l/%016x/%08x", block, layer);
+}
+
+bool ParseKey(absl::string_view key, uint64_t* a, uint32_t* b) {
+  if (key.size() < 18 || key[1] != '/') return false;
+  if (!absl::SimpleHexAtoi(key.substr(2, 16), a)) return false;
+  if (b == nullptr) return key.size() == 18;
+  return key.size() == 27 && key[18] == '/' &&
+         absl::SimpleHexAtoi(key.substr(19, 8), b);
+}
+
+std::string U64(uint64_t v) { return absl::StrCat(v); }
+
+bool ParseU64(absl::string_view text, uint64_t* v) {
+  return absl::SimpleAtoi(text, v);
+}
+
+absl::Status ScanOmap(
+    librados::IoCtx& io, const std::string& oid, const std::string& prefix,
+    const std::function<bool(const std::string&, librados::bufferlist&)>& fn) {
+  constexpr uint64_t kPage = 512;
+  std::string after;
+  for (;;) {
+    std::map<std::string, librados::bufferlist> vals;
+    bool more = false;
+    int rval = 0;
+    librados::ObjectReadOperation op;
+    op.omap_get_vals2(after, prefix, kPage, &vals, &more, &rval);
+    const int rc = io.operate(oid, &op, nullptr);
+    if (rc == -ENOENT) return absl::OkStatus();  // No object: no keys.
+    if (rc < 0 || rval < 0) {
+      return FromRc(rc < 0 ? rc : rval,
+                    absl::StrCat("reading the omap of ", oid));
+    }
+    for (auto& [k, v] : vals) {
+      if (!fn(k, v)) return absl::OkStatus();
+    }
+    if (!more || vals.empty()) return absl::OkStatus();
+    after = vals.rbegin()->first;
+  }
+}
+
+librados::bufferlist Text(absl::string_view s) {
+  librados::bufferlist bl;
+  bl.append(s.data(), static_cast<unsigned>(s.size()));
+  return bl;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadRefs(
+    librados::IoCtx& io, const std::vector<Ref>& refs) {
+  std::vector<std::string> out(refs.size());
+  std::vector<librados::bufferlist> bls(refs.size());
+  std::vector<int> rvals(refs.size(), 0);
+  std::map<std::string, librados::ObjectReadOperation> ops;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    ops[refs[i].object].read(refs[i].offset, refs[i].length, &bls[i],
+                             &rvals[i]);
+  }
+  AioBatch batch;
+  for (auto& [object, op] : ops) {
+    librados::AioCompletion* c = batch.Add(absl::StrCat("reading ", object));
+    const int rc = io.aio_operate(object, c, &op, nullptr);
+    if (rc < 0) batch.NotStarted(rc);
+  }
+  KVMEM_RETURN_IF_ERROR(batch.Wait());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (rvals[i] < 0) return FromRc(rvals[i], refs[i].object);
+    if (bls[i].length() != refs[i].length) {
+      return absl::DataLossError(
+          absl::StrCat("object ", refs[i].object, " holds ", bls[i].length(),
+                       " bytes at offset ", refs[i].offset,
+                       " where its record has ", refs[i].length));
+    }
+    out[i].resize(refs[i].length);
+    if (refs[i].length > 0) {
+      bls[i].begin().copy(static_cast<unsigned>(refs[i].length), out[i].data());
+    }
+  }
+  return out;
+}
+
+void RemoveObjects(librados::IoCtx& io, const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  AioBatch batch;
+  for (const std::string& name : names) {
+    librados::AioCompletion* c = batch.Add(name);
+    if (io.aio_remove(name, c) < 0) batch.NotStarted(-EIO);
+  }
+  (void)batch.Wait();
+}
+
+}  // namespace kvmem::rados_io

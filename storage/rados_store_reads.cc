@@ -1,0 +1,239 @@
+// RadosColdStore's reads, listing and acknowledged marks (the writes are in
+// rados_cold_store.cc).
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "storage/rados_io.h"
+#include "storage/rados_store_impl.h"
+
+namespace kvmem::rados_store {
+namespace {
+
+using rados_io::FromRc;
+
+// A ref's object vanished between the manifest lookup and the read: either
+// a commit replaced or deleted the record meanwhile (look again) or the
+// object is gone while the record still names it (DATA_LOSS).
+bool Moved(const absl::Status& read) {
+  return read.code() == absl::StatusCode::kNotFound;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> RadosColdStore::ReadRecords(
+    absl::string_view stream_id,
+    const std::function<absl::Status(const Manifest&, std::vector<Ref>*)>&
+        pick) {
+  for (int attempt = 0;; ++attempt) {
+    std::vector<Ref> refs;
+    std::shared_ptr<StreamEntry> e = Entry(stream_id);
+    KVMEM_RETURN_IF_ERROR(ReadLocked(
+        stream_id, [&](StreamEntry& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return pick(s.m, &refs);
+        }));
+    absl::StatusOr<std::vector<std::string>> bytes =
+        rados_io::ReadRefs(e->io, refs);
+    if (bytes.ok() || !Moved(bytes.status())) return bytes;
+    if (attempt >= 2) {
+      return absl::DataLossError(
+          absl::StrCat("stream \"", stream_id, "\": ", bytes.status().message(),
+                       ", though its manifest names it"));
+    }
+  }
+}
+
+absl::StatusOr<std::string> RadosColdStore::GetFrame(
+    absl::string_view stream_id, uint64_t frame_index) {
+  KVMEM_ASSIGN_OR_RETURN(
+      std::vector<std::string> bytes,
+      ReadRecords(stream_id, [&](const Manifest& m, std::vector<Ref>* refs) {
+        auto it = m.frames.find(frame_index);
+        if (it == m.frames.end()) {
+          return absl::NotFoundError(
+              absl::StrCat("frame ", frame_index, " not stored"));
+        }
+        refs->push_back(it->second);
+        return absl::OkStatus();
+      }));
+  return std::move(bytes[0]);
+}
+
+absl::StatusOr<std::string> RadosColdStore::GetFrameMeta(
+    absl::string_view stream_id, uint64_t frame_index) {
+  std::shared_ptr<StreamEntry> e = Entry(stream_id);
+  KVMEM_RETURN_IF_ERROR(
+      ReadLocked(stream_id, [&](StreamEntry& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return s.m.metas.count(frame_index) > 0
+                   ? absl::OkStatus()
+                   : absl::NotFoundError(absl::StrCat(
+                         "meta of frame ", frame_index, " not stored"));
+      }));
+  const std::string key = rados_io::MetaKey(frame_index);
+  std::map<std::string, librados::bufferlist> vals;
+  const int rc = e->io.omap_get_vals_by_keys(rados_io::kHead, {key}, &vals);
+  KVMEM_RETURN_IF_ERROR(FromRc(rc, "reading a frame meta"));
+  auto it = vals.find(key);
+  if (it == vals.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("meta of frame ", frame_index, " not stored"));
+  }
+  return it->second.to_str();
+}
+
+absl::StatusOr<std::string> RadosColdStore::GetBlockLayer(
+    absl::string_view stream_id, uint64_t block_id, uint32_t layer) {
+  KVMEM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
+                         GetBlockLayers(stream_id, block_id, {layer}));
+  return std::move(bytes[0]);
+}
+
+absl::StatusOr<std::vector<std::string>> RadosColdStore::GetBlockLayers(
+    absl::string_view stream_id, uint64_t block_id,
+    const std::vector<uint32_t>& layers) {
+  return ReadRecords(stream_id, [&](const Manifest& m, std::vector<Ref>* refs) {
+    for (uint32_t l : layers) {
+      auto it = m.layers.find({block_id, l});
+      if (it == m.layers.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("layer ", l, " of block ", block_id, " not stored"));
+      }
+      refs->push_back(it->second);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status RadosColdStore::ScanBlocks(
+    absl::string_view stream_id,
+    const std::function<absl::Status(uint64_t, absl::string_view)>& fn) {
+  std::shared_ptr<StreamEntry> e = Entry(stream_id);
+  bool exists = false;
+  KVMEM_RETURN_IF_ERROR(
+      ReadLocked(stream_id, [&](StreamEntry& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        exists = s.claimed;
+        return absl::OkStatus();
+      }));
+  if (!exists) return absl::OkStatus();
+  absl::Status out;
+  KVMEM_RETURN_IF_ERROR(rados_io::ScanOmap(
+      e->io, rados_io::kHead, "b/",
+      [&](const std::string& key, librados::bufferlist& v) {
+        uint64_t id = 0;
+        if (!rados_io::ParseKey(key, &id)) {
+          out = absl::DataLossError(absl::StrCat("block key ", key));
+          return false;
+        }
+        out = fn(id, v.to_str());
+        return out.ok();
+      }));
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> RadosColdStore::IndexedStreams() {
+  std::vector<std::string> ids;
+  KVMEM_RETURN_IF_ERROR(rados_io::ScanOmap(
+      pool_, index_, "", [&](const std::string& key, librados::bufferlist&) {
+        ids.push_back(key);
+        return true;
+      }));
+  return ids;
+}
+
+absl::StatusOr<std::vector<StreamRecord>> RadosColdStore::ListStreams() {
+  KVMEM_ASSIGN_OR_RETURN(std::vector<std::string> ids, IndexedStreams());
+  std::vector<StreamRecord> out;
+  for (const std::string& id : ids) {
+    // Listing a stream claims it (rados_cold_store.h, "Ownership"), so the
+    // records read here are the last any earlier owner committed.
+    std::shared_ptr<StreamEntry> e = Entry(id);
+    {
+      kvmem::MutexLock lock(&e->mu);
+      const absl::Status ready = Ready(*e, /*write=*/true);
+      if (e->fenced) continue;  // Another instance owns it now.
+      KVMEM_RETURN_IF_ERROR(ready);
+      e->indexed = true;
+    }
+    std::map<std::string, librados::bufferlist> vals;
+    const int rc = e->io.omap_get_vals_by_keys(
+        rados_io::kHead, {rados_io::kConfigKey, rados_io::kStateKey}, &vals);
+    if (rc == -ENOENT) continue;
+    KVMEM_RETURN_IF_ERROR(FromRc(rc, absl::StrCat("listing stream ", id)));
+    StreamRecord r;
+    r.stream_id = id;
+    r.config = vals[rados_io::kConfigKey].to_str();
+    r.state = vals[rados_io::kStateKey].to_str();
+    if (!r.config.empty()) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+absl::Status RadosColdStore::RecordAcknowledged(
+    const std::map<std::string, uint64_t>& frames) {
+  std::map<std::string, std::optional<uint64_t>> changes;
+  {
+    kvmem::MutexLock lock(&mu_);
+    for (const auto& [id, n] : frames) {
+      auto it = acked_.find(id);
+      if (it == acked_.end() || it->second != n) changes[id] = n;
+    }
+    for (const auto& [id, n] : acked_) {
+      if (frames.count(id) == 0) changes[id] = std::nullopt;
+    }
+  }
+  // Every commit that returned is already on disk on every replica: only
+  // the marks are written, one compound operation per stream, in parallel.
+  // The operations outlive the batch, whose destructor waits for them.
+  std::vector<librados::ObjectWriteOperation> ops(changes.size());
+  rados_io::AioBatch batch;
+  size_t i = 0;
+  for (const auto& [id, n] : changes) {
+    std::shared_ptr<StreamEntry> e = Entry(id);
+    kvmem::MutexLock lock(&e->mu);
+    const absl::Status ready = Ready(*e, /*write=*/true);
+    if (e->fenced) return Fenced(*e, id);
+    KVMEM_RETURN_IF_ERROR(ready);
+    if (n) KVMEM_RETURN_IF_ERROR(Index(*e, id));  // Acknowledged lists it.
+    librados::ObjectWriteOperation& op = ops[i++];
+    op.cmpxattr(rados_io::kEpochAttr, LIBRADOS_CMPXATTR_OP_EQ, e->epoch);
+    if (n) {
+      op.omap_set({{rados_io::kAckKey, rados_io::Text(rados_io::U64(*n))}});
+    } else {
+      op.omap_rm_keys({rados_io::kAckKey});
+    }
+    librados::AioCompletion* c =
+        batch.Add(absl::StrCat("recording the acknowledged mark of ", id));
+    const int rc = e->io.aio_operate(rados_io::kHead, c, &op);
+    if (rc < 0) batch.NotStarted(rc);
+  }
+  KVMEM_RETURN_IF_ERROR(batch.Wait());
+  kvmem::MutexLock lock(&mu_);
+  acked_ = frames;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, uint64_t>> RadosColdStore::Acknowledged() {
+  KVMEM_ASSIGN_OR_RETURN(std::vector<std::string> ids, IndexedStreams());
+  std::map<std::string, uint64_t> out;
+  for (const std::string& id : ids) {
+    std::shared_ptr<StreamEntry> e = Entry(id);
+    std::map<std::string, librados::bufferlist> vals;
+    const int rc = e->io.omap_get_vals_by_keys(rados_io::kHead,
+                                               {rados_io::kAckKey}, &vals);
+    if (rc == -ENOENT) continue;
+    KVMEM_RETURN_IF_ERROR(FromRc(rc, absl::StrCat("reading the mark of ", id)));
+    auto it = vals.find(rados_io::kAckKey);
+    if (it == vals.end()) continue;
+    uint64_t n = 0;
+    if (!rados_io::ParseU64(it->second.to_str(), &n)) {
+      return absl::DataLossError(
+          absl::StrCat("the acknowledged mark of ", id, " is damaged"));
+    }
+    out[id] = n;
+  }
+  kvmem::MutexLock lock(&mu_);
+  acked_ = out;
+  return out;
+}
+
+}  // namespace kvmem::rados_store

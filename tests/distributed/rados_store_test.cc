@@ -1,0 +1,214 @@
+// What only the RADOS store does (storage/rados_cold_store.h), on the test
+// cluster (tests/distributed/ceph_cluster.sh, KVMEM_CEPH_CONF): a second
+// store instance takes a stream over and the first one's commits are
+// refused by RADOS itself; a reopened store sees everything committed;
+// deletes leave no object behind. The ColdStore contract itself is the
+// conformance suite, built for RADOS beside this file.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <rados/librados.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "storage/rados_cold_store.h"
+
+namespace kvmem {
+namespace {
+
+std::string CephConf() {
+  const char* conf = std::getenv("KVMEM_CEPH_CONF");
+  return conf != nullptr && std::filesystem::exists(conf) ? conf : "";
+}
+
+class RadosStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CephConf().empty()) {
+      GTEST_SKIP() << "no Ceph test cluster: KVMEM_CEPH_CONF is unset or "
+                      "missing (ctest starts one with the ceph_cluster_up "
+                      "fixture)";
+    }
+    static std::atomic<int> next{0};
+    options_.pool = "kvmem";
+    options_.ceph_conf = CephConf();
+    options_.prefix = absl::StrCat("r", getpid(), "-", next++, "-",
+                                   absl::ToUnixNanos(absl::Now()), "/");
+    options_.op_timeout = absl::Seconds(20);
+  }
+
+  std::unique_ptr<ColdStore> Open(uint64_t token = 0) {
+    RadosColdStoreOptions o = options_;
+    o.fencing_token = token;
+    auto s = OpenRadosColdStore(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  // Objects in the stream's namespace, as RADOS lists them.
+  std::vector<std::string> Objects(const std::string& stream) {
+    librados::Rados cluster;
+    EXPECT_EQ(cluster.init2("client.admin", "ceph", 0), 0);
+    EXPECT_EQ(cluster.conf_read_file(options_.ceph_conf.c_str()), 0);
+    EXPECT_EQ(cluster.connect(), 0);
+    librados::IoCtx io;
+    EXPECT_EQ(cluster.ioctx_create("kvmem", io), 0);
+    io.set_namespace(options_.prefix + stream);
+    std::vector<std::string> out;
+    for (auto it = io.nobjects_begin(); it != io.nobjects_end(); ++it) {
+      out.push_back(it->get_oid());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  static StreamWrite Frame(uint64_t index, const std::string& payload) {
+    StreamWrite w;
+    w.stream_id = "cam";
+    w.config = "cfg";
+    w.state = absl::StrCat("state-", index);
+    w.frame.emplace(index, payload);
+    w.frame_meta = absl::StrCat("meta-", index);
+    return w;
+  }
+
+  RadosColdStoreOptions options_;
+};
+
+TEST_F(RadosStoreTest, AReopenedStoreSeesEveryCommit) {
+  const std::string payload(3 << 20, 'x');
+  {
+    auto a = Open();
+    ASSERT_NE(a, nullptr);
+    for (uint64_t f = 0; f < 3; ++f)
+      ASSERT_TRUE(a->Commit(Frame(f, payload)).ok());
+    StreamWrite seal;
+    seal.stream_id = "cam";
+    seal.blocks.emplace_back(0, "block-0");
+    for (uint32_t l = 0; l < 4; ++l) {
+      seal.block_layers.push_back({0, l, std::string(1000 + l, char('a' + l))});
+    }
+    seal.delete_frames.emplace_back(0, 1);
+    ASSERT_TRUE(a->Commit(seal).ok());
+    ASSERT_TRUE(a->RecordAcknowledged({{"cam", 3}}).ok());
+  }
+  auto b = Open();
+  ASSERT_NE(b, nullptr);
+  auto list = b->ListStreams();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].state, "state-2");
+  EXPECT_EQ(b->GetFrame("cam", 0).status().code(), absl::StatusCode::kNotFound);
+  auto f2 = b->GetFrame("cam", 2);
+  ASSERT_TRUE(f2.ok()) << f2.status();
+  EXPECT_EQ(*f2, payload);
+  auto layers = b->GetBlockLayers("cam", 0, {3, 0});
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  EXPECT_EQ((*layers)[0], std::string(1003, 'd'));
+  EXPECT_EQ((*layers)[1], std::string(1000, 'a'));
+  auto acked = b->Acknowledged();
+  ASSERT_TRUE(acked.ok()) << acked.status();
+  EXPECT_EQ(acked->at("cam"), 3u);
+  EXPECT_EQ(b->ApproximatePayloadBytes(), payload.size() + 4 * 1000 + 6);
+  // The frames replaced by the block's layers are gone from RADOS too:
+  // the head, frame 2 and the one layer object.
+  EXPECT_EQ(Objects("cam").size(), 3u);
+}
+
+// The fencing the ownership design rests on: once another instance claims
+// the stream, the first one's next commit is refused by the compare on the
+// head's epoch inside RADOS, changes nothing, and the instance stops
+// serving the stream.
+TEST_F(RadosStoreTest, ATakeoverFencesTheEarlierOwner) {
+  auto a = Open();
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->Commit(Frame(0, "zero")).ok());
+  auto b = Open();
+  ASSERT_NE(b, nullptr);
+  auto f0 = b->GetFrame("cam", 0);  // The first touch claims the stream.
+  ASSERT_TRUE(f0.ok()) << f0.status();
+  const absl::Status refused = a->Commit(Frame(1, "one-from-a"));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+  EXPECT_NE(refused.message().find("newer store instance"), std::string::npos)
+      << refused;
+  EXPECT_EQ(a->GetFrame("cam", 0).status().code(), absl::StatusCode::kAborted);
+  // Nothing of a's refused commit is visible, and b goes on.
+  EXPECT_EQ(b->GetFrame("cam", 1).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(b->Commit(Frame(1, "one-from-b")).ok());
+  auto c = Open();
+  ASSERT_NE(c, nullptr);
+  auto f1 = c->GetFrame("cam", 1);
+  ASSERT_TRUE(f1.ok()) << f1.status();
+  EXPECT_EQ(*f1, "one-from-b");
+  // a's payload object was removed when its head commit failed.
+  for (const std::string& o : Objects("cam")) {
+    EXPECT_EQ(o.find("f.1.1."), std::string::npos) << o;
+  }
+}
+
+// A coordinator's fencing token: a claim with a token not above the
+// stream's epoch is refused; a larger one wins.
+TEST_F(RadosStoreTest, FencingTokensOnlyGoUp) {
+  auto a = Open(/*token=*/100);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->Commit(Frame(0, "zero")).ok());
+  auto stale = Open(/*token=*/50);
+  ASSERT_NE(stale, nullptr);
+  EXPECT_EQ(stale->Commit(Frame(1, "one")).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(a->Commit(Frame(1, "one")).ok());  // a still owns it.
+  auto next = Open(/*token=*/101);
+  ASSERT_NE(next, nullptr);
+  ASSERT_TRUE(next->Commit(Frame(2, "two")).ok());
+  EXPECT_EQ(a->Commit(Frame(3, "three")).code(), absl::StatusCode::kAborted);
+}
+
+// DeleteStream removes the records in one operation and then every object,
+// also ones no record names (a crashed commit's leftovers); the head keeps
+// the epoch so an old owner stays fenced.
+TEST_F(RadosStoreTest, DeleteLeavesOnlyTheFencedHead) {
+  auto a = Open();
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->Commit(Frame(0, "zero")).ok());
+  {
+    librados::Rados cluster;
+    ASSERT_EQ(cluster.init2("client.admin", "ceph", 0), 0);
+    ASSERT_EQ(cluster.conf_read_file(options_.ceph_conf.c_str()), 0);
+    ASSERT_EQ(cluster.connect(), 0);
+    librados::IoCtx io;
+    ASSERT_EQ(cluster.ioctx_create("kvmem", io), 0);
+    io.set_namespace(options_.prefix + "cam");
+    librados::bufferlist bl;
+    bl.append("orphan");
+    ASSERT_EQ(io.write_full("f.9.1.9", bl), 0);
+  }
+  EXPECT_EQ(Objects("cam").size(), 3u);
+  auto b = Open();
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->DeleteStream("cam").ok());
+  EXPECT_EQ(Objects("cam"), std::vector<std::string>{"head"});
+  auto list = b->ListStreams();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_TRUE(list->empty());
+  EXPECT_EQ(a->Commit(Frame(1, "one")).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(b->Commit(Frame(0, "again")).ok());
+  auto f = b->GetFrame("cam", 0);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(*f, "again");
+}
+
+TEST_F(RadosStoreTest, AMissingPoolIsAPreconditionNamingIt) {
+  RadosColdStoreOptions o = options_;
+  o.pool = "no-such-pool";
+  auto s = OpenRadosColdStore(o);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("no-such-pool"), std::string::npos)
+      << s.status();
+}
+
+}  // namespace
+}  // namespace kvmem
