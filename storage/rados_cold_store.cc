@@ -41,23 +41,33 @@ PayloadPlan PlanPayload(const StreamWrite& w, uint64_t epoch, uint64_t seq) {
   PayloadPlan plan;
   if (w.frame) {
     const auto& [index, bytes] = *w.frame;
-    std::string name = absl::StrCat("f.", index, ".", epoch, ".", seq);
+    std::string name = rados_io::StripedName(
+        absl::StrCat("f.", index, ".", epoch, ".", seq), bytes.size());
     plan.frame = Ref{name, 0, bytes.size()};
     plan.objects.emplace_back(std::move(name), rados_io::Text(bytes));
   }
-  // One object per block: its layers of this write, concatenated.
+  // One object per block: its layers of this write, concatenated; named
+  // once its size is known.
   std::map<uint64_t, size_t> object_of;
+  std::vector<uint64_t> blocks;
   for (const BlockLayerWrite& l : w.block_layers) {
     auto [it, added] = object_of.try_emplace(l.block_id, plan.objects.size());
     if (added) {
-      plan.objects.emplace_back(
-          absl::StrCat("l.", l.block_id, ".", epoch, ".", seq),
-          librados::bufferlist());
+      plan.objects.emplace_back(std::string(), librados::bufferlist());
+      blocks.push_back(l.block_id);
     }
-    auto& [name, bl] = plan.objects[it->second];
+    librados::bufferlist& bl = plan.objects[it->second].second;
     plan.layers.push_back(
-        {{l.block_id, l.layer}, Ref{name, bl.length(), l.bytes.size()}});
+        {{l.block_id, l.layer}, Ref{"", bl.length(), l.bytes.size()}});
     bl.append(l.bytes.data(), static_cast<unsigned>(l.bytes.size()));
+  }
+  for (uint64_t block : blocks) {
+    auto& [name, bl] = plan.objects[object_of[block]];
+    name = rados_io::StripedName(
+        absl::StrCat("l.", block, ".", epoch, ".", seq), bl.length());
+  }
+  for (auto& [id, ref] : plan.layers) {
+    ref.object = plan.objects[object_of[id.first]].first;
   }
   return plan;
 }
@@ -268,13 +278,8 @@ absl::Status RadosColdStore::Commit(const StreamWrite& w) {
     KVMEM_RETURN_IF_ERROR(Index(*e, w.stream_id));
   }
   PayloadPlan plan = PlanPayload(w, e->epoch, ++e->seq);
-  AioBatch batch;
-  for (auto& [name, bl] : plan.objects) {
-    librados::AioCompletion* c = batch.Add(absl::StrCat("writing ", name));
-    const int rc = e->io.aio_write_full(name, c, bl);
-    if (rc < 0) batch.NotStarted(rc);
-  }
-  if (absl::Status written = batch.Wait(); !written.ok()) {
+  if (absl::Status written = rados_io::WriteObjects(e->io, plan.objects);
+      !written.ok()) {
     rados_io::RemoveObjects(e->io, plan.names());  // Nothing refers to them.
     return written;
   }
@@ -426,7 +431,7 @@ absl::Status RadosColdStore::DeleteStream(absl::string_view stream_id) {
   } catch (const std::exception&) {
     // Listing failed: the objects stay as garbage; the records are gone.
   }
-  rados_io::RemoveObjects(e->io, objects);
+  rados_io::RemoveObjects(e->io, objects, /*striped=*/false);
   librados::ObjectWriteOperation unindex;
   unindex.omap_rm_keys({std::string(stream_id)});
   (void)pool_.operate(index_, &unindex);

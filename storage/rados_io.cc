@@ -1,5 +1,6 @@
 #include "storage/rados_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -146,15 +147,97 @@ librados::bufferlist Text(absl::string_view s) {
   return bl;
 }
 
+std::string StripedName(const std::string& base, uint64_t bytes) {
+  return absl::StrCat(base, ".", bytes);
+}
+
+std::vector<std::string> Stripes(const std::string& logical) {
+  const size_t dot = logical.rfind('.');
+  uint64_t bytes = 0;
+  if (dot == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(logical).substr(dot + 1), &bytes)) {
+    return {};
+  }
+  const uint64_t n =
+      std::max<uint64_t>(1, (bytes + kStripeBytes - 1) / kStripeBytes);
+  std::vector<std::string> out;
+  for (uint64_t k = 0; k < n; ++k) out.push_back(absl::StrCat(logical, "/", k));
+  return out;
+}
+
+absl::Status WriteObjects(
+    librados::IoCtx& io,
+    const std::vector<std::pair<std::string, librados::bufferlist>>& objects) {
+  std::vector<librados::bufferlist> pieces;
+  std::vector<std::string> names;
+  for (const auto& [logical, bl] : objects) {
+    const std::vector<std::string> stripes = Stripes(logical);
+    for (size_t k = 0; k < stripes.size(); ++k) {
+      const uint64_t off = k * kStripeBytes;
+      const uint64_t len = std::min<uint64_t>(kStripeBytes, bl.length() - off);
+      librados::bufferlist piece;
+      if (len > 0) {
+        piece.substr_of(bl, static_cast<unsigned>(off),
+                        static_cast<unsigned>(len));
+      }
+      pieces.push_back(std::move(piece));
+      names.push_back(stripes[k]);
+    }
+  }
+  AioBatch batch;
+  for (size_t i = 0; i < names.size(); ++i) {
+    librados::AioCompletion* c = batch.Add(absl::StrCat("writing ", names[i]));
+    const int rc = io.aio_write_full(names[i], c, pieces[i]);
+    if (rc < 0) batch.NotStarted(rc);
+  }
+  return batch.Wait();
+}
+
 absl::StatusOr<std::vector<std::string>> ReadRefs(
     librados::IoCtx& io, const std::vector<Ref>& refs) {
+  // Each ref's bytes as pieces of stripes: (ref, offset in it) per piece.
+  struct Piece {
+    size_t ref;
+    uint64_t at;
+    librados::bufferlist bl;
+    int rval = 0;
+  };
   std::vector<std::string> out(refs.size());
-  std::vector<librados::bufferlist> bls(refs.size());
-  std::vector<int> rvals(refs.size(), 0);
+  std::vector<Piece> pieces;
   std::map<std::string, librados::ObjectReadOperation> ops;
   for (size_t i = 0; i < refs.size(); ++i) {
-    ops[refs[i].object].read(refs[i].offset, refs[i].length, &bls[i],
-                             &rvals[i]);
+    const std::vector<std::string> stripes = Stripes(refs[i].object);
+    if (stripes.empty()) {
+      return absl::DataLossError(
+          absl::StrCat("object name ", refs[i].object, " has no size"));
+    }
+    out[i].resize(refs[i].length);
+    for (uint64_t at = 0; at < refs[i].length;) {
+      const uint64_t off = refs[i].offset + at;
+      const uint64_t k = off / kStripeBytes;
+      const uint64_t len =
+          std::min(refs[i].length - at, (k + 1) * kStripeBytes - off);
+      if (k >= stripes.size()) {
+        return absl::DataLossError(absl::StrCat(
+            "a record of ", refs[i].length, " bytes at ", refs[i].offset,
+            " lies past the end of object ", refs[i].object));
+      }
+      pieces.push_back({i, at, {}, 0});
+      at += len;
+    }
+  }
+  // The pieces' addresses are stable now; queue their reads.
+  size_t p = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const std::vector<std::string> stripes = Stripes(refs[i].object);
+    for (; p < pieces.size() && pieces[p].ref == i; ++p) {
+      const uint64_t off = refs[i].offset + pieces[p].at;
+      const uint64_t k = off / kStripeBytes;
+      const uint64_t len =
+          std::min(refs[i].length - pieces[p].at, (k + 1) * kStripeBytes - off);
+      ops[stripes[k]].read(off - k * kStripeBytes, len, &pieces[p].bl,
+                           &pieces[p].rval);
+    }
   }
   AioBatch batch;
   for (auto& [object, op] : ops) {
@@ -163,28 +246,33 @@ absl::StatusOr<std::vector<std::string>> ReadRefs(
     if (rc < 0) batch.NotStarted(rc);
   }
   KVMEM_RETURN_IF_ERROR(batch.Wait());
-  for (size_t i = 0; i < refs.size(); ++i) {
-    if (rvals[i] < 0) return FromRc(rvals[i], refs[i].object);
-    if (bls[i].length() != refs[i].length) {
-      return absl::DataLossError(
-          absl::StrCat("object ", refs[i].object, " holds ", bls[i].length(),
-                       " bytes at offset ", refs[i].offset,
-                       " where its record has ", refs[i].length));
+  for (Piece& piece : pieces) {
+    const Ref& ref = refs[piece.ref];
+    if (piece.rval < 0) return FromRc(piece.rval, ref.object);
+    const uint64_t want = std::min<uint64_t>(
+        ref.length - piece.at,
+        kStripeBytes - (ref.offset + piece.at) % kStripeBytes);
+    if (piece.bl.length() != want) {
+      return absl::DataLossError(absl::StrCat(
+          "object ", ref.object, " holds ", piece.bl.length(), " bytes at ",
+          ref.offset + piece.at, " where its record has ", want));
     }
-    out[i].resize(refs[i].length);
-    if (refs[i].length > 0) {
-      bls[i].begin().copy(static_cast<unsigned>(refs[i].length), out[i].data());
-    }
+    piece.bl.begin().copy(static_cast<unsigned>(want),
+                          out[piece.ref].data() + piece.at);
   }
   return out;
 }
 
-void RemoveObjects(librados::IoCtx& io, const std::vector<std::string>& names) {
+void RemoveObjects(librados::IoCtx& io, const std::vector<std::string>& names,
+                   bool striped) {
   if (names.empty()) return;
   AioBatch batch;
-  for (const std::string& name : names) {
-    librados::AioCompletion* c = batch.Add(name);
-    if (io.aio_remove(name, c) < 0) batch.NotStarted(-EIO);
+  for (const std::string& logical : names) {
+    for (const std::string& name :
+         striped ? Stripes(logical) : std::vector<std::string>{logical}) {
+      librados::AioCompletion* c = batch.Add(name);
+      if (io.aio_remove(name, c) < 0) batch.NotStarted(-EIO);
+    }
   }
   (void)batch.Wait();
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <rados/librados.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -84,18 +85,35 @@ absl::Status ScanOmap(
     librados::IoCtx& io, const std::string& oid, const std::string& prefix,
     const std::function<bool(const std::string&, librados::bufferlist&)>& fn);
 
+// Payload objects are striped: a logical object "<base>.<bytes>" is stored
+// as "<base>.<bytes>/<k>" for k < ceil(bytes / kStripeBytes) (at least
+// one), so a large frame or block is written and read as several RADOS
+// objects in parallel, spread over placement groups.
+inline constexpr uint64_t kStripeBytes = 4 << 20;
+std::string StripedName(const std::string& base, uint64_t bytes);
+// The stripes of a logical object; empty when the name has no size.
+std::vector<std::string> Stripes(const std::string& logical);
+
+// Writes each logical object's stripes (write_full), all in parallel.
+absl::Status WriteObjects(
+    librados::IoCtx& io,
+    const std::vector<std::pair<std::string, librados::bufferlist>>& objects);
+
 // A copy of s. (Not a view of the caller's bytes: an operation that timed
 // out may still sit in the messenger's queue after the call returns.)
 librados::bufferlist Text(absl::string_view s);
 
-// Reads each ref's bytes, one read operation per object, all in parallel,
+// Reads each ref's bytes, one read operation per stripe, all in parallel,
 // into the returned strings (copied out of librados' buffers). DATA_LOSS
 // when an object holds fewer bytes than its ref says.
 absl::StatusOr<std::vector<std::string>> ReadRefs(librados::IoCtx& io,
                                                   const std::vector<Ref>& refs);
 
-// Removes objects, in parallel; a failure only leaves garbage behind.
-void RemoveObjects(librados::IoCtx& io, const std::vector<std::string>& names);
+// Removes objects, in parallel: logical ones (every stripe) or, with
+// striped false, RADOS objects by their own names. A failure only leaves
+// garbage behind.
+void RemoveObjects(librados::IoCtx& io, const std::vector<std::string>& names,
+                   bool striped = true);
 
 }  // namespace kvmem::rados_io
 

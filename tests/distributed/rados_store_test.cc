@@ -80,8 +80,12 @@ class RadosStoreTest : public ::testing::Test {
   RadosColdStoreOptions options_;
 };
 
+// Payloads larger than a stripe (rados_io.h kStripeBytes, 4 MiB) are
+// stored as several objects; records spanning two stripes read back whole.
 TEST_F(RadosStoreTest, AReopenedStoreSeesEveryCommit) {
-  const std::string payload(3 << 20, 'x');
+  std::string payload(9 << 20, 'x');
+  for (size_t i = 0; i < payload.size(); i += 4093) payload[i] = char(i >> 12);
+  const uint64_t layer_bytes = 3 << 20;
   {
     auto a = Open();
     ASSERT_NE(a, nullptr);
@@ -91,7 +95,8 @@ TEST_F(RadosStoreTest, AReopenedStoreSeesEveryCommit) {
     seal.stream_id = "cam";
     seal.blocks.emplace_back(0, "block-0");
     for (uint32_t l = 0; l < 4; ++l) {
-      seal.block_layers.push_back({0, l, std::string(1000 + l, char('a' + l))});
+      seal.block_layers.push_back(
+          {0, l, std::string(layer_bytes + l, char('a' + l))});
     }
     seal.delete_frames.emplace_back(0, 1);
     ASSERT_TRUE(a->Commit(seal).ok());
@@ -107,17 +112,18 @@ TEST_F(RadosStoreTest, AReopenedStoreSeesEveryCommit) {
   auto f2 = b->GetFrame("cam", 2);
   ASSERT_TRUE(f2.ok()) << f2.status();
   EXPECT_EQ(*f2, payload);
-  auto layers = b->GetBlockLayers("cam", 0, {3, 0});
+  auto layers = b->GetBlockLayers("cam", 0, {3, 0, 1});
   ASSERT_TRUE(layers.ok()) << layers.status();
-  EXPECT_EQ((*layers)[0], std::string(1003, 'd'));
-  EXPECT_EQ((*layers)[1], std::string(1000, 'a'));
+  EXPECT_EQ((*layers)[0], std::string(layer_bytes + 3, 'd'));
+  EXPECT_EQ((*layers)[1], std::string(layer_bytes, 'a'));
+  EXPECT_EQ((*layers)[2], std::string(layer_bytes + 1, 'b'));  // 2 stripes.
   auto acked = b->Acknowledged();
   ASSERT_TRUE(acked.ok()) << acked.status();
   EXPECT_EQ(acked->at("cam"), 3u);
-  EXPECT_EQ(b->ApproximatePayloadBytes(), payload.size() + 4 * 1000 + 6);
+  EXPECT_EQ(b->ApproximatePayloadBytes(), payload.size() + 4 * layer_bytes + 6);
   // The frames replaced by the block's layers are gone from RADOS too:
-  // the head, frame 2 and the one layer object.
-  EXPECT_EQ(Objects("cam").size(), 3u);
+  // the head, frame 2's 3 stripes and the layer object's 4.
+  EXPECT_EQ(Objects("cam").size(), 8u);
 }
 
 // The fencing the ownership design rests on: once another instance claims
