@@ -247,7 +247,9 @@ absl::StatusOr<BenchReport> BenchRun::Run() {
   if (!err_.status().ok()) return err_.status();
   if (o_.fps > 0) Live();
   if (!err_.status().ok()) return err_.status();
-  for (int s = 0; s < o_.streams; ++s) clients_[s]->DeleteStream(StreamId(s));
+  for (int s = 0; s < o_.streams && !o_.keep_streams; ++s) {
+    clients_[s]->DeleteStream(StreamId(s));
+  }
   r_.server_rss_mib = SampleProcess(o_.server_pid).rss_mib;
   return r_;
 }

@@ -39,6 +39,9 @@ ABSL_FLAG(uint32_t, index_queries, 2000,
 ABSL_FLAG(std::string, scratch_dir, "",
           "bench: directory for the storage reference, the sink socket and a "
           "server it starts (default /tmp/kvmem-bench-PID; removed after).");
+ABSL_FLAG(bool, keep_streams, false,
+          "bench: leave the benchmark's streams in the server at the end "
+          "(with --addr: e.g. to time another server taking them over).");
 ABSL_FLAG(std::string, server_store, "",
           "bench: the --store of the server it starts (empty: its RocksDB "
           "default), e.g. rados:POOL to measure ingest into Ceph.");
@@ -116,6 +119,7 @@ int RunBench(const std::vector<std::string>&) {
   }
   std::unique_ptr<ScratchServer> server;
   o.target = absl::GetFlag(FLAGS_addr);
+  o.keep_streams = absl::GetFlag(FLAGS_keep_streams);
   if (o.target.empty()) {
     std::string error;
     std::vector<std::string> args;

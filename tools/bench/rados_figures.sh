@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The shared durable tier's figures in one run (docs/durable-tier.md):
+# on a loopback test cluster (tests/distributed/ceph_cluster.sh), `rados
+# bench` write and sequential read with 4 MiB objects, then kvmem's ingest
+# of 7B frames into RADOS and its cold fetch from RADOS (kvmem bench with
+# --server_store=rados:kvmem), then the takeover of a stream holding one
+# camera-hour (the bench's default geometry, 10,800 frames): a new
+# kvmem-server on the same pool, timed from its start to its first answered
+# Recall. KVMEM_TAKEOVER_FRAMES changes the length.
+#
+#   bash tools/bench/rados_figures.sh [WORK_DIR]   (default /tmp/kvmem-rados-figures)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${KVMEM_BIN:-$root/build/bin}
+dir=$(realpath -m "${1:-/tmp/kvmem-rados-figures}")
+frames=${KVMEM_TAKEOVER_FRAMES:-10800}
+cluster="$root/tests/distributed/ceph_cluster.sh"
+
+bash "$cluster" start "$dir/ceph" >/dev/null
+cleanup() {
+  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
+  bash "$cluster" stop "$dir/ceph"
+}
+trap cleanup EXIT
+export CEPH_CONF="$dir/ceph/ceph.conf"
+purge() { rados purge kvmem --yes-i-really-really-mean-it >/dev/null 2>&1; }
+
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; kernel $(uname -r)"
+echo "cluster: 1 mon, 1 mgr, 3 BlueStore OSDs on sparse files in $dir/ceph, pool size 3"
+w=$(rados bench -p kvmem 15 write -b 4194304 --no-cleanup 2>&1 | awk '/^Bandwidth \(MB\/sec\)/ {print $3}')
+r=$(rados bench -p kvmem 15 seq 2>&1 | awk '/^Bandwidth \(MB\/sec\)/ {print $3}')
+purge
+echo "rados bench (4 MiB objects, 16 in flight): write $w MB/s, seq read $r MB/s"
+
+ingest=$("$bin/kvmem" bench --server_store=rados:kvmem --server_ceph_conf="$CEPH_CONF" \
+  --streams=4 --frames=30 --layers=32 --kv_heads=8 --head_dim=128 --tokens_per_frame=128 \
+  --recalls=20 --index_vectors=16 --index_queries=1 2>/dev/null | awk '/^  ingest / {print $2}')
+purge
+echo "kvmem ingest into RADOS (4 streams of 7B frames, 16 MiB each): $ingest MB/s" \
+  "= $(python3 -c "print(f'{$ingest/$w:.2f}')")x rados bench write"
+
+cold=$("$bin/kvmem" bench --fetch --server_store=rados:kvmem --server_ceph_conf="$CEPH_CONF" \
+  2>/dev/null | awk '/^  7b/ {seven=1} seven && /^        cold / {print $2, $4; exit}')
+purge
+set -- $cold
+echo "kvmem cold fetch from RADOS (7B, 8 blocks = 64 MiB): gRPC $1 MB/s," \
+  "shared memory $2 MB/s = $(python3 -c "print(f'{$2/$r:.2f}')")x rados bench seq read"
+
+# Takeover: a camera-hour ingested by one server, then a new one on the
+# pool (its own empty data directory) until it answers a Recall.
+sock="$dir/a.sock"
+rm -rf "$dir/a" "$dir/b"
+"$bin/kvmem-server" --store=rados:kvmem --ceph_conf="$CEPH_CONF" --data_dir="$dir/a" \
+  --unix_socket="$sock" --listen= >"$dir/a.log" 2>&1 &
+pid=$!
+until "$bin/kvmem" health --addr="unix:$sock" >/dev/null 2>&1; do sleep 0.2; done
+t0=$(date +%s)
+"$bin/kvmem" bench --addr="unix:$sock" --keep_streams --streams=1 --frames="$frames" \
+  --recalls=20 --index_vectors=16 --index_queries=1 --scratch_dir="$dir/bench" >/dev/null 2>&1
+echo "ingested one camera-hour ($frames frames of $("$bin/kvmem" stats --addr="unix:$sock" \
+  --stream=bench-cam-0 2>/dev/null | awk '/geometry/ {print $2, "x", $4, "x", $6}') at" \
+  "32 tokens) in $(( $(date +%s) - t0 )) s"
+"$bin/kvmem" stats --addr="unix:$sock" --stream=bench-cam-0 2>/dev/null | sed -n '4,5p;8,11p'
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+sock="$dir/b.sock"
+start=$(date +%s.%N)
+"$bin/kvmem-server" --store=rados:kvmem --ceph_conf="$CEPH_CONF" --data_dir="$dir/b" \
+  --unix_socket="$sock" --listen= >"$dir/b.log" 2>&1 &
+pid=$!
+until "$bin/kvmem" recall --addr="unix:$sock" --stream=bench-cam-0 --query_seed=1 \
+    >/dev/null 2>&1; do
+  sleep 0.05
+done
+end=$(date +%s.%N)
+echo "takeover after kill -9: first Recall answered $(python3 -c "print(f'{$end-$start:.2f}')") s after the new server started"
+grep -m1 "opened rados" "$dir/b.log" | sed 's/^.*\] //'
+kill "$pid"
+wait "$pid" 2>/dev/null || true
+pid=
