@@ -11,6 +11,8 @@ PACKAGES=(
   libfaiss-dev libopenblas-dev libblas-dev liblapack-dev
   librocksdb-dev
   librados-dev ceph-mon ceph-osd ceph-mgr ceph-common uuid-runtime
+  etcd-server golang-etcd-server-dev golang-github-gogo-protobuf-dev
+  golang-github-grpc-ecosystem-grpc-gateway-dev
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev libomp-dev openssl

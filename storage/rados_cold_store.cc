@@ -27,6 +27,7 @@ struct PayloadPlan {
   std::vector<std::pair<std::string, librados::bufferlist>> objects;
   std::optional<Ref> frame;
   std::vector<std::pair<LayerId, Ref>> layers;
+  std::vector<std::pair<uint64_t, Ref>> blocks;
 
   std::vector<std::string> names() const {
     std::vector<std::string> n;
@@ -45,6 +46,15 @@ PayloadPlan PlanPayload(const StreamWrite& w, uint64_t epoch, uint64_t seq) {
         absl::StrCat("f.", index, ".", epoch, ".", seq), bytes.size());
     plan.frame = Ref{name, 0, bytes.size()};
     plan.objects.emplace_back(std::move(name), rados_io::Text(bytes));
+  }
+  // Block records are objects too (tens of KiB with their summaries and
+  // token codes: read back in parallel at recovery, not through the head's
+  // omap).
+  for (const auto& [id, record] : w.blocks) {
+    std::string name = rados_io::StripedName(
+        absl::StrCat("b.", id, ".", epoch, ".", seq), record.size());
+    plan.blocks.push_back({id, Ref{name, 0, record.size()}});
+    plan.objects.emplace_back(std::move(name), rados_io::Text(record));
   }
   // One object per block: its layers of this write, concatenated; named
   // once its size is known.
@@ -212,6 +222,14 @@ absl::Status RadosColdStore::Load(StreamEntry& e) {
         return true;
       }));
   KVMEM_RETURN_IF_ERROR(
+      ScanOmap(e.io, rados_io::kHead, "b/", [&](const std::string& k, auto& v) {
+        uint64_t block = 0;
+        Ref ref;
+        if (!rados_io::ParseKey(k, &block) || !refs(k, v, &ref)) return false;
+        m.blocks[block] = std::move(ref);
+        return true;
+      }));
+  KVMEM_RETURN_IF_ERROR(
       ScanOmap(e.io, rados_io::kHead, "m/", [&](const std::string& k, auto&) {
         uint64_t frame = 0;
         if (rados_io::ParseKey(k, &frame)) {
@@ -327,8 +345,8 @@ std::map<std::string, librados::bufferlist> SetKeys(const StreamWrite& w,
       set[rados_io::MetaKey(w.frame->first)] = rados_io::Text(*w.frame_meta);
     }
   }
-  for (const auto& [id, record] : w.blocks) {
-    set[rados_io::BlockKey(id)] = rados_io::Text(record);
+  for (const auto& [id, ref] : plan.blocks) {
+    set[rados_io::BlockKey(id)] = rados_io::Text(rados_io::EncodeRef(ref));
   }
   for (const auto& [id, ref] : plan.layers) {
     set[rados_io::LayerKey(id.first, id.second)] =
@@ -366,6 +384,7 @@ void Apply(const StreamWrite& w, const PayloadPlan& plan, Manifest* m,
     if (w.frame_meta) m->metas.insert(w.frame->first);
   }
   for (const auto& [id, ref] : plan.layers) put(m->layers, id, ref);
+  for (const auto& [id, ref] : plan.blocks) put(m->blocks, id, ref);
 }
 
 }  // namespace

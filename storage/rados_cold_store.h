@@ -4,15 +4,18 @@
 // Layout, per stream, in the RADOS namespace named by the stream id (after
 // RadosColdStoreOptions::prefix):
 // - "head": its omap holds the small records (config "c", state "s", frame
-//   metas "m/<frame>", block records "b/<block>", the acknowledged mark
-//   "a") and the manifest of payload objects ("f/<frame>" and
-//   "l/<block>/<layer>": object name, offset, length); its xattr
+//   metas "m/<frame>", the acknowledged mark "a") and the manifest of
+//   payload objects ("f/<frame>", "b/<block>" and "l/<block>/<layer>":
+//   object name, offset, length); its xattr
 //   "kvmem.epoch" holds the epoch of the store instance that owns the
 //   stream.
-// - payload objects, immutable: "f.<frame>.<epoch>.<seq>" (a frame) and
+// - payload objects, immutable: "f.<frame>.<epoch>.<seq>" (a frame),
+//   "b.<block>.<epoch>.<seq>" (a block record: tens of KiB with summaries
+//   and token codes, read in parallel at recovery) and
 //   "l.<block>.<epoch>.<seq>" (the layers one commit wrote for a block,
 //   concatenated). Names carry the writer's epoch, so a fenced writer never
-//   overwrites its successor's objects.
+//   overwrites its successor's objects, and end in their size: each is
+//   striped over 4 MiB RADOS objects (rados_io.h).
 // And in the pool's default namespace, "<prefix>kvmem.streams": an omap of
 // stream ids, for ListStreams.
 //

@@ -30,6 +30,7 @@ struct Manifest {
   std::map<uint64_t, Ref> frames;
   std::set<uint64_t> metas;
   std::map<LayerId, Ref> layers;
+  std::map<uint64_t, Ref> blocks;               // Block records.
   std::map<std::string, uint64_t> object_refs;  // Records per object.
   uint64_t bytes = 0;
 

@@ -1,5 +1,6 @@
 // RadosColdStore's reads, listing and acknowledged marks (the writes are in
 // rados_cold_store.cc).
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
@@ -107,27 +108,35 @@ absl::StatusOr<std::vector<std::string>> RadosColdStore::GetBlockLayers(
 absl::Status RadosColdStore::ScanBlocks(
     absl::string_view stream_id,
     const std::function<absl::Status(uint64_t, absl::string_view)>& fn) {
-  std::shared_ptr<StreamEntry> e = Entry(stream_id);
-  bool exists = false;
+  // The records named now, read in parallel batches, handed over in id
+  // order.
+  std::vector<uint64_t> ids;
   KVMEM_RETURN_IF_ERROR(
       ReadLocked(stream_id, [&](StreamEntry& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        exists = s.claimed;
+        for (const auto& [id, ref] : s.m.blocks) ids.push_back(id);
         return absl::OkStatus();
       }));
-  if (!exists) return absl::OkStatus();
-  absl::Status out;
-  KVMEM_RETURN_IF_ERROR(rados_io::ScanOmap(
-      e->io, rados_io::kHead, "b/",
-      [&](const std::string& key, librados::bufferlist& v) {
-        uint64_t id = 0;
-        if (!rados_io::ParseKey(key, &id)) {
-          out = absl::DataLossError(absl::StrCat("block key ", key));
-          return false;
-        }
-        out = fn(id, v.to_str());
-        return out.ok();
-      }));
-  return out;
+  constexpr size_t kBatch = 64;
+  for (size_t first = 0; first < ids.size(); first += kBatch) {
+    const size_t n = std::min(kBatch, ids.size() - first);
+    KVMEM_ASSIGN_OR_RETURN(
+        std::vector<std::string> records,
+        ReadRecords(stream_id, [&](const Manifest& m, std::vector<Ref>* refs) {
+          for (size_t i = first; i < first + n; ++i) {
+            auto it = m.blocks.find(ids[i]);
+            if (it == m.blocks.end()) {
+              return absl::NotFoundError(absl::StrCat(
+                  "block ", ids[i], " was removed during the scan"));
+            }
+            refs->push_back(it->second);
+          }
+          return absl::OkStatus();
+        }));
+    for (size_t i = 0; i < n; ++i) {
+      KVMEM_RETURN_IF_ERROR(fn(ids[first + i], records[i]));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> RadosColdStore::IndexedStreams() {

@@ -120,10 +120,13 @@ TEST_F(RadosStoreTest, AReopenedStoreSeesEveryCommit) {
   auto acked = b->Acknowledged();
   ASSERT_TRUE(acked.ok()) << acked.status();
   EXPECT_EQ(acked->at("cam"), 3u);
-  EXPECT_EQ(b->ApproximatePayloadBytes(), payload.size() + 4 * layer_bytes + 6);
+  // Frames, layers and block records, as stored.
+  EXPECT_EQ(b->ApproximatePayloadBytes(), payload.size() + 4 * layer_bytes + 6 +
+                                              std::string("block-0").size());
   // The frames replaced by the block's layers are gone from RADOS too:
-  // the head, frame 2's 3 stripes and the layer object's 4.
-  EXPECT_EQ(Objects("cam").size(), 8u);
+  // the head, frame 2's 3 stripes, the layer object's 4 and the block
+  // record's 1.
+  EXPECT_EQ(Objects("cam").size(), 9u);
 }
 
 // The fencing the ownership design rests on: once another instance claims

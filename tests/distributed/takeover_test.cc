@@ -3,12 +3,14 @@
 // under its own --rados_prefix). A server is killed with SIGKILL, during a
 // quiet moment or in the middle of ingest; another server, with its own
 // (empty) data directory, opens the same pool and serves every acknowledged
-// frame byte-exact and the same recall sets. A killed OSD does not stop
+// frame byte-exact and the same recall sets. A paused owner (SIGSTOP) that
+// wakes after a takeover is fenced by RADOS. A killed OSD does not stop
 // ingest.
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -236,6 +238,51 @@ TEST_F(TakeoverTest, EveryAcknowledgedFrameSurvivesAKillDuringIngest) {
   v1::StreamStats st;
   ASSERT_TRUE(b->GetStreamStats("cam", &st).ok());
   EXPECT_GE(st.last_durable_frame() + 1, static_cast<int64_t>(acked.load()));
+}
+
+// (c): an OSD killed (SIGKILL) during ingest. With size 3 / min_size 2 the
+// pool keeps taking writes: ingest goes on after a stall (the read lease,
+// `osd pool default read lease ratio = 0.2` in the test cluster), every
+// frame is acknowledged and served. The OSD is started again and the test
+// waits for active+clean, so the next test finds a whole cluster.
+TEST_F(TakeoverTest, IngestGoesOnWhenAnOsdDies) {
+  const std::string cluster =
+      std::filesystem::path(CephConf()).parent_path().string();
+  const std::string script = KVMEM_CEPH_SCRIPT;
+  auto a = Start(0);
+  ASSERT_NE(a, nullptr);
+  Open(*a);
+  std::atomic<uint64_t> acked{0};
+  std::atomic<int64_t> longest_us{0};
+  grpc::Status failure;
+  std::thread ingest([&] {
+    for (uint64_t i = 0; i < kFrames; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      v1::AppendFramesResponse r;
+      failure = a->AppendFrames("cam", {frames_[i]}, &r);
+      if (!failure.ok()) break;
+      const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now() - t0)
+                             .count();
+      if (us > longest_us) longest_us = us;
+      acked = i + 1;
+      absl::SleepFor(absl::Milliseconds(20));  // A camera's pace, roughly.
+    }
+  });
+  while (acked < 20 && failure.ok()) absl::SleepFor(absl::Milliseconds(5));
+  const int killed =
+      std::system(("bash " + script + " kill-osd " + cluster + " 1").c_str());
+  ingest.join();
+  EXPECT_EQ(killed, 0);
+  EXPECT_TRUE(failure.ok()) << failure.error_message();
+  EXPECT_EQ(acked.load(), kFrames);
+  std::cout << "longest append with an OSD killed: " << longest_us.load() / 1000
+            << " ms\n";
+  ExpectFrames(*a, kFrames);
+  EXPECT_EQ(std::system(("bash " + script + " start-osd " + cluster + " 1 && " +
+                         "bash " + script + " wait-clean " + cluster + " 120")
+                            .c_str()),
+            0);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 # Recall. KVMEM_TAKEOVER_FRAMES changes the length.
 #
 #   bash tools/bench/rados_figures.sh [WORK_DIR]   (default /tmp/kvmem-rados-figures)
+#   KVMEM_TAKEOVER_ONLY=1 ...: only the takeover.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${KVMEM_BIN:-$root/build/bin}
@@ -27,6 +28,7 @@ purge() { rados purge kvmem --yes-i-really-really-mean-it >/dev/null 2>&1; }
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; kernel $(uname -r)"
 echo "cluster: 1 mon, 1 mgr, 3 BlueStore OSDs on sparse files in $dir/ceph, pool size 3"
+if [ -z "${KVMEM_TAKEOVER_ONLY:-}" ]; then
 w=$(rados bench -p kvmem 15 write -b 4194304 --no-cleanup 2>&1 | awk '/^Bandwidth \(MB\/sec\)/ {print $3}')
 r=$(rados bench -p kvmem 15 seq 2>&1 | awk '/^Bandwidth \(MB\/sec\)/ {print $3}')
 purge
@@ -46,6 +48,8 @@ set -- $cold
 echo "kvmem cold fetch from RADOS (7B, 8 blocks = 64 MiB): gRPC $1 MB/s," \
   "shared memory $2 MB/s = $(python3 -c "print(f'{$2/$r:.2f}')")x rados bench seq read"
 
+fi
+
 # Takeover: a camera-hour ingested by one server, then a new one on the
 # pool (its own empty data directory) until it answers a Recall.
 sock="$dir/a.sock"
@@ -57,9 +61,7 @@ until "$bin/kvmem" health --addr="unix:$sock" >/dev/null 2>&1; do sleep 0.2; don
 t0=$(date +%s)
 "$bin/kvmem" bench --addr="unix:$sock" --keep_streams --streams=1 --frames="$frames" \
   --recalls=20 --index_vectors=16 --index_queries=1 --scratch_dir="$dir/bench" >/dev/null 2>&1
-echo "ingested one camera-hour ($frames frames of $("$bin/kvmem" stats --addr="unix:$sock" \
-  --stream=bench-cam-0 2>/dev/null | awk '/geometry/ {print $2, "x", $4, "x", $6}') at" \
-  "32 tokens) in $(( $(date +%s) - t0 )) s"
+echo "ingested one camera-hour ($frames frames, the bench's geometry) in $(( $(date +%s) - t0 )) s"
 "$bin/kvmem" stats --addr="unix:$sock" --stream=bench-cam-0 2>/dev/null | sed -n '4,5p;8,11p'
 kill -9 "$pid"
 wait "$pid" 2>/dev/null || true
