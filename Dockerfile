@@ -7,7 +7,7 @@ WORKDIR /src/kvmem
 COPY . .
 RUN bash deploy/bootstrap.sh \
  && cmake -S . -B build -G Ninja -DKVMEM_BUILD_TESTS=OFF \
- && cmake --build build -j2 --target kvmem-server kvmem
+ && cmake --build build -j2 --target kvmem-server kvmem kvmem_rados
 
 # runtime: the two binaries and only the shared libraries they need (their
 # ELF NEEDED entries mapped to packages with dpkg -S; FAISS is linked
@@ -26,7 +26,7 @@ RUN apt-get update \
       --shell /usr/sbin/nologin kvmem \
  && mkdir -p /data && chown kvmem:kvmem /data
 COPY --from=build /src/kvmem/build/bin/kvmem-server /src/kvmem/build/bin/kvmem \
-     /usr/local/bin/
+     /src/kvmem/build/bin/libkvmem_rados.so /usr/local/bin/
 USER kvmem
 VOLUME /data
 EXPOSE 50551

@@ -466,13 +466,11 @@ uint64_t RadosColdStore::ApproximatePayloadBytes() {
 
 }  // namespace kvmem::rados_store
 
-namespace kvmem {
-
-absl::StatusOr<std::unique_ptr<ColdStore>> OpenRadosColdStore(
-    const RadosColdStoreOptions& options) {
-  auto store = std::make_unique<rados_store::RadosColdStore>(options);
-  KVMEM_RETURN_IF_ERROR(store->Connect());
-  return store;
+// The module's entry point (storage/rados_loader.cc loads it): a store
+// connected to the cluster, or nullptr with *status set.
+extern "C" kvmem::ColdStore* kvmem_rados_open(
+    const kvmem::RadosColdStoreOptions* options, absl::Status* status) {
+  auto store = std::make_unique<kvmem::rados_store::RadosColdStore>(*options);
+  *status = store->Connect();
+  return status->ok() ? store.release() : nullptr;
 }
-
-}  // namespace kvmem

@@ -152,7 +152,8 @@ TEST(ServerTest, TheStoreFlagPicksTheStore) {
   rados.store_spec = "rados:kvmem";
   rados.rados.ceph_conf = dir.path() + "/no-such-ceph.conf";
   auto r = Server::Start(rados);
-  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+      << r.status();
   EXPECT_NE(r.status().message().find("no-such-ceph.conf"), std::string::npos)
       << r.status();
 }
