@@ -4,6 +4,11 @@
 #ifndef KVMEM_TESTS_TEST_UTIL_H_
 #define KVMEM_TESTS_TEST_UTIL_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -16,6 +21,19 @@
 #include "engine/codec/dtype.h"
 
 namespace kvmem::testing {
+
+// A loopback port nothing listens on right now (bound, read, closed).
+inline int FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 // The whole file; empty when it cannot be read.
 // The newest non-empty RocksDB write-ahead log (*.log) in dir; "" if none.

@@ -17,28 +17,22 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "storage/rados_cold_store.h"
+#include "tests/distributed/ceph_env.h"
 
 namespace kvmem {
 namespace {
 
-std::string CephConf() {
-  const char* conf = std::getenv("KVMEM_CEPH_CONF");
-  return conf != nullptr && std::filesystem::exists(conf) ? conf : "";
-}
+using testing::CephConf;
 
 class RadosStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (CephConf().empty()) {
-      GTEST_SKIP() << "no Ceph test cluster: KVMEM_CEPH_CONF is unset or "
-                      "missing (ctest starts one with the ceph_cluster_up "
-                      "fixture)";
+      GTEST_SKIP() << testing::kNoCephCluster;
     }
-    static std::atomic<int> next{0};
     options_.pool = "kvmem";
     options_.ceph_conf = CephConf();
-    options_.prefix = absl::StrCat("r", getpid(), "-", next++, "-",
-                                   absl::ToUnixNanos(absl::Now()), "/");
+    options_.prefix = testing::UniquePrefix("r");
     options_.op_timeout = absl::Seconds(20);
   }
 

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "client/cpp/kvmem_client.h"
 #include "gtest/gtest.h"
+#include "tests/distributed/ceph_env.h"
 #include "tests/stream_model.h"
 #include "tests/test_util.h"
 #include "tests/wire_fixture.h"
@@ -31,10 +32,7 @@
 namespace kvmem {
 namespace {
 
-std::string CephConf() {
-  const char* conf = std::getenv("KVMEM_CEPH_CONF");
-  return conf != nullptr && std::filesystem::exists(conf) ? conf : "";
-}
+using testing::CephConf;
 
 testing::TestGeometry Geometry() {
   testing::TestGeometry g;
@@ -48,12 +46,9 @@ class TakeoverTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (CephConf().empty()) {
-      GTEST_SKIP() << "no Ceph test cluster: KVMEM_CEPH_CONF is unset or "
-                      "missing (ctest starts one with the ceph_cluster_up "
-                      "fixture)";
+      GTEST_SKIP() << testing::kNoCephCluster;
     }
-    prefix_ =
-        absl::StrCat("s", getpid(), "-", absl::ToUnixNanos(absl::Now()), "/");
+    prefix_ = testing::UniquePrefix("s");
     model_ = std::make_unique<testing::StreamModel>(
         Geometry(), 2, 8, std::vector<uint32_t>{0, 1});
     std::mt19937_64 rng(5);

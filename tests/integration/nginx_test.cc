@@ -26,6 +26,7 @@
 #include "client/cpp/kvmem_client.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"
+#include "tests/test_util.h"
 #include "tests/wire_fixture.h"
 #include "tools/common/server_process.h"
 
@@ -42,19 +43,6 @@ using testing::ToOutgoing;
 constexpr int kInstances = 3;
 constexpr int kStreams = 24;
 constexpr uint32_t kTokens = 16;
-
-// A port nothing listens on right now (bound, read, closed).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // deploy/nginx/kvmem.conf with its upstream servers and listen port
 // replaced; fails the test when the file no longer has the expected lines.
@@ -214,7 +202,7 @@ TEST_F(NginxShardingTest, StreamsStayOnOneInstanceAcrossARestart) {
     ASSERT_FALSE(servers_[i]->tcp_target().empty());
     ports.push_back(std::stoi(servers_[i]->tcp_target().substr(10)));
   }
-  const int proxy_port = FreePort();
+  const int proxy_port = testing::FreeLoopbackPort();
   Nginx nginx(dir_.path() + "/nginx", LoopbackConfig(ports, proxy_port));
   auto client = KvmemClient::Connect("127.0.0.1:" + std::to_string(proxy_port));
   grpc::health::v1::HealthCheckResponse health;

@@ -25,6 +25,7 @@
 #include "storage/checksummed_store.h"
 #include "storage/cold_store.h"
 #include "storage/store_factory.h"
+#include "tests/distributed/ceph_env.h"
 #include "tests/test_util.h"
 
 namespace kvmem {
@@ -49,20 +50,11 @@ struct RadosStore {
   static std::string Spec(const std::string&) { return "rados:kvmem"; }
 };
 
-// The cluster's configuration, or "" (then the RADOS tests skip, saying
-// why).
-inline std::string CephConf() {
-  const char* conf = std::getenv("KVMEM_CEPH_CONF");
-  return conf != nullptr && std::filesystem::exists(conf) ? conf : "";
-}
-
 // Options for a RADOS store no other test sees.
 inline RadosColdStoreOptions IsolatedRados() {
-  static std::atomic<int> next{0};
   RadosColdStoreOptions o;
-  o.ceph_conf = CephConf();
-  o.prefix = absl::StrCat("t", getpid(), "-", next++, "-",
-                          absl::ToUnixNanos(absl::Now()), "/");
+  o.ceph_conf = testing::CephConf();
+  o.prefix = testing::UniquePrefix("t");
   o.op_timeout = absl::Seconds(20);
   return o;
 }
@@ -77,10 +69,8 @@ template <typename T>
 class ColdStoreConformance : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::is_same_v<T, RadosStore> && CephConf().empty()) {
-      GTEST_SKIP() << "no Ceph test cluster: KVMEM_CEPH_CONF is unset or "
-                      "missing (ctest starts one with the ceph_cluster_up "
-                      "fixture, tests/distributed/ceph_cluster.sh)";
+    if (std::is_same_v<T, RadosStore> && testing::CephConf().empty()) {
+      GTEST_SKIP() << testing::kNoCephCluster;
     }
     absl::StatusOr<StoreSpec> spec = ParseStoreSpec(T::Spec(dir_.path()));
     ASSERT_TRUE(spec.ok()) << spec.status();

@@ -30,10 +30,10 @@
 namespace kvmem {
 
 struct BenchOptions {
-  std::string target;       // The kvmem-server under load.
-  std::string scratch_dir;  // Storage reference and sink socket; must exist.
+  std::string target;         // The kvmem-server under load.
+  std::string scratch_dir;    // Storage reference and sink socket; must exist.
   bool keep_streams = false;  // Leave the streams in the server at the end.
-  int server_pid = -1;      // For RSS/CPU; -1: not sampled.
+  int server_pid = -1;        // For RSS/CPU; -1: not sampled.
   int streams = 16;
   int frames = 120;   // Per stream, full-rate ingest phase.
   int recalls = 300;  // Per stream, recall phase (and empty RPCs).
