@@ -8,6 +8,7 @@
 #include "engine/accel/accelerator.h"
 #include "engine/accel/device_profile.h"
 #include "engine/codec/record_codec.h"
+#include "engine/owned_store.h"
 #include "engine/stream/stream.h"
 #include "engine/stream_config.h"
 
@@ -19,9 +20,22 @@ MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store,
       options_(options),
       accel_(options.sim.has_value() ? NewSimAccelerator(*options.sim)
                                      : NewCpuAccelerator()),
-      background_(std::make_unique<Executor>(options.background_threads)) {}
+      background_(std::make_unique<Executor>(options.background_threads)),
+      ownership_(options.ownership.get()) {
+  if (ownership_ != nullptr) {
+    // A write the store refuses because another server took the stream
+    // over drops the stream, off the writer's locks.
+    store_ = std::make_unique<OwnedStore>(
+        std::shared_ptr<ColdStore>(std::move(store_)), ownership_,
+        [this](const std::string& id, const absl::Status& why) {
+          if (stopping_moves_.load()) return;
+          background_->Submit([this, id, why] { Disown(id, why); });
+        });
+  }
+}
 
 MemoryEngine::~MemoryEngine() {
+  if (ownership_ != nullptr) ownership_->OnLost(nullptr);
   if (ack_thread_.joinable()) {
     {
       kvmem::MutexLock lock(&ack_mu_);
@@ -29,6 +43,7 @@ MemoryEngine::~MemoryEngine() {
     }
     ack_thread_.join();
   }
+  stopping_moves_ = true;
   background_.reset();  // Finish queued tier moves before streams go.
   // Shutdown: the final record; never from an Open that failed, whose
   // refusal must stay reproducible.
@@ -124,6 +139,18 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
   std::unique_ptr<MemoryEngine> engine(
       new MemoryEngine(std::move(store), options));
   engine->accel_description_ = description;
+  if (engine->ownership_ != nullptr) {
+    // Streams are taken up as calls name them (Adopt); this server owns
+    // none yet.
+    engine->ownership_->OnLost(
+        [e = engine.get()](const absl::Status& why) { e->DisownAll(why); });
+    engine->opened_ = true;
+    if (options.acknowledge_interval_ms > 0) {
+      engine->ack_thread_ =
+          std::thread([e = engine.get()] { e->AcknowledgeLoop(); });
+    }
+    return engine;
+  }
   KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
   absl::StatusOr<std::map<std::string, uint64_t>> acked =
       engine->store_->Acknowledged();
@@ -136,25 +163,9 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
   {
     kvmem::MutexLock lock(&engine->mu_);
     for (const StreamRecord& r : records) {
-      absl::StatusOr<std::unique_ptr<Stream>> stream = engine->RecoverOne(r);
       auto ack = acked->find(r.stream_id);
-      const uint64_t want = ack == acked->end() ? 0 : ack->second;
-      if (!stream.ok()) {
-        engine->Quarantine(r.stream_id, stream.status());
-        if (want > 0) engine->quarantined_acks_[r.stream_id] = want;
-        continue;
-      }
-      const uint64_t have = (*stream)->AcknowledgedFrames();
-      if (have < want) {
-        engine->Quarantine(r.stream_id,
-                           absl::DataLossError(absl::StrCat(
-                               want, " frames were acknowledged and ", have,
-                               " recovered: frames ", have, "..", want - 1,
-                               " were lost from the write-ahead log")));
-        engine->quarantined_acks_[r.stream_id] = want;
-        continue;
-      }
-      engine->streams_[r.stream_id] = *std::move(stream);
+      engine->Install(r.stream_id, ack == acked->end() ? 0 : ack->second,
+                      engine->RecoverOne(r));
     }
     for (const auto& [id, want] : *acked) {
       if (want == 0 || engine->streams_.count(id) ||
@@ -249,13 +260,18 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   // lookups, never across a commit, so other streams' calls do not wait.
   kvmem::MutexLock control(&control_mu_);
   std::shared_ptr<Stream> existing;
-  {
-    kvmem::MutexLock lock(&mu_);
-    if (auto q = quarantined_.find(id); q != quarantined_.end()) {
-      return q->second;
+  if (ownership_ != nullptr) {
+    KVMEM_RETURN_IF_ERROR(ownership_->CheckServing());
+    absl::StatusOr<std::shared_ptr<Stream>> adopted =
+        Adopt(id, /*keep_absent=*/true);
+    if (adopted.ok()) {
+      existing = *std::move(adopted);
+    } else if (adopted.status().code() != absl::StatusCode::kNotFound) {
+      return adopted.status();
     }
-    auto it = streams_.find(id);
-    if (it != streams_.end()) existing = it->second;
+  } else {
+    kvmem::MutexLock lock(&mu_);
+    KVMEM_ASSIGN_OR_RETURN(existing, Held(id));
   }
   // Fields left zero take the server's stream defaults when the stream is
   // created, and the stream's own settings when it is reopened: a server
@@ -284,17 +300,16 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
 }
 
 absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::FindStream(
-    const std::string& id) const {
+    const std::string& id) {
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
-  kvmem::MutexLock lock(&mu_);
-  auto it = streams_.find(id);
-  if (it == streams_.end()) {
-    if (auto q = quarantined_.find(id); q != quarantined_.end()) {
-      return q->second;
-    }
-    return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
+  if (ownership_ != nullptr) KVMEM_RETURN_IF_ERROR(ownership_->CheckServing());
+  {
+    kvmem::MutexLock lock(&mu_);
+    KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> held, Held(id));
+    if (held != nullptr) return held;
   }
-  return it->second;
+  if (ownership_ != nullptr) return Adopt(id, /*keep_absent=*/false);
+  return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
 }
 
 absl::StatusOr<StreamStats> MemoryEngine::CloseStream(const std::string& id) {
@@ -306,6 +321,12 @@ absl::StatusOr<StreamStats> MemoryEngine::CloseStream(const std::string& id) {
 absl::Status MemoryEngine::DeleteStream(const std::string& id) {
   kvmem::MutexLock control(&control_mu_);
   KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
+  if (ownership_ != nullptr) {
+    // Taken up first (a quarantined stream too: it is deleted below).
+    absl::StatusOr<std::shared_ptr<Stream>> adopted = FindStream(id);
+    kvmem::MutexLock lock(&mu_);
+    if (!adopted.ok() && quarantined_.count(id) == 0) return adopted.status();
+  }
   bool quarantined;
   {
     kvmem::MutexLock lock(&mu_);
@@ -326,10 +347,16 @@ absl::Status MemoryEngine::DeleteStream(const std::string& id) {
     if (stream) stream->MarkDeleted(false);  // Nothing removed; keep serving.
     return s;
   }
-  kvmem::MutexLock lock(&mu_);
-  streams_.erase(id);
-  quarantined_.erase(id);
-  quarantined_acks_.erase(id);
+  {
+    kvmem::MutexLock lock(&mu_);
+    streams_.erase(id);
+    quarantined_.erase(id);
+    quarantined_acks_.erase(id);
+  }
+  if (ownership_ != nullptr) {
+    store_->ReleaseStream(id);
+    ownership_->Release(id);
+  }
   return absl::OkStatus();
 }
 
@@ -345,8 +372,7 @@ std::vector<StreamStats> MemoryEngine::ListStreams() const {
   return out;
 }
 
-absl::StatusOr<StreamStats> MemoryEngine::GetStats(
-    const std::string& id) const {
+absl::StatusOr<StreamStats> MemoryEngine::GetStats(const std::string& id) {
   KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
   return stream->Stats();
 }
@@ -375,7 +401,7 @@ std::vector<StreamHandle> MemoryEngine::StreamsWithPrefix(
   return out;
 }
 
-absl::StatusOr<StreamHandle> MemoryEngine::Find(const std::string& id) const {
+absl::StatusOr<StreamHandle> MemoryEngine::Find(const std::string& id) {
   KVMEM_ASSIGN_OR_RETURN(auto stream, FindStream(id));
   return StreamHandle(std::move(stream));
 }

@@ -1,6 +1,9 @@
 // MemoryEngine: the registry of streams over one ColdStore. It validates
 // stream ids and configs, recovers every stored stream when opened, and
-// routes calls to the right Stream.
+// routes calls to the right Stream. With an ownership (engine/ownership.h:
+// several servers sharing one store), it recovers nothing at Open and takes
+// each stream up on the first call that names it, when this server may own
+// it.
 //
 // Thread safety: all methods are safe to call concurrently; calls on different
 // streams do not wait for each other beyond a short map lookup.
@@ -20,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "base/sync.h"
 #include "engine/accel/sim_model.h"
+#include "engine/ownership.h"
 #include "engine/stream_config.h"
 #include "engine/types.h"
 #include "storage/cold_store.h"
@@ -116,6 +120,9 @@ struct EngineOptions {
   uint32_t acknowledge_interval_ms = 1000;
   // Errors the engine raises (a quarantined stream); may be empty.
   std::function<void(const std::string&)> error;
+  // Set when the store is shared by several servers: who may serve each
+  // stream (engine/ownership.h). Must outlive the engine.
+  std::shared_ptr<StreamOwnership> ownership;
 };
 
 // A stored stream that could not be served after recovery.
@@ -155,7 +162,7 @@ class MemoryEngine {
   absl::Status DeleteStream(const std::string& id)
       ABSL_LOCKS_EXCLUDED(control_mu_, mu_);
   std::vector<StreamStats> ListStreams() const ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<StreamStats> GetStats(const std::string& id) const
+  absl::StatusOr<StreamStats> GetStats(const std::string& id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<AppendResult> Append(const std::string& id, Frame frame)
@@ -166,7 +173,7 @@ class MemoryEngine {
 
   // The stream, for ingest and block reads. NOT_FOUND when absent;
   // INVALID_ARGUMENT for a malformed id; a quarantined stream's reason.
-  absl::StatusOr<StreamHandle> Find(const std::string& id) const
+  absl::StatusOr<StreamHandle> Find(const std::string& id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Applies a stream's queued recall feedback (heat, stage hits,
@@ -204,8 +211,28 @@ class MemoryEngine {
   MemoryEngine(std::unique_ptr<ColdStore> store, const EngineOptions& options);
   StreamEnv Env();
   // The live stream; NOT_FOUND, INVALID_ARGUMENT or a quarantine reason.
-  absl::StatusOr<std::shared_ptr<Stream>> FindStream(
-      const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // With an ownership, a stream not held yet is taken up (Adopt).
+  absl::StatusOr<std::shared_ptr<Stream>> FindStream(const std::string& id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The held stream or its quarantine reason; nullptr when neither.
+  absl::StatusOr<std::shared_ptr<Stream>> Held(const std::string& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ownership: takes the stream up (acquire, claim with the fencing token,
+  // read, recover). NOT_FOUND when it has no records; with keep_absent the
+  // ownership is kept for the stream about to be created.
+  absl::StatusOr<std::shared_ptr<Stream>> Adopt(const std::string& id,
+                                                bool keep_absent)
+      ABSL_LOCKS_EXCLUDED(adopt_mu_, mu_);
+  // Drops a stream another server took over (or all of them when this
+  // server's ownership lapsed): calls holding it answer `why`.
+  void Disown(const std::string& id, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DisownAll(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Serves a recovered stream, or quarantines it when recovery failed or it
+  // holds fewer frames than the `want` acknowledged.
+  void Install(const std::string& id, uint64_t want,
+               absl::StatusOr<std::unique_ptr<Stream>> stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recovers one stored stream; any failure (or exception) is the status.
   absl::StatusOr<std::unique_ptr<Stream>> RecoverOne(const StreamRecord& r);
   void Quarantine(const std::string& id, absl::Status reason)
@@ -227,6 +254,12 @@ class MemoryEngine {
   std::unique_ptr<Executor> background_;
   // Serialises OpenStream and DeleteStream (which commit to the store).
   kvmem::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Serialises taking streams up (Adopt); held across their recovery.
+  kvmem::Mutex adopt_mu_ ABSL_ACQUIRED_AFTER(control_mu_)
+      ABSL_ACQUIRED_BEFORE(mu_);
+  StreamOwnership* const ownership_;  // options_.ownership; may be null.
+  // Set before background_ goes: moves found later are not queued.
+  std::atomic<bool> stopping_moves_{false};
   // Guards the map only; never held across storage I/O.
   mutable kvmem::Mutex mu_;
   std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,7 @@
 #include "storage/cold_store.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace kvmem {
 
 absl::StatusOr<std::vector<std::string>> ColdStore::GetBlockLayers(
@@ -13,6 +15,28 @@ absl::StatusOr<std::vector<std::string>> ColdStore::GetBlockLayers(
     out.push_back(*std::move(v));
   }
   return out;
+}
+
+absl::Status ColdStore::ClaimStream(absl::string_view, uint64_t) {
+  return absl::OkStatus();
+}
+
+void ColdStore::ReleaseStream(absl::string_view) {}
+
+absl::StatusOr<StreamRecord> ColdStore::ReadStream(absl::string_view stream_id,
+                                                   uint64_t* acknowledged) {
+  absl::StatusOr<std::vector<StreamRecord>> all = ListStreams();
+  if (!all.ok()) return all.status();
+  for (StreamRecord& r : *all) {
+    if (r.stream_id != stream_id) continue;
+    absl::StatusOr<std::map<std::string, uint64_t>> acked = Acknowledged();
+    if (!acked.ok()) return acked.status();
+    auto it = acked->find(r.stream_id);
+    *acknowledged = it == acked->end() ? 0 : it->second;
+    return std::move(r);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("stream \"", stream_id, "\" has no records"));
 }
 
 }  // namespace kvmem

@@ -39,6 +39,18 @@
 //   after any crash and restart. Recovery compares each stream's stored
 //   frames with it to tell a store that lost acknowledged frames from one
 //   that did not.
+// - Stores several servers share (shared(): RADOS) keep an owner per
+//   stream. ClaimStream makes this instance the stream's owner with a
+//   coordinator's fencing token before anything else touches the stream;
+//   the claim is refused (ABORTED) when another instance claimed it with a
+//   larger token, and once a larger claim is made, this instance's next
+//   write of the stream is refused (ABORTED) inside the store, changing
+//   nothing. What a claim's owner reads afterwards includes every commit
+//   an earlier owner saw return OK. ReleaseStream forgets what the instance
+//   holds of a stream (nothing stored changes); its next touch needs a new
+//   claim. The acknowledgement record of such a store is per stream: a
+//   RecordAcknowledged map speaks for the streams this instance owns, and
+//   streams it lost are left alone.
 //
 #ifndef KVMEM_STORAGE_COLD_STORE_H_
 #define KVMEM_STORAGE_COLD_STORE_H_
@@ -147,6 +159,24 @@ class ColdStore {
   // The last record (empty when none was made). DATA_LOSS when it exists but
   // cannot be read.
   virtual absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() = 0;
+
+  // --- Ownership, for stores several servers share (see the contract). ---
+  // True for a store other instances may open at the same time (RADOS).
+  virtual bool shared() const { return false; }
+  // Claims the stream with `fencing_token` (above 0; a coordinator's, which
+  // only grows): ABORTED when a claim with a larger token was made; an equal
+  // token is the same holding claimed again (after ReleaseStream). Local
+  // stores: OK, nothing to do.
+  virtual absl::Status ClaimStream(absl::string_view stream_id,
+                                   uint64_t fencing_token);
+  // Forgets what this instance holds of the stream (cached manifest, claim,
+  // acknowledged mark); nothing stored changes. Local stores: nothing.
+  virtual void ReleaseStream(absl::string_view stream_id);
+  // One stream's config and state records and its acknowledged mark (0:
+  // none) in *acknowledged; NOT_FOUND when it has no config record. The
+  // default looks it up in ListStreams and Acknowledged.
+  virtual absl::StatusOr<StreamRecord> ReadStream(absl::string_view stream_id,
+                                                  uint64_t* acknowledged);
 };
 
 // An in-memory ColdStore for engine tests. Not durable.

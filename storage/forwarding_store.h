@@ -61,6 +61,17 @@ class ForwardingColdStore : public ColdStore {
   absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override {
     return inner_->Acknowledged();
   }
+  bool shared() const override { return inner_->shared(); }
+  absl::Status ClaimStream(absl::string_view id, uint64_t token) override {
+    return inner_->ClaimStream(id, token);
+  }
+  void ReleaseStream(absl::string_view id) override {
+    inner_->ReleaseStream(id);
+  }
+  absl::StatusOr<StreamRecord> ReadStream(absl::string_view id,
+                                          uint64_t* acknowledged) override {
+    return inner_->ReadStream(id, acknowledged);
+  }
 
  protected:
   ColdStore& inner() { return *inner_; }

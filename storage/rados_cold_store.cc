@@ -152,7 +152,10 @@ absl::Status RadosColdStore::Fenced(const StreamEntry& e,
 }
 
 absl::Status RadosColdStore::Claim(StreamEntry& e, bool create) {
-  const uint64_t token = options_.fencing_token;
+  // A coordinator's token for this stream may be claimed again by the
+  // holding that got it (equal); the options' token must grow.
+  const uint64_t token = e.token != 0 ? e.token : options_.fencing_token;
+  const bool reclaim_ok = e.token != 0;
   for (int attempt = 0; attempt < 32; ++attempt) {
     librados::bufferlist value;
     const int got = e.io.getxattr(rados_io::kHead, rados_io::kEpochAttr, value);
@@ -168,7 +171,7 @@ absl::Status RadosColdStore::Claim(StreamEntry& e, bool create) {
         return absl::DataLossError(absl::StrCat(
             "the head's epoch \"", value.to_str(), "\" is not a number"));
       }
-      if (token != 0 && token <= old) {
+      if (token != 0 && (token < old || (token == old && !reclaim_ok))) {
         e.fenced = true;
         e.fenced_by = old;
         return absl::AbortedError(absl::StrCat(

@@ -63,6 +63,8 @@ struct StreamEntry {
   uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
   uint64_t seq ABSL_GUARDED_BY(mu) = 0;
   uint64_t fenced_by ABSL_GUARDED_BY(mu) = 0;
+  // A coordinator's token for this stream (ClaimStream); 0: the options'.
+  uint64_t token ABSL_GUARDED_BY(mu) = 0;
   Manifest m ABSL_GUARDED_BY(mu);
 };
 
@@ -97,6 +99,12 @@ class RadosColdStore final : public ColdStore {
   absl::Status RecordAcknowledged(
       const std::map<std::string, uint64_t>& frames) override;
   absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override;
+  bool shared() const override { return true; }
+  absl::Status ClaimStream(absl::string_view stream_id,
+                           uint64_t fencing_token) override;
+  void ReleaseStream(absl::string_view stream_id) override;
+  absl::StatusOr<StreamRecord> ReadStream(absl::string_view stream_id,
+                                          uint64_t* acknowledged) override;
 
  private:
   std::shared_ptr<StreamEntry> Entry(absl::string_view stream_id);

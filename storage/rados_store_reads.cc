@@ -1,5 +1,6 @@
-// RadosColdStore's reads, listing and acknowledged marks (the writes are in
-// rados_cold_store.cc).
+// RadosColdStore's reads, listing, acknowledged marks and per-stream claims
+// (ClaimStream, ReleaseStream, ReadStream); the writes are in
+// rados_cold_store.cc.
 #include <algorithm>
 #include <cerrno>
 
@@ -177,6 +178,69 @@ absl::StatusOr<std::vector<StreamRecord>> RadosColdStore::ListStreams() {
   return out;
 }
 
+absl::Status RadosColdStore::ClaimStream(absl::string_view stream_id,
+                                         uint64_t fencing_token) {
+  if (fencing_token == 0) {
+    return absl::InvalidArgumentError("a stream's fencing token must be > 0");
+  }
+  std::shared_ptr<StreamEntry> e = Entry(stream_id);
+  kvmem::MutexLock lock(&e->mu);
+  // A new holding: whatever this instance knew of the stream is stale.
+  e->token = fencing_token;
+  e->fenced = false;
+  e->claimed = false;
+  e->loaded = false;
+  const absl::Status st = Claim(*e, /*create=*/false);
+  if (e->fenced) return Fenced(*e, stream_id);
+  return st;
+}
+
+void RadosColdStore::ReleaseStream(absl::string_view stream_id) {
+  kvmem::MutexLock lock(&mu_);
+  // Calls still holding the entry finish on it; the next touch gets a new
+  // one, which must be claimed again.
+  if (auto it = entries_.find(stream_id); it != entries_.end()) {
+    entries_.erase(it);
+  }
+  acked_.erase(std::string(stream_id));
+}
+
+absl::StatusOr<StreamRecord> RadosColdStore::ReadStream(
+    absl::string_view stream_id, uint64_t* acknowledged) {
+  std::shared_ptr<StreamEntry> e = Entry(stream_id);
+  {
+    // A read claims the stream first when ClaimStream has not (the
+    // options' token), so what follows is the last any owner committed.
+    kvmem::MutexLock lock(&e->mu);
+    const absl::Status ready = Ready(*e, /*write=*/false);
+    if (e->fenced) return Fenced(*e, stream_id);
+    KVMEM_RETURN_IF_ERROR(ready);
+  }
+  std::map<std::string, librados::bufferlist> vals;
+  const int rc = e->io.omap_get_vals_by_keys(
+      rados_io::kHead,
+      {rados_io::kConfigKey, rados_io::kStateKey, rados_io::kAckKey}, &vals);
+  const absl::Status missing = absl::NotFoundError(
+      absl::StrCat("stream \"", stream_id, "\" has no records"));
+  if (rc == -ENOENT) return missing;
+  KVMEM_RETURN_IF_ERROR(FromRc(rc, absl::StrCat("reading stream ", stream_id)));
+  StreamRecord r;
+  r.stream_id = std::string(stream_id);
+  r.config = vals[rados_io::kConfigKey].to_str();
+  r.state = vals[rados_io::kStateKey].to_str();
+  if (r.config.empty()) return missing;
+  *acknowledged = 0;
+  if (auto it = vals.find(rados_io::kAckKey); it != vals.end()) {
+    if (!rados_io::ParseU64(it->second.to_str(), acknowledged)) {
+      return absl::DataLossError(
+          absl::StrCat("the acknowledged mark of ", stream_id, " is damaged"));
+    }
+    kvmem::MutexLock lock(&mu_);
+    acked_[r.stream_id] = *acknowledged;
+  }
+  return r;
+}
+
 absl::Status RadosColdStore::RecordAcknowledged(
     const std::map<std::string, uint64_t>& frames) {
   std::map<std::string, std::optional<uint64_t>> changes;
@@ -200,7 +264,9 @@ absl::Status RadosColdStore::RecordAcknowledged(
     std::shared_ptr<StreamEntry> e = Entry(id);
     kvmem::MutexLock lock(&e->mu);
     const absl::Status ready = Ready(*e, /*write=*/true);
-    if (e->fenced) return Fenced(*e, id);
+    // A stream another instance took over is its business now: its mark
+    // stays as the new owner writes it, and the others' marks go on.
+    if (e->fenced) continue;
     KVMEM_RETURN_IF_ERROR(ready);
     if (n) KVMEM_RETURN_IF_ERROR(Index(*e, id));  // Acknowledged lists it.
     librados::ObjectWriteOperation& op = ops[i++];

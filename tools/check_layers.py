@@ -21,7 +21,7 @@ import sys
 PROJECT = ("base/", "storage/", "engine/", "server/", "client/", "tools/",
            "tests/", "kvmem/v1/", "proto/")
 ENGINE_PUBLIC = ("engine/memory_engine.h", "engine/types.h",
-                 "engine/stream_config.h")
+                 "engine/stream_config.h", "engine/ownership.h")
 GRPC = ("grpc/", "grpcpp/", "grpc++/", "google/protobuf/", "kvmem/v1/",
         "proto/")
 
@@ -30,7 +30,8 @@ GRPC = ("grpc/", "grpcpp/", "grpc++/", "google/protobuf/", "kvmem/v1/",
 RULES = {
     "base/": (("base/",), GRPC + ("faiss/", "rocksdb/")),
     "storage/": (("base/", "storage/"), GRPC + ("faiss/",)),
-    "engine/": (("base/", "engine/", "storage/cold_store.h"),
+    "engine/": (("base/", "engine/", "storage/cold_store.h",
+                 "storage/forwarding_store.h"),
                 GRPC + ("rocksdb/",)),
     "server/": (("base/", "server/", "storage/") + ENGINE_PUBLIC +
                 ("kvmem/v1/",), ("faiss/", "rocksdb/")),

@@ -237,6 +237,12 @@ void Stream::MarkDeleted(bool deleted) {
   view_.SetDeleted(deleted);
 }
 
+void Stream::MarkGone(absl::Status why) {
+  kvmem::MutexLock append_lock(&append_mu_);
+  kvmem::MutexLock lock(&view_.mu());
+  view_.SetGone(std::move(why));
+}
+
 absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   const auto t0 = SteadyClock::now();
   uint64_t now_frame = 0;

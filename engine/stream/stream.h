@@ -153,6 +153,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   size_t RebuildIndex();
   void MaybeScheduleRebuild(size_t sealed);
   void MarkDeleted(bool deleted) ABSL_LOCKS_EXCLUDED(append_mu_);
+  // The stream left this server (another server owns it): every later call
+  // answers `why`.
+  void MarkGone(absl::Status why) ABSL_LOCKS_EXCLUDED(append_mu_);
   // Where the open block keeps frame i's payload (tests check that ingest
   // hands the received buffer over without copying it); null when absent.
   const char* OpenPayloadData(size_t i) ABSL_LOCKS_EXCLUDED(append_mu_);

@@ -16,8 +16,13 @@ RecallView::RecallView(const std::string& stream_id, const StreamConfig& config,
       state_(state),
       indexes_(config) {}
 
-absl::Status RecallView::DeletedError() const {
-  return absl::NotFoundError(absl::StrCat("stream \"", id_, "\" not found"));
+absl::Status RecallView::DeletedError() const { return gone_; }
+
+void RecallView::SetDeleted(bool deleted) {
+  gone_ =
+      deleted
+          ? absl::NotFoundError(absl::StrCat("stream \"", id_, "\" not found"))
+          : absl::OkStatus();
 }
 
 absl::Status RecallView::MissingBlockError(uint64_t block_id) const {

@@ -67,14 +67,15 @@ class RecallView {
   uint32_t units_per_block() const {
     return grouped() ? config_.groups_per_block : 1;
   }
-  // NOT_FOUND: the stream is deleted.
-  absl::Status DeletedError() const;
+  // What calls on a stream that is gone answer: NOT_FOUND once deleted,
+  // or why it left this server (SetGone).
+  absl::Status DeletedError() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // --- Reads: mu() held, shared or exclusive. ---
   const StreamState& state() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return state_;
   }
-  bool deleted() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return deleted_; }
+  bool deleted() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !gone_.ok(); }
   const BlockTable& blocks() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return blocks_;
   }
@@ -115,8 +116,10 @@ class RecallView {
   void SetState(const StreamState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     state_ = state;
   }
-  void SetDeleted(bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    deleted_ = deleted;
+  void SetDeleted(bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stream left this server (another owns it now): calls answer why.
+  void SetGone(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    gone_ = std::move(why);
   }
   // Adds a sealed (or recovered) block: its summaries to the indexes unless
   // it is evicted, its units' tokens, its tracks.
@@ -161,7 +164,7 @@ class RecallView {
   kvmem::Mutex rebuild_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable kvmem::Mutex mu_;
   StreamState state_ ABSL_GUARDED_BY(mu_);
-  bool deleted_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status gone_ ABSL_GUARDED_BY(mu_);  // OK: live.
   BlockTable blocks_ ABSL_GUARDED_BY(mu_);  // blocks_[i].rec.info.id == i
   StreamIndexes indexes_ ABSL_GUARDED_BY(mu_);
   // Sampled recall of indexes replaced by rebuilds.

@@ -170,6 +170,39 @@ TEST_F(RadosStoreTest, FencingTokensOnlyGoUp) {
   EXPECT_EQ(a->Commit(Frame(3, "three")).code(), absl::StatusCode::kAborted);
 }
 
+// ClaimStream (a coordinator's token per stream): a new stream's head is
+// created with the token; the same holding claims again after
+// ReleaseStream and reads what it wrote; a larger claim elsewhere fences
+// it; a smaller one is refused. ReadStream gives the records and the mark.
+TEST_F(RadosStoreTest, PerStreamClaimsCarryTheCoordinatorsToken) {
+  auto a = Open();
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->ClaimStream("cam", 7).ok());
+  uint64_t acked = 0;
+  EXPECT_EQ(a->ReadStream("cam", &acked).status().code(),
+            absl::StatusCode::kNotFound);
+  StreamWrite w = Frame(0, "zero");
+  w.config = "config";
+  w.state = "state";
+  ASSERT_TRUE(a->Commit(w).ok());
+  ASSERT_TRUE(a->RecordAcknowledged({{"cam", 1}}).ok());
+  a->ReleaseStream("cam");
+  ASSERT_TRUE(a->ClaimStream("cam", 7).ok());  // The same holding again.
+  absl::StatusOr<StreamRecord> r = a->ReadStream("cam", &acked);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->config, "config");
+  EXPECT_EQ(r->state, "state");
+  EXPECT_EQ(acked, 1u);
+  EXPECT_EQ(*a->GetFrame("cam", 0), "zero");
+  auto b = Open();
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->ClaimStream("cam", 6).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(b->ClaimStream("cam", 9).ok());
+  EXPECT_EQ(a->Commit(Frame(1, "one")).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(b->Commit(Frame(1, "one")).ok());
+  EXPECT_EQ(*b->GetFrame("cam", 0), "zero");
+}
+
 // DeleteStream removes the records in one operation and then every object,
 // also ones no record names (a crashed commit's leftovers); the head keeps
 // the epoch so an old owner stays fenced.
