@@ -62,6 +62,10 @@ ABSL_FLAG(std::string, store, "",
 ABSL_FLAG(std::string, ceph_conf, "",
           "With --store=rados:POOL: the Ceph cluster's configuration file "
           "(empty: librados' search, CEPH_CONF then /etc/ceph/ceph.conf).");
+ABSL_FLAG(std::string, ceph_user, "client.admin",
+          "With --store=rados:POOL: the Ceph user this server connects as "
+          "(its key from the keyring ceph.conf names), e.g. client.kvmem "
+          "with caps mon 'allow r' and osd 'allow rwx pool=POOL'.");
 ABSL_FLAG(std::string, rados_prefix, "",
           "With --store=rados:POOL: prepended to every stream's RADOS "
           "namespace and to the stream index: deployments with different "
@@ -70,6 +74,23 @@ ABSL_FLAG(int32_t, rados_timeout_ms, 30000,
           "With --store=rados:POOL: the deadline of every RADOS operation "
           "(>= 1000); a commit past it fails UNAVAILABLE and is never "
           "acknowledged.");
+ABSL_FLAG(std::string, etcd, "",
+          "etcd's client address (host:port): stream ownership for servers "
+          "sharing --store=rados:POOL. Each stream is served by one server "
+          "at a time, holding an etcd key under its lease; others redirect "
+          "clients to it (UNAVAILABLE, trailing metadata kvmem-owner). "
+          "Empty: this server owns every stream of its store.");
+ABSL_FLAG(std::string, etcd_prefix, "kvmem/",
+          "With --etcd: the prefix of this deployment's keys in etcd.");
+ABSL_FLAG(std::string, advertise, "",
+          "With --etcd: this server's address as clients reach it "
+          "(host:port), which other servers redirect clients to; empty: "
+          "--listen when it names a host and a port.");
+ABSL_FLAG(int32_t, ownership_ttl_s, 10,
+          "With --etcd: the TTL of this server's ownership lease in seconds "
+          "(2..300); renewed every third of it. A server that cannot renew "
+          "stops serving before it can expire; another server takes its "
+          "streams over once it has.");
 ABSL_FLAG(std::string, wal_sync, "interval",
           "When the RocksDB WAL is fsynced. commit: before each frame is "
           "acknowledged (nothing acknowledged is lost on power loss); "
@@ -234,12 +255,22 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   o.store_spec = absl::GetFlag(FLAGS_store);  // Server::Start checks it.
   o.rados.ceph_conf = absl::GetFlag(FLAGS_ceph_conf);
   o.rados.prefix = absl::GetFlag(FLAGS_rados_prefix);
+  o.rados.client_name = absl::GetFlag(FLAGS_ceph_user);
   const int32_t rados_ms = absl::GetFlag(FLAGS_rados_timeout_ms);
   if (rados_ms < 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--rados_timeout_ms is ", rados_ms, "; must be at least 1000"));
   }
   o.rados.op_timeout = absl::Milliseconds(rados_ms);
+  o.etcd = absl::GetFlag(FLAGS_etcd);
+  o.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  o.advertise = absl::GetFlag(FLAGS_advertise);
+  const int32_t ttl_s = absl::GetFlag(FLAGS_ownership_ttl_s);
+  if (ttl_s < 2 || ttl_s > 300) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ownership_ttl_s is ", ttl_s, "; must be in 2..300"));
+  }
+  o.ownership_ttl = absl::Seconds(ttl_s);
   const std::string recovery = absl::GetFlag(FLAGS_recovery);
   if (recovery != "salvage" && recovery != "strict") {
     return absl::InvalidArgumentError(absl::StrCat(

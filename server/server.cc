@@ -20,6 +20,7 @@
 #include "base/executor.h"
 #include "base/status_macros.h"
 #include "server/ops/metrics.h"
+#include "server/ownership/etcd_ownership.h"
 #include "server/service/kvmem_service.h"
 #include "spdlog/spdlog.h"
 
@@ -167,6 +168,51 @@ std::string DurabilityNote(const StoreSpec& spec,
 
 }  // namespace
 
+absl::Status Server::StartOwnership(const ColdStore& store,
+                                    EngineOptions* engine_options) {
+  if (options_.etcd.empty()) return absl::OkStatus();
+  if (!store.shared()) {
+    return absl::InvalidArgumentError(
+        "--etcd: stream ownership is for a store several servers share "
+        "(--store=rados:POOL)");
+  }
+  EtcdOwnershipOptions o;
+  o.etcd.endpoint = options_.etcd;
+  o.key_prefix = options_.etcd_prefix;
+  o.ttl = options_.ownership_ttl;
+  o.advertise = options_.advertise;
+  if (o.advertise.empty()) {
+    const size_t colon = options_.listen.rfind(':');
+    const std::string host =
+        colon == std::string::npos ? "" : options_.listen.substr(0, colon);
+    const std::string port =
+        colon == std::string::npos ? "" : options_.listen.substr(colon + 1);
+    if (host.empty() || host == "0.0.0.0" || host == "[::]" || port.empty() ||
+        port == "0") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--etcd needs this server's address as clients reach it: set "
+          "--advertise=host:port (--listen is \"",
+          options_.listen, "\")"));
+    }
+    o.advertise = options_.listen;
+  }
+  o.warn = [](const std::string& w) { spdlog::warn("ownership: {}", w); };
+  absl::StatusOr<std::unique_ptr<EtcdOwnership>> own = EtcdOwnership::Start(o);
+  if (!own.ok()) {
+    return absl::Status(
+        own.status().code(),
+        absl::StrCat("--etcd=", options_.etcd, ": ", own.status().message()));
+  }
+  spdlog::info(
+      "stream ownership: etcd {} (keys {}streams/, lease {}, TTL {}), "
+      "advertised as {}",
+      options_.etcd, o.key_prefix, (*own)->lease(), absl::FormatDuration(o.ttl),
+      o.advertise);
+  ownership_ = *std::move(own);
+  engine_options->ownership = ownership_;
+  return absl::OkStatus();
+}
+
 absl::Status Server::OpenEngine() {
   EngineOptions engine_options = options_.engine;
   if (!engine_options.warn) {
@@ -191,6 +237,7 @@ absl::Status Server::OpenEngine() {
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
                          OpenColdStore(spec, options_.store, options_.rados));
+  KVMEM_RETURN_IF_ERROR(StartOwnership(*store, &engine_options));
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<MemoryEngine>> engine =
       MemoryEngine::Open(std::move(store), engine_options);
@@ -305,6 +352,7 @@ void Server::Shutdown(std::chrono::system_clock::time_point deadline) {
   metrics_.reset();
   admission_.reset();
   engine_.reset();  // Closes RocksDB, syncing the WAL.
+  ownership_.reset();  // Hands this server's streams over (lease revoked).
   if (!options_.unix_socket.empty()) ::unlink(options_.unix_socket.c_str());
 }
 

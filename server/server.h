@@ -48,6 +48,16 @@ struct ServerOptions {
   // The Ceph cluster when store_spec is rados:POOL (its pool comes from the
   // spec).
   RadosColdStoreOptions rados;
+  // Stream ownership through etcd (server/ownership/etcd_ownership.h) for
+  // servers sharing a rados store: etcd's client address (host:port);
+  // empty: none, this server owns every stream of its store.
+  std::string etcd;
+  std::string etcd_prefix = "kvmem/";
+  // This server's address as clients reach it, which other servers name
+  // when they redirect a client here; empty: `listen` when it names a
+  // host and a port.
+  std::string advertise;
+  absl::Duration ownership_ttl = absl::Seconds(10);
   // The engine (budgets, stream defaults, recovery); its warn and error
   // callbacks default to the server's log.
   EngineOptions engine;
@@ -100,6 +110,9 @@ class Server {
  private:
   Server() = default;
   absl::Status OpenEngine();
+  // With options_.etcd: joins etcd (engine_options->ownership).
+  absl::Status StartOwnership(const ColdStore& store,
+                              EngineOptions* engine_options);
   absl::Status StartMetrics();
   absl::Status StartGrpc();
 
@@ -110,6 +123,9 @@ class Server {
   // Destroyed in reverse: the gRPC server first, then the service, the
   // metrics endpoint, the executor (running queued tasks) and the engine
   // (closing RocksDB).
+  // Outlives the engine, which asks it until it closes; revokes this
+  // server's lease when it goes.
+  std::shared_ptr<StreamOwnership> ownership_;
   std::unique_ptr<MemoryEngine> engine_;
   std::unique_ptr<Executor> executor_;
   // After the metrics endpoint that reads it, before the service.

@@ -7,7 +7,7 @@
 
 namespace kvmem {
 
-std::unique_ptr<KvmemClient> KvmemClient::Connect(
+std::shared_ptr<grpc::Channel> KvmemClient::MakeChannel(
     const std::string& target, const ClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -33,8 +33,13 @@ std::unique_ptr<KvmemClient> KvmemClient::Connect(
       args.SetSslTargetNameOverride(options.tls_server_name);
     }
   }
-  auto channel = grpc::CreateCustomChannel(target, creds, args);
-  return std::unique_ptr<KvmemClient>(new KvmemClient(channel, options));
+  return grpc::CreateCustomChannel(target, creds, args);
+}
+
+std::unique_ptr<KvmemClient> KvmemClient::Connect(
+    const std::string& target, const ClientOptions& options) {
+  return std::unique_ptr<KvmemClient>(
+      new KvmemClient(target, MakeChannel(target, options), options));
 }
 
 void KvmemClient::Authorize(const ClientOptions& options,
@@ -46,12 +51,68 @@ void KvmemClient::Authorize(const ClientOptions& options,
   if (!stream_id.empty()) ctx->AddMetadata(kStreamIdHeader, stream_id);
 }
 
-KvmemClient::KvmemClient(std::shared_ptr<grpc::Channel> channel,
+KvmemClient::KvmemClient(std::string target,
+                         std::shared_ptr<grpc::Channel> channel,
                          const ClientOptions& options)
     : channel_(std::move(channel)),
       stub_(v1::KvMemory::NewStub(channel_)),
       health_(grpc::health::v1::Health::NewStub(channel_)),
-      options_(options) {}
+      options_(options),
+      target_(std::move(target)) {}
+
+std::string KvmemClient::RouteOf(const std::string& stream_id) const {
+  std::lock_guard<std::mutex> lock(route_mu_);
+  auto it = routes_.find(stream_id);
+  return it == routes_.end() ? target_ : it->second;
+}
+
+v1::KvMemory::Stub* KvmemClient::StubFor(const std::string& stream_id) {
+  std::lock_guard<std::mutex> lock(route_mu_);
+  auto it = routes_.find(stream_id);
+  if (it == routes_.end()) return stub_.get();
+  std::unique_ptr<v1::KvMemory::Stub>& stub = owner_stubs_[it->second];
+  if (!stub) stub = v1::KvMemory::NewStub(MakeChannel(it->second, options_));
+  return stub.get();
+}
+
+bool KvmemClient::Follow(const std::string& stream_id,
+                         const grpc::ClientContext& ctx,
+                         const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find(kOwnerHeader);
+  if (it == trailers.end() || it->second.empty()) {
+    // A redirect's target that is gone (or no longer has the stream and
+    // cannot say who does): back to the first guess.
+    std::lock_guard<std::mutex> lock(route_mu_);
+    return routes_.erase(stream_id) > 0;
+  }
+  const std::string owner(it->second.data(), it->second.size());
+  std::lock_guard<std::mutex> lock(route_mu_);
+  auto route = routes_.find(stream_id);
+  const std::string& now = route == routes_.end() ? target_ : route->second;
+  if (owner == now) return false;  // No progress: say why instead.
+  if (owner == target_) {
+    routes_.erase(stream_id);
+  } else {
+    routes_[stream_id] = owner;
+  }
+  return true;
+}
+
+grpc::Status KvmemClient::Routed(
+    const std::string& stream_id,
+    const std::function<grpc::Status(v1::KvMemory::Stub*,
+                                     grpc::ClientContext*)>& call) {
+  for (int hop = 0;; ++hop) {
+    grpc::ClientContext ctx;
+    Authorize(options_, &ctx, stream_id);
+    grpc::Status st = call(StubFor(stream_id), &ctx);
+    if (hop >= options_.max_redirects || !Follow(stream_id, ctx, st)) {
+      return st;
+    }
+  }
+}
 
 bool KvmemClient::WaitForReady(std::chrono::milliseconds timeout) {
   return channel_->WaitForConnected(std::chrono::system_clock::now() + timeout);
@@ -59,17 +120,17 @@ bool KvmemClient::WaitForReady(std::chrono::milliseconds timeout) {
 
 namespace {
 
-// A unary call about one stream: the options' credentials, the stream id in
-// the request and as routing metadata.
+// A unary call about one stream: the stream id in the request.
 template <typename Req, typename Resp>
-grpc::Status StreamCall(v1::KvMemory::Stub* stub, const ClientOptions& options,
-                        grpc::Status (v1::KvMemory::Stub::*method)(
-                            grpc::ClientContext*, const Req&, Resp*),
-                        const std::string& stream_id, Req req, Resp* resp) {
-  grpc::ClientContext ctx;
-  KvmemClient::Authorize(options, &ctx, stream_id);
-  req.set_stream_id(stream_id);
-  return (stub->*method)(&ctx, req, resp);
+std::function<grpc::Status(v1::KvMemory::Stub*, grpc::ClientContext*)>
+UnaryCall(grpc::Status (v1::KvMemory::Stub::*method)(grpc::ClientContext*,
+                                                     const Req&, Resp*),
+          const std::string& stream_id, Req* req, Resp* resp) {
+  req->set_stream_id(stream_id);
+  return
+      [method, req, resp](v1::KvMemory::Stub* stub, grpc::ClientContext* ctx) {
+        return (stub->*method)(ctx, *req, resp);
+      };
 }
 
 }  // namespace
@@ -79,24 +140,25 @@ grpc::Status KvmemClient::OpenStream(const std::string& stream_id,
                                      v1::OpenStreamResponse* resp) {
   v1::OpenStreamRequest req;
   *req.mutable_config() = config;
-  return StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::OpenStream,
-                    stream_id, std::move(req), resp);
+  return Routed(stream_id, UnaryCall(&v1::KvMemory::Stub::OpenStream, stream_id,
+                                     &req, resp));
 }
 
 grpc::Status KvmemClient::CloseStream(const std::string& stream_id,
                                       v1::StreamStats* stats) {
+  v1::CloseStreamRequest req;
   v1::CloseStreamResponse resp;
-  grpc::Status s =
-      StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::CloseStream,
-                 stream_id, v1::CloseStreamRequest(), &resp);
+  grpc::Status s = Routed(stream_id, UnaryCall(&v1::KvMemory::Stub::CloseStream,
+                                               stream_id, &req, &resp));
   if (s.ok() && stats != nullptr) *stats = resp.stats();
   return s;
 }
 
 grpc::Status KvmemClient::DeleteStream(const std::string& stream_id) {
+  v1::DeleteStreamRequest req;
   v1::DeleteStreamResponse resp;
-  return StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::DeleteStream,
-                    stream_id, v1::DeleteStreamRequest(), &resp);
+  return Routed(stream_id, UnaryCall(&v1::KvMemory::Stub::DeleteStream,
+                                     stream_id, &req, &resp));
 }
 
 grpc::Status KvmemClient::ListStreams(v1::ListStreamsResponse* resp) {
@@ -107,39 +169,63 @@ grpc::Status KvmemClient::ListStreams(v1::ListStreamsResponse* resp) {
 
 grpc::Status KvmemClient::GetStreamStats(const std::string& stream_id,
                                          v1::StreamStats* stats) {
-  return StreamCall(stub_.get(), options_, &v1::KvMemory::Stub::GetStreamStats,
-                    stream_id, v1::GetStreamStatsRequest(), stats);
+  v1::GetStreamStatsRequest req;
+  return Routed(stream_id, UnaryCall(&v1::KvMemory::Stub::GetStreamStats,
+                                     stream_id, &req, stats));
 }
 
 grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
                                        const std::vector<OutgoingFrame>& frames,
                                        v1::AppendFramesResponse* resp) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
-  auto writer = stub_->AppendFrames(&ctx, resp);
-  bool first = true;
-  for (const OutgoingFrame& f : frames) {
-    const bool sent = ForEachFrameMessage(
-        f, options_.chunk_bytes,
-        [&](v1::FrameHeader* header, v1::PayloadChunk* chunk) {
-          v1::AppendFramesRequest req;
-          if (first) req.set_stream_id(stream_id);
-          first = false;
-          if (header != nullptr) *req.mutable_frame() = std::move(*header);
-          if (chunk != nullptr) *req.mutable_chunk() = std::move(*chunk);
-          return writer->Write(req);
-        });
-    if (!sent) break;  // The server ended the call; Finish says why.
-  }
-  writer->WritesDone();
-  return writer->Finish();
+  // After a redirect, frames the owner already holds (an earlier owner
+  // stored them before it lost the stream) are not sent again.
+  int64_t held = -1;
+  return Routed(stream_id, [&](v1::KvMemory::Stub* stub,
+                               grpc::ClientContext* ctx) {
+    if (stub != stub_.get() || held >= 0) {
+      v1::GetStreamStatsRequest req;
+      req.set_stream_id(stream_id);
+      v1::StreamStats stats;
+      grpc::ClientContext stats_ctx;
+      Authorize(options_, &stats_ctx, stream_id);
+      if (stub->GetStreamStats(&stats_ctx, req, &stats).ok()) {
+        held = stats.last_durable_frame();
+      }
+    }
+    auto writer = stub->AppendFrames(ctx, resp);
+    bool first = true;
+    for (const OutgoingFrame& f : frames) {
+      if (held >= 0 && static_cast<int64_t>(f.header.frame_index()) <= held) {
+        continue;
+      }
+      const bool sent = ForEachFrameMessage(
+          f, options_.chunk_bytes,
+          [&](v1::FrameHeader* header, v1::PayloadChunk* chunk) {
+            v1::AppendFramesRequest req;
+            if (first) req.set_stream_id(stream_id);
+            first = false;
+            if (header != nullptr) *req.mutable_frame() = std::move(*header);
+            if (chunk != nullptr) *req.mutable_chunk() = std::move(*chunk);
+            return writer->Write(req);
+          });
+      if (!sent) break;  // The server ended the call; Finish says why.
+    }
+    if (first) {  // Nothing left to send: the stream id alone.
+      v1::AppendFramesRequest req;
+      req.set_stream_id(stream_id);
+      writer->Write(req);
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  });
 }
 
 grpc::Status KvmemClient::Recall(const v1::RecallRequest& req,
                                  v1::RecallResponse* resp) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, req.stream_id());
-  return stub_->Recall(&ctx, req, resp);
+  return Routed(req.stream_id(),
+                [&](v1::KvMemory::Stub* stub, grpc::ClientContext* ctx) {
+                  return stub->Recall(ctx, req, resp);
+                });
 }
 
 v1::FetchBlocksRequest KvmemClient::FetchRequest(
@@ -210,20 +296,22 @@ grpc::Status KvmemClient::FetchBlocks(const std::string& stream_id,
                                       const std::vector<uint64_t>& block_ids,
                                       std::vector<FetchedBlock>* blocks,
                                       uint32_t max_chunk_bytes) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
   FetchOptions options;
   options.max_chunk_bytes = max_chunk_bytes;
-  auto reader =
-      stub_->FetchBlocks(&ctx, FetchRequest(stream_id, block_ids, options));
-  blocks->clear();
-  return ReadFetchStream(
-      &ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
-        if (first) {
-          blocks->push_back({chunk->block(), std::string()});
-          blocks->back().payload.reserve(chunk->block().payload_bytes());
-        }
-        blocks->back().payload.append(chunk->data());
+  const v1::FetchBlocksRequest req =
+      FetchRequest(stream_id, block_ids, options);
+  return Routed(
+      stream_id, [&](v1::KvMemory::Stub* stub, grpc::ClientContext* ctx) {
+        auto reader = stub->FetchBlocks(ctx, req);
+        blocks->clear();
+        return ReadFetchStream(
+            ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
+              if (first) {
+                blocks->push_back({chunk->block(), std::string()});
+                blocks->back().payload.reserve(chunk->block().payload_bytes());
+              }
+              blocks->back().payload.append(chunk->data());
+            });
       });
 }
 
@@ -232,26 +320,30 @@ grpc::Status KvmemClient::FetchInto(const std::string& stream_id,
                                     const FetchOptions& options,
                                     std::vector<uint8_t>* buffer,
                                     std::vector<BlockView>* views) {
-  grpc::ClientContext ctx;
-  Authorize(options_, &ctx, stream_id);
-  auto reader =
-      stub_->FetchBlocks(&ctx, FetchRequest(stream_id, block_ids, options));
-  views->clear();
+  const v1::FetchBlocksRequest req =
+      FetchRequest(stream_id, block_ids, options);
   std::vector<size_t> starts;
-  size_t used = 0;
-  grpc::Status s = ReadFetchStream(
-      &ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
-        if (first) {
-          starts.push_back(used);
-          BlockView& v = views->emplace_back();
-          v.block_id = chunk->block_id();
-          v.info = chunk->block();
-        }
-        const std::string& d = chunk->data();
-        if (buffer->size() < used + d.size()) buffer->resize(used + d.size());
-        std::memcpy(buffer->data() + used, d.data(), d.size());
-        used += d.size();
-        views->back().size += d.size();
+  grpc::Status s = Routed(
+      stream_id, [&](v1::KvMemory::Stub* stub, grpc::ClientContext* ctx) {
+        auto reader = stub->FetchBlocks(ctx, req);
+        views->clear();
+        starts.clear();
+        size_t used = 0;
+        return ReadFetchStream(
+            ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
+              if (first) {
+                starts.push_back(used);
+                BlockView& v = views->emplace_back();
+                v.block_id = chunk->block_id();
+                v.info = chunk->block();
+              }
+              const std::string& d = chunk->data();
+              if (buffer->size() < used + d.size())
+                buffer->resize(used + d.size());
+              std::memcpy(buffer->data() + used, d.data(), d.size());
+              used += d.size();
+              views->back().size += d.size();
+            });
       });
   // Pointers last: the buffer may have grown while the chunks came.
   for (size_t i = 0; i < views->size(); ++i) {
@@ -274,22 +366,33 @@ grpc::Status KvmemClient::StartSession(const std::string& stream_id,
                                        const v1::StreamConfig* config,
                                        std::unique_ptr<SessionClient>* session,
                                        v1::OpenStreamResponse* opened) {
-  std::unique_ptr<SessionClient> s(new SessionClient(this, stream_id));
-  v1::SessionRequest req;
-  req.mutable_open()->set_stream_id(stream_id);
-  if (config != nullptr) *req.mutable_open()->mutable_config() = *config;
-  v1::SessionResponse resp;
-  grpc::Status st = s->Exchange(&req, &resp, true);
-  if (!st.ok()) return st;
-  if (opened != nullptr) *opened = resp.opened();
-  *session = std::move(s);
-  return grpc::Status::OK;
+  for (int hop = 0;; ++hop) {
+    std::unique_ptr<SessionClient> s(
+        new SessionClient(this, stream_id, StubFor(stream_id)));
+    v1::SessionRequest req;
+    req.mutable_open()->set_stream_id(stream_id);
+    if (config != nullptr) *req.mutable_open()->mutable_config() = *config;
+    v1::SessionResponse resp;
+    grpc::Status st = s->Exchange(&req, &resp, true);
+    if (!st.ok()) {
+      // A refused open ends the call: its trailers name the owner.
+      if (hop < options_.max_redirects && s->finished_ &&
+          Follow(stream_id, s->ctx_, st)) {
+        continue;
+      }
+      return st;
+    }
+    if (opened != nullptr) *opened = resp.opened();
+    *session = std::move(s);
+    return grpc::Status::OK;
+  }
 }
 
-SessionClient::SessionClient(KvmemClient* client, const std::string& stream_id)
+SessionClient::SessionClient(KvmemClient* client, const std::string& stream_id,
+                             v1::KvMemory::Stub* stub)
     : client_(client), chunk_bytes_(client->options().chunk_bytes) {
   KvmemClient::Authorize(client->options(), &ctx_, stream_id);
-  stream_ = client->stub()->Session(&ctx_);
+  stream_ = stub->Session(&ctx_);
 }
 
 SessionClient::~SessionClient() {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,15 @@ struct ClientOptions {
   // room for the leases held at once (e.g. two recall sets of a 7B model,
   // 2 x ~72 MiB, when one is released after the next arrives).
   uint64_t shm_arena_bytes = 256ull << 20;
+  // Servers sharing a store (kvmem-server --etcd) answer a call on a
+  // stream another server owns with UNAVAILABLE and the owner's address in
+  // the trailing metadata kOwnerHeader. The client then sends that
+  // stream's calls to the owner, up to this many hops per call (0: never;
+  // the status comes back as it is). Followed: the unary calls,
+  // AppendFrames (resuming after the owner's last durable frame),
+  // Recall, FetchBlocks/FetchInto and StartSession; not shared-memory
+  // delivery, which needs the owner on this host.
+  int max_redirects = 3;
 };
 
 // A frame to upload: header fields (its payload field is ignored) and payload.
@@ -127,6 +137,9 @@ class SessionClient;
 inline constexpr char kStreamIdHeader[] = "kvmem-stream-id";
 // Metadata every response carries: the server's --instance_name.
 inline constexpr char kInstanceHeader[] = "kvmem-instance";
+// Trailing metadata of a call refused because another server owns the
+// stream: that server's address (ClientOptions::max_redirects).
+inline constexpr char kOwnerHeader[] = "kvmem-owner";
 
 class KvmemClient {
  public:
@@ -219,6 +232,9 @@ class KvmemClient {
 
   v1::KvMemory::Stub* stub() { return stub_.get(); }
   const ClientOptions& options() const { return options_; }
+  // Where this client sends a stream's calls: the target it was connected
+  // to, or the owner a server redirected it to.
+  std::string RouteOf(const std::string& stream_id) const;
   ~KvmemClient();
 
  private:
@@ -231,8 +247,21 @@ class KvmemClient {
   static v1::FetchBlocksRequest FetchRequest(
       const std::string& stream_id, const std::vector<uint64_t>& block_ids,
       const FetchOptions& options);
-  KvmemClient(std::shared_ptr<grpc::Channel> channel,
+  KvmemClient(std::string target, std::shared_ptr<grpc::Channel> channel,
               const ClientOptions& options);
+  static std::shared_ptr<grpc::Channel> MakeChannel(
+      const std::string& target, const ClientOptions& options);
+  // The stub for a stream's calls (its route's).
+  v1::KvMemory::Stub* StubFor(const std::string& stream_id);
+  // After a failed call: true when the server named another owner (the
+  // stream's route now leads there) and the call should be made again.
+  bool Follow(const std::string& stream_id, const grpc::ClientContext& ctx,
+              const grpc::Status& status);
+  // Runs call (a fresh, authorised context each time) on the stream's
+  // route, following redirects (ClientOptions::max_redirects).
+  grpc::Status Routed(const std::string& stream_id,
+                      const std::function<grpc::Status(
+                          v1::KvMemory::Stub*, grpc::ClientContext*)>& call);
   std::shared_ptr<ClientArena> Arena() const;
   // A Delivery of resp.delivered (shared memory in `arena`, or inline
   // bytes moved out of resp).
@@ -259,6 +288,11 @@ class KvmemClient {
   std::vector<uint64_t> TakeDeferred(uint64_t arena_id);
 
   ClientOptions options_;
+  const std::string target_;
+  mutable std::mutex route_mu_;
+  std::map<std::string, std::string> routes_;  // Stream -> owner's target.
+  // Stubs of the owners' targets (never removed: pointers stay valid).
+  std::map<std::string, std::unique_ptr<v1::KvMemory::Stub>> owner_stubs_;
   mutable std::mutex arena_mu_;
   std::shared_ptr<ClientArena> arena_;  // Guarded by arena_mu_.
   // (arena id, lease id) released by ReleaseLater; guarded by arena_mu_.
@@ -288,7 +322,8 @@ class SessionClient {
 
  private:
   friend class KvmemClient;
-  SessionClient(KvmemClient* client, const std::string& stream_id);
+  SessionClient(KvmemClient* client, const std::string& stream_id,
+                v1::KvMemory::Stub* stub);
   grpc::Status Exchange(v1::SessionRequest* req, v1::SessionResponse* resp,
                         bool wait_for_response);
   grpc::Status Broken();

@@ -125,9 +125,13 @@ std::optional<std::string> Tenancy::ClientId(
 absl::Status Tenancy::Scrub(const std::string& tenant,
                             const absl::Status& s) const {
   if (!enabled() || s.ok()) return s;
-  return absl::Status(
+  absl::Status out(
       s.code(), absl::StrReplaceAll(s.message(),
                                     {{absl::StrCat("\"", tenant, "/"), "\""}}));
+  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
 }
 
 Admission::Admission(const Tenancy* tenancy, MemoryEngine* engine,
@@ -285,7 +289,7 @@ absl::StatusOr<Admission::Slot> Admission::EnterTenantCall(
 
 absl::StatusOr<Caller> Caller::Enter(const Tenancy* tenancy,
                                      const Admission* admission,
-                                     const grpc::CallbackServerContext& ctx) {
+                                     grpc::CallbackServerContext& ctx) {
   absl::StatusOr<Admission::Slot> slot = admission->EnterCall();
   if (!slot.ok()) return slot.status();
   absl::StatusOr<std::string> tenant =
@@ -294,7 +298,16 @@ absl::StatusOr<Caller> Caller::Enter(const Tenancy* tenancy,
   absl::StatusOr<Admission::Slot> share = admission->EnterTenantCall(*tenant);
   if (!share.ok()) return share.status();
   return Caller(tenancy, admission, *std::move(tenant), *std::move(slot),
-                *std::move(share));
+                *std::move(share), &ctx);
+}
+
+absl::Status Caller::Scrub(const absl::Status& s) const {
+  if (s.ok()) return s;
+  if (std::optional<std::string> owner = OwnerOf(s);
+      owner.has_value() && !owner_sent_->exchange(true)) {
+    ctx_->AddTrailingMetadata(kOwnerHeader, *owner);
+  }
+  return tenancy_->Scrub(tenant_, s);
 }
 
 absl::StatusOr<std::string> Caller::EngineId(

@@ -44,9 +44,14 @@
 #include "absl/status/statusor.h"
 #include "base/sync.h"
 #include "engine/memory_engine.h"
+#include "engine/ownership.h"
 #include "grpcpp/grpcpp.h"
 
 namespace kvmem {
+
+// Trailing metadata of a call refused because another server owns the
+// stream: that server's address (engine/ownership.h's kOwnerPayload).
+inline constexpr char kOwnerHeader[] = "kvmem-owner";
 
 struct Limits {
   uint32_t max_streams_per_tenant = 0;
@@ -152,9 +157,11 @@ class Caller {
  public:
   // Authenticates the call and takes a slot; the status to finish the call
   // with otherwise.
+  // The call's context must outlive the Caller's use (until the call
+  // finishes): Scrub adds trailing metadata to it.
   static absl::StatusOr<Caller> Enter(const Tenancy* tenancy,
                                       const Admission* admission,
-                                      const grpc::CallbackServerContext& ctx);
+                                      grpc::CallbackServerContext& ctx);
 
   // The engine id of a stream id the caller sent (checked: non-empty, at
   // most 128 bytes of [A-Za-z0-9._:-]).
@@ -163,9 +170,10 @@ class Caller {
   std::optional<std::string> ClientId(const std::string& engine_id) const {
     return tenancy_->ClientId(tenant_, engine_id);
   }
-  absl::Status Scrub(const absl::Status& s) const {
-    return tenancy_->Scrub(tenant_, s);
-  }
+  // The status as this caller may see it (other tenants' ids removed);
+  // a status naming the stream's owner (engine/ownership.h) also puts it
+  // in the call's trailing metadata kOwnerHeader, once per call.
+  absl::Status Scrub(const absl::Status& s) const;
   // REQUIRES: creation_mu() held (the check and the creation are one step).
   absl::Status AdmitNewStream() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(creation_mu()) {
@@ -184,16 +192,21 @@ class Caller {
 
  private:
   Caller(const Tenancy* t, const Admission* a, std::string tenant,
-         Admission::Slot server_slot, Admission::Slot tenant_slot)
+         Admission::Slot server_slot, Admission::Slot tenant_slot,
+         grpc::CallbackServerContext* ctx)
       : tenancy_(t),
         admission_(a),
         tenant_(std::move(tenant)),
         server_slot_(std::move(server_slot)),
-        tenant_slot_(std::move(tenant_slot)) {}
+        tenant_slot_(std::move(tenant_slot)),
+        ctx_(ctx),
+        owner_sent_(std::make_shared<std::atomic<bool>>(false)) {}
   const Tenancy* tenancy_;
   const Admission* admission_;
   std::string tenant_;
   Admission::Slot server_slot_, tenant_slot_;
+  grpc::CallbackServerContext* ctx_;
+  std::shared_ptr<std::atomic<bool>> owner_sent_;  // Shared by copies.
 };
 
 }  // namespace kvmem

@@ -310,6 +310,9 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
       if (!s.ok()) {
         resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));
         resp->mutable_error()->set_message(std::string(s.message()));
+        if (std::optional<std::string> owner = OwnerOf(s)) {
+          resp->mutable_error()->set_owner(*owner);
+        }
       }
       return absl::OkStatus();
     }

@@ -506,7 +506,10 @@ def check_k8s_file(path, bins):
             if R.check(svc in services, w, f"serviceName {svc} is not a Service here"):
                 R.check(services[svc]["spec"].get("clusterIP") == "None", w,
                         f"governing Service {svc} must be headless (clusterIP: None)")
-            R.check(claims, w, "no volumeClaimTemplates")
+            # Servers on the shared tier keep nothing locally (--store=rados:).
+            shared = any(any(str(a).startswith("--store=rados:") for a in (c.get("args") or []))
+                         for c in wl["spec"]["template"]["spec"].get("containers") or [])
+            R.check(claims or shared, w, "no volumeClaimTemplates")
             if nginx_servers:
                 R.check(len(nginx_servers) == wl["spec"].get("replicas", 1), w,
                         f"{wl['spec'].get('replicas', 1)} replicas but the proxy has "
@@ -579,7 +582,8 @@ def check_k8s_server(cw, wl, meta, spec, c, volumes, claims, configmaps, service
 
     data_dir = str(settings.get("data_dir", "./kvmem-data"))
     dm = mounts.get(data_dir.rstrip("/"))
-    if R.check(dm, cw, f"--data_dir={data_dir} is not a mounted volume"):
+    shared = str(settings.get("store", "")).startswith("rados:")  # Nothing local.
+    if not shared and R.check(dm, cw, f"--data_dir={data_dir} is not a mounted volume"):
         if wl["kind"] == "StatefulSet":
             R.check(dm["name"] in claims, cw,
                     f"--data_dir={data_dir} is volume {dm['name']}, not a volumeClaimTemplate")

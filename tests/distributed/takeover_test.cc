@@ -5,7 +5,11 @@
 // (empty) data directory, opens the same pool and serves every acknowledged
 // frame byte-exact and the same recall sets. A paused owner (SIGSTOP) that
 // wakes after a takeover is fenced by RADOS. A killed OSD does not stop
-// ingest.
+// ingest. With ownership through etcd (OwnershipTest: an etcd the test
+// starts, servers on TCP with --etcd): a client at the wrong server ends up
+// at the owner, a killed owner's streams are taken over once its lease
+// expires, a paused owner stops serving before its lease can expire and
+// is fenced, and an etcd restart leaves owners their streams.
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +28,7 @@
 #include "client/cpp/kvmem_client.h"
 #include "gtest/gtest.h"
 #include "tests/distributed/ceph_env.h"
+#include "tests/distributed/etcd_process.h"
 #include "tests/stream_model.h"
 #include "tests/test_util.h"
 #include "tests/wire_fixture.h"
@@ -71,23 +76,36 @@ class TakeoverTest : public ::testing::Test {
 
   std::string Dir(int i) { return absl::StrCat(dir_.path(), "/server", i); }
 
-  // Server i on the shared pool, with a data directory of its own.
-  std::unique_ptr<KvmemClient> Start(int i) {
+  // Server i on the shared pool, with a data directory of its own. With
+  // etcd_: on TCP (its fixed port, advertised), owning streams through etcd.
+  std::unique_ptr<KvmemClient> Start(int i, const ClientOptions& client = {}) {
     std::filesystem::create_directories(Dir(i));
     ServerProcessOptions o;
     o.binary = KVMEM_SERVER_BINARY;
     o.data_dir = Dir(i) + "/data";
-    o.unix_socket = Dir(i) + "/kvmem.sock";
     o.log_file = Dir(i) + "/server.log";
     o.extra_args = {"--store=rados:kvmem", "--ceph_conf=" + CephConf(),
                     "--rados_prefix=" + prefix_, "--rados_timeout_ms=20000"};
+    if (etcd_ != nullptr) {
+      o.listen = Address(i);
+      o.extra_args.push_back("--etcd=" + etcd_->endpoint());
+      o.extra_args.push_back("--etcd_prefix=" + prefix_ + "/");
+      o.extra_args.push_back("--ownership_ttl_s=" + std::to_string(kTtlS));
+    } else {
+      o.unix_socket = Dir(i) + "/kvmem.sock";
+    }
     servers_[i] = std::make_unique<ServerProcess>(o);
     std::string error;
     if (!servers_[i]->Start(std::chrono::seconds(60), &error)) {
       ADD_FAILURE() << "server " << i << ": " << error;
       return nullptr;
     }
-    return KvmemClient::Connect(servers_[i]->target());
+    return KvmemClient::Connect(servers_[i]->target(), client);
+  }
+
+  std::string Address(int i) {
+    if (ports_[i] == 0) ports_[i] = testing::FreeLoopbackPort();
+    return absl::StrCat("127.0.0.1:", ports_[i]);
   }
 
   void Open(KvmemClient& c) {
@@ -141,12 +159,208 @@ class TakeoverTest : public ::testing::Test {
   }
 
   static constexpr uint64_t kFrames = 120;
+  static constexpr int kTtlS = 3;  // The servers' ownership lease TTL.
   testing::TempDir dir_;
+  std::unique_ptr<testing::EtcdProcess> etcd_;
+  int ports_[2] = {0, 0};
   std::string prefix_;
   std::unique_ptr<testing::StreamModel> model_;
   std::vector<OutgoingFrame> frames_;
   std::unique_ptr<ServerProcess> servers_[2];
 };
+
+class OwnershipTest : public TakeoverTest {
+ protected:
+  void SetUp() override {
+    TakeoverTest::SetUp();
+    if (IsSkipped()) return;
+    if (!testing::EtcdProcess::Installed()) {
+      GTEST_SKIP() << "etcd is not installed (deploy/bootstrap.sh installs "
+                      "etcd-server)";
+    }
+    etcd_ = std::make_unique<testing::EtcdProcess>(dir_.path() + "/etcd");
+    ASSERT_TRUE(etcd_->Start()) << "etcd did not start";
+  }
+
+  // Both servers up (clients a and b), the stream opened at server 0 with
+  // its first `frames` frames.
+  void StartPair(std::unique_ptr<KvmemClient>* a,
+                 std::unique_ptr<KvmemClient>* b, uint64_t frames) {
+    *a = Start(0);
+    ASSERT_NE(*a, nullptr);
+    *b = Start(1);
+    ASSERT_NE(*b, nullptr);
+    Open(**a);
+    v1::AppendFramesResponse resp;
+    const grpc::Status s = (*a)->AppendFrames(
+        "cam", {frames_.begin(), frames_.begin() + frames}, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  // Appends frames [from, to) one call each; the count acknowledged.
+  static uint64_t AppendEach(KvmemClient& c,
+                             const std::vector<OutgoingFrame>& frames,
+                             uint64_t from, uint64_t to, grpc::Status* last) {
+    uint64_t n = 0;
+    for (uint64_t i = from; i < to; ++i) {
+      v1::AppendFramesResponse r;
+      *last = c.AppendFrames("cam", {frames[i]}, &r);
+      if (!last->ok()) break;
+      ++n;
+    }
+    return n;
+  }
+
+  // Appends frame i, retrying while the answer is UNAVAILABLE (a server
+  // between losing and renewing its lease) for up to 4 TTLs.
+  static grpc::Status AppendEventually(KvmemClient& c,
+                                       const std::vector<OutgoingFrame>& frames,
+                                       uint64_t i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    grpc::Status s;
+    while (AppendEach(c, frames, i, i + 1, &s) == 0 &&
+           s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+           std::chrono::steady_clock::now() - t0 <
+               std::chrono::seconds(4 * kTtlS)) {
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return s;
+  }
+};
+
+// (e): a client pointed at the server that does not own the stream is
+// redirected (UNAVAILABLE + kvmem-owner) and follows by itself; with
+// redirects off it sees the refusal naming the owner.
+TEST_F(OwnershipTest, AClientAtTheWrongServerEndsUpAtTheOwner) {
+  std::unique_ptr<KvmemClient> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 40));
+  v1::AppendFramesResponse resp;
+  ClientOptions stay;
+  stay.max_redirects = 0;
+  auto stuck = KvmemClient::Connect(servers_[1]->target(), stay);
+  v1::StreamStats st;
+  const grpc::Status refused = stuck->GetStreamStats("cam", &st);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.error_message().find(Address(0)), std::string::npos)
+      << refused.error_message();
+  // b follows to a: reads, appends and recalls all land at the owner.
+  ASSERT_TRUE(b->GetStreamStats("cam", &st).ok());
+  EXPECT_EQ(b->RouteOf("cam"), Address(0));
+  EXPECT_EQ(st.last_durable_frame(), 39);
+  ASSERT_TRUE(
+      b->AppendFrames("cam", {frames_.begin() + 40, frames_.end()}, &resp)
+          .ok());
+  ExpectFrames(*b, kFrames);
+  EXPECT_EQ(Recalls(*b), Recalls(*a));
+  std::unique_ptr<SessionClient> session;
+  ASSERT_TRUE(b->StartSession("cam", nullptr, &session).ok());
+  ASSERT_TRUE(session->Finish().ok());
+}
+
+// (a) with etcd: the owner killed; the other server answers the stream's
+// calls once the dead owner's lease has expired (at most its TTL), with
+// every frame and the same recall sets.
+TEST_F(OwnershipTest, AKilledOwnersStreamIsTakenOverAfterItsLease) {
+  std::unique_ptr<KvmemClient> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 80));
+  v1::AppendFramesResponse resp;
+  const auto before = Recalls(*a);
+  servers_[0]->Kill();
+  servers_[0].reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::StreamStats st;
+  grpc::Status s;
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    s = b->GetStreamStats("cam", &st);
+  } while (!s.ok() && std::chrono::steady_clock::now() - t0 <
+                          std::chrono::seconds(4 * kTtlS));
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::cout << "stream answered by the other server "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - t0)
+                   .count()
+            << " ms after the owner's kill (lease TTL " << kTtlS << " s)\n";
+  EXPECT_EQ(b->RouteOf("cam"), servers_[1]->target());
+  ExpectFrames(*b, 80);
+  EXPECT_EQ(Recalls(*b), before);
+  ASSERT_TRUE(
+      b->AppendFrames("cam", {frames_.begin() + 80, frames_.end()}, &resp)
+          .ok());
+  ExpectFrames(*b, kFrames);
+}
+
+// (b) with etcd: the owner paused past its lease; the other server takes
+// the stream over. Resumed, the old owner serves nothing of it (its lease
+// lapsed: it stopped before expiry; the head's epoch fences any write in
+// flight) and redirects to the new owner; no acknowledged frame is lost.
+TEST_F(OwnershipTest, APausedOwnerStopsServingAndHandsOver) {
+  std::unique_ptr<KvmemClient> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 40));
+  ASSERT_EQ(::kill(servers_[0]->pid(), SIGSTOP), 0);
+  absl::SleepFor(absl::Seconds(kTtlS + 1));
+  grpc::Status s;
+  ClientOptions stay;
+  stay.max_redirects = 0;
+  auto at_b = KvmemClient::Connect(servers_[1]->target(), stay);
+  EXPECT_EQ(AppendEach(*at_b, frames_, 40, 60, &s), 20u) << s.error_message();
+  ASSERT_EQ(::kill(servers_[0]->pid(), SIGCONT), 0);
+  auto at_a = KvmemClient::Connect(servers_[0]->target(), stay);
+  EXPECT_EQ(AppendEach(*at_a, frames_, 60, 61, &s), 0u);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  // The client that followed a to its old stream goes on at b once a has
+  // learnt its lease is gone and redirects.
+  ExpectFrames(*b, 60);
+  s = AppendEventually(*a, frames_, 60);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(AppendEach(*a, frames_, 61, kFrames, &s), kFrames - 61)
+      << s.error_message();
+  EXPECT_EQ(a->RouteOf("cam"), Address(1));
+  ExpectFrames(*b, kFrames);
+}
+
+// (d): etcd restarted under an owner. A short outage: the owner keeps its
+// lease (etcd restores leases on restart) and its stream, and ingest goes
+// on. An outage past the TTL: the owner stops acknowledging before its
+// lease could expire, and once etcd is back the stream is served again by
+// one owner, with every acknowledged frame.
+TEST_F(OwnershipTest, OwnersKeepTheirStreamsAcrossAnEtcdRestart) {
+  std::unique_ptr<KvmemClient> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 20));
+  grpc::Status s;
+  etcd_->Stop();
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(etcd_->Start());
+  s = AppendEventually(*a, frames_, 20);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(AppendEach(*a, frames_, 21, 40, &s), 19u) << s.error_message();
+  v1::StreamStats st;
+  ASSERT_TRUE(b->GetStreamStats("cam", &st).ok());
+  EXPECT_EQ(b->RouteOf("cam"), Address(0)) << "the owner changed";
+  // The long outage.
+  etcd_->Stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t acked = 40;
+  while (std::chrono::steady_clock::now() - t0 <
+         std::chrono::seconds(kTtlS + 2)) {
+    if (acked < kFrames && AppendEach(*a, frames_, acked, acked + 1, &s) == 1) {
+      ++acked;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "still acknowledging " << kTtlS + 2
+      << " s into an etcd outage: " << s.error_message();
+  ASSERT_TRUE(etcd_->Start());
+  // Served again (by a, whose lease etcd kept, or after a hand-over).
+  s = AppendEventually(*a, frames_, acked);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ++acked;
+  EXPECT_EQ(AppendEach(*a, frames_, acked, kFrames, &s), kFrames - acked)
+      << s.error_message();
+  ExpectFrames(*a, kFrames);
+  ExpectFrames(*b, kFrames);
+}
 
 // (a) of the issue, at a quiet moment: the same recall sets and every
 // frame, from a server that never saw the stream.

@@ -152,7 +152,8 @@ class Client:
                  server_name: Optional[str] = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_message_bytes: int = 64 << 20,
-                 timeout: Optional[float] = None) -> None:
+                 timeout: Optional[float] = None,
+                 max_redirects: int = 3) -> None:
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         options = [("grpc.max_send_message_length", max_message_bytes),
@@ -164,10 +165,17 @@ class Client:
                 certificate_chain=_read_pem(certificate_chain))
             if server_name:
                 options.append(("grpc.ssl_target_name_override", server_name))
-            self._channel = grpc.secure_channel(target, creds, options=options)
+            self._make_channel = lambda t: grpc.secure_channel(t, creds, options=options)
         else:
-            self._channel = grpc.insecure_channel(target, options=options)
+            self._make_channel = lambda t: grpc.insecure_channel(t, options=options)
+        self._channel = self._make_channel(target)
         self._stub = _pb.service_pb2_grpc.KvMemoryStub(self._channel)
+        # Streams another server owns (servers sharing a store answer
+        # UNAVAILABLE with the owner in the trailing metadata kvmem-owner):
+        # stream id -> owner's target, and a channel per owner.
+        self.max_redirects = max_redirects
+        self._routes: dict[str, str] = {}
+        self._owners: dict[str, tuple] = {}
         self.target = target
         self.chunk_bytes = chunk_bytes
         self.timeout = timeout
@@ -194,14 +202,61 @@ class Client:
             md.append((STREAM_ID_HEADER, stream_id))
         return md
 
+    def route(self, stream_id: str) -> str:
+        """Where the stream's calls go: the target, or its owner's address
+        after a redirect."""
+        with self._lock:
+            return self._routes.get(stream_id, self.target)
+
+    def _stub_for(self, stream_id: Optional[str]):
+        with self._lock:
+            owner = self._routes.get(stream_id) if stream_id is not None else None
+            if owner is None:
+                return self._stub
+            if owner not in self._owners:
+                ch = self._make_channel(owner)
+                self._owners[owner] = (ch, _pb.service_pb2_grpc.KvMemoryStub(ch))
+            return self._owners[owner][1]
+
+    def _learn(self, stream_id: Optional[str], err: KvmemError) -> bool:
+        """Records the owner a refusal named; True when the route changed.
+        An UNAVAILABLE naming no owner from a redirect's target (gone, or no
+        longer holding the stream) sends the stream back to the first guess."""
+        if stream_id is None:
+            return False
+        if not err.owner:
+            if err.code != grpc.StatusCode.UNAVAILABLE:
+                return False
+            with self._lock:
+                return self._routes.pop(stream_id, None) is not None
+        with self._lock:
+            now = self._routes.get(stream_id, self.target)
+            if err.owner == now:
+                return False
+            if err.owner == self.target:
+                self._routes.pop(stream_id, None)
+            else:
+                self._routes[stream_id] = err.owner
+        return True
+
     def _call(self, method, request, stream_id: Optional[str], timeout,
               use_default: bool = True):
+        """method: a KvMemory method name (routed by stream, redirects
+        followed) or a bound stub method (sent as is)."""
         if timeout is None and use_default:
             timeout = self.timeout
-        try:
-            return method(request, metadata=self.metadata(stream_id), timeout=timeout)
-        except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+        for hop in range(self.max_redirects + 1):
+            fn = (getattr(self._stub_for(stream_id), method)
+                  if isinstance(method, str) else method)
+            try:
+                return fn(request, metadata=self.metadata(stream_id), timeout=timeout)
+            except grpc.RpcError as e:
+                err = error_from_rpc(e)
+            # A stream of requests cannot be sent again: learn the route only.
+            replay = isinstance(method, str) and method != "AppendFrames"
+            if not (self._learn(stream_id, err) and replay and hop < self.max_redirects):
+                raise err from None
+        raise err from None
 
     def _remember(self, stats: StreamStats) -> None:
         with self._lock:
@@ -255,13 +310,13 @@ class Client:
         req = pb.OpenStreamRequest(stream_id=stream_id)
         to_proto(config, req.config)
         resp = from_proto(OpenStreamResponse,
-                          self._call(self._stub.OpenStream, req, stream_id, timeout))
+                          self._call("OpenStream", req, stream_id, timeout))
         self._remember(resp.stats)
         return resp
 
     def close_stream(self, stream_id: str, timeout: Optional[float] = None) -> StreamStats:
         """Seals the open block; the stream takes no more frames."""
-        resp = self._call(self._stub.CloseStream,
+        resp = self._call("CloseStream",
                           pb.CloseStreamRequest(stream_id=stream_id), stream_id, timeout)
         stats = from_proto(StreamStats, resp.stats)
         self._remember(stats)
@@ -270,7 +325,7 @@ class Client:
     def delete_stream(self, stream_id: str, timeout: Optional[float] = None) -> None:
         """Removes the stream and all its data."""
         self._forget(stream_id)
-        self._call(self._stub.DeleteStream,
+        self._call("DeleteStream",
                    pb.DeleteStreamRequest(stream_id=stream_id), stream_id, timeout)
 
     def list_streams(self, timeout: Optional[float] = None) -> list[StreamStats]:
@@ -283,7 +338,7 @@ class Client:
     def stats(self, stream_id: str, timeout: Optional[float] = None) -> StreamStats:
         """GetStreamStats."""
         s = from_proto(StreamStats, self._call(
-            self._stub.GetStreamStats, pb.GetStreamStatsRequest(stream_id=stream_id),
+            "GetStreamStats", pb.GetStreamStatsRequest(stream_id=stream_id),
             stream_id, timeout))
         self._remember(s)
         return s
@@ -335,7 +390,7 @@ class Client:
                     yield req
 
         try:
-            resp = self._call(self._stub.AppendFrames, requests(), stream_id, timeout,
+            resp = self._call("AppendFrames", requests(), stream_id, timeout,
                               use_default=False)
         except KvmemError:
             self._forget_cursor(stream_id)
@@ -381,7 +436,7 @@ class Client:
                               identity_share=identity_share,
                               mass_target=mass_target)
         return from_proto(RecallResponse,
-                          self._call(self._stub.Recall, req, stream_id, timeout))
+                          self._call("Recall", req, stream_id, timeout))
 
     def fetch_blocks(self, stream_id: str, block_ids: Sequence[int], *,
                      layout: PayloadLayout = PayloadLayout.FRAME_MAJOR,
@@ -402,31 +457,13 @@ class Client:
                                     layout=int(layout), layers=list(layers or []),
                                     tokens=_block_tokens(tokens))
         want_layers = list(layers) if layers else list(range(geometry.layers))
-        blocks: list[dict] = []
-        try:
-            call = self._stub.FetchBlocks(
-                req, metadata=self.metadata(stream_id),
-                timeout=self.timeout if timeout is None else timeout)
-            for c in call:
-                cur = blocks[-1] if blocks else None
-                if c.HasField("block") and (cur is None or cur["id"] != c.block_id
-                                            or cur["size"] > 0):
-                    cur = {"id": c.block_id, "info": c.block, "parts": [], "size": 0,
-                           "frames": []}
-                    blocks.append(cur)
-                if cur is None or cur["id"] != c.block_id or cur["size"] != c.offset:
-                    call.cancel()
-                    raise error_for(grpc.StatusCode.DATA_LOSS,
-                                    "FetchBlocks chunks arrived out of order")
-                cur["parts"].append(c.data)
-                cur["size"] += len(c.data)
-                fr = cur["frames"]
-                if fr and fr[-1][0] == c.frame_index:
-                    fr[-1][1] += len(c.data)
-                else:
-                    fr.append([c.frame_index, len(c.data)])
-        except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+        for hop in range(self.max_redirects + 1):
+            try:
+                blocks = self._fetch_chunks(req, stream_id, timeout)
+                break
+            except KvmemError as err:
+                if not (self._learn(stream_id, err) and hop < self.max_redirects):
+                    raise
         out = []
         for b in blocks:
             payload = b"".join(b["parts"])
@@ -450,6 +487,35 @@ class Client:
                                     layers=list(range(geometry.layers)), payload=payload,
                                     kv=kv, frame_indices=indices, frames=frames))
         return out
+
+    def _fetch_chunks(self, req, stream_id: str, timeout) -> list:
+        """One FetchBlocks call's chunks, gathered per block."""
+        blocks: list[dict] = []
+        try:
+            call = self._stub_for(stream_id).FetchBlocks(
+                req, metadata=self.metadata(stream_id),
+                timeout=self.timeout if timeout is None else timeout)
+            for c in call:
+                cur = blocks[-1] if blocks else None
+                if c.HasField("block") and (cur is None or cur["id"] != c.block_id
+                                            or cur["size"] > 0):
+                    cur = {"id": c.block_id, "info": c.block, "parts": [], "size": 0,
+                           "frames": []}
+                    blocks.append(cur)
+                if cur is None or cur["id"] != c.block_id or cur["size"] != c.offset:
+                    call.cancel()
+                    raise error_for(grpc.StatusCode.DATA_LOSS,
+                                    "FetchBlocks chunks arrived out of order")
+                cur["parts"].append(c.data)
+                cur["size"] += len(c.data)
+                fr = cur["frames"]
+                if fr and fr[-1][0] == c.frame_index:
+                    fr[-1][1] += len(c.data)
+                else:
+                    fr.append([c.frame_index, len(c.data)])
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+        return blocks
 
     # -- shared memory ----------------------------------------------------
 
@@ -612,15 +678,24 @@ class Client:
         req = _recall_request(stream_id, query, **_recall_defaults(recall_args))
         return self._delivering(
             req, stream_id, mode, layout, layers, held, held_tokens,
-            lambda r: self._call(self._stub.Recall, r, stream_id, timeout))
+            lambda r: self._call("Recall", r, stream_id, timeout))
 
     # -- session ----------------------------------------------------------
 
     def session(self, stream_id: str, config: Optional[StreamConfig] = None,
                 timeout: Optional[float] = None) -> "Session":
         """Starts a Session (the bidirectional live-camera call) bound to the
-        stream, opening it with config when given. Use as a context manager."""
-        return Session(self, stream_id, config, timeout)
+        stream, opening it with config when given, at the stream's owner
+        (redirects followed). Use as a context manager."""
+        for hop in range(self.max_redirects + 1):
+            try:
+                return Session(self, stream_id, config, timeout)
+            except KvmemError as err:
+                # _broken already learnt the owner; go again when it moved.
+                if not (err.owner and err.owner == self.route(stream_id)
+                        and hop < self.max_redirects):
+                    raise
+        raise AssertionError("unreachable")
 
 
 _LAYER_MAJOR = (PayloadLayout.BLOCK_LAYER_MAJOR, PayloadLayout.TOKEN_LAYER_MAJOR)
@@ -681,7 +756,7 @@ class Session:
         self._requests: "queue.SimpleQueue[Optional[pb.SessionRequest]]" = queue.SimpleQueue()
         self._seq = 0
         self._finished = False
-        self._responses = client.stub.Session(
+        self._responses = client._stub_for(stream_id).Session(
             self._generate(), metadata=client.metadata(stream_id), timeout=timeout)
         req = pb.SessionRequest(open=pb.OpenStreamRequest(stream_id=stream_id))
         if config is not None:
@@ -708,7 +783,9 @@ class Session:
         self._finished = True
         self._requests.put(None)
         if e is not None:
-            return error_from_rpc(e)
+            err = error_from_rpc(e)
+            self._client._learn(self.stream_id, err)
+            return err
         return error_for(grpc.StatusCode.UNAVAILABLE, "the session ended unexpectedly")
 
     def _exchange(self, req: "pb.SessionRequest", wait: bool) -> Optional["pb.SessionResponse"]:
@@ -728,7 +805,10 @@ class Session:
         if resp.seq != self._seq:
             raise self._broken_with(grpc.StatusCode.INTERNAL, "session response out of order")
         if resp.HasField("error"):
-            raise error_from_code_value(resp.error.code, resp.error.message)
+            err = error_from_code_value(resp.error.code, resp.error.message,
+                                        resp.error.owner)
+            self._client._learn(self.stream_id, err)
+            raise err
         return resp
 
     def _broken_with(self, code: grpc.StatusCode, message: str) -> KvmemError:

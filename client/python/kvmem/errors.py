@@ -6,6 +6,8 @@ from typing import Optional
 
 import grpc
 
+# Trailing metadata naming the server that owns a stream (kvmem-server --etcd).
+OWNER_HEADER = "kvmem-owner"
 _LAST_DURABLE = re.compile(r"last durable frame is (-?\d+)")
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
@@ -15,10 +17,14 @@ class KvmemError(Exception):
     status message. ``last_durable_frame`` is set when the message names it
     (a failed append: resume at last_durable_frame + 1)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 owner: Optional[str] = None) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        # UNAVAILABLE because another server owns the stream: its address
+        # (trailing metadata kvmem-owner); the client routes there itself.
+        self.owner = owner
         m = _LAST_DURABLE.search(message)
         self.last_durable_frame: Optional[int] = int(m.group(1)) if m else None
 
@@ -72,18 +78,26 @@ _CLASS_BY_CODE = {
 }
 
 
-def error_for(code: grpc.StatusCode, message: str) -> KvmemError:
+def error_for(code: grpc.StatusCode, message: str,
+              owner: Optional[str] = None) -> KvmemError:
     """The KvmemError subclass for a status code."""
-    return _CLASS_BY_CODE.get(code, KvmemError)(code, message)
+    return _CLASS_BY_CODE.get(code, KvmemError)(code, message, owner)
 
 
-def error_from_code_value(value: int, message: str) -> KvmemError:
+def error_from_code_value(value: int, message: str,
+                          owner: Optional[str] = None) -> KvmemError:
     """From a google.rpc.Code number (SessionError.code)."""
-    return error_for(_CODE_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN), message)
+    return error_for(_CODE_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN), message,
+                     owner or None)
 
 
 def error_from_rpc(e: grpc.RpcError) -> KvmemError:
     """From the exception gRPC raised (a grpc.Call with code() and details())."""
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
-    return error_for(code or grpc.StatusCode.UNKNOWN, details or "")
+    owner = None
+    if hasattr(e, "trailing_metadata"):
+        for key, value in e.trailing_metadata() or ():
+            if key == OWNER_HEADER:
+                owner = value
+    return error_for(code or grpc.StatusCode.UNKNOWN, details or "", owner)

@@ -457,6 +457,78 @@ class ApiKeyTest(unittest.TestCase):
                 self.assertEqual([s.stream_id for s in good.list_streams()], ["k1"])
 
 
+class _WrongServer:
+    """A gRPC server that answers every KvMemory call as a kvmem-server that
+    does not own the stream does (kvmem-server --etcd): UNAVAILABLE with the
+    owner's address in the trailing metadata kvmem-owner. The owner is a
+    real kvmem-server; the real redirect is tested with two servers, etcd
+    and Ceph in tests/distributed/takeover_test.cc."""
+
+    def __init__(self, owner: str) -> None:
+        from concurrent import futures
+
+        def refuse(request, context):
+            context.set_trailing_metadata(((kvmem.errors.OWNER_HEADER, owner),))
+            context.abort(grpc.StatusCode.UNAVAILABLE,
+                          f"stream is owned by the kvmem-server at {owner}")
+
+        kinds = {"OpenStream": grpc.unary_unary_rpc_method_handler,
+                 "GetStreamStats": grpc.unary_unary_rpc_method_handler,
+                 "Recall": grpc.unary_unary_rpc_method_handler,
+                 "DeleteStream": grpc.unary_unary_rpc_method_handler,
+                 "AppendFrames": grpc.stream_unary_rpc_method_handler,
+                 "FetchBlocks": grpc.unary_stream_rpc_method_handler,
+                 "Session": grpc.stream_stream_rpc_method_handler}
+        self.calls = 0
+
+        def counted(fn):
+            def run(request, context):
+                self.calls += 1
+                return fn(request, context)
+            return run
+
+        handlers = {m: make(counted(refuse)) for m, make in kinds.items()}
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("kvmem.v1.KvMemory", handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+
+class RedirectTest(unittest.TestCase):
+    def test_a_client_at_the_wrong_server_follows_to_the_owner(self):
+        with Server() as server:
+            wrong = _WrongServer(server.tcp)
+            try:
+                target = f"127.0.0.1:{wrong.port}"
+                with kvmem.Client(target, timeout=30, max_redirects=0) as stay:
+                    with self.assertRaises(kvmem.UnavailableError) as refused:
+                        stay.stats("cam")
+                    self.assertEqual(refused.exception.owner, server.tcp)
+                with kvmem.Client(target, timeout=30) as c:
+                    c.open_stream("cam", config())
+                    self.assertEqual(c.route("cam"), server.tcp)
+                    fs = frames(4)
+                    self.assertEqual(c.append_frames("cam", fs).last_durable_frame,
+                                     len(fs) - 1)
+                    blocks = c.fetch_blocks("cam", [0])
+                    np.testing.assert_array_equal(blocks[0].frames[0], fs[0])
+                    q = np.ones(LAYERS * HEADS * DIM, np.float32)
+                    self.assertTrue(c.recall("cam", q, max_tokens=64).blocks)
+                    with c.session("cam") as s:
+                        self.assertEqual(s.opened.stats.last_durable_frame, len(fs) - 1)
+                # A fresh client's first call on another stream also follows.
+                with kvmem.Client(target, timeout=30) as c2:
+                    self.assertEqual(c2.stats("cam").last_durable_frame, len(fs) - 1)
+                    self.assertEqual(c2.route("cam"), server.tcp)
+                self.assertGreaterEqual(wrong.calls, 3)
+            finally:
+                wrong.stop()
+
+
 @unittest.skipIf(shutil.which("openssl") is None, "openssl (deploy/bootstrap.sh) not installed")
 class TlsTest(unittest.TestCase):
     def test_tls_with_root_certificate(self):
