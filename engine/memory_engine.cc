@@ -142,8 +142,14 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
   if (engine->ownership_ != nullptr) {
     // Streams are taken up as calls name them (Adopt); this server owns
     // none yet.
-    engine->ownership_->OnLost(
-        [e = engine.get()](const absl::Status& why) { e->DisownAll(why); });
+    // Told on the coordinator's thread, which must go on renewing: streams
+    // taken up from now on are refused at once (the generation), and the
+    // dropping, which waits for appends in flight, runs in the background.
+    engine->ownership_->OnLost([e = engine.get()](const absl::Status& why) {
+      ++e->ownership_generation_;
+      if (e->stopping_moves_.load()) return;
+      e->background_->Submit([e, why] { e->DisownAll(why); });
+    });
     engine->opened_ = true;
     if (options.acknowledge_interval_ms > 0) {
       engine->ack_thread_ =

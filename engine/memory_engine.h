@@ -187,6 +187,11 @@ class MemoryEngine {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t stream_count() const ABSL_LOCKS_EXCLUDED(mu_);
+  // With an ownership: streams are taken up on demand (Find may read the
+  // store and rebuild a stream's indexes before it answers).
+  bool adopts_streams() const { return ownership_ != nullptr; }
+  // True when the stream is held in RAM (live; not quarantined).
+  bool Holds(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<QuarantinedStream> Quarantined() const ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the acknowledgement record now (the engine does every
   // options.acknowledge_interval_ms, and at DeleteStream and shutdown).
@@ -260,6 +265,9 @@ class MemoryEngine {
   StreamOwnership* const ownership_;  // options_.ownership; may be null.
   // Set before background_ goes: moves found later are not queued.
   std::atomic<bool> stopping_moves_{false};
+  // Bumped each time this server's ownership lapses: a stream whose taking
+  // up began before is not installed.
+  std::atomic<uint64_t> ownership_generation_{0};
   // Guards the map only; never held across storage I/O.
   mutable kvmem::Mutex mu_;
   std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);

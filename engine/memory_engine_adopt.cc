@@ -37,6 +37,11 @@ absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Held(
   return std::shared_ptr<Stream>();
 }
 
+bool MemoryEngine::Holds(const std::string& id) const {
+  kvmem::MutexLock lock(&mu_);
+  return streams_.count(id) > 0;
+}
+
 absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Adopt(
     const std::string& id, bool keep_absent) {
   kvmem::MutexLock adopt(&adopt_mu_);
@@ -45,6 +50,7 @@ absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Adopt(
     absl::StatusOr<std::shared_ptr<Stream>> held = Held(id);
     if (!held.ok() || *held != nullptr) return held;
   }
+  const uint64_t generation = ownership_generation_.load();
   KVMEM_ASSIGN_OR_RETURN(const uint64_t token, ownership_->Acquire(id));
   // The claim with the holding's token comes first: what is read after it
   // is every commit of earlier owners, and their later writes are refused.
@@ -65,6 +71,14 @@ absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Adopt(
     return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
   }
   absl::StatusOr<std::unique_ptr<Stream>> stream = RecoverOne(*record);
+  // The ownership lapsed meanwhile: not served on a holding that may be
+  // gone. (A lapse after this check queues a DisownAll that drops it.)
+  if (ownership_generation_.load() != generation) {
+    store_->ReleaseStream(id);
+    return absl::UnavailableError(absl::StrCat(
+        "stream \"", id,
+        "\": this server's ownership lapsed while it took the stream up"));
+  }
   kvmem::MutexLock lock(&mu_);
   Install(id, want, std::move(stream));
   absl::StatusOr<std::shared_ptr<Stream>> held = Held(id);

@@ -154,6 +154,11 @@ absl::Status RadosColdStore::Fenced(const StreamEntry& e,
 absl::Status RadosColdStore::Claim(StreamEntry& e, bool create) {
   // A coordinator's token for this stream may be claimed again by the
   // holding that got it (equal); the options' token must grow.
+  if (e.token == 0 && coordinated_.load()) {
+    return absl::AbortedError(
+        "this store instance touches only streams its coordinator let it "
+        "claim (ClaimStream), and this one is not claimed (or was released)");
+  }
   const uint64_t token = e.token != 0 ? e.token : options_.fencing_token;
   const bool reclaim_ok = e.token != 0;
   for (int attempt = 0; attempt < 32; ++attempt) {
@@ -249,6 +254,9 @@ absl::Status RadosColdStore::Load(StreamEntry& e) {
 
 absl::Status RadosColdStore::Ready(StreamEntry& e, bool write) {
   if (e.fenced) return absl::AbortedError("fenced");
+  if (e.released) {
+    return absl::AbortedError("the stream was released by this store instance");
+  }
   if (!e.claimed && (write || !e.loaded)) {
     KVMEM_RETURN_IF_ERROR(Claim(e, write));
   }

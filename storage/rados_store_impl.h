@@ -59,6 +59,8 @@ struct StreamEntry {
   bool loaded ABSL_GUARDED_BY(mu) = false;  // m reflects the head.
   bool claimed ABSL_GUARDED_BY(mu) = false;  // epoch is ours.
   bool fenced ABSL_GUARDED_BY(mu) = false;   // A newer owner took it.
+  // ReleaseStream detached this entry: calls still holding it are refused.
+  bool released ABSL_GUARDED_BY(mu) = false;
   bool indexed ABSL_GUARDED_BY(mu) = false;
   uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
   uint64_t seq ABSL_GUARDED_BY(mu) = 0;
@@ -142,6 +144,10 @@ class RadosColdStore final : public ColdStore {
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> acked_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> bytes_{0};
+  // Set by the first ClaimStream: from then on only streams claimed with a
+  // coordinator's token are touched (a released stream is never claimed
+  // again behind the coordinator's back).
+  std::atomic<bool> coordinated_{false};
   std::string index_;  // The index object's name.
 };
 

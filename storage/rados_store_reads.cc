@@ -183,6 +183,7 @@ absl::Status RadosColdStore::ClaimStream(absl::string_view stream_id,
   if (fencing_token == 0) {
     return absl::InvalidArgumentError("a stream's fencing token must be > 0");
   }
+  coordinated_ = true;
   std::shared_ptr<StreamEntry> e = Entry(stream_id);
   kvmem::MutexLock lock(&e->mu);
   // A new holding: whatever this instance knew of the stream is stale.
@@ -196,13 +197,24 @@ absl::Status RadosColdStore::ClaimStream(absl::string_view stream_id,
 }
 
 void RadosColdStore::ReleaseStream(absl::string_view stream_id) {
-  kvmem::MutexLock lock(&mu_);
-  // Calls still holding the entry finish on it; the next touch gets a new
-  // one, which must be claimed again.
-  if (auto it = entries_.find(stream_id); it != entries_.end()) {
-    entries_.erase(it);
+  std::shared_ptr<StreamEntry> e;
+  {
+    kvmem::MutexLock lock(&mu_);
+    auto it = entries_.find(stream_id);
+    if (it != entries_.end()) {
+      e = std::move(it->second);
+      entries_.erase(it);
+    }
+    acked_.erase(std::string(stream_id));
   }
-  acked_.erase(std::string(stream_id));
+  if (e == nullptr) return;
+  // Calls still holding the entry are refused from now on; the next touch
+  // gets a new entry, which must be claimed again.
+  kvmem::MutexLock lock(&e->mu);
+  e->released = true;
+  bytes_ -= static_cast<int64_t>(e->m.bytes);
+  e->m = Manifest();
+  e->loaded = false;
 }
 
 absl::StatusOr<StreamRecord> RadosColdStore::ReadStream(
@@ -260,13 +272,18 @@ absl::Status RadosColdStore::RecordAcknowledged(
   std::vector<librados::ObjectWriteOperation> ops(changes.size());
   rados_io::AioBatch batch;
   size_t i = 0;
+  std::vector<const std::string*> skipped;  // Not ours: not recorded.
   for (const auto& [id, n] : changes) {
     std::shared_ptr<StreamEntry> e = Entry(id);
     kvmem::MutexLock lock(&e->mu);
     const absl::Status ready = Ready(*e, /*write=*/true);
-    // A stream another instance took over is its business now: its mark
-    // stays as the new owner writes it, and the others' marks go on.
-    if (e->fenced) continue;
+    // A stream another instance took over (or this one released) is not
+    // ours to mark: its mark stays as its owner writes it, and the others'
+    // marks go on.
+    if (e->fenced || ready.code() == absl::StatusCode::kAborted) {
+      skipped.push_back(&id);
+      continue;
+    }
     KVMEM_RETURN_IF_ERROR(ready);
     if (n) KVMEM_RETURN_IF_ERROR(Index(*e, id));  // Acknowledged lists it.
     librados::ObjectWriteOperation& op = ops[i++];
@@ -284,6 +301,7 @@ absl::Status RadosColdStore::RecordAcknowledged(
   KVMEM_RETURN_IF_ERROR(batch.Wait());
   kvmem::MutexLock lock(&mu_);
   acked_ = frames;
+  for (const std::string* id : skipped) acked_.erase(*id);
   return absl::OkStatus();
 }
 

@@ -192,12 +192,18 @@ grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
         held = stats.last_durable_frame();
       }
     }
+    auto stored = [&](const OutgoingFrame& f) {
+      return held >= 0 && static_cast<int64_t>(f.header.frame_index()) <= held;
+    };
+    if (!frames.empty() && std::all_of(frames.begin(), frames.end(), stored)) {
+      resp->Clear();  // The owner has every one of them.
+      resp->set_last_durable_frame(held);
+      return grpc::Status::OK;
+    }
     auto writer = stub->AppendFrames(ctx, resp);
     bool first = true;
     for (const OutgoingFrame& f : frames) {
-      if (held >= 0 && static_cast<int64_t>(f.header.frame_index()) <= held) {
-        continue;
-      }
+      if (stored(f)) continue;
       const bool sent = ForEachFrameMessage(
           f, options_.chunk_bytes,
           [&](v1::FrameHeader* header, v1::PayloadChunk* chunk) {
@@ -209,11 +215,6 @@ grpc::Status KvmemClient::AppendFrames(const std::string& stream_id,
             return writer->Write(req);
           });
       if (!sent) break;  // The server ended the call; Finish says why.
-    }
-    if (first) {  // Nothing left to send: the stream id alone.
-      v1::AppendFramesRequest req;
-      req.set_stream_id(stream_id);
-      writer->Write(req);
     }
     writer->WritesDone();
     return writer->Finish();

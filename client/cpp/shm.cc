@@ -343,10 +343,17 @@ grpc::Status KvmemClient::Delivering(
 grpc::Status KvmemClient::RecallDelivered(v1::RecallRequest req,
                                           v1::RecallResponse* resp,
                                           Delivery* delivered) {
-  return Delivering(&req, resp, delivered,
-                    [this](const v1::RecallRequest& r, v1::RecallResponse* o) {
-                      return Recall(r, o);
-                    });
+  return Delivering(
+      &req, resp, delivered,
+      [this](const v1::RecallRequest& r, v1::RecallResponse* o) {
+        if (r.delivery().mode() != v1::RecallDelivery::MODE_SHARED_MEMORY) {
+          return Recall(r, o);
+        }
+        // Shared memory is this host's server's: never redirected.
+        grpc::ClientContext ctx;
+        Authorize(options_, &ctx, r.stream_id());
+        return stub_->Recall(&ctx, r, o);
+      });
 }
 
 grpc::Status SessionClient::RecallDelivered(v1::RecallRequest req,

@@ -116,10 +116,12 @@ void EtcdOwnership::RenewOnce() {
     return;
   }
   if (ttl.status().code() == absl::StatusCode::kNotFound) {
-    // Gone in etcd: every key it held is gone with it.
+    // Gone in etcd: every key it held is gone with it. Told even when the
+    // lapse was told already: streams may have been taken up since.
     Lose(absl::UnavailableError(absl::StrCat(
-        "this server's ownership lease ", lease,
-        " expired in etcd; its streams are taken up again on demand")));
+             "this server's ownership lease ", lease,
+             " expired in etcd; its streams are taken up again on demand")),
+         /*again=*/true);
     t0 = SteadyClock::now();
     absl::StatusOr<int64_t> fresh = etcd_->GrantLease(options_.ttl);
     kvmem::MutexLock lock(&mu_);
@@ -154,10 +156,10 @@ void EtcdOwnership::RenewOnce() {
   }
 }
 
-void EtcdOwnership::Lose(const absl::Status& why) {
+void EtcdOwnership::Lose(const absl::Status& why, bool again) {
   {
     kvmem::MutexLock lock(&mu_);
-    if (lost_) return;
+    if (lost_ && !again) return;
     lost_ = true;
   }
   if (options_.warn) options_.warn(std::string(why.message()));

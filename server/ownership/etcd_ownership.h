@@ -80,7 +80,10 @@ class EtcdOwnership final : public StreamOwnership {
   void RenewLoop();
   // Renews once (or grants a new lease when the old one is gone).
   void RenewOnce();
-  void Lose(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops serving and tells OnLost's callback, once per lapse (again: also
+  // when this lapse was told already).
+  void Lose(const absl::Status& why, bool again = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration Margin() const;
 
   mutable kvmem::Mutex mu_;

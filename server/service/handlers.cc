@@ -25,7 +25,13 @@ absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
   // New streams count against the tenant's limit; reopening does not. The
   // check and the creation are one step (no two creations pass together).
   kvmem::MutexLock creating(caller.creation_mu());
-  if (!engine->Find(id).ok()) KVMEM_RETURN_IF_ERROR(caller.AdmitNewStream());
+  absl::StatusOr<StreamHandle> found = engine->Find(id);
+  // Another server's stream (or this server's ownership lapsing): say so,
+  // whatever the tenant's stream count.
+  if (found.status().code() == absl::StatusCode::kUnavailable) {
+    return found.status();
+  }
+  if (!found.ok()) KVMEM_RETURN_IF_ERROR(caller.AdmitNewStream());
   absl::StatusOr<OpenStreamResult> r =
       engine->OpenStream(id, FromProto(req.config()));
   if (!r.ok()) return r.status();

@@ -155,7 +155,9 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
     grpc::ByteBuffer* out) {
   // Recall touches only RAM (summaries and index): run it inline. With
-  // delivery it may read the store: on the executor.
+  // delivery it may read the store, and a stream this server has not taken
+  // up yet (servers sharing a store) is read from the store first: on the
+  // executor.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::StatusOr<Caller> c =
       Caller::Enter(options_.tenancy, options_.admission, *ctx);
@@ -163,7 +165,12 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
   v1::RecallRequest req;
   v1::RecallResponse resp;
   if (s.ok()) s = ParseRequest(*in, &req);
-  if (s.ok() && Delivers(req)) {
+  auto taken_up = [&] {
+    if (!engine_->adopts_streams()) return true;
+    absl::StatusOr<std::string> id = c->EngineId(req.stream_id());
+    return !id.ok() || engine_->Holds(*id);
+  };
+  if (s.ok() && (Delivers(req) || !taken_up())) {
     executor_->Submit([this, reactor, out, req = std::move(req),
                        c = *std::move(c)] {
       v1::RecallResponse resp;

@@ -203,6 +203,31 @@ TEST_F(RadosStoreTest, PerStreamClaimsCarryTheCoordinatorsToken) {
   EXPECT_EQ(*b->GetFrame("cam", 0), "zero");
 }
 
+// Once an instance claims streams with tokens, a stream it released is
+// never claimed again behind the coordinator's back: reads, writes and the
+// acknowledgement record leave it alone (ABORTED, nothing changed).
+TEST_F(RadosStoreTest, AReleasedStreamIsNotTouchedAgain) {
+  auto a = Open();
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->ClaimStream("cam", 5).ok());
+  StreamWrite w = Frame(0, "zero");
+  w.config = "config";
+  ASSERT_TRUE(a->Commit(w).ok());
+  ASSERT_TRUE(a->RecordAcknowledged({{"cam", 1}}).ok());
+  a->ReleaseStream("cam");
+  EXPECT_EQ(a->GetFrame("cam", 0).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(a->Commit(Frame(1, "one")).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(a->RecordAcknowledged({}).ok());
+  auto b = Open();
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->ClaimStream("cam", 6).ok());
+  uint64_t acked = 0;
+  ASSERT_TRUE(b->ReadStream("cam", &acked).ok());
+  EXPECT_EQ(acked, 1u);  // a's empty record did not remove the mark.
+  EXPECT_EQ(b->GetFrame("cam", 1).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(b->Commit(Frame(1, "one")).ok());
+}
+
 // DeleteStream removes the records in one operation and then every object,
 // also ones no record names (a crashed commit's leftovers); the head keeps
 // the epoch so an old owner stays fenced.

@@ -189,6 +189,8 @@ TEST_F(OwnershipEngineTest, StreamsAreTakenUpOnDemandAndOthersNameTheOwner) {
   // A stream nobody stored: NOT_FOUND, and no ownership kept for it.
   EXPECT_EQ(b->Find("ghost").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry_->holders.count("ghost"), 0u);
+  EXPECT_TRUE(a->Holds("cam"));
+  EXPECT_FALSE(b->Holds("cam"));
   // Deleting gives the ownership up: b may create the stream afresh.
   ASSERT_TRUE(a->DeleteStream("cam").ok());
   EXPECT_EQ(registry_->holders.count("cam"), 0u);
@@ -228,6 +230,9 @@ TEST_F(OwnershipEngineTest, ALapsedOwnershipStopsWritesAndDropsStreams) {
   ASSERT_TRUE(held.ok());
   ASSERT_TRUE(AppendFrames(*a, 0, 9).ok());
   own->Lapse();
+  // Refused at once (CheckServing); dropped in the background.
+  EXPECT_EQ(a->Find("cam").status().code(), absl::StatusCode::kUnavailable);
+  a->WaitForBackground();
   EXPECT_TRUE(a->ListStreams().empty());
   // A caller still holding the stream is refused with the reason.
   EXPECT_THAT(held->Append(At(9)).status().message(), HasSubstr("lapsed"));

@@ -6,7 +6,11 @@
 # --server_store=rados:kvmem), then the takeover of a stream holding one
 # camera-hour (the bench's default geometry, 10,800 frames): a new
 # kvmem-server on the same pool, timed from its start to its first answered
-# Recall. KVMEM_TAKEOVER_FRAMES changes the length.
+# Recall. KVMEM_TAKEOVER_FRAMES changes the length. Then, where etcd is
+# installed, the same stream under ownership through etcd: two servers
+# with --etcd (lease TTL KVMEM_OWNERSHIP_TTL_S, default 10), the first takes
+# the stream up, is killed -9, and the second is timed from the kill to its
+# first answered Recall (lease expiry + taking the stream up).
 #
 #   bash tools/bench/rados_figures.sh [WORK_DIR]   (default /tmp/kvmem-rados-figures)
 #   KVMEM_TAKEOVER_ONLY=1 ...: only the takeover.
@@ -19,7 +23,7 @@ cluster="$root/tests/distributed/ceph_cluster.sh"
 
 bash "$cluster" start "$dir/ceph" >/dev/null
 cleanup() {
-  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
+  for p in ${pid:-} ${pids:-}; do kill -9 "$p" 2>/dev/null || true; done
   bash "$cluster" stop "$dir/ceph"
 }
 trap cleanup EXIT
@@ -70,13 +74,46 @@ start=$(date +%s.%N)
 "$bin/kvmem-server" --store=rados:kvmem --ceph_conf="$CEPH_CONF" --data_dir="$dir/b" \
   --unix_socket="$sock" --listen= >"$dir/b.log" 2>&1 &
 pid=$!
-until "$bin/kvmem" recall --addr="unix:$sock" --stream=bench-cam-0 --query_seed=1 \
-    >/dev/null 2>&1; do
-  sleep 0.05
-done
+answered() {  # waits until ADDR answers a Recall on the stream
+  until "$bin/kvmem" recall --addr="$1" --stream=bench-cam-0 --query_seed=1 \
+      >/dev/null 2>&1; do
+    sleep 0.05
+  done
+}
+answered "unix:$sock"
 end=$(date +%s.%N)
 echo "takeover after kill -9: first Recall answered $(python3 -c "print(f'{$end-$start:.2f}')") s after the new server started"
 grep -m1 "opened rados" "$dir/b.log" | sed 's/^.*\] //'
 kill "$pid"
 wait "$pid" 2>/dev/null || true
 pid=
+
+command -v etcd >/dev/null || { echo "etcd not installed: no takeover figure with ownership"; exit 0; }
+ttl=${KVMEM_OWNERSHIP_TTL_S:-10}
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+ep=127.0.0.1:$(port)
+rm -rf "$dir/etcd"
+peer=http://127.0.0.1:$(port)
+etcd --name=bench --data-dir="$dir/etcd" --listen-client-urls="http://$ep" \
+  --advertise-client-urls="http://$ep" --listen-peer-urls="$peer" \
+  --initial-advertise-peer-urls="$peer" --initial-cluster="bench=$peer" >"$dir/etcd.log" 2>&1 &
+pids=$!
+server() {  # server NAME PORT
+  "$bin/kvmem-server" --store=rados:kvmem --ceph_conf="$CEPH_CONF" --data_dir="$dir/$1" \
+    --listen="127.0.0.1:$2" --etcd="$ep" --ownership_ttl_s="$ttl" >"$dir/$1.log" 2>&1 &
+  pids="$pids $!"
+}
+pa=$(port); pb=$(port)
+server c "$pa"; a=$!
+server d "$pb"
+until "$bin/kvmem" health --addr="127.0.0.1:$pa" >/dev/null 2>&1 &&
+      "$bin/kvmem" health --addr="127.0.0.1:$pb" >/dev/null 2>&1; do sleep 0.2; done
+start=$(date +%s.%N)
+"$bin/kvmem" recall --addr="127.0.0.1:$pa" --stream=bench-cam-0 --query_seed=1 >/dev/null
+end=$(date +%s.%N)
+echo "with etcd (TTL $ttl s): a server took the stream up on its first Recall in $(python3 -c "print(f'{$end-$start:.2f}')") s"
+kill -9 "$a"
+start=$(date +%s.%N)
+answered "127.0.0.1:$pb"
+end=$(date +%s.%N)
+echo "with etcd (TTL $ttl s): owner killed -9, the other server answered Recall $(python3 -c "print(f'{$end-$start:.2f}')") s after the kill"

@@ -678,7 +678,10 @@ class Client:
         req = _recall_request(stream_id, query, **_recall_defaults(recall_args))
         return self._delivering(
             req, stream_id, mode, layout, layers, held, held_tokens,
-            lambda r: self._call("Recall", r, stream_id, timeout))
+            # Shared memory is this host's server's: not redirected (a
+            # refusal naming another owner raises with .owner set).
+            lambda r: self._call(self._stub.Recall if mode == "shm" else "Recall",
+                                 r, stream_id, timeout))
 
     # -- session ----------------------------------------------------------
 
