@@ -150,54 +150,8 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
       if (e->stopping_moves_.load()) return;
       e->background_->Submit([e, why] { e->DisownAll(why); });
     });
-    engine->opened_ = true;
-    if (options.acknowledge_interval_ms > 0) {
-      engine->ack_thread_ =
-          std::thread([e = engine.get()] { e->AcknowledgeLoop(); });
-    }
-    return engine;
-  }
-  KVMEM_ASSIGN_OR_RETURN(auto records, engine->store_->ListStreams());
-  absl::StatusOr<std::map<std::string, uint64_t>> acked =
-      engine->store_->Acknowledged();
-  if (!acked.ok()) {
-    // The record itself is damaged: nothing to compare with, loudly.
-    if (options.strict_recovery) return acked.status();
-    if (options.error) options.error(std::string(acked.status().message()));
-    acked = std::map<std::string, uint64_t>();
-  }
-  {
-    kvmem::MutexLock lock(&engine->mu_);
-    for (const StreamRecord& r : records) {
-      auto ack = acked->find(r.stream_id);
-      engine->Install(r.stream_id, ack == acked->end() ? 0 : ack->second,
-                      engine->RecoverOne(r));
-    }
-    for (const auto& [id, want] : *acked) {
-      if (want == 0 || engine->streams_.count(id) ||
-          engine->quarantined_.count(id)) {
-        continue;
-      }
-      engine->Quarantine(
-          id, absl::DataLossError(absl::StrCat(
-                  want,
-                  " frames were acknowledged and the stream is missing "
-                  "from storage: its records were lost from the "
-                  "write-ahead log")));
-      engine->quarantined_acks_[id] = want;
-    }
-    if (options.strict_recovery && !engine->quarantined_.empty()) {
-      const absl::Status& first = engine->quarantined_.begin()->second;
-      return absl::Status(
-          first.code(),
-          absl::StrCat("strict recovery: ", engine->quarantined_.size(),
-                       " stream(s) cannot be served as acknowledged; first: ",
-                       first.message()));
-    }
-  }
-  {
-    kvmem::MutexLock control(&engine->control_mu_);
-    engine->last_record_ = *std::move(acked);
+  } else {
+    KVMEM_RETURN_IF_ERROR(engine->RecoverAll());
   }
   engine->opened_ = true;
   if (options.acknowledge_interval_ms > 0) {
@@ -205,6 +159,48 @@ absl::StatusOr<std::unique_ptr<MemoryEngine>> MemoryEngine::Open(
         std::thread([e = engine.get()] { e->AcknowledgeLoop(); });
   }
   return engine;
+}
+
+absl::Status MemoryEngine::RecoverAll() {
+  KVMEM_ASSIGN_OR_RETURN(auto records, store_->ListStreams());
+  absl::StatusOr<std::map<std::string, uint64_t>> acked =
+      store_->Acknowledged();
+  if (!acked.ok()) {
+    // The record itself is damaged: nothing to compare with, loudly.
+    if (options_.strict_recovery) return acked.status();
+    if (options_.error) options_.error(std::string(acked.status().message()));
+    acked = std::map<std::string, uint64_t>();
+  }
+  {
+    kvmem::MutexLock lock(&mu_);
+    for (const StreamRecord& r : records) {
+      auto ack = acked->find(r.stream_id);
+      Install(r.stream_id, ack == acked->end() ? 0 : ack->second,
+              RecoverOne(r));
+    }
+    for (const auto& [id, want] : *acked) {
+      if (want == 0 || streams_.count(id) || quarantined_.count(id)) {
+        continue;
+      }
+      Quarantine(id, absl::DataLossError(absl::StrCat(
+                         want,
+                         " frames were acknowledged and the stream is missing "
+                         "from storage: its records were lost from the "
+                         "write-ahead log")));
+      quarantined_acks_[id] = want;
+    }
+    if (options_.strict_recovery && !quarantined_.empty()) {
+      const absl::Status& first = quarantined_.begin()->second;
+      return absl::Status(
+          first.code(),
+          absl::StrCat("strict recovery: ", quarantined_.size(),
+                       " stream(s) cannot be served as acknowledged; first: ",
+                       first.message()));
+    }
+  }
+  kvmem::MutexLock control(&control_mu_);
+  last_record_ = *std::move(acked);
+  return absl::OkStatus();
 }
 
 std::map<std::string, uint64_t> MemoryEngine::AcknowledgedNow(
@@ -265,20 +261,8 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   // control_mu_ orders creations and deletions; mu_ is held only for map
   // lookups, never across a commit, so other streams' calls do not wait.
   kvmem::MutexLock control(&control_mu_);
-  std::shared_ptr<Stream> existing;
-  if (ownership_ != nullptr) {
-    KVMEM_RETURN_IF_ERROR(ownership_->CheckServing());
-    absl::StatusOr<std::shared_ptr<Stream>> adopted =
-        Adopt(id, /*keep_absent=*/true);
-    if (adopted.ok()) {
-      existing = *std::move(adopted);
-    } else if (adopted.status().code() != absl::StatusCode::kNotFound) {
-      return adopted.status();
-    }
-  } else {
-    kvmem::MutexLock lock(&mu_);
-    KVMEM_ASSIGN_OR_RETURN(existing, Held(id));
-  }
+  KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> existing,
+                         Lookup(id, /*keep_absent=*/true));
   // Fields left zero take the server's stream defaults when the stream is
   // created, and the stream's own settings when it is reopened: a server
   // restarted with other defaults still reopens its streams.
@@ -305,16 +289,27 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   return OpenStreamResult{true, shared->Stats()};
 }
 
-absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::FindStream(
-    const std::string& id) {
-  KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
+absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Lookup(
+    const std::string& id, bool keep_absent) {
   if (ownership_ != nullptr) KVMEM_RETURN_IF_ERROR(ownership_->CheckServing());
   {
     kvmem::MutexLock lock(&mu_);
     KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> held, Held(id));
-    if (held != nullptr) return held;
+    if (held != nullptr || ownership_ == nullptr) return held;
   }
-  if (ownership_ != nullptr) return Adopt(id, /*keep_absent=*/false);
+  absl::StatusOr<std::shared_ptr<Stream>> adopted = Adopt(id, keep_absent);
+  if (adopted.status().code() == absl::StatusCode::kNotFound) {
+    return std::shared_ptr<Stream>();
+  }
+  return adopted;
+}
+
+absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::FindStream(
+    const std::string& id) {
+  KVMEM_RETURN_IF_ERROR(ValidateEngineStreamId(id));
+  KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> stream,
+                         Lookup(id, /*keep_absent=*/false));
+  if (stream != nullptr) return stream;
   return absl::NotFoundError(absl::StrCat("stream \"", id, "\" not found"));
 }
 

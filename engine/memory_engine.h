@@ -219,6 +219,14 @@ class MemoryEngine {
   // With an ownership, a stream not held yet is taken up (Adopt).
   absl::StatusOr<std::shared_ptr<Stream>> FindStream(const std::string& id)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The held stream (taken up first with an ownership), its quarantine
+  // reason, or nullptr when it does not exist; keep_absent as Adopt's.
+  absl::StatusOr<std::shared_ptr<Stream>> Lookup(const std::string& id,
+                                                 bool keep_absent)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Open without an ownership: recovers every stored stream, checking each
+  // against the acknowledgement record (see Open).
+  absl::Status RecoverAll() ABSL_LOCKS_EXCLUDED(control_mu_, mu_);
   // The held stream or its quarantine reason; nullptr when neither.
   absl::StatusOr<std::shared_ptr<Stream>> Held(const std::string& id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

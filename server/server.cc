@@ -351,7 +351,7 @@ void Server::Shutdown(std::chrono::system_clock::time_point deadline) {
   shm_.reset();       // After the tasks that place blocks in arenas.
   metrics_.reset();
   admission_.reset();
-  engine_.reset();  // Closes RocksDB, syncing the WAL.
+  engine_.reset();     // Closes RocksDB, syncing the WAL.
   ownership_.reset();  // Hands this server's streams over (lease revoked).
   if (!options_.unix_socket.empty()) ::unlink(options_.unix_socket.c_str());
 }
