@@ -66,6 +66,7 @@ class BlockIndex::Impl {
   virtual ~Impl() = default;
   virtual void Add(uint64_t id, const float* v) = 0;
   virtual bool Remove(uint64_t id) = 0;
+  virtual void Reserve(size_t /*n*/) {}
   virtual std::vector<ScoredId> Search(const float* q, uint32_t k) const = 0;
   virtual uint64_t size() const = 0;
   virtual IndexQuality quality() const { return {}; }
@@ -145,6 +146,7 @@ class ProgressiveImpl : public BlockIndex::Impl {
   }
   void Add(uint64_t id, const float* v) override { index_.Add(id, v); }
   bool Remove(uint64_t id) override { return index_.Remove(id); }
+  void Reserve(size_t n) override { index_.Reserve(n); }
   std::vector<ScoredId> Search(const float* q, uint32_t k) const override {
     return index_.Search(q, k);
   }
@@ -471,6 +473,7 @@ void BlockIndex::Add(uint64_t id, const float* summary) {
   impl_->Add(id, summary);
 }
 bool BlockIndex::Remove(uint64_t id) { return impl_->Remove(id); }
+void BlockIndex::Reserve(size_t n) { impl_->Reserve(n); }
 std::vector<ScoredId> BlockIndex::Search(const float* query, uint32_t k) const {
   return impl_->Search(query, k);
 }

@@ -96,6 +96,8 @@ class BlockIndex {
 
   // Adds one summary of dim() floats under id.
   void Add(uint64_t id, const float* summary);
+  // Room for n vectors in all (kinds without a use for it ignore it).
+  void Reserve(size_t n);
   // Removes id; false when it was not there.
   bool Remove(uint64_t id);
 

@@ -130,6 +130,21 @@ void ProgressiveIndex::Add(uint64_t id, const float* vec) {
   }
 }
 
+void ProgressiveIndex::Reserve(size_t n) {
+  const size_t lanes = (n + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
+  row_.reserve(n);
+  ids_.reserve(n);
+  full_.reserve(n * dim_);
+  packed_.reserve(lanes * groups_ * 4);
+  scale_.reserve(lanes);
+  enorm_.reserve(lanes);
+  cnorm_.reserve(lanes);
+  for (uint32_t h = 0; h < segments_; ++h) {
+    seg_enorm_[h].reserve(n);
+    seg_cnorm_[h].reserve(n);
+  }
+}
+
 bool ProgressiveIndex::Remove(uint64_t id) {
   auto it = row_.find(id);
   if (it == row_.end()) return false;

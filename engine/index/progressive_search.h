@@ -57,6 +57,9 @@ class ProgressiveIndex {
                             uint32_t segment_dim = 0);
 
   void Add(uint64_t id, const float* vec);
+  // Room for n vectors in all, so adds up to n copy nothing already held
+  // (a recovery adds every block's summaries at once).
+  void Reserve(size_t n);
   bool Remove(uint64_t id);
   std::vector<ScoredId> Search(const float* query, uint32_t k,
                                ProgressiveStats* stats = nullptr) const;

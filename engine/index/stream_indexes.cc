@@ -36,6 +36,12 @@ void StreamIndexes::Add(uint64_t id, const BlockRecord& rec) {
   }
 }
 
+void StreamIndexes::Reserve(size_t blocks, size_t groups) {
+  all_->Reserve(blocks);
+  for (auto& layer : layers_) layer->Reserve(blocks);
+  if (groups_ != nullptr) groups_->Reserve(groups);
+}
+
 void StreamIndexes::Remove(uint64_t id, size_t groups) {
   all_->Remove(id);
   for (auto& layer : layers_) layer->Remove(id);

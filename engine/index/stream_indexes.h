@@ -37,6 +37,8 @@ class StreamIndexes {
   // the number of token groups the block was indexed with.
   void Add(uint64_t id, const BlockRecord& rec);
   void Remove(uint64_t id, size_t groups);
+  // Room for `blocks` blocks holding `groups` token groups in all.
+  void Reserve(size_t blocks, size_t groups);
 
   const BlockIndex& all() const { return *all_; }
   // Indexed layer li's index: its own, or `all` with one indexed layer.

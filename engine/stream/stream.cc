@@ -144,6 +144,16 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
   std::unique_ptr<Stream> s(new Stream(id, config, env, state));
   KVMEM_ASSIGN_OR_RETURN(std::vector<BlockRecord> records,
                          s->LoadRecords(state));
+  {
+    size_t indexed = 0, groups = 0;
+    for (const BlockRecord& rec : records) {
+      if (rec.disk == DiskForm::kNone) continue;
+      indexed += 1;
+      groups += rec.group_summaries.size() / s->view_.summary_dim();
+    }
+    kvmem::MutexLock lock(&s->view_.mu());
+    s->view_.ReserveIndexes(indexed, groups);
+  }
   for (BlockRecord& rec : records) {
     BlockEntry entry;
     uint64_t warm_bytes = 0;
