@@ -5,11 +5,14 @@
 #include <stdio.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 
 #include "client/cpp/kvmem_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/ops/huge_pages.h"
 #include "tests/test_util.h"
 #include "tests/wire_fixture.h"
 #include "tools/common/server_process.h"
@@ -163,6 +166,47 @@ TEST_F(ConfigTest, MistakesNameFileLineAndKey) {
   ServerRun missing = RunServer("--config=" + dir_.path() + "/absent.toml");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.output, HasSubstr("absent.toml cannot be read"));
+}
+
+// Reads /proc/PID/FILE whole.
+std::string ProcFile(pid_t pid, const std::string& file) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// --huge_pages (on by default): where the kernel offers transparent huge
+// pages, the server starts itself again with glibc's tunable set, keeping
+// its pid and its name; off, or where it offers none, it does not.
+TEST_F(ConfigTest, HugePagesStartTheServerAgainUnderItsOwnName) {
+  const std::string mode = TransparentHugePageMode();
+  const bool offered = mode == "always" || mode == "madvise";
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "--huge_pages" : "--nohuge_pages");
+    ServerProcessOptions o;
+    o.binary = KVMEM_SERVER_BINARY;
+    o.data_dir = dir_.path() + (on ? "/on" : "/off");
+    o.unix_socket = dir_.path() + (on ? "/on.sock" : "/off.sock");
+    o.log_file = dir_.path() + (on ? "/on.log" : "/off.log");
+    o.extra_args = {on ? "--huge_pages" : "--nohuge_pages"};
+    ServerProcess server(o);
+    std::string error;
+    ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
+    EXPECT_EQ(ProcFile(server.pid(), "comm"), "kvmem-server\n");
+    std::string env = ProcFile(server.pid(), "environ");
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    const bool set = env.find("GLIBC_TUNABLES=glibc.malloc.hugetlb=1\n") !=
+                     std::string::npos;
+    EXPECT_EQ(set, on && offered) << "transparent huge pages: " << mode;
+    EXPECT_EQ(server.Stop(), 0);
+    std::ifstream log(o.log_file);
+    const std::string text(std::istreambuf_iterator<char>(log), {});
+    if (on) {
+      EXPECT_THAT(text, HasSubstr(offered ? "heap on transparent huge pages"
+                                          : "heap on 4 KiB pages"));
+    } else {
+      EXPECT_THAT(text, Not(HasSubstr("heap on")));
+    }
+  }
 }
 
 TEST_F(ConfigTest, StreamDefaultsApplyToStreamsThatLeaveFieldsZero) {
