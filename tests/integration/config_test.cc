@@ -174,20 +174,22 @@ std::string ProcFile(pid_t pid, const std::string& file) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// --huge_pages (on by default): where the kernel offers transparent huge
-// pages, the server starts itself again with glibc's tunable set, keeping
-// its pid and its name; off, or where it offers none, it does not.
+// --huge_pages=on: where the kernel offers transparent huge pages, the
+// server starts itself again with glibc's tunable set, keeping its pid and
+// its name; off, auto with a local store (the default), or where the kernel
+// offers none, it does not.
 TEST_F(ConfigTest, HugePagesStartTheServerAgainUnderItsOwnName) {
   const std::string mode = TransparentHugePageMode();
   const bool offered = mode == "always" || mode == "madvise";
-  for (const bool on : {true, false}) {
-    SCOPED_TRACE(on ? "--huge_pages" : "--nohuge_pages");
+  for (const std::string value : {"on", "off", "auto"}) {
+    SCOPED_TRACE("--huge_pages=" + value);
+    const bool on = value == "on";
     ServerProcessOptions o;
     o.binary = KVMEM_SERVER_BINARY;
-    o.data_dir = dir_.path() + (on ? "/on" : "/off");
-    o.unix_socket = dir_.path() + (on ? "/on.sock" : "/off.sock");
-    o.log_file = dir_.path() + (on ? "/on.log" : "/off.log");
-    o.extra_args = {on ? "--huge_pages" : "--nohuge_pages"};
+    o.data_dir = dir_.path() + "/" + value;
+    o.unix_socket = dir_.path() + "/" + value + ".sock";
+    o.log_file = dir_.path() + "/" + value + ".log";
+    o.extra_args = {"--huge_pages=" + value};
     ServerProcess server(o);
     std::string error;
     ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
@@ -207,6 +209,10 @@ TEST_F(ConfigTest, HugePagesStartTheServerAgainUnderItsOwnName) {
       EXPECT_THAT(text, Not(HasSubstr("heap on")));
     }
   }
+  ServerRun bad = RunServer("--huge_pages=yes --print-config");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output,
+              HasSubstr("--huge_pages is \"yes\"; use auto, on or off"));
 }
 
 TEST_F(ConfigTest, StreamDefaultsApplyToStreamsThatLeaveFieldsZero) {
