@@ -314,11 +314,11 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   return o;
 }
 
-// Serves until SIGINT or SIGTERM. Exit status: 2 for a bad flag, 1 when the
-// server cannot start, 0 after an orderly stop.
 // What ReexecWithHugePages found (main), logged once logging is set up.
 std::string heap_pages_note;
 
+// Serves until SIGINT or SIGTERM. Exit status: 2 for a bad flag, 1 when the
+// server cannot start, 0 after an orderly stop.
 int Run(const kvmem::StreamConfig& stream_defaults) {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   if (!heap_pages_note.empty()) spdlog::info("{}", heap_pages_note);

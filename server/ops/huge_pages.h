@@ -6,9 +6,11 @@
 // hypervisor. glibc backs its heap with transparent huge pages when the
 // tunable glibc.malloc.hugetlb=1 is set (glibc >= 2.35; it madvises
 // MADV_HUGEPAGE and grows the heap in 2 MiB steps). Tunables are read only
-// when a process starts, so the server starts itself again with it set.
+// when a process starts, so the server starts itself again with it set
+// (kvmem-server --huge_pages: on, off, or auto = on with --store=rados:).
 // Measured on a camera-hour's RocksDB restart (docs/durable-tier.md): the
-// engine's open 5.6 s -> 1.3 s, page faults 260k -> 5k.
+// engine's open 5.6 s -> 1.9-2.2 s, page faults 260k -> 6k; and the cost:
+// 7B recall + delivery ~1-2 ms slower at p50 with glibc's huge-page mode.
 #ifndef KVMEM_SERVER_OPS_HUGE_PAGES_H_
 #define KVMEM_SERVER_OPS_HUGE_PAGES_H_
 

@@ -156,6 +156,8 @@ class Client:
                  max_redirects: int = 3) -> None:
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
+        if max_redirects < 0:
+            raise ValueError(f"max_redirects is {max_redirects}; use 0 or more")
         options = [("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.max_receive_message_length", max_message_bytes)]
         if root_certificates is not None:

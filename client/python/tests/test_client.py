@@ -528,6 +528,11 @@ class RedirectTest(unittest.TestCase):
             finally:
                 wrong.stop()
 
+    def test_a_negative_redirect_limit_is_refused(self):
+        with self.assertRaises(ValueError) as bad:
+            kvmem.Client("127.0.0.1:1", max_redirects=-1)
+        self.assertIn("max_redirects is -1", str(bad.exception))
+
 
 @unittest.skipIf(shutil.which("openssl") is None, "openssl (deploy/bootstrap.sh) not installed")
 class TlsTest(unittest.TestCase):
