@@ -184,8 +184,9 @@ ABSL_FLAG(std::string, huge_pages, "auto",
           "on: back the heap with transparent huge pages where the kernel "
           "offers them (its mode always or madvise): the server starts "
           "itself again with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 unless "
-          "that tunable is set already (recovery and takeover ~2.5x faster; "
-          "7B recall + delivery measured ~1 ms slower). off: no. auto (the "
+          "that tunable is set already (a recovery's engine open ~2.5x "
+          "faster; 7B recall + delivery measured ~1-2 ms slower). off: no. "
+          "auto (the "
           "default): on with a shared store (--store=rados:...), where "
           "takeover time matters, else off.");
 ABSL_FLAG(int32_t, worker_threads, 0,
@@ -314,7 +315,7 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   return o;
 }
 
-// What ReexecWithHugePages found (main), logged once logging is set up.
+// What StartWithHugePages found (main), logged once logging is set up.
 std::string heap_pages_note;
 
 // Serves until SIGINT or SIGTERM. Exit status: 2 for a bad flag, 1 when the
@@ -423,16 +424,9 @@ int main(int argc, char** argv) {
   if (huge == "on" ||
       (huge == "auto" &&
        absl::StartsWith(absl::GetFlag(FLAGS_store), "rados:"))) {
-    const char* tunables = getenv("GLIBC_TUNABLES");
-    if (tunables != nullptr &&
-        absl::StrContains(tunables, "glibc.malloc.hugetlb=1")) {
-      heap_pages_note =
-          "heap on transparent huge pages (glibc.malloc.hugetlb=1)";
-    } else {
-      std::string why;
-      kvmem::ReexecWithHugePages(argv, &why);  // Returns only when it did not.
-      heap_pages_note = "heap on 4 KiB pages: " + why;
-    }
+    // Returns only when it did not start the server again.
+    heap_pages_note =
+        kvmem::StartWithHugePages(argv, kvmem::FilesReadAtStart(args));
   }
   return Run(stream_defaults);
 }

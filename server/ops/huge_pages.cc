@@ -1,5 +1,7 @@
 #include "server/ops/huge_pages.h"
 
+#include <sys/auxv.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,35 +34,92 @@ std::string TunablesWithHugePages(const char* current) {
                      : absl::StrCat(now, ":glibc.malloc.hugetlb=1");
 }
 
-void ReexecWithHugePages(char** argv, std::string* why) {
-  std::string unused;
-  if (why == nullptr) why = &unused;
+std::vector<std::string> FilesReadAtStart(
+    const std::vector<std::string>& args) {
+  std::vector<std::string> files;
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    const std::string& a = args[i];
+    for (const char* flag :
+         {"--config", "-config", "--flagfile", "-flagfile"}) {
+      if (a == flag && i + 1 < args.size()) {
+        files.push_back(args[i + 1]);
+      } else if (absl::StartsWith(a, absl::StrCat(flag, "="))) {
+        files.push_back(a.substr(std::strlen(flag) + 1));
+      }
+    }
+  }
+  return files;
+}
+
+namespace {
+
+constexpr char kOnHugePages[] = "heap on transparent huge pages";
+constexpr char kOnSmallPages[] = "heap on 4 KiB pages: ";
+
+}  // namespace
+
+std::string StartWithHugePages(char** argv,
+                               const std::vector<std::string>& reread) {
+  const char* tunables = getenv("GLIBC_TUNABLES");
+  const bool set_on = tunables != nullptr &&
+                      absl::StrContains(tunables, "glibc.malloc.hugetlb=1");
   const std::string mode = TransparentHugePageMode();
-  if (mode != "always" && mode != "madvise") {
-    *why = absl::StrCat("transparent huge pages are \"",
+  const bool offered = mode == "always" || mode == "madvise";
+  if (getenv(kHugePagesReexecMarker) != nullptr) {  // Started again by us.
+    unsetenv(kHugePagesReexecMarker);
+    if (set_on && offered) {
+      return absl::StrCat(kOnHugePages, " (glibc.malloc.hugetlb=1)");
+    }
+    return absl::StrCat(kOnSmallPages,
+                        "started again with glibc.malloc.hugetlb=1, which "
+                        "did not reach the new process (a secure exec drops "
+                        "glibc's tunables)");
+  }
+  if (!offered) {
+    return absl::StrCat(kOnSmallPages, "transparent huge pages are \"",
                         mode.empty() ? "unknown" : mode, "\" here");
-    return;
   }
-  const std::string tunables = TunablesWithHugePages(getenv("GLIBC_TUNABLES"));
-  if (tunables.empty()) {
-    *why = "GLIBC_TUNABLES sets glibc.malloc.hugetlb";
-    return;
+  if (TunablesWithHugePages(tunables).empty()) {
+    return set_on
+               ? absl::StrCat(kOnHugePages,
+                              " (GLIBC_TUNABLES sets glibc.malloc.hugetlb=1)")
+               : absl::StrCat(kOnSmallPages,
+                              "GLIBC_TUNABLES sets glibc.malloc.hugetlb");
   }
-  // The binary's own path, not /proc/self/exe: the process keeps its name
-  // (ps, pgrep and /proc/PID/comm show kvmem-server).
+  if (getauxval(AT_SECURE) != 0) {
+    return absl::StrCat(kOnSmallPages,
+                        "a setuid or file-capability binary ignores glibc's "
+                        "tunables");
+  }
+  for (const std::string& file : reread) {
+    struct stat st;
+    if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return absl::StrCat(kOnSmallPages, file,
+                          " is not a regular file, and starting again would "
+                          "read it twice");
+    }
+  }
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) {
-    *why =
-        absl::StrCat("could not read /proc/self/exe: ", std::strerror(errno));
-    return;
+    return absl::StrCat(
+        kOnSmallPages, "could not read /proc/self/exe: ", std::strerror(errno));
   }
   path[n] = '\0';
-  setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+  const std::string before = tunables == nullptr ? "" : tunables;
+  setenv("GLIBC_TUNABLES", TunablesWithHugePages(tunables).c_str(), 1);
+  setenv(kHugePagesReexecMarker, "1", 1);
   execv(path, argv);
-  // Still here: the server goes on with 4 KiB pages.
-  *why = absl::StrCat("could not start again: ", std::strerror(errno));
-  unsetenv("GLIBC_TUNABLES");
+  // Still here: the server goes on as it was.
+  const int err = errno;
+  unsetenv(kHugePagesReexecMarker);
+  if (before.empty()) {
+    unsetenv("GLIBC_TUNABLES");
+  } else {
+    setenv("GLIBC_TUNABLES", before.c_str(), 1);
+  }
+  return absl::StrCat(kOnSmallPages, "could not start again (", path,
+                      "): ", std::strerror(err));
 }
 
 }  // namespace kvmem

@@ -15,6 +15,7 @@
 #define KVMEM_SERVER_OPS_HUGE_PAGES_H_
 
 #include <string>
+#include <vector>
 
 namespace kvmem {
 
@@ -25,14 +26,28 @@ std::string TransparentHugePageMode(
 
 // GLIBC_TUNABLES with glibc.malloc.hugetlb=1 added to `current` (which may
 // be null); empty when `current` already sets glibc.malloc.hugetlb (the
-// caller's choice stands, and a started-again server stops here).
+// caller's choice stands).
 std::string TunablesWithHugePages(const char* current);
 
-// Starts this program again (same pid, same arguments) with the heap on
-// huge pages, when the kernel offers them ("always" or "madvise") and the
-// environment does not set glibc.malloc.hugetlb already. Returns only when
-// it did not (then the reason is in *why, if given).
-void ReexecWithHugePages(char** argv, std::string* why = nullptr);
+// The files a start reads from its arguments (--config, --flagfile; args
+// with dashes in flag names already turned to underscores): a started-again
+// server reads them a second time.
+std::vector<std::string> FilesReadAtStart(const std::vector<std::string>& args);
+
+// Set in the environment of the started-again server: it never starts
+// itself again (a secure exec, setuid or file capabilities, drops glibc's
+// tunables, which would otherwise loop).
+inline constexpr char kHugePagesReexecMarker[] = "KVMEM_HUGE_PAGES_REEXEC";
+
+// Starts this program again (same pid, same arguments, the binary's
+// resolved path) with the heap on huge pages, when the kernel offers them
+// ("always" or "madvise"), the environment does not set
+// glibc.malloc.hugetlb already, the exec is not a secure one, this is not
+// the started-again process, and every file in `reread` is a regular file
+// (a pipe would be empty the second time). Returns only when it did not:
+// a line for the log saying which heap the server runs on, and why.
+std::string StartWithHugePages(char** argv,
+                               const std::vector<std::string>& reread);
 
 }  // namespace kvmem
 

@@ -2,7 +2,10 @@
 // tests/integration/config_test.cc checks the started-again server.
 #include "server/ops/huge_pages.h"
 
+#include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -32,6 +35,75 @@ TEST(HugePagesTest, TunablesAreAddedOnceAndTheCallersChoiceStands) {
   // Set already (by us before the restart, or by the operator): unchanged.
   EXPECT_EQ(TunablesWithHugePages("glibc.malloc.hugetlb=1"), "");
   EXPECT_EQ(TunablesWithHugePages("a=1:glibc.malloc.hugetlb=0"), "");
+}
+
+TEST(HugePagesTest, FilesReadAtStartAreTheConfigAndFlagfiles) {
+  EXPECT_EQ(FilesReadAtStart({"kvmem-server", "--config=/a.toml", "--listen=x",
+                              "--flagfile", "/b.flags", "-config=/c.toml", "--",
+                              "--flagfile=/not-a-flag"}),
+            (std::vector<std::string>{"/a.toml", "/b.flags", "/c.toml"}));
+  EXPECT_TRUE(FilesReadAtStart({"kvmem-server", "--configx=/a"}).empty());
+}
+
+// Environment variables set for one test, restored after it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value == nullptr) {
+      unsetenv(name);
+    } else {
+      setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// The branches that return instead of starting again (an exec here would
+// replace the test binary, so only those run).
+TEST(HugePagesTest, AStartedAgainServerNeverStartsAgain) {
+  ScopedEnv tunables("GLIBC_TUNABLES", nullptr);
+  ScopedEnv marker(kHugePagesReexecMarker, "1");
+  char arg0[] = "kvmem-server";
+  char* argv[] = {arg0, nullptr};
+  // The tunable did not arrive (as after a secure exec): no second exec.
+  EXPECT_EQ(StartWithHugePages(argv, {}),
+            "heap on 4 KiB pages: started again with glibc.malloc.hugetlb=1, "
+            "which did not reach the new process (a secure exec drops "
+            "glibc's tunables)");
+  EXPECT_EQ(getenv(kHugePagesReexecMarker), nullptr);  // Not passed on.
+}
+
+TEST(HugePagesTest, AConfigThatCannotBeReadTwiceKeepsSmallPages) {
+  ScopedEnv tunables("GLIBC_TUNABLES", nullptr);
+  ScopedEnv marker(kHugePagesReexecMarker, nullptr);
+  char arg0[] = "kvmem-server";
+  char* argv[] = {arg0, nullptr};
+  const std::string mode = TransparentHugePageMode();
+  const std::string note = StartWithHugePages(argv, {"/dev/null"});
+  if (mode == "always" || mode == "madvise") {
+    EXPECT_EQ(note,
+              "heap on 4 KiB pages: /dev/null is not a regular file, and "
+              "starting again would read it twice");
+  } else {
+    EXPECT_EQ(note, "heap on 4 KiB pages: transparent huge pages are \"" +
+                        (mode.empty() ? std::string("unknown") : mode) +
+                        "\" here");
+  }
+  EXPECT_EQ(getenv("GLIBC_TUNABLES"), nullptr);
 }
 
 }  // namespace
