@@ -20,6 +20,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "server/ops/config.h"
 #include "server/ops/huge_pages.h"
@@ -318,6 +319,21 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
 // What StartWithHugePages found (main), logged once logging is set up.
 std::string heap_pages_note;
 
+// The files a start reads (each --flagfile, --config): a server started
+// again for huge pages reads them a second time.
+std::vector<std::string> FilesReadAtStart(int argc, char** argv) {
+  std::vector<std::string> files;
+  for (const std::string& v :
+       kvmem::FlagValuesFromArgs(argc, argv, "flagfile")) {
+    for (absl::string_view f : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+      files.emplace_back(f);
+    }
+  }
+  const std::string config = kvmem::ConfigPathFromArgs(argc, argv);
+  if (!config.empty()) files.push_back(config);
+  return files;
+}
+
 // Serves until SIGINT or SIGTERM. Exit status: 2 for a bad flag, 1 when the
 // server cannot start, 0 after an orderly stop.
 int Run(const kvmem::StreamConfig& stream_defaults) {
@@ -426,7 +442,7 @@ int main(int argc, char** argv) {
        absl::StartsWith(absl::GetFlag(FLAGS_store), "rados:"))) {
     // Returns only when it did not start the server again.
     heap_pages_note =
-        kvmem::StartWithHugePages(argv, kvmem::FilesReadAtStart(args));
+        kvmem::StartWithHugePages(argv, FilesReadAtStart(argc, cargs.data()));
   }
   return Run(stream_defaults);
 }

@@ -36,7 +36,15 @@ void StreamIndexes::Add(uint64_t id, const BlockRecord& rec) {
   }
 }
 
-void StreamIndexes::Reserve(size_t blocks, size_t groups) {
+void StreamIndexes::Reserve(const std::vector<BlockRecord>& records) {
+  size_t blocks = all_->size(), groups = groups_ ? groups_->size() : 0;
+  for (const BlockRecord& rec : records) {
+    if (rec.summary.empty()) continue;
+    blocks += 1;
+    groups += rec.group_summaries.size() / summary_dim_;
+  }
+  blocks += blocks / 8;
+  groups += groups / 8;
   all_->Reserve(blocks);
   for (auto& layer : layers_) layer->Reserve(blocks);
   if (groups_ != nullptr) groups_->Reserve(groups);

@@ -37,8 +37,11 @@ class StreamIndexes {
   // the number of token groups the block was indexed with.
   void Add(uint64_t id, const BlockRecord& rec);
   void Remove(uint64_t id, size_t groups);
-  // Room for `blocks` blocks holding `groups` token groups in all.
-  void Reserve(size_t blocks, size_t groups);
+  // Room for these records' summaries (those that have one: evicted
+  // records have none) and an eighth more for the blocks sealed after, so
+  // adding many blocks at once (a recovery, a rebuild) does not copy the
+  // indexes as they grow.
+  void Reserve(const std::vector<BlockRecord>& records);
 
   const BlockIndex& all() const { return *all_; }
   // Indexed layer li's index: its own, or `all` with one indexed layer.

@@ -145,14 +145,8 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
   KVMEM_ASSIGN_OR_RETURN(std::vector<BlockRecord> records,
                          s->LoadRecords(state));
   {
-    size_t indexed = 0, groups = 0;
-    for (const BlockRecord& rec : records) {
-      if (rec.disk == DiskForm::kNone) continue;
-      indexed += 1;
-      groups += rec.group_summaries.size() / s->view_.summary_dim();
-    }
     kvmem::MutexLock lock(&s->view_.mu());
-    s->view_.ReserveIndexes(indexed, groups);
+    s->view_.ReserveIndexes(records);
   }
   for (BlockRecord& rec : records) {
     BlockEntry entry;

@@ -91,13 +91,6 @@ void RecallView::Install(BlockEntry entry) {
   blocks_.push_back(std::move(entry));
 }
 
-void RecallView::ReserveIndexes(size_t blocks, size_t groups) {
-  const size_t have = indexes_.all().size();
-  blocks += have;
-  groups += indexes_.groups() == nullptr ? 0 : indexes_.groups()->size();
-  indexes_.Reserve(blocks + blocks / 8, groups + groups / 8);
-}
-
 void RecallView::DropEvictedRun() {
   const size_t dropped = blocks_.DropLeading([](const BlockEntry& e) {
     return e.rec.disk == DiskForm::kNone && !e.warm && !e.staged &&
@@ -139,11 +132,7 @@ size_t RecallView::RebuildIndexes() {
   // The expensive part runs without any lock: recalls keep using the old
   // indexes meanwhile.
   StreamIndexes fresh(config_);
-  size_t groups = 0;
-  for (const BlockRecord& r : snapshot) {
-    groups += r.group_summaries.size() / summary_dim_;
-  }
-  fresh.Reserve(snapshot.size() + snapshot.size() / 8, groups + groups / 8);
+  fresh.Reserve(snapshot);
   for (const BlockRecord& r : snapshot) fresh.Add(r.info.id, r);
   kvmem::MutexLock lock(&mu_);
   // Reconcile with what happened during the build, then swap. Blocks

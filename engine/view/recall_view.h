@@ -124,11 +124,12 @@ class RecallView {
   // Adds a sealed (or recovered) block: its summaries to the indexes unless
   // it is evicted, its units' tokens, its tracks.
   void Install(BlockEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Room in the indexes for `blocks` more blocks holding `groups` token
-  // groups (and an eighth more for the blocks sealed after), so installing
-  // many blocks at once (recovery) does not copy the indexes as they grow.
-  void ReserveIndexes(size_t blocks, size_t groups)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Room in the indexes for the records about to be installed
+  // (StreamIndexes::Reserve).
+  void ReserveIndexes(const std::vector<BlockRecord>& records)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    indexes_.Reserve(records);
+  }
   // Drops the leading run of wholly evicted blocks from RAM (BlockTable),
   // with their units and track entries.
   void DropEvictedRun() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

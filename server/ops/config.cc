@@ -314,19 +314,27 @@ absl::Status ApplyDefaultsTable(const toml::table& t, const std::string& origin,
 
 }  // namespace
 
-std::string ConfigPathFromArgs(int argc, char** argv) {
-  std::string path;
+std::vector<std::string> FlagValuesFromArgs(int argc, char** argv,
+                                            absl::string_view name) {
+  std::vector<std::string> values;
   for (int i = 1; i < argc; ++i) {
     absl::string_view a = argv[i];
     if (a == "--") break;
     if (!absl::ConsumePrefix(&a, "--")) absl::ConsumePrefix(&a, "-");
-    if (absl::ConsumePrefix(&a, "config=")) {
-      path = std::string(a);
-    } else if (a == "config" && i + 1 < argc) {
-      path = argv[++i];
+    if (!absl::ConsumePrefix(&a, name)) continue;
+    if (absl::ConsumePrefix(&a, "=")) {
+      values.emplace_back(a);
+    } else if (a.empty() && i + 1 < argc) {
+      values.emplace_back(argv[++i]);
     }
   }
-  return path;
+  return values;
+}
+
+std::string ConfigPathFromArgs(int argc, char** argv) {
+  const std::vector<std::string> values =
+      FlagValuesFromArgs(argc, argv, "config");
+  return values.empty() ? "" : values.back();
 }
 
 absl::Status ApplyConfigText(const std::string& text, const std::string& origin,

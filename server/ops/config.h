@@ -18,14 +18,22 @@
 #define KVMEM_SERVER_OPS_CONFIG_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "engine/types.h"
 
 namespace kvmem {
 
-// The value of --config=FILE or --config FILE in argv ("" when absent);
-// read before absl parses the command line so that flags win.
+// Every value given for --NAME in argv (as --NAME=V, --NAME V, or with one
+// dash), in order, up to a "--"; read before absl parses the command line.
+std::vector<std::string> FlagValuesFromArgs(int argc, char** argv,
+                                            absl::string_view name);
+
+// The value of --config=FILE or --config FILE in argv ("" when absent; the
+// last one given); read before absl parses the command line so that flags
+// win.
 std::string ConfigPathFromArgs(int argc, char** argv);
 
 // Applies a config file's text: sets the [server] keys' flags (flags defined

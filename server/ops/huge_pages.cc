@@ -34,23 +34,6 @@ std::string TunablesWithHugePages(const char* current) {
                      : absl::StrCat(now, ":glibc.malloc.hugetlb=1");
 }
 
-std::vector<std::string> FilesReadAtStart(
-    const std::vector<std::string>& args) {
-  std::vector<std::string> files;
-  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
-    const std::string& a = args[i];
-    for (const char* flag :
-         {"--config", "-config", "--flagfile", "-flagfile"}) {
-      if (a == flag && i + 1 < args.size()) {
-        files.push_back(args[i + 1]);
-      } else if (absl::StartsWith(a, absl::StrCat(flag, "="))) {
-        files.push_back(a.substr(std::strlen(flag) + 1));
-      }
-    }
-  }
-  return files;
-}
-
 namespace {
 
 constexpr char kOnHugePages[] = "heap on transparent huge pages";

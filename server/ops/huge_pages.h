@@ -29,11 +29,6 @@ std::string TransparentHugePageMode(
 // caller's choice stands).
 std::string TunablesWithHugePages(const char* current);
 
-// The files a start reads from its arguments (--config, --flagfile; args
-// with dashes in flag names already turned to underscores): a started-again
-// server reads them a second time.
-std::vector<std::string> FilesReadAtStart(const std::vector<std::string>& args);
-
 // Set in the environment of the started-again server: it never starts
 // itself again (a secure exec, setuid or file capabilities, drops glibc's
 // tunables, which would otherwise loop).

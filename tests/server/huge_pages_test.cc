@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/ops/config.h"
 #include "tests/test_util.h"
 
 namespace kvmem {
@@ -37,12 +38,32 @@ TEST(HugePagesTest, TunablesAreAddedOnceAndTheCallersChoiceStands) {
   EXPECT_EQ(TunablesWithHugePages("a=1:glibc.malloc.hugetlb=0"), "");
 }
 
-TEST(HugePagesTest, FilesReadAtStartAreTheConfigAndFlagfiles) {
-  EXPECT_EQ(FilesReadAtStart({"kvmem-server", "--config=/a.toml", "--listen=x",
-                              "--flagfile", "/b.flags", "-config=/c.toml", "--",
-                              "--flagfile=/not-a-flag"}),
-            (std::vector<std::string>{"/a.toml", "/b.flags", "/c.toml"}));
-  EXPECT_TRUE(FilesReadAtStart({"kvmem-server", "--configx=/a"}).empty());
+// The files a started-again server would read twice are found by the
+// parser --config uses (server/ops/config.h).
+TEST(HugePagesTest, FlagValuesAreFoundInEveryForm) {
+  std::vector<std::string> args = {"kvmem-server",
+                                   "--flagfile=/a.flags",
+                                   "--listen=x",
+                                   "--flagfile",
+                                   "/b.flags",
+                                   "-flagfile=/c.flags",
+                                   "--flagfilex=/no",
+                                   "--",
+                                   "--flagfile=/not-a-flag"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  EXPECT_EQ(FlagValuesFromArgs(static_cast<int>(argv.size()), argv.data(),
+                               "flagfile"),
+            (std::vector<std::string>{"/a.flags", "/b.flags", "/c.flags"}));
+  EXPECT_TRUE(
+      FlagValuesFromArgs(static_cast<int>(argv.size()), argv.data(), "config")
+          .empty());
+  std::vector<std::string> configs = {"kvmem-server", "--config", "/a.toml",
+                                      "-config=/b.toml"};
+  std::vector<char*> cargv;
+  for (std::string& a : configs) cargv.push_back(a.data());
+  EXPECT_EQ(ConfigPathFromArgs(static_cast<int>(cargv.size()), cargv.data()),
+            "/b.toml");
 }
 
 // Environment variables set for one test, restored after it.
