@@ -58,6 +58,7 @@ StreamEnv MemoryEngine::Env() {
   env.background = background_.get();
   env.global_warm_bytes = &global_warm_bytes_;
   env.global_warm_budget = options_.global_warm_budget_bytes;
+  env.demote_keeps_frames = options_.demote_keeps_frames;
   env.accel = accel_.get();
   env.warn = options_.warn;
   return env;

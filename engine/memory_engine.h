@@ -123,6 +123,14 @@ struct EngineOptions {
   // Set when the store is shared by several servers: who may serve each
   // stream (engine/ownership.h). Must outlive the engine.
   std::shared_ptr<StreamOwnership> ownership;
+  // A block leaving RAM for the first time keeps its frames as its durable
+  // copy (true), or has its KV rewritten per layer and its frames deleted
+  // (false). Frames: every appended byte is written once (the ingest a
+  // store's write bandwidth carries doubles otherwise); a read of a cold
+  // block reads its whole frames, whatever layers it wants. Per layer: a
+  // read of a few layers reads just those. Blocks keep the form they were
+  // written in whatever a later server's setting (it is in their record).
+  bool demote_keeps_frames = false;
 };
 
 // A stored stream that could not be served after recovery.

@@ -190,6 +190,13 @@ ABSL_FLAG(std::string, huge_pages, "auto",
           "auto (the "
           "default): on with a shared store (--store=rados:...), where "
           "takeover time matters, else off.");
+ABSL_FLAG(std::string, cold_form, "auto",
+          "What a block keeps on disk once it leaves RAM. frames: its frames "
+          "as appended (every byte written once; a cold read reads whole "
+          "frames). layers: its KV rewritten per layer (a read of a few "
+          "layers reads only those; appended bytes written twice). auto "
+          "(the default): frames with a shared store (--store=rados:...), "
+          "layers otherwise.");
 ABSL_FLAG(int32_t, worker_threads, 0,
           "Threads for storage-bound work; 0 means 2 per core, at least 4.");
 ABSL_FLAG(std::string, port_file, "",
@@ -282,6 +289,12 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
         absl::StrCat("--ownership_ttl_s is ", ttl_s, "; must be in 2..300"));
   }
   o.ownership_ttl = absl::Seconds(ttl_s);
+  o.cold_form = absl::GetFlag(FLAGS_cold_form);
+  if (o.cold_form != "auto" && o.cold_form != "frames" &&
+      o.cold_form != "layers") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cold_form is \"", o.cold_form, "\"; use auto, frames or layers"));
+  }
   const std::string recovery = absl::GetFlag(FLAGS_recovery);
   if (recovery != "salvage" && recovery != "strict") {
     return absl::InvalidArgumentError(absl::StrCat(

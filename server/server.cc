@@ -238,6 +238,9 @@ absl::Status Server::OpenEngine() {
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
                          OpenColdStore(spec, options_.store, options_.rados));
   KVMEM_RETURN_IF_ERROR(StartOwnership(*store, &engine_options));
+  engine_options.demote_keeps_frames =
+      options_.cold_form == "frames" ||
+      (options_.cold_form == "auto" && store->shared());
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<MemoryEngine>> engine =
       MemoryEngine::Open(std::move(store), engine_options);
@@ -263,10 +266,11 @@ absl::Status Server::OpenEngine() {
   }
   spdlog::info(
       "opened {} with {} streams ({} quarantined) in {:.1f} ms ({}, "
-      "recovery: {})",
+      "recovery: {}, cold blocks kept as {})",
       spec.ToString(), engine_->stream_count(), engine_->Quarantined().size(),
       recover_ms, DurabilityNote(spec, options_.store),
-      engine_options.strict_recovery ? "strict" : "salvage");
+      engine_options.strict_recovery ? "strict" : "salvage",
+      engine_options.demote_keeps_frames ? "frames" : "layers");
   return absl::OkStatus();
 }
 

@@ -58,6 +58,11 @@ struct ServerOptions {
   // host and a port.
   std::string advertise;
   absl::Duration ownership_ttl = absl::Seconds(10);
+  // A block's durable copy once it leaves RAM (EngineOptions::
+  // demote_keeps_frames): "frames", "layers", or "auto" (frames where the
+  // store is shared, whose write bandwidth carries every camera; layers on
+  // a local store, where reads of a few layers stay cheap).
+  std::string cold_form = "auto";
   // The engine (budgets, stream defaults, recovery); its warn and error
   // callbacks default to the server's log.
   EngineOptions engine;

@@ -17,6 +17,17 @@ absl::StatusOr<std::vector<std::string>> ColdStore::GetBlockLayers(
   return out;
 }
 
+absl::StatusOr<std::vector<std::string>> ColdStore::GetFrames(
+    absl::string_view stream_id, uint64_t first, uint64_t last) {
+  std::vector<std::string> out;
+  for (uint64_t f = first; f <= last; ++f) {
+    absl::StatusOr<std::string> v = GetFrame(stream_id, f);
+    if (!v.ok()) return v.status();
+    out.push_back(*std::move(v));
+  }
+  return out;
+}
+
 absl::Status ColdStore::ClaimStream(absl::string_view, uint64_t) {
   return absl::OkStatus();
 }

@@ -113,6 +113,13 @@ class ColdStore {
   virtual absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                                uint64_t frame_index) = 0;
 
+  // The payloads of frames [first, last] in one call (one round trip where
+  // the store is remote: a block kept as its frames is read with it), in
+  // order; a frame that cannot be read fails the whole call with its
+  // status. The default reads them one by one.
+  virtual absl::StatusOr<std::vector<std::string>> GetFrames(
+      absl::string_view stream_id, uint64_t first, uint64_t last);
+
   // The meta record stored with a frame, or NOT_FOUND.
   virtual absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
                                                    uint64_t frame_index) = 0;

@@ -26,6 +26,11 @@ class ForwardingColdStore : public ColdStore {
                                        uint64_t f) override {
     return inner_->GetFrame(id, f);
   }
+  absl::StatusOr<std::vector<std::string>> GetFrames(absl::string_view id,
+                                                     uint64_t first,
+                                                     uint64_t last) override {
+    return inner_->GetFrames(id, first, last);
+  }
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view id,
                                            uint64_t f) override {
     return inner_->GetFrameMeta(id, f);

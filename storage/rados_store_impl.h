@@ -83,6 +83,8 @@ class RadosColdStore final : public ColdStore {
   absl::Status Commit(const StreamWrite& write) override;
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                        uint64_t frame_index) override;
+  absl::StatusOr<std::vector<std::string>> GetFrames(
+      absl::string_view stream_id, uint64_t first, uint64_t last) override;
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
                                            uint64_t frame_index) override;
   absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,

@@ -47,18 +47,24 @@ absl::StatusOr<std::vector<std::string>> RadosColdStore::ReadRecords(
 
 absl::StatusOr<std::string> RadosColdStore::GetFrame(
     absl::string_view stream_id, uint64_t frame_index) {
-  KVMEM_ASSIGN_OR_RETURN(
-      std::vector<std::string> bytes,
-      ReadRecords(stream_id, [&](const Manifest& m, std::vector<Ref>* refs) {
-        auto it = m.frames.find(frame_index);
-        if (it == m.frames.end()) {
-          return absl::NotFoundError(
-              absl::StrCat("frame ", frame_index, " not stored"));
-        }
-        refs->push_back(it->second);
-        return absl::OkStatus();
-      }));
+  KVMEM_ASSIGN_OR_RETURN(std::vector<std::string> bytes,
+                         GetFrames(stream_id, frame_index, frame_index));
   return std::move(bytes[0]);
+}
+
+absl::StatusOr<std::vector<std::string>> RadosColdStore::GetFrames(
+    absl::string_view stream_id, uint64_t first, uint64_t last) {
+  // Every stripe of every frame in flight at once.
+  return ReadRecords(stream_id, [&](const Manifest& m, std::vector<Ref>* refs) {
+    for (uint64_t f = first; f <= last; ++f) {
+      auto it = m.frames.find(f);
+      if (it == m.frames.end()) {
+        return absl::NotFoundError(absl::StrCat("frame ", f, " not stored"));
+      }
+      refs->push_back(it->second);
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::string> RadosColdStore::GetFrameMeta(

@@ -277,14 +277,15 @@ std::atomic<const TokenKernelInfo*> active{nullptr};
 }  // namespace
 
 std::string EncodeTokenCodes(const TokenCodeShape& shape, const float* keys,
-                             size_t n) {
+                             size_t n, const uint32_t* order) {
   const uint32_t hd = shape.head_dim;
   std::string out(n * shape.bytes_per_token(), '\0');
   for (size_t t = 0; t < n; ++t) {
     auto* rec =
         reinterpret_cast<uint8_t*>(out.data()) + t * shape.bytes_per_token();
     for (uint32_t s = 0; s < shape.segments; ++s) {
-      const float* x = keys + (t * shape.segments + s) * hd;
+      const size_t row = order != nullptr ? order[t] : t;
+      const float* x = keys + (row * shape.segments + s) * hd;
       float peak = 0;
       for (uint32_t i = 0; i < hd; ++i) peak = std::max(peak, std::fabs(x[i]));
       const float scale = peak / 7.0f;

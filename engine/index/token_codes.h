@@ -52,9 +52,10 @@ struct TokenCodeShape {
   }
 };
 
-// The codes of n tokens whose keys are keys[token][segment][head_dim].
+// The codes of n tokens whose keys are keys[token][segment][head_dim];
+// with `order` (n row numbers), code t is of row order[t].
 std::string EncodeTokenCodes(const TokenCodeShape& shape, const float* keys,
-                             size_t n);
+                             size_t n, const uint32_t* order = nullptr);
 
 // Token t's keys as the codes give them back: out[segment][head_dim].
 // REQUIRES: codes holds more than t tokens of `shape`.

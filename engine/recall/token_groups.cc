@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/thread_scratch.h"
 #include "engine/codec/dtype.h"
 #include "engine/index/dot.h"
 #include "engine/stream_config.h"
@@ -12,6 +13,17 @@ namespace {
 
 constexpr int kIterations = 6;
 
+// A seal's keys, kept by the sealing thread between seals: a 7B block's
+// are tens of megabytes (every layer indexed: 64 MiB), and fresh ones each
+// seal were page faults (the kernel zeroing each new page: a fifth of a
+// RADOS ingest's server CPU). Kept up to kKeepScratchFloats (64 MiB); freed
+// after a larger block. Clustering reads them through their norms and the
+// codes through a row order, so they are the seal's one large buffer.
+struct SealScratch {
+  std::vector<float> keys;  // [token][indexed_layer][kv_head][head_dim].
+};
+constexpr size_t kKeepScratchFloats = size_t{1} << 24;
+
 void NormalizeRow(float* v, size_t n) {
   const float norm = std::sqrt(Dot(v, v, n));
   if (norm > 0) {
@@ -19,17 +31,19 @@ void NormalizeRow(float* v, size_t n) {
   }
 }
 
-// Keys per token of the frames: [token][indexed_layer][kv_head][head_dim].
-std::vector<float> GatherKeys(const StreamConfig& config,
-                              const std::vector<absl::string_view>& frames,
-                              const std::vector<uint32_t>& frame_tokens) {
+// Keys per token of the frames into *keys (every element written):
+// [token][indexed_layer][kv_head][head_dim].
+void GatherKeys(const StreamConfig& config,
+                const std::vector<absl::string_view>& frames,
+                const std::vector<uint32_t>& frame_tokens,
+                std::vector<float>* keys_out) {
   const Geometry& g = config.geometry;
   const std::vector<uint32_t> layers = EffectiveIndexedLayers(config);
   const size_t dim = SummaryDim(config);
   size_t n = 0;
   for (uint32_t t : frame_tokens) n += t;
-  // Keys per token: [token][indexed_layer][kv_head][head_dim].
-  std::vector<float> keys(n * dim);
+  std::vector<float>& keys = *keys_out;
+  keys.resize(n * dim);
   const size_t width = DTypeBytes(g.dtype);
   size_t token0 = 0;
   for (size_t f = 0; f < frames.size(); ++f) {
@@ -50,11 +64,17 @@ std::vector<float> GatherKeys(const StreamConfig& config,
     }
     token0 += tc;
   }
-  return keys;
 }
 
-// k centres over the n unit rows (dim floats each).
-std::vector<float> InitialCentres(const std::vector<float>& unit, size_t n,
+// The cosine of a row whose norm is `norm` with a unit centre (0 for a
+// zero row).
+float Cosine(const float* row, float norm, const float* centre, size_t dim) {
+  return norm > 0 ? Dot(row, centre, dim) / norm : 0.0f;
+}
+
+// k centres over the n rows (dim floats each; norms: their norms).
+std::vector<float> InitialCentres(const std::vector<float>& rows,
+                                  const std::vector<float>& norms, size_t n,
                                   size_t dim, size_t k) {
   // Farthest-point initialisation: start at token 0, then repeatedly the
   // token least similar to every centre so far.
@@ -62,11 +82,13 @@ std::vector<float> InitialCentres(const std::vector<float>& unit, size_t n,
   std::vector<float> best(n, -INFINITY);
   size_t next = 0;
   for (size_t c = 0; c < k; ++c) {
-    std::copy_n(unit.data() + next * dim, dim, centres.data() + c * dim);
+    float* centre = centres.data() + c * dim;
+    std::copy_n(rows.data() + next * dim, dim, centre);
+    NormalizeRow(centre, dim);
     float lowest = INFINITY;
     for (size_t i = 0; i < n; ++i) {
-      best[i] = std::max(
-          best[i], Dot(unit.data() + i * dim, centres.data() + c * dim, dim));
+      best[i] = std::max(best[i],
+                         Cosine(rows.data() + i * dim, norms[i], centre, dim));
       if (best[i] < lowest) {
         lowest = best[i];
         next = i;
@@ -76,8 +98,10 @@ std::vector<float> InitialCentres(const std::vector<float>& unit, size_t n,
   return centres;
 }
 
-// Spherical k-means from `centres`: each row's centre.
-std::vector<uint8_t> Cluster(const std::vector<float>& unit, size_t n,
+// Spherical k-means of the rows' directions from `centres`: each row's
+// centre.
+std::vector<uint8_t> Cluster(const std::vector<float>& rows,
+                             const std::vector<float>& norms, size_t n,
                              size_t dim, size_t k, std::vector<float> centres) {
   std::vector<uint8_t> assign(n, 0);
   for (int it = 0; it < kIterations; ++it) {
@@ -86,8 +110,8 @@ std::vector<uint8_t> Cluster(const std::vector<float>& unit, size_t n,
       size_t arg = 0;
       float top = -INFINITY;
       for (size_t c = 0; c < k; ++c) {
-        const float s =
-            Dot(unit.data() + i * dim, centres.data() + c * dim, dim);
+        const float s = Cosine(rows.data() + i * dim, norms[i],
+                               centres.data() + c * dim, dim);
         if (s > top) {
           top = s;
           arg = c;
@@ -99,9 +123,10 @@ std::vector<uint8_t> Cluster(const std::vector<float>& unit, size_t n,
     if (!changed) break;
     std::fill(centres.begin(), centres.end(), 0.0f);
     for (size_t i = 0; i < n; ++i) {
+      if (norms[i] <= 0) continue;
       float* c = centres.data() + assign[i] * dim;
-      const float* u = unit.data() + i * dim;
-      for (size_t j = 0; j < dim; ++j) c[j] += u[j];
+      const float* u = rows.data() + i * dim;
+      for (size_t j = 0; j < dim; ++j) c[j] += u[j] / norms[i];
     }
     for (size_t c = 0; c < k; ++c) NormalizeRow(centres.data() + c * dim, dim);
   }
@@ -142,28 +167,35 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
                              const std::vector<uint32_t>& frame_tokens,
                              uint32_t max_groups) {
   const size_t dim = SummaryDim(config);
-  const std::vector<float> keys = GatherKeys(config, frames, frame_tokens);
+  SealScratch& scratch = ThreadScratch<SealScratch>();
+  const std::vector<float>& keys = scratch.keys;
+  GatherKeys(config, frames, frame_tokens, &scratch.keys);
   const size_t n = keys.size() / std::max<size_t>(dim, 1);
   if (n == 0) return TokenGroups();
   const size_t k = std::min<size_t>(std::max<uint32_t>(1, max_groups), n);
-  std::vector<float> unit = keys;
-  for (size_t i = 0; i < n; ++i) NormalizeRow(unit.data() + i * dim, dim);
+  std::vector<float> norms(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float* x = keys.data() + i * dim;
+    norms[i] = std::sqrt(Dot(x, x, dim));
+  }
   std::vector<uint8_t> assign =
-      Cluster(unit, n, dim, k, InitialCentres(unit, n, dim, k));
+      Cluster(keys, norms, n, dim, k, InitialCentres(keys, norms, n, dim, k));
   TokenGroups groups = Summaries(keys, assign, n, dim, k);
   // The codes in group order (a group's tokens are one run: recall reads
   // them in sequence).
-  std::vector<float> ordered;
-  ordered.reserve(keys.size());
+  std::vector<uint32_t> order;
+  order.reserve(n);
   const uint8_t used = static_cast<uint8_t>(groups.summaries.size() / dim);
   for (uint8_t g = 0; g < used; ++g) {
     for (size_t t = 0; t < n; ++t) {
-      if (groups.token_group[t] != g) continue;
-      ordered.insert(ordered.end(), keys.begin() + t * dim,
-                     keys.begin() + (t + 1) * dim);
+      if (groups.token_group[t] == g) order.push_back(static_cast<uint32_t>(t));
     }
   }
-  groups.codes = EncodeTokenCodes(TokenCodeShapeOf(config), ordered.data(), n);
+  groups.codes =
+      EncodeTokenCodes(TokenCodeShapeOf(config), keys.data(), n, order.data());
+  if (keys.capacity() > kKeepScratchFloats) {
+    ReleaseThreadScratch<SealScratch>();
+  }
   return groups;
 }
 

@@ -60,6 +60,8 @@ struct StreamEnv {
   // RAM held by warm blocks of all streams, and its cap (0: none).
   std::atomic<uint64_t>* global_warm_bytes = nullptr;
   uint64_t global_warm_budget = 0;
+  // EngineOptions::demote_keeps_frames.
+  bool demote_keeps_frames = false;
   // The retrieval backend searches and staging go through; null: the
   // shared cpu backend.
   Accelerator* accel = nullptr;

@@ -324,12 +324,11 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(
   const Geometry& g = view_.config().geometry;
   switch (rec.disk) {
     case DiskForm::kFrames: {
-      std::vector<std::string> frames;
-      for (uint64_t f = rec.info.first_frame; f <= rec.info.last_frame; ++f) {
-        KVMEM_ASSIGN_OR_RETURN(std::string p,
-                               store_->GetFrame(view_.stream_id(), f));
-        frames.push_back(std::move(p));
-      }
+      // One call for the block's frames (one round trip where remote).
+      KVMEM_ASSIGN_OR_RETURN(
+          std::vector<std::string> frames,
+          store_->GetFrames(view_.stream_id(), rec.info.first_frame,
+                            rec.info.last_frame));
       std::vector<absl::string_view> views(frames.begin(), frames.end());
       return WarmBlock::FromFrames(g, views, rec.frame_tokens);
     }

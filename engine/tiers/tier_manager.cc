@@ -204,9 +204,10 @@ absl::Status TierManager::Demote(uint64_t id) {
     warm = view_->blocks()[id].warm;
   }
   StreamWrite write;
-  if (rec.disk == DiskForm::kFrames) {
+  if (rec.disk == DiskForm::kFrames && !env_.demote_keeps_frames) {
     // First demotion: the block's durable copy changes from its frames to
-    // per-layer records, written from the warm copy in the same batch.
+    // per-layer records, written from the warm copy in the same batch
+    // (unless the frames stay its durable copy: then only its record).
     for (uint32_t l = 0; l < config_.geometry.layers; ++l) {
       write.block_layers.push_back({id, l, warm->LayerRecord(l)});
     }

@@ -45,6 +45,9 @@ struct TierEnv {
   // RAM held by warm blocks of all streams, and its cap (0: none).
   std::atomic<uint64_t>* global_warm_bytes = nullptr;
   uint64_t global_warm_budget = 0;
+  // A first demotion keeps the block's frames (EngineOptions::
+  // demote_keeps_frames) instead of rewriting it per layer.
+  bool demote_keeps_frames = false;
   Accelerator* accel = nullptr;   // Prefetch searches.
   AccelLedger* ledger = nullptr;  // Their cost.
 };

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/str_cat.h"
 #include "client/cpp/kvmem_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,17 @@ class ConfigTest : public ::testing::Test {
     const std::string path = dir_.path() + "/" + name;
     std::ofstream(path) << text;
     return path;
+  }
+  // A server on its own data dir, socket and log under the test's dir,
+  // named `name`, with one more flag.
+  ServerProcessOptions Named(const std::string& name, const std::string& flag) {
+    ServerProcessOptions o;
+    o.binary = KVMEM_SERVER_BINARY;
+    o.data_dir = dir_.path() + "/" + name;
+    o.unix_socket = dir_.path() + "/" + name + ".sock";
+    o.log_file = dir_.path() + "/" + name + ".log";
+    o.extra_args = {flag};
+    return o;
   }
   testing::TempDir dir_;
 };
@@ -189,12 +201,7 @@ TEST_F(ConfigTest, HugePagesStartTheServerAgainUnderItsOwnName) {
   for (const std::string value : {"on", "off", "auto"}) {
     SCOPED_TRACE("--huge_pages=" + value);
     const bool on = value == "on";
-    ServerProcessOptions o;
-    o.binary = KVMEM_SERVER_BINARY;
-    o.data_dir = dir_.path() + "/" + value;
-    o.unix_socket = dir_.path() + "/" + value + ".sock";
-    o.log_file = dir_.path() + "/" + value + ".log";
-    o.extra_args = {"--huge_pages=" + value};
+    const ServerProcessOptions o = Named(value, "--huge_pages=" + value);
     ServerProcess server(o);
     std::string error;
     ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
@@ -219,6 +226,31 @@ TEST_F(ConfigTest, HugePagesStartTheServerAgainUnderItsOwnName) {
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.output,
               HasSubstr("--huge_pages is \"yes\"; use auto, on or off"));
+}
+
+// --cold_form: auto is layers on the local store; the log says which form
+// the server keeps; a value it does not know stops it (exit 2) naming it.
+TEST_F(ConfigTest, ColdFormIsLoggedAndCheckedAtStart) {
+  for (const std::string value : {"auto", "frames", "layers"}) {
+    SCOPED_TRACE("--cold_form=" + value);
+    const ServerProcessOptions o =
+        Named("cold-" + value, "--cold_form=" + value);
+    ServerProcess server(o);
+    std::string error;
+    ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
+    EXPECT_EQ(server.Stop(), 0);
+    std::ifstream log(o.log_file);
+    const std::string text(std::istreambuf_iterator<char>(log), {});
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                          "cold blocks kept as ",
+                          value == "frames" ? "frames" : "layers", ")")));
+  }
+  ServerRun bad =
+      RunServer("--cold_form=sometimes --listen= --unix_socket=" + dir_.path() +
+                "/bad.sock --data_dir=" + dir_.path() + "/bad");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("--cold_form is \"sometimes\"; use auto, "
+                                    "frames or layers"));
 }
 
 TEST_F(ConfigTest, StreamDefaultsApplyToStreamsThatLeaveFieldsZero) {

@@ -326,6 +326,34 @@ TYPED_TEST(ColdStoreConformance, BatchedLayerReadsEqualSingleReads) {
             absl::StatusCode::kNotFound);
 }
 
+// A block's frames read in one call equal the single reads, in frame
+// order (one frame larger than a RADOS stripe); a frame missing from the
+// range fails the call with NOT_FOUND.
+TYPED_TEST(ColdStoreConformance, BatchedFrameReadsEqualSingleReads) {
+  for (uint64_t f = 3; f <= 6; ++f) {
+    StreamWrite w;
+    w.stream_id = "cam";
+    const size_t bytes = f == 4 ? (5u << 20) + 17 : 1000 + f;
+    const std::string payload(bytes, static_cast<char>('a' + f));
+    w.frame.emplace(f, payload);
+    this->Commit(w);
+  }
+  ColdStore& s = this->store();
+  auto got = s.GetFrames("cam", 3, 6);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 4u);
+  for (uint64_t f = 3; f <= 6; ++f) {
+    EXPECT_EQ((*got)[f - 3], *s.GetFrame("cam", f)) << "frame " << f;
+  }
+  auto one = s.GetFrames("cam", 5, 5);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->at(0), *s.GetFrame("cam", 5));
+  EXPECT_EQ(s.GetFrames("cam", 3, 7).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.GetFrames("other", 3, 6).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TYPED_TEST(ColdStoreConformance, TheAcknowledgementRecordIsReplacedWhole) {
   ColdStore& s = this->store();
   ASSERT_TRUE(s.RecordAcknowledged({{"cam", 10}, {"cam2", 3}}).ok());

@@ -14,6 +14,7 @@
 #
 #   bash tools/bench/rados_figures.sh [WORK_DIR]   (default /tmp/kvmem-rados-figures)
 #   KVMEM_TAKEOVER_ONLY=1 ...: only the takeover.
+#   KVMEM_THROUGHPUT_ONLY=1 ...: only rados bench, ingest and cold fetch.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${KVMEM_BIN:-$root/build/bin}
@@ -38,19 +39,27 @@ r=$(rados bench -p kvmem 15 seq 2>&1 | awk '/^Bandwidth \(MB\/sec\)/ {print $3}'
 purge
 echo "rados bench (4 MiB objects, 16 in flight): write $w MB/s, seq read $r MB/s"
 
+# Ingest and cold fetch with each durable form of a block leaving RAM: its
+# frames as appended (--cold_form=frames, the default on RADOS) and its KV
+# rewritten per layer (--cold_form=layers), one after the other.
+for form in frames layers; do
 ingest=$("$bin/kvmem" bench --server_store=rados:kvmem --server_ceph_conf="$CEPH_CONF" \
+  --server_flags=--cold_form=$form \
   --streams=4 --frames=30 --layers=32 --kv_heads=8 --head_dim=128 --tokens_per_frame=128 \
   --recalls=20 --index_vectors=16 --index_queries=1 2>/dev/null | awk '/^  ingest / {print $2}')
 purge
-echo "kvmem ingest into RADOS (4 streams of 7B frames, 16 MiB each): $ingest MB/s" \
+echo "kvmem ingest into RADOS, cold blocks as $form (4 streams of 7B frames, 16 MiB each): $ingest MB/s" \
   "= $(python3 -c "print(f'{$ingest/$w:.2f}')")x rados bench write"
 
 cold=$("$bin/kvmem" bench --fetch --server_store=rados:kvmem --server_ceph_conf="$CEPH_CONF" \
+  --server_flags=--cold_form=$form \
   2>/dev/null | awk '/^  7b/ {seven=1} seven && /^        cold / {print $2, $4; exit}')
 purge
 set -- $cold
-echo "kvmem cold fetch from RADOS (7B, 8 blocks = 64 MiB): gRPC $1 MB/s," \
+echo "kvmem cold fetch from RADOS, cold blocks as $form (7B, 8 blocks = 64 MiB): gRPC $1 MB/s," \
   "shared memory $2 MB/s = $(python3 -c "print(f'{$2/$r:.2f}')")x rados bench seq read"
+done
+[ -n "${KVMEM_THROUGHPUT_ONLY:-}" ] && exit 0
 
 fi
 

@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, server_store, "",
 ABSL_FLAG(std::string, server_ceph_conf, "",
           "bench: the --ceph_conf of the server it starts, with "
           "--server_store=rados:POOL.");
+ABSL_FLAG(std::vector<std::string>, server_flags, {},
+          "bench: more flags for the server it starts, comma-separated "
+          "(e.g. --server_flags=--cold_form=layers).");
 
 ABSL_DECLARE_FLAG(int, frames);
 ABSL_DECLARE_FLAG(uint32_t, layers);
@@ -129,6 +132,9 @@ int RunBench(const std::vector<std::string>&) {
     if (const std::string cc = absl::GetFlag(FLAGS_server_ceph_conf);
         !cc.empty()) {
       args.push_back("--ceph_conf=" + cc);
+    }
+    for (const std::string& f : absl::GetFlag(FLAGS_server_flags)) {
+      args.push_back(f);
     }
     server = ScratchServer::Start(scratch + "/server", args, &error);
     if (server == nullptr) {

@@ -130,8 +130,20 @@ TEST(ReplacementTest, HeatKeepsRecurringObjectLruDoesNot) {
 // Budgets push blocks down every tier; recall skips evicted blocks, flags
 // degraded ones; fetches return exact cold bytes and bounded degraded ones;
 // a restart keeps the tiers.
-TEST(TiersTest, DemoteDegradeEvictFetchAndRecover) {
+// Param: whether a demoted block keeps its frames as its durable copy
+// (EngineOptions::demote_keeps_frames) or is rewritten per layer; the
+// tiers, their bytes and every answer are the same either way.
+class ColdFormTiersTest : public ::testing::TestWithParam<bool> {};
+
+INSTANTIATE_TEST_SUITE_P(ColdForms, ColdFormTiersTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Frames" : "Layers";
+                         });
+
+TEST_P(ColdFormTiersTest, DemoteDegradeEvictFetchAndRecover) {
   testing::TempDir dir;
+  EngineOptions options;
+  options.demote_keeps_frames = GetParam();
   TestGeometry g;
   const uint32_t tokens = 4;
   StreamConfig c = TestConfig(g, 8, 2);
@@ -147,7 +159,7 @@ TEST(TiersTest, DemoteDegradeEvictFetchAndRecover) {
   std::vector<std::vector<float>> queries;
   StreamStats st;
   {
-    auto e = OpenTestEngine(dir.path());
+    auto e = OpenTestEngine(dir.path(), options);
     ASSERT_TRUE(e->OpenStream("s", c).ok());
     for (uint64_t f = 0; f < 60; ++f) {
       ASSERT_TRUE(e->Append("s", ToFrame(m.AddFrame(rng, tokens), f)).ok());
@@ -236,7 +248,7 @@ TEST(TiersTest, DemoteDegradeEvictFetchAndRecover) {
     }
   }
   // Restart: tiers and answers survive (promoted blocks come back warm).
-  auto e = OpenTestEngine(dir.path());
+  auto e = OpenTestEngine(dir.path(), options);
   const StreamStats again = *e->GetStats("s");
   EXPECT_EQ(again.evicted.blocks, st.evicted.blocks);
   EXPECT_EQ(again.degraded.blocks, st.degraded.blocks);

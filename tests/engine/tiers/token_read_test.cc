@@ -70,7 +70,16 @@ std::string Joined(const std::vector<PayloadPiece>& pieces) {
   return out;
 }
 
-TEST(TokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
+// Param: whether a demoted block keeps its frames as its durable copy
+// (EngineOptions::demote_keeps_frames) or is rewritten per layer.
+class ColdFormTokenReadTest : public ::testing::TestWithParam<bool> {};
+
+INSTANTIATE_TEST_SUITE_P(ColdForms, ColdFormTokenReadTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Frames" : "Layers";
+                         });
+
+TEST_P(ColdFormTokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
   testing::TempDir dir;
   TestGeometry g;
   StreamConfig c = testing::TestConfig(g, 8, 2);
@@ -82,7 +91,9 @@ TEST(TokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
       4 * block_bytes + 30 * g.layers * QuantizedLayerBytes(geo, 2 * kTokens);
   testing::StreamModel m(g, 2, 8, {2, 0});
   std::mt19937_64 rng(12);
-  auto e = testing::OpenTestEngine(dir.path());
+  EngineOptions options;
+  options.demote_keeps_frames = GetParam();
+  auto e = testing::OpenTestEngine(dir.path(), options);
   ASSERT_TRUE(e->OpenStream("s", c).ok());
   for (uint64_t f = 0; f < 24; ++f) {
     ASSERT_TRUE(
@@ -94,11 +105,13 @@ TEST(TokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
       {0}, {7}, {0, 1, 2, 3}, {1, 4, 6}, {0, 1, 2, 3, 4, 5, 6, 7}, {2, 3, 5}};
   const std::vector<std::vector<uint32_t>> layer_lists = {{}, {2, 0}, {1}};
   int seen[4] = {0, 0, 0, 0};  // warm, cold, degraded, compared.
+  std::vector<BlockInfo> cold;
   for (uint64_t b = 0; b < 11; ++b) {
     auto info = stream.GetBlock(b);
     ASSERT_TRUE(info.ok()) << "block " << b << ": " << info.status();
     ASSERT_EQ(info->token_count, 2 * kTokens);
     seen[info->degraded ? 2 : info->tier == Tier::kWarm ? 0 : 1]++;
+    if (info->tier == Tier::kCold) cold.push_back(*info);
     for (const std::vector<uint32_t>& layers : layer_lists) {
       std::vector<uint32_t> all_layers = layers;
       if (all_layers.empty()) all_layers = {0, 1, 2};
@@ -139,6 +152,24 @@ TEST(TokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
   EXPECT_GT(seen[1], 0) << "no cold block";
   EXPECT_GT(seen[2], 0) << "no degraded block";
   EXPECT_EQ(seen[3], 11 * 3 * 6);
+  // What the cold blocks keep on disk: their frames, or their layers.
+  e.reset();
+  std::unique_ptr<ColdStore> store = testing::OpenTestStore(dir.path());
+  for (const BlockInfo& b : cold) {
+    auto frame = store->GetFrame("s", b.first_frame);
+    auto layer = store->GetBlockLayer("s", b.id, 0);
+    if (GetParam()) {
+      EXPECT_TRUE(frame.ok()) << "block " << b.id << ": " << frame.status();
+      EXPECT_EQ(layer.status().code(), absl::StatusCode::kNotFound);
+      auto frames = store->GetFrames("s", b.first_frame, b.last_frame);
+      ASSERT_TRUE(frames.ok()) << frames.status();
+      EXPECT_EQ(frames->size(), b.last_frame - b.first_frame + 1);
+      EXPECT_EQ(frames->front(), *frame);
+    } else {
+      EXPECT_EQ(frame.status().code(), absl::StatusCode::kNotFound);
+      EXPECT_TRUE(layer.ok()) << "block " << b.id << ": " << layer.status();
+    }
+  }
 }
 
 TEST(TokenReadTest, BadTokenListsAndSizesAreRefused) {
