@@ -128,8 +128,9 @@ struct EngineOptions {
   // (false). Frames: every appended byte is written once (the ingest a
   // store's write bandwidth carries doubles otherwise); a read of a cold
   // block reads its whole frames, whatever layers it wants. Per layer: a
-  // read of a few layers reads just those. Blocks keep the form they were
-  // written in whatever a later server's setting (it is in their record).
+  // read of a few layers reads just those. A block's form is in its record:
+  // either setting reads both, and false rewrites a block kept as frames
+  // the next time it demotes it.
   bool demote_keeps_frames = false;
 };
 
