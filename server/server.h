@@ -62,7 +62,7 @@ struct ServerOptions {
   // demote_keeps_frames): "frames", "layers", or "auto" (frames where the
   // store is shared, whose write bandwidth carries every camera; layers on
   // a local store, where reads of a few layers stay cheap).
-  std::string cold_form = "auto";
+  std::string cold_form = "auto";  // Sets engine.demote_keeps_frames.
   // The engine (budgets, stream defaults, recovery); its warn and error
   // callbacks default to the server's log.
   EngineOptions engine;

@@ -93,6 +93,9 @@ struct StreamWrite {
   std::vector<uint64_t> delete_block_layers;
   // Removes frame payloads and metas of [first, last] (inclusive).
   std::vector<std::pair<uint64_t, uint64_t>> delete_frames;
+  // Removes only the metas of [first, last] (a sealed block's frames kept
+  // as its durable copy: their signals live in its record).
+  std::vector<std::pair<uint64_t, uint64_t>> delete_frame_metas;
 };
 
 struct StreamRecord {

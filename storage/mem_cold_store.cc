@@ -46,6 +46,10 @@ class MemColdStore final : public ColdStore {
       s.frame_meta.erase(s.frame_meta.lower_bound(first),
                          s.frame_meta.upper_bound(last));
     }
+    for (const auto& [first, last] : write.delete_frame_metas) {
+      s.frame_meta.erase(s.frame_meta.lower_bound(first),
+                         s.frame_meta.upper_bound(last));
+    }
     if (write.config) s.config = *write.config;
     if (write.state) s.state = *write.state;
     if (write.frame) {

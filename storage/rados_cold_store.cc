@@ -336,9 +336,13 @@ std::set<std::string> RemovedKeys(const StreamWrite& w, const Manifest& m) {
          it != m.frames.end() && it->first <= last; ++it) {
       rm.insert(rados_io::FrameKey(it->first));
     }
-    for (auto it = m.metas.lower_bound(first);
-         it != m.metas.end() && *it <= last; ++it) {
-      rm.insert(rados_io::MetaKey(*it));
+  }
+  for (const auto* ranges : {&w.delete_frames, &w.delete_frame_metas}) {
+    for (const auto& [first, last] : *ranges) {
+      for (auto it = m.metas.lower_bound(first);
+           it != m.metas.end() && *it <= last; ++it) {
+        rm.insert(rados_io::MetaKey(*it));
+      }
     }
   }
   return rm;
@@ -380,6 +384,9 @@ void Apply(const StreamWrite& w, const PayloadPlan& plan, Manifest* m,
     auto b = m->frames.upper_bound(last);
     for (auto it = a; it != b; ++it) m->Drop(it->second, unused);
     m->frames.erase(a, b);
+    m->metas.erase(m->metas.lower_bound(first), m->metas.upper_bound(last));
+  }
+  for (const auto& [first, last] : w.delete_frame_metas) {
     m->metas.erase(m->metas.lower_bound(first), m->metas.upper_bound(last));
   }
   auto put = [&](auto& map, const auto& key, const Ref& ref) {

@@ -67,6 +67,10 @@ absl::Status RocksColdStore::Commit(const StreamWrite& write) {
                         NumberedKey(write.stream_id, last + 1));
     }
   }
+  for (const auto& [first, last] : write.delete_frame_metas) {
+    batch.DeleteRange(frame_meta_, NumberedKey(write.stream_id, first),
+                      NumberedKey(write.stream_id, last + 1));
+  }
   if (write.config) {
     batch.Put(streams_, MetaKey(write.stream_id, 'c'), *write.config);
   }

@@ -36,7 +36,8 @@ struct StreamState {
 
 // Where a block's KV lives on disk.
 enum class DiskForm : uint8_t {
-  kFrames = 0,  // As its frames' records (a block not yet demoted).
+  kFrames = 0,  // As its frames' records (not yet demoted, or demoted
+                // with EngineOptions::demote_keeps_frames).
   kFull = 1,    // Per-layer records, full precision.
   kInt8 = 2,    // Per-layer records, int8 per-channel (degraded).
   kNone = 3,    // Evicted.

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "base/thread_scratch.h"
+#include "base/sync.h"
 #include "engine/codec/dtype.h"
 #include "engine/index/dot.h"
 #include "engine/stream_config.h"
@@ -13,16 +13,41 @@ namespace {
 
 constexpr int kIterations = 6;
 
-// A seal's keys, kept by the sealing thread between seals: a 7B block's
-// are tens of megabytes (every layer indexed: 64 MiB), and fresh ones each
-// seal were page faults (the kernel zeroing each new page: a fifth of a
-// RADOS ingest's server CPU). Kept up to kKeepScratchFloats (64 MiB); freed
-// after a larger block. Clustering reads them through their norms and the
-// codes through a row order, so they are the seal's one large buffer.
-struct SealScratch {
-  std::vector<float> keys;  // [token][indexed_layer][kv_head][head_dim].
+// Key buffers shared by all seals: a 7B block's keys are tens of megabytes
+// (every layer indexed: 64 MiB), and a fresh buffer each seal was page
+// faults (the kernel zeroing each new page: a fifth of a RADOS ingest's
+// server CPU). Seals run on whichever worker appends, so the pool, not each
+// thread, keeps them: at most kPooledBuffers of at most kPooledFloats (64
+// MiB) each, 128 MiB in all whatever the thread count; a seal beyond them
+// uses a fresh buffer. Clustering reads the keys through their norms and
+// the codes through a row order, so they are the seal's one large buffer.
+constexpr size_t kPooledBuffers = 2;
+constexpr size_t kPooledFloats = size_t{1} << 24;
+
+class KeyBufferPool {
+ public:
+  std::vector<float> Take() ABSL_LOCKS_EXCLUDED(mu_) {
+    kvmem::MutexLock lock(&mu_);
+    if (free_.empty()) return {};
+    std::vector<float> b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  void GiveBack(std::vector<float> b) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (b.capacity() == 0 || b.capacity() > kPooledFloats) return;
+    kvmem::MutexLock lock(&mu_);
+    if (free_.size() < kPooledBuffers) free_.push_back(std::move(b));
+  }
+
+ private:
+  kvmem::Mutex mu_;
+  std::vector<std::vector<float>> free_ ABSL_GUARDED_BY(mu_);
 };
-constexpr size_t kKeepScratchFloats = size_t{1} << 24;
+
+KeyBufferPool& KeyBuffers() {
+  static auto* pool = new KeyBufferPool();
+  return *pool;
+}
 
 void NormalizeRow(float* v, size_t n) {
   const float norm = std::sqrt(Dot(v, v, n));
@@ -43,6 +68,11 @@ void GatherKeys(const StreamConfig& config,
   size_t n = 0;
   for (uint32_t t : frame_tokens) n += t;
   std::vector<float>& keys = *keys_out;
+  if (keys.capacity() < n * dim) {
+    // Exactly what is needed (growth by doubling would outgrow the pool).
+    keys = std::vector<float>();
+    keys.reserve(n * dim);
+  }
   keys.resize(n * dim);
   const size_t width = DTypeBytes(g.dtype);
   size_t token0 = 0;
@@ -167,11 +197,13 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
                              const std::vector<uint32_t>& frame_tokens,
                              uint32_t max_groups) {
   const size_t dim = SummaryDim(config);
-  SealScratch& scratch = ThreadScratch<SealScratch>();
-  const std::vector<float>& keys = scratch.keys;
-  GatherKeys(config, frames, frame_tokens, &scratch.keys);
+  std::vector<float> keys = KeyBuffers().Take();
+  GatherKeys(config, frames, frame_tokens, &keys);
   const size_t n = keys.size() / std::max<size_t>(dim, 1);
-  if (n == 0) return TokenGroups();
+  if (n == 0) {
+    KeyBuffers().GiveBack(std::move(keys));
+    return TokenGroups();
+  }
   const size_t k = std::min<size_t>(std::max<uint32_t>(1, max_groups), n);
   std::vector<float> norms(n);
   for (size_t i = 0; i < n; ++i) {
@@ -193,9 +225,7 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
   }
   groups.codes =
       EncodeTokenCodes(TokenCodeShapeOf(config), keys.data(), n, order.data());
-  if (keys.capacity() > kKeepScratchFloats) {
-    ReleaseThreadScratch<SealScratch>();
-  }
+  KeyBuffers().GiveBack(std::move(keys));
   return groups;
 }
 

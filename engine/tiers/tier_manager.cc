@@ -213,6 +213,11 @@ absl::Status TierManager::Demote(uint64_t id) {
     }
     write.delete_frames.emplace_back(rec.info.first_frame, rec.info.last_frame);
     rec.disk = DiskForm::kFull;
+  } else if (rec.disk == DiskForm::kFrames) {
+    // The frames stay; their signals (only an open block's are read back)
+    // are in the block's record.
+    write.delete_frame_metas.emplace_back(rec.info.first_frame,
+                                          rec.info.last_frame);
   }
   rec.info.tier = rec.disk == DiskForm::kInt8 ? Tier::kDegraded : Tier::kCold;
   return CommitMove(

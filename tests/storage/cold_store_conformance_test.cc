@@ -326,6 +326,33 @@ TYPED_TEST(ColdStoreConformance, BatchedLayerReadsEqualSingleReads) {
             absl::StatusCode::kNotFound);
 }
 
+// Deleting only metas keeps the frames, and only the range's metas go.
+TYPED_TEST(ColdStoreConformance, MetaDeletionsKeepTheFrames) {
+  for (uint64_t f = 0; f < 4; ++f) {
+    StreamWrite w;
+    w.stream_id = "cam";
+    const std::string payload = "f" + std::to_string(f);
+    w.frame.emplace(f, payload);
+    w.frame_meta = "m" + std::to_string(f);
+    this->Commit(w);
+  }
+  StreamWrite d;
+  d.stream_id = "cam";
+  d.delete_frame_metas = {{1, 2}};
+  this->Commit(d);
+  ColdStore& s = this->store();
+  for (uint64_t f = 0; f < 4; ++f) {
+    EXPECT_EQ(*s.GetFrame("cam", f), "f" + std::to_string(f));
+    auto meta = s.GetFrameMeta("cam", f);
+    if (f == 1 || f == 2) {
+      EXPECT_EQ(meta.status().code(), absl::StatusCode::kNotFound) << f;
+    } else {
+      ASSERT_TRUE(meta.ok()) << f << ": " << meta.status();
+      EXPECT_EQ(*meta, "m" + std::to_string(f));
+    }
+  }
+}
+
 // A block's frames read in one call equal the single reads, in frame
 // order (one frame larger than a RADOS stripe); a frame missing from the
 // range fails the call with NOT_FOUND.

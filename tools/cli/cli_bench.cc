@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, server_ceph_conf, "",
           "--server_store=rados:POOL.");
 ABSL_FLAG(std::vector<std::string>, server_flags, {},
           "bench: more flags for the server it starts, comma-separated "
-          "(e.g. --server_flags=--cold_form=layers).");
+          "(e.g. --server_flags=--cold_form=layers; a value cannot hold a "
+          "comma).");
 
 ABSL_DECLARE_FLAG(int, frames);
 ABSL_DECLARE_FLAG(uint32_t, layers);

@@ -2,7 +2,9 @@
 // group granularity through the engine over RocksDB (with a restart).
 #include "engine/recall/token_groups.h"
 
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "engine/codec/record_codec.h"
 #include "gtest/gtest.h"
@@ -98,6 +100,41 @@ TEST(TokenGroupsTest, ClustersPlantedEntitiesAndSummarisesEachGroup) {
       BuildTokenGroups(c, {absl::string_view(bytes)}, {f.tokens}, 64);
   EXPECT_LE(many.summaries.size() / dim, kinds.size());
   EXPECT_GE(many.summaries.size() / dim, 3u);
+}
+
+// Seals reuse pooled key buffers: a block's groups and codes do not depend
+// on what was sealed before it (a larger block, then a smaller one, from
+// several threads at once).
+TEST(TokenGroupsTest, ABlocksGroupsDoNotDependOnEarlierSeals) {
+  const TestGeometry g;
+  std::mt19937_64 rng(2);
+  const FloatFrame small = PlantedFrame(g, {0, 1, 2, 1, 0, 2}, rng);
+  const FloatFrame large =
+      PlantedFrame(g, {3, 0, 1, 2, 3, 1, 0, 2, 3, 1, 0, 2, 3, 0}, rng);
+  const std::string small_bytes = Encode(small, g.dtype);
+  const std::string large_bytes = Encode(large, g.dtype);
+  const StreamConfig c = GroupConfig(g, 4);
+  auto build = [&](const std::string& bytes, uint32_t tokens) {
+    return BuildTokenGroups(c, {absl::string_view(bytes)}, {tokens}, 4);
+  };
+  const TokenGroups first = build(small_bytes, small.tokens);
+  std::vector<std::thread> threads;
+  std::atomic<int> differ{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        build(large_bytes, large.tokens);
+        const TokenGroups again = build(small_bytes, small.tokens);
+        if (again.token_group != first.token_group ||
+            again.summaries != first.summaries || again.codes != first.codes) {
+          differ.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(differ.load(), 0);
+  EXPECT_FALSE(first.codes.empty());
 }
 
 TEST(TokenGroupsTest, RecordsKeepGroupsAndConfigsKeepTheSetting) {

@@ -3,6 +3,7 @@
 // frames as the test appended them, for blocks in RAM, on disk and
 // degraded; every token chosen is BLOCK_LAYER_MAJOR byte for byte; bad
 // token lists and a wrong destination size are refused.
+#include <optional>
 #include <random>
 
 #include "engine/codec/block_layout.h"
@@ -100,7 +101,9 @@ TEST_P(ColdFormTokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
         e->Append("s", testing::ToFrame(m.AddFrame(rng, kTokens), f)).ok());
   }
   e->WaitForBackground();
-  const StreamHandle stream = *e->Find("s");
+  // The handle goes before the engine closes (below).
+  std::optional<StreamHandle> handle = *e->Find("s");
+  const StreamHandle& stream = *handle;
   const std::vector<std::vector<uint32_t>> lists = {
       {0}, {7}, {0, 1, 2, 3}, {1, 4, 6}, {0, 1, 2, 3, 4, 5, 6, 7}, {2, 3, 5}};
   const std::vector<std::vector<uint32_t>> layer_lists = {{}, {2, 0}, {1}};
@@ -153,6 +156,7 @@ TEST_P(ColdFormTokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
   EXPECT_GT(seen[2], 0) << "no degraded block";
   EXPECT_EQ(seen[3], 11 * 3 * 6);
   // What the cold blocks keep on disk: their frames, or their layers.
+  handle.reset();
   e.reset();
   std::unique_ptr<ColdStore> store = testing::OpenTestStore(dir.path());
   for (const BlockInfo& b : cold) {
