@@ -204,20 +204,19 @@ absl::Status TierManager::Demote(uint64_t id) {
     warm = view_->blocks()[id].warm;
   }
   StreamWrite write;
-  if (rec.disk == DiskForm::kFrames && !env_.demote_keeps_frames) {
+  if (rec.disk == DiskForm::kFrames && env_.demote_keeps_frames) {
+    // The frames stay its durable copy; their signals (only an open
+    // block's are read back) are in the block's record.
+    write.delete_frame_metas.emplace_back(rec.info.first_frame,
+                                          rec.info.last_frame);
+  } else if (rec.disk == DiskForm::kFrames) {
     // First demotion: the block's durable copy changes from its frames to
-    // per-layer records, written from the warm copy in the same batch
-    // (unless the frames stay its durable copy: then only its record).
+    // per-layer records, written from the warm copy in the same batch.
     for (uint32_t l = 0; l < config_.geometry.layers; ++l) {
       write.block_layers.push_back({id, l, warm->LayerRecord(l)});
     }
     write.delete_frames.emplace_back(rec.info.first_frame, rec.info.last_frame);
     rec.disk = DiskForm::kFull;
-  } else if (rec.disk == DiskForm::kFrames) {
-    // The frames stay; their signals (only an open block's are read back)
-    // are in the block's record.
-    write.delete_frame_metas.emplace_back(rec.info.first_frame,
-                                          rec.info.last_frame);
   }
   rec.info.tier = rec.disk == DiskForm::kInt8 ? Tier::kDegraded : Tier::kCold;
   return CommitMove(

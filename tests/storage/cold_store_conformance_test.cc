@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -88,6 +89,16 @@ class ColdStoreConformance : public ::testing::Test {
   void Commit(const StreamWrite& w) {
     const absl::Status s = store_->Commit(w);
     ASSERT_TRUE(s.ok()) << s;
+  }
+
+  // Frame f of "cam" alone in a write, with its meta when one is given.
+  void CommitFrame(uint64_t f, const std::string& payload,
+                   const std::optional<std::string>& meta = std::nullopt) {
+    StreamWrite w;
+    w.stream_id = "cam";
+    w.frame.emplace(f, payload);
+    w.frame_meta = meta;
+    Commit(w);
   }
 
   std::vector<std::pair<uint64_t, std::string>> Blocks(const std::string& id) {
@@ -329,12 +340,7 @@ TYPED_TEST(ColdStoreConformance, BatchedLayerReadsEqualSingleReads) {
 // Deleting only metas keeps the frames, and only the range's metas go.
 TYPED_TEST(ColdStoreConformance, MetaDeletionsKeepTheFrames) {
   for (uint64_t f = 0; f < 4; ++f) {
-    StreamWrite w;
-    w.stream_id = "cam";
-    const std::string payload = "f" + std::to_string(f);
-    w.frame.emplace(f, payload);
-    w.frame_meta = "m" + std::to_string(f);
-    this->Commit(w);
+    this->CommitFrame(f, "f" + std::to_string(f), "m" + std::to_string(f));
   }
   StreamWrite d;
   d.stream_id = "cam";
@@ -358,12 +364,8 @@ TYPED_TEST(ColdStoreConformance, MetaDeletionsKeepTheFrames) {
 // range fails the call with NOT_FOUND.
 TYPED_TEST(ColdStoreConformance, BatchedFrameReadsEqualSingleReads) {
   for (uint64_t f = 3; f <= 6; ++f) {
-    StreamWrite w;
-    w.stream_id = "cam";
     const size_t bytes = f == 4 ? (5u << 20) + 17 : 1000 + f;
-    const std::string payload(bytes, static_cast<char>('a' + f));
-    w.frame.emplace(f, payload);
-    this->Commit(w);
+    this->CommitFrame(f, std::string(bytes, static_cast<char>('a' + f)));
   }
   ColdStore& s = this->store();
   auto got = s.GetFrames("cam", 3, 6);
