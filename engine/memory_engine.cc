@@ -1,8 +1,12 @@
 #include "engine/memory_engine.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/executor.h"
+#include "base/fork_join.h"
 #include "base/status_macros.h"
 #include "base/sync.h"
 #include "engine/accel/accelerator.h"
@@ -14,6 +18,12 @@
 
 namespace kvmem {
 
+int RecallThreads(int option) {
+  if (option > 0) return std::min(option, kMaxRecallThreads);
+  const unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(hw, 1, 4));
+}
+
 MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store,
                            const EngineOptions& options)
     : store_(std::move(store)),
@@ -22,6 +32,11 @@ MemoryEngine::MemoryEngine(std::unique_ptr<ColdStore> store,
                                      : NewCpuAccelerator()),
       background_(std::make_unique<Executor>(options.background_threads)),
       ownership_(options.ownership.get()) {
+  const int recall_threads = RecallThreads(options.recall_threads);
+  if (recall_threads > 1) {
+    recall_helpers_ =
+        std::make_unique<ForkJoinPool>(recall_threads - 1, options.recall_spin);
+  }
   if (ownership_ != nullptr) {
     // A write the store refuses because another server took the stream
     // over drops the stream, off the writer's locks.
@@ -61,6 +76,9 @@ StreamEnv MemoryEngine::Env() {
   env.demote_keeps_frames = options_.demote_keeps_frames;
   env.accel = accel_.get();
   env.warn = options_.warn;
+  if (recall_helpers_ != nullptr) {
+    env.recall_helpers.pool = recall_helpers_.get();
+  }
   return env;
 }
 

@@ -21,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "base/sync.h"
 #include "engine/accel/sim_model.h"
 #include "engine/ownership.h"
@@ -32,6 +33,7 @@ namespace kvmem {
 
 class Accelerator;
 class Executor;
+class ForkJoinPool;
 class Stream;
 struct StreamEnv;
 
@@ -95,6 +97,23 @@ struct EngineOptions {
   uint64_t global_warm_budget_bytes = 0;
   // Threads for tier moves, promotions and index rebuilds.
   int background_threads = 1;
+  // Threads one recall may use for its scan of the units (per query vector)
+  // and its token stage (slices of the pool): the caller's plus
+  // recall_threads - 1 helpers (base/fork_join.h), shared by every
+  // stream's recalls. 1 (the default): the caller's alone; 0: the
+  // machine's hardware threads, at most 4. A recall does the same work
+  // either way; its latency drops where cores are idle (on a 2-vCPU VM,
+  // one recall at a time: an 8-vector recall's p50 -21 %, a 7B recall's
+  // token stage 1.4 -> 1.0 ms), and helpers step aside when more recalls
+  // run at once than there are helpers. Not the default: on that VM the
+  // end-to-end 7B recall + delivery did not improve beyond noise, and p99s
+  // under concurrent background work (RocksDB's flushes, 16 streams'
+  // recalls) were worse (docs/operating.md).
+  int recall_threads = 1;
+  // While a recall is in progress, an idle helper polls for its next loop
+  // for at most this long at a time before it sleeps (base/fork_join.h);
+  // with no recall in progress helpers sleep.
+  absl::Duration recall_spin = absl::Milliseconds(2);
   // The `sim` accelerator backend: results as on the CPU, plus each
   // recall's modelled cost on this hardware (engine/accel/sim_model.h). Unset:
   // the `cpu` backend alone.
@@ -133,6 +152,12 @@ struct EngineOptions {
   // the next time it demotes it.
   bool demote_keeps_frames = false;
 };
+
+// The threads a recall uses for EngineOptions::recall_threads = `option`
+// (0: the hardware threads, at most 4; otherwise the option, at most
+// kMaxRecallThreads).
+inline constexpr int kMaxRecallThreads = 64;
+int RecallThreads(int option);
 
 // A stored stream that could not be served after recovery.
 struct QuarantinedStream {
@@ -274,6 +299,8 @@ class MemoryEngine {
   // Declared after the store and before the streams' map, so it is
   // destroyed first: its tasks finish while streams and store still exist.
   std::unique_ptr<Executor> background_;
+  // Helpers of recalls (options.recall_threads - 1 threads); null: none.
+  std::unique_ptr<ForkJoinPool> recall_helpers_;
   // Serialises OpenStream and DeleteStream (which commit to the store).
   kvmem::Mutex control_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Serialises taking streams up (Adopt); held across their recovery.

@@ -197,6 +197,11 @@ ABSL_FLAG(std::string, cold_form, "auto",
           "layers reads only those; appended bytes written twice). auto "
           "(the default): frames with a shared store (--store=rados:...), "
           "layers otherwise.");
+ABSL_FLAG(int32_t, recall_threads, 1,
+          "Threads one recall may use for its scan and token scoring: the "
+          "calling thread plus helpers shared by all recalls (1: the caller "
+          "alone; 0: the hardware threads, at most 4; at most 64). See "
+          "docs/operating.md before raising it.");
 ABSL_FLAG(int32_t, worker_threads, 0,
           "Threads for storage-bound work; 0 means 2 per core, at least 4.");
 ABSL_FLAG(std::string, port_file, "",
@@ -309,6 +314,13 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   o.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  const int32_t recall_threads = absl::GetFlag(FLAGS_recall_threads);
+  if (recall_threads < 0 || recall_threads > kvmem::kMaxRecallThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--recall_threads is ", recall_threads, "; must be in 0..",
+                     kvmem::kMaxRecallThreads, " (0: the hardware threads)"));
+  }
+  o.engine.recall_threads = recall_threads;
   KVMEM_ASSIGN_OR_RETURN(o.api_keys, ApiKeysFromFlags());
   o.limits.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
   o.limits.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);

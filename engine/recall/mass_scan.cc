@@ -78,12 +78,23 @@ void ScanUnits(const RecallView& view, const ScoreRequest& req, CallCost* cost,
   // The modelled refinement: about the units that fill the budget.
   const SearchParams params{
       static_cast<uint32_t>(std::min<uint64_t>(index.size(), 64)), q.priority};
-  bool scanned = true;
-  for (uint32_t j = 0; j < vectors && scanned; ++j) {
-    scanned = req.accel->Scan(index, q.query.data() + j * dim, params,
-                              &(*scans)[j], cost);
+  // One scan per vector, on the recall's helpers too. Not through a
+  // modelled backend: its calls queue on one modelled engine, and a
+  // recall's own scans would count as waiting behind each other.
+  const RecallHelpers helpers =
+      req.accel->modelled() ? RecallHelpers{} : req.helpers;
+  std::vector<CallCost> costs(vectors);
+  std::vector<char> scanned(vectors, 1);
+  helpers.For(vectors, [&](size_t j) {
+    scanned[j] = req.accel->Scan(index, q.query.data() + j * dim, params,
+                                 &(*scans)[j], &costs[j]);
+  });
+  if (cost != nullptr) {
+    for (const CallCost& c : costs) *cost += c;
   }
-  if (!scanned) PoolScans(view, req, cost, scans);
+  if (std::find(scanned.begin(), scanned.end(), 0) != scanned.end()) {
+    PoolScans(view, req, cost, scans);
+  }
 }
 
 }  // namespace kvmem

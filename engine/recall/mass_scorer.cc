@@ -227,7 +227,7 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
     in.weight = rows.est.weight.data();
   }
   auto scored = std::make_shared<TokenStageOutput>();
-  ScorePoolTokens(view, in, pool, scored.get());
+  ScorePoolTokens(view, in, pool, scored.get(), req.helpers);
   // The pooled groups' mass at token resolution, in place of their means'.
   for (const PlanUnit& u : pool) out->cold_mass -= double(u.score) * u.tokens;
   for (float d : scored->density) out->cold_mass += d;

@@ -62,7 +62,8 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
                         Accelerator& accel, const RecallQuery& q,
                         const RecallBudget& budget,
                         const std::vector<float>& mean_query,
-                        const std::vector<float>* weights, RecallResult* r,
+                        const std::vector<float>* weights,
+                        const RecallHelpers& helpers, RecallResult* r,
                         uint64_t* now_frame)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   if (view.deleted()) return view.DeletedError();
@@ -90,6 +91,7 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   req.budget = budget;
   req.eligible = eligible;
   req.accel = &accel;
+  req.helpers = helpers;
   ScoredRecall scored;
   KVMEM_RETURN_IF_ERROR(scorer.Score(view, req, &scored, &r->accel));
   if (!scored.layer_sets && scored.sets.size() != 1) {
@@ -161,17 +163,22 @@ void StageRecall(const Geometry& g, Accelerator& accel, uint32_t priority,
 
 }  // namespace
 
-absl::StatusOr<RecallResult> AnswerRecall(const RecallView& view,
-                                          const RecallScorer& scorer,
-                                          Accelerator& accel,
-                                          const RecallQuery& q,
-                                          uint64_t* now_frame) {
+absl::StatusOr<RecallResult> AnswerRecall(
+    const RecallView& view, const RecallScorer& scorer, Accelerator& accel,
+    const RecallQuery& q, uint64_t* now_frame, const RecallHelpers& helpers) {
   const StreamConfig& config = view.config();
   KVMEM_RETURN_IF_ERROR(ValidateRecallQuery(q, config, view.summary_dim(),
                                             view.stream_id(),
                                             scorer.answers_per_head()));
   KVMEM_ASSIGN_OR_RETURN(RecallBudget budget,
                          ResolveBudget(q, config, view.summary_dim()));
+  // The helpers wake now and poll until the plans are made: they join the
+  // scan sooner, and take no CPU after it.
+  helpers.Enter();
+  struct Leave {
+    const RecallHelpers& h;
+    ~Leave() { h.Leave(); }
+  } leave{helpers};
   RecallResult result;
   result.budget_tokens = budget.tokens;
   result.top_k = budget.top_k;
@@ -200,7 +207,7 @@ absl::StatusOr<RecallResult> AnswerRecall(const RecallView& view,
     kvmem::ReaderMutexLock lock(&view.mu());
     KVMEM_RETURN_IF_ERROR(PlanRecall(
         view, scorer, accel, reduce ? reduced : q, budget, mean_query,
-        reduce ? &red.weight : nullptr, &result, now_frame));
+        reduce ? &red.weight : nullptr, helpers, &result, now_frame));
   }
   StageRecall(config.geometry, accel, q.priority, &result);
   return result;

@@ -24,10 +24,11 @@ namespace kvmem {
 
 // The recall set for q (INVALID_ARGUMENT for a query the stream cannot
 // answer, NOT_FOUND for a deleted stream, the scorer's errors), and in
-// *now_frame the newest frame it saw.
+// *now_frame the newest frame it saw; the scorer may use `helpers`.
 absl::StatusOr<RecallResult> AnswerRecall(
     const RecallView& view, const RecallScorer& scorer, Accelerator& accel,
-    const RecallQuery& q, uint64_t* now_frame) ABSL_LOCKS_EXCLUDED(view.mu());
+    const RecallQuery& q, uint64_t* now_frame,
+    const RecallHelpers& helpers = {}) ABSL_LOCKS_EXCLUDED(view.mu());
 
 // "" or why the index's sampled recall (samples searches, recall@k
 // `recall`) breaks the accelerator's floor; a few samples first.

@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "engine/accel/accelerator.h"
+#include "engine/recall/recall_helpers.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/recall_query.h"
 #include "engine/types.h"
@@ -57,6 +58,8 @@ struct ScoreRequest {
   size_t eligible = 0;
   // Searches and scans go through it (their cost into the call's *cost).
   Accelerator* accel = nullptr;
+  // Threads the scan and the token stage may use besides the caller's.
+  RecallHelpers helpers;
 };
 
 // One recall set's candidates, as the planner is to take them.

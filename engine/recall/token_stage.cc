@@ -40,22 +40,55 @@ void PrefetchRun(const uint8_t* p, size_t bytes) {
   for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
 }
 
+// A pooled group's tokens.
+struct PoolRun {
+  const PlanUnit* unit;
+  const uint8_t* records;  // The group's run in its block's codes.
+  uint32_t begin = 0, count = 0;
+  size_t at = 0;  // Its first token in the output.
+};
+
+// The runs' densities into out (density, mean_density when `mean`), in
+// slices of whole runs of about kParallelPoolTokens tokens on `helpers`
+// (one slice without them); each slice writes only its runs' tokens.
+void ScoreRuns(const TokenCodeShape& shape, const TokenStageInput& in,
+               const std::vector<PoolRun>& runs, bool mean,
+               const RecallHelpers& helpers, TokenStageOutput* out) {
+  const size_t stride = shape.bytes_per_token();
+  std::vector<size_t> slices(1, 0);  // First run of each, then the end.
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (helpers.on() && runs[i].at + runs[i].count - runs[slices.back()].at >=
+                            kParallelPoolTokens) {
+      slices.push_back(i + 1);
+    }
+  }
+  if (slices.back() != runs.size()) slices.push_back(runs.size());
+  helpers.For(slices.size() - 1, [&](size_t k) {
+    const size_t first = slices[k], end = slices[k + 1];
+    PrefetchRun(runs[first].records, runs[first].count * stride);
+    for (size_t i = first; i < end; ++i) {
+      const PoolRun& r = runs[i];
+      if (i + 1 < end) {
+        PrefetchRun(runs[i + 1].records, runs[i + 1].count * stride);
+      }
+      TokenDensities(shape, in, r.records, r.count, out->density.data() + r.at,
+                     mean ? out->mean_density.data() + r.at : nullptr);
+    }
+  });
+}
+
 }  // namespace
 
 void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
-                     const std::vector<PlanUnit>& pool, TokenStageOutput* out) {
+                     const std::vector<PlanUnit>& pool, TokenStageOutput* out,
+                     const RecallHelpers& helpers) {
   const TokenCodeShape shape = TokenCodeShapeOf(view.config());
   const size_t stride = shape.bytes_per_token();
-  struct Run {
-    const PlanUnit* unit;
-    const uint8_t* records;  // The group's run in its block's codes.
-    uint32_t begin = 0, count = 0;
-  };
   struct Scratch {
-    std::vector<Run> runs;
+    std::vector<PoolRun> runs;
   };
-  Scratch& s = ThreadScratch<Scratch>();
-  s.runs.clear();
+  std::vector<PoolRun>& runs = ThreadScratch<Scratch>().runs;
+  runs.clear();
   size_t tokens = 0;
   for (const PlanUnit& u : pool) {
     const BlockRecord& rec = view.blocks()[u.block].rec;
@@ -68,10 +101,10 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
     uint32_t begin = 0;
     for (uint32_t g = 0; g < u.group; ++g) begin += view.UnitTokens(u.block, g);
     const uint32_t count = view.UnitTokens(u.block, u.group);
-    s.runs.push_back({&u,
-                      reinterpret_cast<const uint8_t*>(rec.token_codes.data()) +
-                          size_t{begin} * stride,
-                      begin, count});
+    runs.push_back({&u,
+                    reinterpret_cast<const uint8_t*>(rec.token_codes.data()) +
+                        size_t{begin} * stride,
+                    begin, count, tokens});
     tokens += count;
   }
   // The mean vector's densities: with its estimate and the weights both.
@@ -90,23 +123,16 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
   pool_in.terms = &terms;
   out->run.resize(tokens);
   out->place.resize(tokens);
-  size_t at = 0;
-  if (!s.runs.empty()) PrefetchRun(s.runs[0].records, s.runs[0].count * stride);
-  for (size_t i = 0; i < s.runs.size(); ++i) {
-    const Run& r = s.runs[i];
-    if (i + 1 < s.runs.size()) {
-      PrefetchRun(s.runs[i + 1].records, s.runs[i + 1].count * stride);
-    }
-    TokenDensities(shape, pool_in, r.records, r.count, out->density.data() + at,
-                   mean ? out->mean_density.data() + at : nullptr);
+  for (const PoolRun& r : runs) {
     const uint32_t run = static_cast<uint32_t>(out->runs.size());
     out->runs.push_back(*r.unit);
-    for (uint32_t k = 0; k < r.count; ++k, ++at) {
-      out->run[at] = run;
-      out->place[at] = r.begin + k;
+    for (uint32_t k = 0; k < r.count; ++k) {
+      out->run[r.at + k] = run;
+      out->place[r.at + k] = r.begin + k;
     }
-    out->tokens_scored += r.count;
   }
+  out->tokens_scored += tokens;
+  ScoreRuns(shape, pool_in, runs, mean, helpers, out);
 }
 
 uint32_t PoolBudget(uint32_t budget, uint32_t vectors, uint32_t heads) {

@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "engine/index/token_codes.h"
 #include "engine/recall/mass_estimate.h"
+#include "engine/recall/recall_helpers.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/view/recall_view.h"
 
@@ -88,11 +89,17 @@ void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
 // Every token of the pool's group units scored, into *out (its block's
 // semantic score carried over); a token unit's `token` is its place in its
 // block's group order (the codes' order: GroupOrderTokens
-// turns places into token offsets). REQUIRES: the pool's units are
-// recallable group units of `view`.
+// turns places into token offsets). Pools of kParallelPoolTokens tokens
+// or more are scored in slices on `helpers` too (the same values: each
+// token's are computed alone). REQUIRES: the pool's units are recallable
+// group units of `view`.
 void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
-                     const std::vector<PlanUnit>& pool, TokenStageOutput* out)
+                     const std::vector<PlanUnit>& pool, TokenStageOutput* out,
+                     const RecallHelpers& helpers = {})
     ABSL_SHARED_LOCKS_REQUIRED(view.mu());
+// ... and the slices are about this many tokens (a slice costs a task
+// hand-off, a few microseconds; a token ~0.1-0.2 us at 8 vectors).
+inline constexpr size_t kParallelPoolTokens = 256;
 
 // A set's pool, in tokens: kTokenPoolFactor x its budget, fewer where each
 // token costs more dots than kMaxTokenDots allows (`vectors` x `heads` per

@@ -252,7 +252,8 @@ absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   const auto t0 = SteadyClock::now();
   uint64_t now_frame = 0;
   KVMEM_ASSIGN_OR_RETURN(RecallResult result,
-                         AnswerRecall(view_, *scorer_, accel(), q, &now_frame));
+                         AnswerRecall(view_, *scorer_, accel(), q, &now_frame,
+                                      env_.recall_helpers));
   ledger_.Add(result.accel);
   if (feedback_.CountRecall() % 16 == 15) WarnIfBelowRecallFloor();
   if (feedback_.Queue(result, now_frame, env_.background != nullptr)) {

@@ -68,6 +68,9 @@ struct StreamEnv {
   // Receives warnings (an approximate index below the accelerator's recall
   // floor); may be empty.
   std::function<void(const std::string&)> warn;
+  // Threads a recall may use besides its caller's (EngineOptions::
+  // recall_threads); empty: none.
+  RecallHelpers recall_helpers;
 };
 
 class Stream : public std::enable_shared_from_this<Stream> {

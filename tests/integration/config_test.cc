@@ -243,7 +243,7 @@ TEST_F(ConfigTest, ColdFormIsLoggedAndCheckedAtStart) {
     const std::string text(std::istreambuf_iterator<char>(log), {});
     EXPECT_THAT(text, HasSubstr(absl::StrCat(
                           "cold blocks kept as ",
-                          value == "frames" ? "frames" : "layers", ")")));
+                          value == "frames" ? "frames" : "layers", ", ")));
   }
   ServerRun bad =
       RunServer("--cold_form=sometimes --listen= --unix_socket=" + dir_.path() +
@@ -251,6 +251,31 @@ TEST_F(ConfigTest, ColdFormIsLoggedAndCheckedAtStart) {
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.output, HasSubstr("--cold_form is \"sometimes\"; use auto, "
                                     "frames or layers"));
+}
+
+// --recall_threads: the log says how many threads a recall uses; a count
+// out of range stops the server (exit 2) naming it.
+TEST_F(ConfigTest, RecallThreadsAreLoggedAndCheckedAtStart) {
+  for (const std::string value : {"1", "3"}) {
+    SCOPED_TRACE("--recall_threads=" + value);
+    const ServerProcessOptions o =
+        Named("recall-threads-" + value, "--recall_threads=" + value);
+    ServerProcess server(o);
+    std::string error;
+    ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
+    EXPECT_EQ(server.Stop(), 0);
+    std::ifstream log(o.log_file);
+    const std::string text(std::istreambuf_iterator<char>(log), {});
+    EXPECT_THAT(text, HasSubstr("recall threads " + value + ")"));
+  }
+  for (const std::string value : {"-1", "65"}) {
+    ServerRun bad = RunServer("--recall_threads=" + value +
+                              " --listen= --unix_socket=" + dir_.path() +
+                              "/bad.sock --data_dir=" + dir_.path() + "/bad");
+    EXPECT_EQ(bad.exit_code, 2) << value;
+    EXPECT_THAT(bad.output, HasSubstr("--recall_threads is " + value +
+                                      "; must be in 0..64"));
+  }
 }
 
 TEST_F(ConfigTest, StreamDefaultsApplyToStreamsThatLeaveFieldsZero) {

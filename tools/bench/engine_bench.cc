@@ -327,11 +327,14 @@ bool AppendRandomFrames(benchmark::State& state, MemoryEngine* engine,
 
 // An engine on a fresh RocksDB store in dir (emptied first), default
 // store options.
-std::unique_ptr<MemoryEngine> FreshEngine(const std::filesystem::path& dir) {
+std::unique_ptr<MemoryEngine> FreshEngine(const std::filesystem::path& dir,
+                                          int recall_threads = 1) {
   std::filesystem::remove_all(dir);
   RocksColdStoreOptions so;
   so.path = dir.string();
-  return *MemoryEngine::Open(*OpenRocksColdStore(so));
+  EngineOptions options;
+  options.recall_threads = recall_threads;
+  return *MemoryEngine::Open(*OpenRocksColdStore(so), options);
 }
 
 // Recalls on stream "cam", one query from next() per iteration, timed one
@@ -520,12 +523,15 @@ BENCHMARK(BM_TokenGroups)
 // scorer (1 mass: token resolution, 2 summed, 3 mass_groups); arg 3 the
 // query's vectors (8: a frame's query tokens; more than 16 are reduced to
 // 16 representatives) and a window log-sum-exp per vector and head, as the
-// README's front end sends. Random keys: the cost, not the quality.
+// README's front end sends; arg 4 the engine's recall_threads (1: the
+// caller alone, the default; 0: the hardware threads up to 4). Random
+// keys: the cost, not the quality.
 void BM_EvalShapedRecall(benchmark::State& state) {
   const uint64_t blocks = state.range(0);
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / "kvmem-engine-bench-evalshape";
-  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
+  std::unique_ptr<MemoryEngine> engine =
+      FreshEngine(dir, static_cast<int>(state.range(4)));
   StreamConfig c;
   c.geometry = {2, 4, 64, DType::kFp16, 32};
   c.hot_window_tokens = 2048;
@@ -567,15 +573,19 @@ void BM_EvalShapedRecall(benchmark::State& state) {
   std::filesystem::remove_all(dir);
 }
 BENCHMARK(BM_EvalShapedRecall)
-    ->Args({225, 8, 1, 1})
-    ->Args({225, 16, 1, 1})
-    ->Args({225, 16, 1, 8})
-    ->Args({225, 16, 1, 128})
-    ->Args({225, 8, 3, 1})
-    ->Args({225, 16, 3, 1})
-    ->Args({225, 16, 3, 8})
-    ->Args({225, 8, 2, 1})
-    ->Args({225, 16, 2, 1})
+    ->Args({225, 8, 1, 1, 0})
+    ->Args({225, 16, 1, 1, 1})
+    ->Args({225, 16, 1, 1, 0})
+    ->Args({225, 16, 1, 8, 1})
+    ->Args({225, 16, 1, 8, 0})
+    ->Args({225, 16, 1, 128, 1})
+    ->Args({225, 16, 1, 128, 0})
+    ->Args({225, 8, 3, 1, 0})
+    ->Args({225, 16, 3, 1, 0})
+    ->Args({225, 16, 3, 8, 1})
+    ->Args({225, 16, 3, 8, 0})
+    ->Args({225, 8, 2, 1, 0})
+    ->Args({225, 16, 2, 1, 0})
     ->Unit(benchmark::kMicrosecond);
 
 // What server metrics add to every call (ServerMetrics::OnCallDone, run by

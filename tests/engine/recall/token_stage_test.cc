@@ -3,7 +3,8 @@
 // through a real engine over RocksDB: budgets filled token by token and
 // never exceeded, offsets inside their blocks and outside the window, and
 // more of the true attention mass than whole groups ("mass_groups") when
-// attention lives in a few tokens of many blocks.
+// attention lives in a few tokens of many blocks; and the same recall sets
+// with the recall's loops spread over helper threads (recall_threads).
 #include "engine/recall/token_stage.h"
 
 #include <cmath>
@@ -138,6 +139,9 @@ class NeedleTest : public ::testing::Test {
 
   void SetUp() override {
     engine_ = testing::OpenTestEngine(dir_.path());
+    EngineOptions parallel;
+    parallel.recall_threads = 3;
+    parallel_ = testing::OpenTestEngine(parallel_dir_.path(), parallel);
     for (const char* scorer : {"mass", "mass_groups"}) {
       StreamConfig c = testing::TestConfig(g_, kWindow, kFpb);
       c.weights.score = ScoreMode::kMass;
@@ -145,6 +149,9 @@ class NeedleTest : public ::testing::Test {
       c.index_factory = "Flat";
       c.groups_per_block = 0;  // The default: about one per 8 tokens.
       ASSERT_TRUE(engine_->OpenStream(scorer, c).ok()) << scorer;
+      c.index_factory = "Progressive";  // It scans through the int8 kernel.
+      ASSERT_TRUE(parallel_->OpenStream(scorer, c).ok()) << scorer;
+      ASSERT_TRUE(engine_->OpenStream(std::string(scorer) + "-p", c).ok());
     }
     std::mt19937_64 rng(17);
     std::uniform_int_distribution<int> sign(0, 1);
@@ -162,6 +169,10 @@ class NeedleTest : public ::testing::Test {
       pos += kTokens;
       for (const char* scorer : {"mass", "mass_groups"}) {
         ASSERT_TRUE(engine_->Append(scorer, testing::ToFrame(m, f)).ok());
+        ASSERT_TRUE(parallel_->Append(scorer, testing::ToFrame(m, f)).ok());
+        ASSERT_TRUE(
+            engine_->Append(std::string(scorer) + "-p", testing::ToFrame(m, f))
+                .ok());
       }
       frames_.push_back(std::move(kv));
     }
@@ -234,10 +245,13 @@ class NeedleTest : public ::testing::Test {
     return mass;
   }
 
-  testing::TempDir dir_;
+  testing::TempDir dir_, parallel_dir_;
   const testing::TestGeometry g_{};
   const std::vector<uint32_t> layers_ = {2, 0};
   std::unique_ptr<MemoryEngine> engine_;
+  // The same streams (Progressive index) in an engine whose recalls use 3
+  // threads; engine_ holds them too, as "<scorer>-p", for one thread.
+  std::unique_ptr<MemoryEngine> parallel_;
   std::vector<testing::FloatFrame> frames_;
   std::vector<float> needle_;
   uint64_t next_pos_ = 0;
@@ -297,6 +311,44 @@ TEST_F(NeedleTest, TokensFillTheBudgetAndFindTheNeedles) {
                 oracle, got_mass["mass"], got_mass["mass_groups"]);
     EXPECT_GE(got_mass["mass"], 0.9 * oracle) << "budget " << budget;
     EXPECT_GT(got_mass["mass"], got_mass["mass_groups"]) << "budget " << budget;
+  }
+}
+
+// Helper threads change when the recall's scans and token scores are
+// computed, not what they are: the recall sets are the same, token by
+// token, with 1 and 3 threads, for queries of 1 and 5 vectors and budgets
+// whose pools span several slices (kParallelPoolTokens).
+TEST_F(NeedleTest, HelperThreadsGiveTheSameRecallSets) {
+  const size_t heads = layers_.size() * g_.kv_heads;
+  std::mt19937_64 rng(5);
+  for (uint32_t vectors : {1u, 5u}) {
+    for (uint32_t budget : {20u, 60u}) {
+      RecallQuery rq;
+      rq.query = Random(rng, vectors * heads * g_.head_dim, 1.0f);
+      for (size_t i = 0; i < needle_.size(); ++i) rq.query[i] += needle_[i];
+      rq.window_lse.assign(vectors * heads, 2.0f);
+      rq.max_tokens = budget;
+      for (const char* scorer : {"mass", "mass_groups"}) {
+        SCOPED_TRACE(::testing::Message() << scorer << ", " << vectors
+                                          << " vectors, budget " << budget);
+        auto one = engine_->Recall(std::string(scorer) + "-p", rq);
+        auto three = parallel_->Recall(scorer, rq);
+        ASSERT_TRUE(one.ok()) << one.status();
+        ASSERT_TRUE(three.ok()) << three.status();
+        EXPECT_EQ(one->total_tokens, three->total_tokens);
+        EXPECT_EQ(one->tokens_scored, three->tokens_scored);
+        if (std::string(scorer) == "mass") {
+          EXPECT_GE(three->tokens_scored, 8u * budget);
+        }
+        ASSERT_EQ(one->blocks.size(), three->blocks.size());
+        for (size_t b = 0; b < one->blocks.size(); ++b) {
+          EXPECT_EQ(one->blocks[b].block.id, three->blocks[b].block.id);
+          EXPECT_EQ(one->blocks[b].token_offsets,
+                    three->blocks[b].token_offsets);
+          EXPECT_EQ(one->blocks[b].mass, three->blocks[b].mass);
+        }
+      }
+    }
   }
 }
 
