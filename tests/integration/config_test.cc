@@ -60,6 +60,25 @@ class ConfigTest : public ::testing::Test {
     o.extra_args = {flag};
     return o;
   }
+  // The log of a server (Named) started with `flag` and stopped; empty
+  // with a test failure when it did not start or stop cleanly.
+  std::string StartupLog(const std::string& name, const std::string& flag) {
+    const ServerProcessOptions o = Named(name, flag);
+    ServerProcess server(o);
+    std::string error;
+    const bool started = server.Start(std::chrono::seconds(30), &error);
+    EXPECT_TRUE(started) << error;
+    if (!started) return "";
+    EXPECT_EQ(server.Stop(), 0);
+    std::ifstream log(o.log_file);
+    return std::string(std::istreambuf_iterator<char>(log), {});
+  }
+  // A server started with `flags` on a socket and data dir of its own
+  // (it is expected to refuse them).
+  ServerRun RunRefused(const std::string& flags) {
+    return RunServer(flags + " --listen= --unix_socket=" + dir_.path() +
+                     "/bad.sock --data_dir=" + dir_.path() + "/bad");
+  }
   testing::TempDir dir_;
 };
 
@@ -233,21 +252,12 @@ TEST_F(ConfigTest, HugePagesStartTheServerAgainUnderItsOwnName) {
 TEST_F(ConfigTest, ColdFormIsLoggedAndCheckedAtStart) {
   for (const std::string value : {"auto", "frames", "layers"}) {
     SCOPED_TRACE("--cold_form=" + value);
-    const ServerProcessOptions o =
-        Named("cold-" + value, "--cold_form=" + value);
-    ServerProcess server(o);
-    std::string error;
-    ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
-    EXPECT_EQ(server.Stop(), 0);
-    std::ifstream log(o.log_file);
-    const std::string text(std::istreambuf_iterator<char>(log), {});
-    EXPECT_THAT(text, HasSubstr(absl::StrCat(
-                          "cold blocks kept as ",
-                          value == "frames" ? "frames" : "layers", ", ")));
+    EXPECT_THAT(
+        StartupLog("cold-" + value, "--cold_form=" + value),
+        HasSubstr(absl::StrCat("cold blocks kept as ",
+                               value == "frames" ? "frames" : "layers", ", ")));
   }
-  ServerRun bad =
-      RunServer("--cold_form=sometimes --listen= --unix_socket=" + dir_.path() +
-                "/bad.sock --data_dir=" + dir_.path() + "/bad");
+  ServerRun bad = RunRefused("--cold_form=sometimes");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.output, HasSubstr("--cold_form is \"sometimes\"; use auto, "
                                     "frames or layers"));
@@ -258,20 +268,12 @@ TEST_F(ConfigTest, ColdFormIsLoggedAndCheckedAtStart) {
 TEST_F(ConfigTest, RecallThreadsAreLoggedAndCheckedAtStart) {
   for (const std::string value : {"1", "3"}) {
     SCOPED_TRACE("--recall_threads=" + value);
-    const ServerProcessOptions o =
-        Named("recall-threads-" + value, "--recall_threads=" + value);
-    ServerProcess server(o);
-    std::string error;
-    ASSERT_TRUE(server.Start(std::chrono::seconds(30), &error)) << error;
-    EXPECT_EQ(server.Stop(), 0);
-    std::ifstream log(o.log_file);
-    const std::string text(std::istreambuf_iterator<char>(log), {});
-    EXPECT_THAT(text, HasSubstr("recall threads " + value + ")"));
+    EXPECT_THAT(
+        StartupLog("recall-threads-" + value, "--recall_threads=" + value),
+        HasSubstr("recall threads " + value + ")"));
   }
   for (const std::string value : {"-1", "65"}) {
-    ServerRun bad = RunServer("--recall_threads=" + value +
-                              " --listen= --unix_socket=" + dir_.path() +
-                              "/bad.sock --data_dir=" + dir_.path() + "/bad");
+    ServerRun bad = RunRefused("--recall_threads=" + value);
     EXPECT_EQ(bad.exit_code, 2) << value;
     EXPECT_THAT(bad.output, HasSubstr("--recall_threads is " + value +
                                       "; must be in 0..64"));
