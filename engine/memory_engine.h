@@ -108,7 +108,7 @@ struct EngineOptions {
   // run at once than there are helpers. Not the default: on that VM the
   // end-to-end 7B recall + delivery did not improve beyond noise, and p99s
   // under concurrent background work (RocksDB's flushes, 16 streams'
-  // recalls) were worse (docs/operating.md).
+  // recalls) were worse (docs/benchmarks.md#recall-helper-threads).
   int recall_threads = 1;
   // While a recall is in progress, an idle helper polls for its next loop
   // for at most this long at a time before it sleeps (base/fork_join.h);
