@@ -87,6 +87,50 @@ void SegmentNorms(const float* x, const int8_t* c, float s, size_t begin,
   *code_norm = static_cast<float>(std::sqrt(c2) * (1 + 1e-6));
 }
 
+// The segment scan's scores and bounds from the kernel's raw sums
+// (raw[(block * S + h) * 8 + lane]), segment by segment: dots [h][row],
+// bound[row] the largest over segments. Rows come in whole packed blocks of
+// 8 (the tail apart), so each step is 8 lanes of independent arrays: AVX2
+// where the CPU has it (no FMA: the same floats as the default clone).
+__attribute__((target_clones("avx2", "default"))) void SegmentBoundsPass(
+    const float* t, const float* qnorm, const float* fnorm,
+    const int32_t* offset, const int32_t* raw, size_t n, size_t S,
+    const float* __restrict scale,
+    const std::vector<std::vector<float>>& seg_enorm,
+    const std::vector<std::vector<float>>& seg_cnorm, float* __restrict dots,
+    float* __restrict bound) {
+  const size_t full = n / kInt8Lanes;
+  for (size_t h = 0; h < S; ++h) {
+    float* __restrict d = dots + h * n;
+    const float th = t[h], qn = qnorm[h], fn = fnorm[h];
+    const int32_t off = offset[h];
+    const float* __restrict enorm = seg_enorm[h].data();
+    const float* __restrict cnorm = seg_cnorm[h].data();
+    const int32_t* __restrict r = raw + h * kInt8Lanes;
+    for (size_t b = 0; b <= full; ++b, r += S * kInt8Lanes) {
+      const size_t i0 = b * kInt8Lanes;
+      const size_t lanes = b < full ? kInt8Lanes : n - i0;
+      if (lanes == kInt8Lanes) {
+        for (size_t l = 0; l < kInt8Lanes; ++l) {
+          const size_t i = i0 + l;
+          const float approx = th * scale[i] * static_cast<float>(r[l] - off);
+          d[i] = approx;
+          bound[i] = std::max(bound[i], qn * enorm[i] + fn * cnorm[i] +
+                                            1e-4f * std::fabs(approx));
+        }
+        continue;
+      }
+      for (size_t l = 0; l < lanes; ++l) {  // The tail.
+        const size_t i = i0 + l;
+        const float approx = th * scale[i] * static_cast<float>(r[l] - off);
+        d[i] = approx;
+        bound[i] = std::max(bound[i], qn * enorm[i] + fn * cnorm[i] +
+                                          1e-4f * std::fabs(approx));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ProgressiveIndex::ProgressiveIndex(uint32_t dim, uint32_t max_candidates,
@@ -310,28 +354,10 @@ void ProgressiveIndex::ScanSegments(const float* query,
   ActiveInt8Kernel().segments(
       packed_.data(), nblocks, sd / 4, S, sc.query.data(),
       two_terms ? sc.query_lo.data() : nullptr, sc.raw.data());
-  // Scores and bounds, segment by segment; the lane loops vectorise.
   out->bound.assign(n, 0.0f);
-  float* bound = out->bound.data();
-  const float* scale = scale_.data();
-  for (size_t h = 0; h < S; ++h) {
-    float* dots = out->dots.data() + h * n;
-    const float th = t[h], qn = qnorm[h], fn = fnorm[h];
-    const int32_t off = offset[h];
-    const float* enorm = seg_enorm_[h].data();
-    const float* cnorm = seg_cnorm_[h].data();
-    for (size_t b = 0; b < nblocks; ++b) {
-      const int32_t* raw = sc.raw.data() + (b * S + h) * kInt8Lanes;
-      const size_t i0 = b * kInt8Lanes, lanes = std::min(kInt8Lanes, n - i0);
-      for (size_t l = 0; l < lanes; ++l) {
-        const size_t i = i0 + l;
-        const float approx = th * scale[i] * static_cast<float>(raw[l] - off);
-        dots[i] = approx;
-        bound[i] = std::max(bound[i], qn * enorm[i] + fn * cnorm[i] +
-                                          1e-4f * std::fabs(approx));
-      }
-    }
-  }
+  SegmentBoundsPass(t.data(), qnorm.data(), fnorm.data(), offset.data(),
+                    sc.raw.data(), n, S, scale_.data(), seg_enorm_, seg_cnorm_,
+                    out->dots.data(), out->bound.data());
 }
 
 }  // namespace kvmem

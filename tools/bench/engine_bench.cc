@@ -23,6 +23,7 @@
 #include "engine/codec/dtype.h"
 #include "engine/codec/quantize.h"
 #include "engine/codec/record_codec.h"
+#include "engine/index/block_index.h"
 #include "engine/index/int8_kernels.h"
 #include "engine/index/token_codes.h"
 #include "engine/memory_engine.h"
@@ -587,6 +588,35 @@ BENCHMARK(BM_EvalShapedRecall)
     ->Args({225, 8, 2, 1, 0})
     ->Args({225, 16, 2, 1, 0})
     ->Unit(benchmark::kMicrosecond);
+
+// The per-head scan of a recall's query vectors over the unit index, in the
+// evaluation's shape (3,856 units of 2 layers x 4 KV heads x 64 dims: 225
+// blocks of 16 groups plus the window's), one ScanSegments per vector as a
+// recall makes them: arg 0 the vectors. The label names the int8 kernel.
+void BM_ScanSegments(benchmark::State& state) {
+  const uint32_t dim = 512, n = 3856;
+  BlockIndex index(dim, "Progressive", 64);
+  std::mt19937_64 rng(9);
+  for (uint64_t i = 0; i < n; ++i) {
+    index.Add(i, testing::RandomQuery(rng, dim).data());
+  }
+  const size_t vectors = static_cast<size_t>(state.range(0));
+  std::vector<float> queries;
+  for (size_t j = 0; j < vectors; ++j) {
+    const std::vector<float> q = testing::RandomQuery(rng, dim);
+    queries.insert(queries.end(), q.begin(), q.end());
+  }
+  std::vector<SegmentScan> scans(vectors);
+  for (auto _ : state) {
+    for (size_t j = 0; j < vectors; ++j) {
+      index.ScanSegments(queries.data() + j * dim, &scans[j]);
+    }
+    benchmark::DoNotOptimize(scans.data());
+  }
+  state.SetItemsProcessed(state.iterations() * vectors * n);
+  state.SetLabel(ActiveInt8Kernel().name);
+}
+BENCHMARK(BM_ScanSegments)->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond);
 
 // What server metrics add to every call (ServerMetrics::OnCallDone, run by
 // the interceptor) and to every recall (ObserveRecall): compare with the
