@@ -3,13 +3,41 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
+#include "base/bounded_pool.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
 namespace {
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Warm copies' memory, kept a while when a block leaves RAM: the next seal
+// (with warm budgets of a block or two per stream, a demotion frees one
+// about when a seal needs one) writes into pages it has, where a fresh
+// 64 MiB copy of a 7B block was page faults (the kernel zeroing each
+// page). At most two of at most 64 MiB (plus a layer's alignment) are
+// kept (base/bounded_pool.h): RAM no stream's budget counts.
+struct FreeBytes {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+using Buffer = std::pair<size_t, std::unique_ptr<uint8_t, FreeBytes>>;
+constexpr size_t kPooledWarmCopies = 2;
+constexpr size_t kPooledWarmBytes = (64ull << 20) + kLayerAlign;
+
+BoundedPool<Buffer>& WarmBuffers() {
+  static auto* pool =
+      new BoundedPool<Buffer>(kPooledWarmCopies, kPooledWarmBytes);
+  return *pool;
+}
+
+// A kept buffer of exactly `bytes`, else a new one (null on failure).
+uint8_t* TakeBuffer(size_t bytes) {
+  Buffer b = WarmBuffers().Take();
+  if (b.second != nullptr && b.first == bytes) return b.second.release();
+  return static_cast<uint8_t*>(std::aligned_alloc(kLayerAlign, bytes));
+}
 
 }  // namespace
 
@@ -20,12 +48,28 @@ WarmBlock::WarmBlock(const Geometry& g, uint32_t tokens)
       padded_slice_(RoundUp(slice_bytes_, kSliceAlign)),
       layer_stride_(RoundUp(2 * padded_slice_, kLayerAlign)) {
   const size_t bytes = allocated_bytes() == 0 ? kLayerAlign : allocated_bytes();
-  data_ = static_cast<uint8_t*>(std::aligned_alloc(kLayerAlign, bytes));
+  data_ = TakeBuffer(bytes);
   if (data_ == nullptr) throw std::bad_alloc();
-  std::memset(data_, 0, bytes);  // Padding is deterministic.
+  // Padding is deterministic; the slices are written whole by the makers
+  // (FromFrames, FromLayers): zeroing them too was a pass over every byte
+  // of each sealed block.
+  if (allocated_bytes() == 0) {
+    std::memset(data_, 0, bytes);
+    return;
+  }
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    uint8_t* layer = data_ + LayerOffset(l);
+    std::memset(layer + slice_bytes_, 0, padded_slice_ - slice_bytes_);
+    std::memset(layer + padded_slice_ + slice_bytes_, 0,
+                layer_stride_ - padded_slice_ - slice_bytes_);
+  }
 }
 
-WarmBlock::~WarmBlock() { std::free(data_); }
+WarmBlock::~WarmBlock() {
+  const size_t bytes = allocated_bytes() == 0 ? kLayerAlign : allocated_bytes();
+  WarmBuffers().GiveBack(
+      Buffer(bytes, std::unique_ptr<uint8_t, FreeBytes>(data_)), bytes);
+}
 
 size_t WarmBlock::AllocatedBytes(const Geometry& g, uint32_t tokens) {
   const size_t slice = LayerSliceElements(g, tokens) * DTypeBytes(g.dtype);

@@ -65,6 +65,7 @@ class WarmBlock {
   uint32_t tokens() const { return tokens_; }
 
  private:
+  // Slices uninitialised (the makers write them whole), padding zeroed.
   WarmBlock(const Geometry& g, uint32_t tokens);
   // Frame of t tokens starting at token_offset into dst; returns its end.
   uint8_t* CopyFrame(size_t token_offset, uint32_t t, uint8_t* dst) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/bounded_pool.h"
 #include "base/sync.h"
 #include "engine/codec/dtype.h"
 #include "engine/index/dot.h"
@@ -24,29 +25,16 @@ constexpr int kIterations = 6;
 constexpr size_t kPooledBuffers = 2;
 constexpr size_t kPooledFloats = size_t{1} << 24;
 
-class KeyBufferPool {
- public:
-  std::vector<float> Take() ABSL_LOCKS_EXCLUDED(mu_) {
-    kvmem::MutexLock lock(&mu_);
-    if (free_.empty()) return {};
-    std::vector<float> b = std::move(free_.back());
-    free_.pop_back();
-    return b;
-  }
-  void GiveBack(std::vector<float> b) ABSL_LOCKS_EXCLUDED(mu_) {
-    if (b.capacity() == 0 || b.capacity() > kPooledFloats) return;
-    kvmem::MutexLock lock(&mu_);
-    if (free_.size() < kPooledBuffers) free_.push_back(std::move(b));
-  }
-
- private:
-  kvmem::Mutex mu_;
-  std::vector<std::vector<float>> free_ ABSL_GUARDED_BY(mu_);
-};
-
-KeyBufferPool& KeyBuffers() {
-  static auto* pool = new KeyBufferPool();
+BoundedPool<std::vector<float>>& KeyBuffers() {
+  static auto* pool = new BoundedPool<std::vector<float>>(
+      kPooledBuffers, kPooledFloats * sizeof(float));
   return *pool;
+}
+
+// Returns a seal's key buffer to the pool.
+void GiveBackKeys(std::vector<float> keys) {
+  const size_t bytes = keys.capacity() * sizeof(float);
+  KeyBuffers().GiveBack(std::move(keys), bytes);
 }
 
 void NormalizeRow(float* v, size_t n) {
@@ -201,7 +189,7 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
   GatherKeys(config, frames, frame_tokens, &keys);
   const size_t n = keys.size() / std::max<size_t>(dim, 1);
   if (n == 0) {
-    KeyBuffers().GiveBack(std::move(keys));
+    GiveBackKeys(std::move(keys));
     return TokenGroups();
   }
   const size_t k = std::min<size_t>(std::max<uint32_t>(1, max_groups), n);
@@ -225,7 +213,7 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
   }
   groups.codes =
       EncodeTokenCodes(TokenCodeShapeOf(config), keys.data(), n, order.data());
-  KeyBuffers().GiveBack(std::move(keys));
+  GiveBackKeys(std::move(keys));
   return groups;
 }
 

@@ -58,5 +58,43 @@ TEST(BlockLayoutTest, LayerMajorAlignedAndRoundTrips) {
   EXPECT_EQ(WarmBlock::FromLayers(g, 11, layers)->ToFrames(tokens), bytes);
 }
 
+// A warm copy's memory is reused once a block leaves RAM (the warm buffer
+// pool): a block made in the memory of one whose bytes were all 0xff still
+// has zero padding and exactly its own slices.
+TEST(BlockLayoutTest, AReusedWarmCopyHasZeroPaddingAndItsOwnBytes) {
+  testing::TestGeometry tg;
+  tg.head_dim = 12;  // Padded slices, as above.
+  const Geometry g = G(tg);
+  const uint32_t tokens = 5;
+  const size_t frame_bytes = FramePayloadBytes(g, tokens);
+  const std::string ones(frame_bytes, '\xff');
+  std::mt19937_64 rng(2);
+  const std::string frame =
+      testing::Encode(testing::RandomFrame(rng, tg, tokens), tg.dtype);
+  for (int round = 0; round < 3; ++round) {
+    WarmBlock::FromFrames(g, {ones}, {tokens}).reset();
+    auto block = WarmBlock::FromFrames(g, {frame}, {tokens});
+    const uint8_t* base = block->data();
+    size_t checked = 0;
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      const size_t k = block->LayerOffset(l);
+      const size_t v =
+          reinterpret_cast<const uint8_t*>(block->V(l).data()) - base;
+      const size_t end = l + 1 < g.layers ? block->LayerOffset(l + 1)
+                                          : block->allocated_bytes();
+      for (size_t i = k + block->K(l).size(); i < v; ++i, ++checked) {
+        ASSERT_EQ(base[i], 0) << "layer " << l << " K padding at " << i;
+      }
+      for (size_t i = v + block->V(l).size(); i < end; ++i, ++checked) {
+        ASSERT_EQ(base[i], 0) << "layer " << l << " V padding at " << i;
+      }
+    }
+    EXPECT_GT(checked, 0u);
+    std::vector<std::string> back = block->ToFrames({tokens});
+    ASSERT_EQ(back.size(), 1u);
+    EXPECT_EQ(back[0], frame) << "round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace kvmem
