@@ -199,30 +199,67 @@ void DecodeToFloat(const uint8_t* src, size_t n, DType dtype, float* dst) {
   }
 }
 
+namespace {
+
+// The first of n elements of `width` bytes whose magnitude bits (sign
+// cleared) exceed `limit`, or -1: chunk by chunk, each chunk's largest
+// magnitude first (a reduction without an exit, which vectorises: AVX2
+// where the CPU has it), then the chunk that holds one element by element.
+// Every element was compared one by one before: 8 % of the server's CPU when
+// 7B frames were ingested.
+template <typename U>
+inline U ChunkMax(const uint8_t* src, size_t m, U mask) {
+  U mx = 0;
+  for (size_t i = 0; i < m; ++i) {
+    U v;
+    std::memcpy(&v, src + i * sizeof(U), sizeof(U));  // Little-endian hosts.
+    v &= mask;
+    mx = v > mx ? v : mx;
+  }
+  return mx;
+}
+
+template <typename U>
+inline int64_t FirstAbove(const uint8_t* src, size_t n, U mask, U limit) {
+  constexpr size_t kChunk = 512;
+  for (size_t base = 0; base < n; base += kChunk) {
+    const size_t m = n - base < kChunk ? n - base : kChunk;
+    const uint8_t* p = src + base * sizeof(U);
+    if (ChunkMax<U>(p, m, mask) <= limit) continue;
+    for (size_t i = 0; i < m; ++i) {
+      U v;
+      std::memcpy(&v, p + i * sizeof(U), sizeof(U));
+      if ((v & mask) > limit) return static_cast<int64_t>(base + i);
+    }
+  }
+  return -1;
+}
+
+__attribute__((target_clones("avx2", "default"))) int64_t FirstAbove16(
+    const uint8_t* src, size_t n, uint16_t limit) {
+  return FirstAbove<uint16_t>(src, n, 0x7fffu, limit);
+}
+
+__attribute__((target_clones("avx2", "default"))) int64_t FirstAbove32(
+    const uint8_t* src, size_t n, uint32_t limit) {
+  return FirstAbove<uint32_t>(src, n, 0x7fffffffu, limit);
+}
+
+}  // namespace
+
 int64_t FindOutOfRange(const uint8_t* src, size_t n, DType dtype) {
   // IEEE magnitudes order like their bit patterns without the sign, and
   // Inf and NaN lie above every finite value: one compare per element.
-  const size_t width = DTypeBytes(dtype);
-  uint32_t sign = 0, limit = 0;
   switch (dtype) {
     case DType::kFp16:
-      sign = 0x8000u, limit = 0x7bffu;  // 65504, the largest finite.
-      break;
+      return FirstAbove16(src, n, 0x7bffu);  // 65504, the largest finite.
     case DType::kBf16:
-      sign = 0x8000u, limit = 0x4780u;  // 65536.
-      break;
+      return FirstAbove16(src, n, 0x4780u);  // 65536.
     case DType::kFp32:
-      sign = 0x80000000u, limit = 0x47800000u;  // 65536.
-      break;
+      return FirstAbove32(src, n, 0x47800000u);  // 65536.
     default:
       return -1;
   }
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits = 0;
-    std::memcpy(&bits, src + i * width, width);  // Little-endian hosts.
-    if ((bits & ~sign) > limit) return static_cast<int64_t>(i);
-  }
-  return -1;
 }
 
 void AccumulateAsFloat(const uint8_t* src, size_t n, DType dtype, double* acc) {

@@ -182,5 +182,30 @@ TEST(DTypeTest, FindOutOfRangeInEveryDtype) {
   }
 }
 
+// The check runs chunk by chunk (512 elements): an element out of range is
+// found at its index wherever it falls (first, chunk ends and starts,
+// last), the first of two is the one reported, and a long in-range payload
+// passes.
+TEST(DTypeTest, FindOutOfRangeAcrossChunks) {
+  for (DType d : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+    const size_t n = 1500;
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = (i % 2 ? -1.0f : 1.0f) * (i % 97);
+    v[700] = d == DType::kFp16 ? 65504.0f : 65536.0f;
+    std::vector<uint8_t> bytes(n * DTypeBytes(d));
+    EncodeFromFloat(v.data(), n, d, bytes.data());
+    EXPECT_EQ(FindOutOfRange(bytes.data(), n, d), -1) << DTypeName(d);
+    for (size_t at :
+         {size_t{0}, size_t{511}, size_t{512}, size_t{1023}, size_t{1499}}) {
+      std::vector<float> w = v;
+      w[at] = -INFINITY;
+      if (at + 600 < n) w[at + 600] = std::nanf("");
+      EncodeFromFloat(w.data(), n, d, bytes.data());
+      EXPECT_EQ(FindOutOfRange(bytes.data(), n, d), static_cast<int64_t>(at))
+          << DTypeName(d) << " at " << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvmem

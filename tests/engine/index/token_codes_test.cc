@@ -64,6 +64,53 @@ TEST(TokenCodesTest, EncodingFollowsItsDefinition) {
   }
 }
 
+// The codes round x / scale half away from zero, as lround does (the
+// encoder writes the rounding out so it vectorises): with a peak of 7 the
+// scale is 1, so each decoded value is the code itself; ties, values a float
+// step below a tie, and both signs.
+TEST(TokenCodesTest, RoundsHalfAwayFromZeroAsLround) {
+  const std::vector<float> values = {
+      0.5f,       -0.5f,  1.5f,       -2.5f,      0.49999997f, -0.49999997f,
+      6.5f,       -6.5f,  3.4999998f, -7.0f,      0.0f,        -0.0f,
+      2.5000002f, 1e-30f, -4.5f,      5.4999995f, -1.5000001f, 0.50000006f};
+  // 16 dims (two runs of 8) and 19 (a 3-element tail after them), the peak
+  // of 7 first so the scale is 1.
+  for (const uint32_t hd : {16u, 19u}) {
+    std::vector<float> x(hd);
+    x[0] = 7.0f;
+    for (uint32_t i = 1; i < hd; ++i) x[i] = values[(i - 1) % values.size()];
+    const TokenCodeShape shape{1, hd};
+    const std::string codes = EncodeTokenCodes(shape, x.data(), 1);
+    std::vector<float> back(hd);
+    DecodeTokenCodes(shape, codes, 0, back.data());
+    for (uint32_t i = 0; i < hd; ++i) {
+      EXPECT_EQ(back[i], static_cast<float>(std::lround(x[i])))
+          << "hd " << hd << ", x = " << x[i];
+    }
+  }
+  // Random rows at many scales: every code is the definition's,
+  // clamp(lround(x * (1 / (peak / 7)))), bit for bit after decoding.
+  std::mt19937_64 rng(41);
+  for (const uint32_t hd : {64u, 128u, 100u}) {
+    const TokenCodeShape shape{4, hd};
+    std::vector<float> keys = Random(rng, 4 * hd, 0.01f + rng() % 1000);
+    const std::string codes = EncodeTokenCodes(shape, keys.data(), 1);
+    std::vector<float> back(4 * hd);
+    DecodeTokenCodes(shape, codes, 0, back.data());
+    for (uint32_t s = 0; s < 4; ++s) {
+      const float* x = keys.data() + s * hd;
+      float peak = 0;
+      for (uint32_t i = 0; i < hd; ++i) peak = std::max(peak, std::fabs(x[i]));
+      const float scale = peak / 7.0f, inv = 1.0f / scale;
+      for (uint32_t i = 0; i < hd; ++i) {
+        const long c = std::clamp(std::lround(x[i] * inv), -7L, 7L);
+        EXPECT_EQ(back[s * hd + i], scale * static_cast<float>(c))
+            << "hd " << hd << " segment " << s << " dim " << i;
+      }
+    }
+  }
+}
+
 // Codes at the extremes: every code 15 or 1 against a query of +-127 (the
 // largest pair sums vpmaddubsw adds), beside random ones. head_dim 300 (5
 // chunks) takes the AVX2 kernel's path that scores vector by vector.
