@@ -205,8 +205,8 @@ namespace {
 // cleared) exceed `limit`, or -1: chunk by chunk, each chunk's largest
 // magnitude first (a reduction without an exit, which vectorises: AVX2
 // where the CPU has it), then the chunk that holds one element by element.
-// Every element was compared one by one before: 8 % of the server's CPU when
-// 7B frames were ingested.
+// Every element was compared one by one before: 2-8 % of the server's CPU
+// when 7B frames were ingested (docs/benchmarks.md, docs/durable-tier.md).
 template <typename U>
 inline U ChunkMax(const uint8_t* src, size_t m, U mask) {
   U mx = 0;

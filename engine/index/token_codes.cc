@@ -279,12 +279,12 @@ std::atomic<const TokenKernelInfo*> active{nullptr};
 namespace {
 
 // One row's int4 codes: row[i] = Code(x[i], inv) for i < hd, kCodeZero
-// from there to `padded`. A scalar lround per element was a tenth of the
-// server's CPU when 7B frames were ingested, and GCC at -O2 does not
-// vectorise the loop, so AVX2 (where the CPU has it) takes 8 at a time:
-// y - trunc(y) is exact in float, so stepping away from zero where it is
-// at least 0.5 is lround's integer; the clamp's operand order sends NaN to
-// -7 as the scalar path's clamp of lround's LONG_MIN does.
+// from there to `padded`. A scalar lround per element was 4-10 % of the
+// server's CPU when 7B frames were ingested (docs/benchmarks.md), and GCC at
+// -O2 does not vectorise the loop, so AVX2 (where the CPU has it) takes 8 at
+// a time: y - trunc(y) is exact in float, so stepping away from zero where
+// it is at least 0.5 gives lround's integer for every finite y. (Keys are
+// finite: appends are range-checked, FindOutOfRange.)
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) uint32_t Avx2RowCodes(const float* x,
                                                       uint32_t hd, float inv,
