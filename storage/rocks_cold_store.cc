@@ -72,8 +72,11 @@ BoundedPool<std::unique_ptr<rocksdb::WriteBatch>>& Batches() {
 // About the bytes `w` puts in a batch: its values and a key's worth each.
 size_t BatchBytes(const StreamWrite& w) {
   constexpr size_t kEntry = 64;  // Key, tag and lengths.
-  size_t n = 64 + w.config.value_or("").size() + w.state.value_or("").size() +
-             w.frame_meta.value_or("").size() + 4 * kEntry;
+  const auto size = [](const std::optional<std::string>& v) {
+    return v ? v->size() : 0;
+  };
+  size_t n =
+      64 + size(w.config) + size(w.state) + size(w.frame_meta) + 4 * kEntry;
   if (w.frame) n += w.frame->second.size() + kEntry;
   for (const auto& [id, record] : w.blocks) n += record.size() + kEntry;
   for (const BlockLayerWrite& l : w.block_layers) {

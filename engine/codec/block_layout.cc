@@ -47,7 +47,7 @@ WarmBlock::WarmBlock(const Geometry& g, uint32_t tokens)
       slice_bytes_(LayerSliceElements(g, tokens) * DTypeBytes(g.dtype)),
       padded_slice_(RoundUp(slice_bytes_, kSliceAlign)),
       layer_stride_(RoundUp(2 * padded_slice_, kLayerAlign)) {
-  const size_t bytes = allocated_bytes() == 0 ? kLayerAlign : allocated_bytes();
+  const size_t bytes = buffer_bytes();
   data_ = TakeBuffer(bytes);
   if (data_ == nullptr) throw std::bad_alloc();
   // Padding is deterministic; the slices are written whole by the makers
@@ -66,7 +66,7 @@ WarmBlock::WarmBlock(const Geometry& g, uint32_t tokens)
 }
 
 WarmBlock::~WarmBlock() {
-  const size_t bytes = allocated_bytes() == 0 ? kLayerAlign : allocated_bytes();
+  const size_t bytes = buffer_bytes();
   WarmBuffers().GiveBack(
       Buffer(bytes, std::unique_ptr<uint8_t, FreeBytes>(data_)), bytes);
 }

@@ -67,6 +67,10 @@ class WarmBlock {
  private:
   // Slices uninitialised (the makers write them whole), padding zeroed.
   WarmBlock(const Geometry& g, uint32_t tokens);
+  // The allocation's size: a layer's alignment when the block holds none.
+  size_t buffer_bytes() const {
+    return allocated_bytes() == 0 ? kLayerAlign : allocated_bytes();
+  }
   // Frame of t tokens starting at token_offset into dst; returns its end.
   uint8_t* CopyFrame(size_t token_offset, uint32_t t, uint8_t* dst) const;
   uint8_t* MutableSlice(uint32_t layer, int kv) {

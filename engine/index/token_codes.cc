@@ -274,10 +274,6 @@ std::vector<TokenKernelInfo> Detect() {
 
 std::atomic<const TokenKernelInfo*> active{nullptr};
 
-}  // namespace
-
-namespace {
-
 // One row's int4 codes: row[i] = Code(x[i], inv) for i < hd, kCodeZero
 // from there to `padded`. A scalar lround per element was 4-10 % of the
 // server's CPU when 7B frames were ingested (docs/benchmarks.md), and GCC at
