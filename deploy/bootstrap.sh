@@ -10,7 +10,7 @@ PACKAGES=(
   libabsl-dev
   libfaiss-dev libopenblas-dev libblas-dev liblapack-dev
   librocksdb-dev
-  librados-dev ceph-mon ceph-osd ceph-mgr ceph-common uuid-runtime
+  librados-dev libradospp-dev ceph-mon ceph-osd ceph-mgr ceph-common uuid-runtime
   etcd-server golang-etcd-server-dev golang-github-gogo-protobuf-dev
   golang-github-grpc-ecosystem-grpc-gateway-dev
   libspdlog-dev libfmt-dev
