@@ -77,7 +77,9 @@ ABSL_FLAG(int32_t, rados_timeout_ms, 30000,
           "(>= 1000); a commit past it fails UNAVAILABLE and is never "
           "acknowledged.");
 ABSL_FLAG(std::string, etcd, "",
-          "etcd's client address (host:port): stream ownership for servers "
+          "etcd's client address (host:port), or its members' separated by "
+          "commas (calls move on from a member that is down or does not "
+          "answer): stream ownership for servers "
           "sharing --store=rados:POOL. Each stream is served by one server "
           "at a time, holding an etcd key under its lease; others redirect "
           "clients to it (UNAVAILABLE, trailing metadata kvmem-owner). "

@@ -2,10 +2,17 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace kvmem {
@@ -13,48 +20,54 @@ namespace {
 
 namespace pb = etcdserverpb;
 
-// Returns the call's failure as a status naming etcd and the call.
-#define KVMEM_ETCD_CALL(call, name)                                  \
-  do {                                                               \
-    const grpc::Status kvmem_etcd_st_ = (call);                      \
-    if (!kvmem_etcd_st_.ok()) return FromGrpc(kvmem_etcd_st_, name); \
-  } while (0)
+// One member's stubs.
+struct Member {
+  std::string endpoint;
+  std::unique_ptr<pb::KV::Stub> kv;
+  std::unique_ptr<pb::Lease::Stub> lease;
+};
 
 class GrpcEtcdClient final : public EtcdClient {
  public:
-  GrpcEtcdClient(EtcdOptions options, std::shared_ptr<grpc::Channel> channel)
-      : options_(std::move(options)),
-        kv_(pb::KV::NewStub(channel)),
-        lease_(pb::Lease::NewStub(channel)) {}
+  GrpcEtcdClient(EtcdOptions options, std::vector<Member> members)
+      : options_(std::move(options)), members_(std::move(members)) {}
 
   absl::StatusOr<int64_t> GrantLease(absl::Duration ttl) override {
     pb::LeaseGrantRequest req;
     req.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
     pb::LeaseGrantResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    KVMEM_ETCD_CALL(lease_->LeaseGrant(&ctx, req, &resp), "LeaseGrant");
+    std::string on;
+    KVMEM_RETURN_IF_ERROR(Call(
+        "LeaseGrant",
+        [&](Member& m, grpc::ClientContext* ctx) {
+          return m.lease->LeaseGrant(ctx, req, &resp);
+        },
+        &on));
     if (!resp.error().empty()) {
-      return absl::UnavailableError(absl::StrCat(
-          "etcd ", options_.endpoint, ": LeaseGrant: ", resp.error()));
+      return absl::UnavailableError(
+          absl::StrCat("etcd ", on, ": LeaseGrant: ", resp.error()));
     }
     return resp.id();
   }
 
   absl::StatusOr<absl::Duration> KeepAlive(int64_t lease) override {
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    auto stream = lease_->LeaseKeepAlive(&ctx);
     pb::LeaseKeepAliveRequest req;
     req.set_id(lease);
     pb::LeaseKeepAliveResponse resp;
-    const bool exchanged =
-        stream->Write(req) && stream->WritesDone() && stream->Read(&resp);
-    const grpc::Status st = stream->Finish();
-    if (!st.ok()) return FromGrpc(st, "LeaseKeepAlive");
+    bool exchanged = false;
+    std::string on;
+    KVMEM_RETURN_IF_ERROR(Call(
+        "LeaseKeepAlive",
+        [&](Member& m, grpc::ClientContext* ctx) {
+          auto stream = m.lease->LeaseKeepAlive(ctx);
+          exchanged =
+              stream->Write(req) && stream->WritesDone() && stream->Read(&resp);
+          return stream->Finish();
+        },
+        &on));
     if (!exchanged) {
-      return absl::UnavailableError(absl::StrCat(
-          "etcd ", options_.endpoint, ": LeaseKeepAlive got no answer"));
+      return absl::UnavailableError(
+          absl::StrCat("etcd ", on, ": LeaseKeepAlive got no answer"));
     }
     if (resp.ttl() <= 0) {
       return absl::NotFoundError(
@@ -67,10 +80,9 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::LeaseRevokeRequest req;
     req.set_id(lease);
     pb::LeaseRevokeResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    const grpc::Status st = lease_->LeaseRevoke(&ctx, req, &resp);
-    return st.ok() ? absl::OkStatus() : FromGrpc(st, "LeaseRevoke");
+    return Call("LeaseRevoke", [&](Member& m, grpc::ClientContext* ctx) {
+      return m.lease->LeaseRevoke(ctx, req, &resp);
+    });
   }
 
   absl::StatusOr<EtcdHolder> CreateIfAbsent(const std::string& key,
@@ -89,16 +101,22 @@ class GrpcEtcdClient final : public EtcdClient {
     req.add_success()->mutable_request_range()->set_key(key);
     req.add_failure()->mutable_request_range()->set_key(key);
     pb::TxnResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    KVMEM_ETCD_CALL(kv_->Txn(&ctx, req, &resp), "Txn");
+    std::string on;
+    // Tried again on another member after a failure, the transaction finds
+    // the key this one created, if the first made it: the same holding.
+    KVMEM_RETURN_IF_ERROR(Call(
+        "Txn",
+        [&](Member& m, grpc::ClientContext* ctx) {
+          return m.kv->Txn(ctx, req, &resp);
+        },
+        &on));
     for (const pb::ResponseOp& op : resp.responses()) {
       if (op.has_response_range() && op.response_range().kvs_size() > 0) {
         return Holder(op.response_range().kvs(0));
       }
     }
     return absl::AbortedError(absl::StrCat(
-        "etcd ", options_.endpoint, ": key ", key,
+        "etcd ", on, ": key ", key,
         " vanished within its own transaction (its lease expired?)"));
   }
 
@@ -107,9 +125,10 @@ class GrpcEtcdClient final : public EtcdClient {
     pb::RangeRequest req;
     req.set_key(key);
     pb::RangeResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    KVMEM_ETCD_CALL(kv_->Range(&ctx, req, &resp), "Range");
+    KVMEM_RETURN_IF_ERROR(
+        Call("Range", [&](Member& m, grpc::ClientContext* ctx) {
+          return m.kv->Range(ctx, req, &resp);
+        }));
     if (resp.kvs_size() == 0) return std::optional<EtcdHolder>();
     return std::optional<EtcdHolder>(Holder(resp.kvs(0)));
   }
@@ -123,22 +142,65 @@ class GrpcEtcdClient final : public EtcdClient {
     held->set_lease(lease);
     req.add_success()->mutable_request_delete_range()->set_key(key);
     pb::TxnResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    const grpc::Status st = kv_->Txn(&ctx, req, &resp);
-    return st.ok() ? absl::OkStatus() : FromGrpc(st, "Txn");
+    return Call("Txn", [&](Member& m, grpc::ClientContext* ctx) {
+      return m.kv->Txn(ctx, req, &resp);
+    });
+  }
+
+  std::string member() const override {
+    return members_[current_.load()].endpoint;
   }
 
  private:
-  void Deadline(grpc::ClientContext* ctx) const {
-    ctx->set_deadline(std::chrono::system_clock::now() +
-                      absl::ToChronoMilliseconds(options_.call_timeout));
+  using Attempt = std::function<grpc::Status(Member&, grpc::ClientContext*)>;
+
+  // Runs `attempt` on the member in use, each with its own deadline. A
+  // member that cannot be reached (UNAVAILABLE: refused, down, without a
+  // leader) passes the call on to the next, each member tried once; one
+  // that did not answer in time (DEADLINE_EXCEEDED: paused, partitioned)
+  // ends the call, and the next call starts at the next member. Other
+  // failures are etcd's answer and end the call. *on: the member that
+  // answered (or failed last).
+  absl::Status Call(const char* name, const Attempt& attempt,
+                    std::string* on = nullptr) {
+    const size_t n = members_.size();
+    const size_t first = current_.load();
+    std::string failures;  // Each member's, when several failed.
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (first + k) % n;
+      Member& m = members_[i];
+      if (on != nullptr) *on = m.endpoint;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(options_.call_timeout));
+      const grpc::Status st = attempt(m, &ctx);
+      if (st.ok()) {
+        Use(first, i);
+        return absl::OkStatus();
+      }
+      absl::StrAppend(&failures, k > 0 ? "; " : "", m.endpoint, ": ",
+                      st.error_message());
+      const bool next =
+          st.error_code() == grpc::StatusCode::UNAVAILABLE && k + 1 < n;
+      if (next) continue;
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+          st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        Use(first, (i + 1) % n);
+      }
+      return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                          k == 0 ? absl::StrCat("etcd ", m.endpoint, ": ", name,
+                                                ": ", st.error_message())
+                                 : absl::StrCat("etcd ", name, " failed on ",
+                                                k + 1, " members: ", failures));
+    }
+    return absl::InternalError("etcd: no members");  // Connect refuses.
   }
 
-  absl::Status FromGrpc(const grpc::Status& st, const char* call) const {
-    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                        absl::StrCat("etcd ", options_.endpoint, ": ", call,
-                                     ": ", st.error_message()));
+  // Moves the member in use from `from` to `to`, unless another call moved
+  // it meanwhile.
+  void Use(size_t from, size_t to) {
+    size_t expected = from;
+    current_.compare_exchange_strong(expected, to);
   }
 
   static EtcdHolder Holder(const mvccpb::KeyValue& kv) {
@@ -146,17 +208,42 @@ class GrpcEtcdClient final : public EtcdClient {
   }
 
   const EtcdOptions options_;
-  std::unique_ptr<pb::KV::Stub> kv_;
-  std::unique_ptr<pb::Lease::Stub> lease_;
+  std::vector<Member> members_;
+  std::atomic<size_t> current_{0};
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
-    const EtcdOptions& options) {
-  if (options.endpoint.empty()) {
+absl::StatusOr<std::vector<std::string>> EtcdMembers(
+    const std::string& endpoints) {
+  if (endpoints.empty()) {
     return absl::InvalidArgumentError("etcd endpoint is empty");
   }
+  std::vector<std::string> members;
+  for (absl::string_view e : absl::StrSplit(endpoints, ',')) {
+    e = absl::StripAsciiWhitespace(e);
+    if (e.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoints \"", endpoints, "\" name an empty member"));
+    }
+    if (std::find(members.begin(), members.end(), e) != members.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoints \"", endpoints, "\" name ", e, " twice"));
+    }
+    members.emplace_back(e);
+  }
+  if (members.size() > kMaxEtcdMembers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd endpoints \"", endpoints, "\" name ", members.size(),
+                     " members; at most ", kMaxEtcdMembers));
+  }
+  return members;
+}
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
+    const EtcdOptions& options) {
+  KVMEM_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints,
+                         EtcdMembers(options.endpoint));
   grpc::ChannelArguments args;
   // Pings on an idle connection too: a paused or partitioned etcd leader
   // fails calls instead of leaving them on a half-open connection.
@@ -168,10 +255,15 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(
       static_cast<int>(absl::ToInt64Milliseconds(options.call_timeout)));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto channel = grpc::CreateCustomChannel(
-      options.endpoint, grpc::InsecureChannelCredentials(), args);
+  std::vector<Member> members;
+  for (const std::string& e : endpoints) {
+    auto channel =
+        grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
+    members.push_back(
+        {e, pb::KV::NewStub(channel), pb::Lease::NewStub(channel)});
+  }
   return std::unique_ptr<EtcdClient>(
-      std::make_unique<GrpcEtcdClient>(options, std::move(channel)));
+      std::make_unique<GrpcEtcdClient>(options, std::move(members)));
 }
 
 }  // namespace kvmem

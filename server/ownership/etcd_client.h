@@ -10,6 +10,16 @@
 // gRPC status of the call (UNAVAILABLE, DEADLINE_EXCEEDED, ...) with the
 // endpoint named; NOT_FOUND for a lease etcd no longer has.
 //
+// Several members (a cluster's client URLs, comma-separated): calls go to
+// the member in use. One that cannot be reached (UNAVAILABLE: refused,
+// down, no leader) passes the call on to the next, each member tried once
+// within the call; one that does not answer within the deadline (paused,
+// partitioned) fails that call, and the next call starts at the next
+// member. Every call is safe to repeat on another member: a lease granted
+// twice leaves an unused one that expires, a key created by an attempt
+// whose answer was lost is found by the repeat with this lease (the same
+// holding), renewals, revocations, reads and deletes are idempotent.
+//
 // Thread safety: every method may be called from any thread.
 #ifndef KVMEM_SERVER_OWNERSHIP_ETCD_CLIENT_H_
 #define KVMEM_SERVER_OWNERSHIP_ETCD_CLIENT_H_
@@ -18,14 +28,21 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace kvmem {
 
+// At most this many members in EtcdOptions::endpoint.
+inline constexpr size_t kMaxEtcdMembers = 16;
+
 struct EtcdOptions {
-  std::string endpoint;  // host:port of one etcd member (its client URL).
+  // host:port of an etcd member (its client URL), or several members'
+  // separated by commas: calls go to one member and move on to the next
+  // when it cannot be reached or does not answer in time (EtcdClient).
+  std::string endpoint;
   absl::Duration call_timeout = absl::Seconds(5);
   absl::Duration keepalive_time = absl::Seconds(10);
 };
@@ -36,6 +53,11 @@ struct EtcdHolder {
   int64_t lease = 0;
   int64_t create_revision = 0;  // The fencing token of this holding.
 };
+
+// The members of EtcdOptions::endpoint; INVALID_ARGUMENT for an empty
+// list, an empty or repeated member, or more than kMaxEtcdMembers.
+absl::StatusOr<std::vector<std::string>> EtcdMembers(
+    const std::string& endpoints);
 
 class EtcdClient {
  public:
@@ -61,6 +83,8 @@ class EtcdClient {
       const std::string& key) = 0;
   // Deletes the key if `lease` holds it (a clean hand-over).
   virtual absl::Status DeleteIfHeld(const std::string& key, int64_t lease) = 0;
+  // The member calls go to now (host:port).
+  virtual std::string member() const = 0;
 };
 
 }  // namespace kvmem

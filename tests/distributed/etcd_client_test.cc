@@ -3,13 +3,17 @@
 // when absent, under a lease, with its create revision as the fencing
 // token; a lease kept alive keeps the key, an expired or revoked one frees
 // it; tokens of later holders are larger; etcd restarted keeps leases and
-// keys; a stopped etcd fails calls within their deadline.
+// keys; a stopped etcd fails calls within their deadline. And against a
+// cluster of three members: calls move on from a member that died, a
+// server's ownership lease outlives the member it renewed through, and a
+// cluster without a quorum fails calls within their deadline.
 #include "server/ownership/etcd_client.h"
 
 #include <chrono>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "server/ownership/etcd_ownership.h"
 #include "tests/distributed/etcd_process.h"
 #include "tests/test_util.h"
 
@@ -119,6 +123,154 @@ TEST_F(EtcdClientTest, ARestartKeepsHoldersAndADownEtcdFailsFast) {
   ASSERT_TRUE(after->has_value());
   EXPECT_EQ((*after)->create_revision, held->create_revision);
   EXPECT_TRUE(client_->KeepAlive(*lease).ok());
+}
+
+TEST(EtcdMembersTest, ListsMembersAndRefusesBadLists) {
+  auto one = EtcdMembers("127.0.0.1:2379");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*one, std::vector<std::string>{"127.0.0.1:2379"});
+  auto three = EtcdMembers("a:1, b:2,c:3 ");
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(*three, (std::vector<std::string>{"a:1", "b:2", "c:3"}));
+  std::string many;
+  for (size_t i = 0; i <= kMaxEtcdMembers; ++i) {
+    absl::StrAppend(&many, i > 0 ? "," : "", "h:", 2000 + i);
+  }
+  for (const std::string& bad :
+       {std::string(""), std::string("a:1,,b:2"), std::string("a:1,"),
+        std::string("a:1,a:1"), many}) {
+    auto m = EtcdMembers(bad);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EtcdOptions o;
+    o.endpoint = bad;
+    EXPECT_EQ(EtcdClient::Connect(o).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_NE(EtcdMembers("a:1,a:1").status().message().find("a:1 twice"),
+            std::string::npos);
+}
+
+// Three members on loopback, started together.
+class EtcdClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::EtcdProcess::Installed()) {
+      GTEST_SKIP() << KVMEM_ETCD
+                   << " missing: run deploy/bootstrap.sh (installs "
+                      "etcd-server)";
+    }
+    std::string cluster;
+    for (int i = 0; i < 3; ++i) {
+      const std::string name = absl::StrCat("m", i);
+      members_.push_back(std::make_unique<testing::EtcdProcess>(
+          dir_.path() + "/" + name, name));
+      absl::StrAppend(&cluster, i > 0 ? "," : "", members_.back()->peer());
+    }
+    for (auto& m : members_) m->Launch(cluster);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(members_[i]->WaitReady())
+          << testing::ReadFile(absl::StrCat(dir_.path(), "/m", i, "/etcd.out"));
+    }
+  }
+
+  // The members' endpoints, in the order given, comma-separated.
+  std::string Endpoints(std::vector<int> order) const {
+    std::string out;
+    for (int i : order) {
+      absl::StrAppend(&out, out.empty() ? "" : ",", members_[i]->endpoint());
+    }
+    return out;
+  }
+
+  std::unique_ptr<EtcdClient> Client(const std::string& endpoints) {
+    EtcdOptions o;
+    o.endpoint = endpoints;
+    o.call_timeout = absl::Seconds(2);
+    auto c = EtcdClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  testing::TempDir dir_;
+  std::vector<std::unique_ptr<testing::EtcdProcess>> members_;
+};
+
+TEST_F(EtcdClusterTest, CallsMoveOnFromAMemberThatDied) {
+  std::unique_ptr<EtcdClient> client = Client(Endpoints({0, 1, 2}));
+  ASSERT_NE(client, nullptr);
+  auto lease = client->GrantLease(absl::Seconds(30));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto held = client->CreateIfAbsent("/k/cam", "a", *lease);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(client->member(), members_[0]->endpoint());
+  members_[0]->Kill();
+  // The renewal, the read and a rival's claim go to the members left.
+  auto ttl = client->KeepAlive(*lease);
+  ASSERT_TRUE(ttl.ok()) << ttl.status();
+  EXPECT_NE(client->member(), members_[0]->endpoint());
+  auto got = client->Get("/k/cam");
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  EXPECT_EQ((*got)->lease, *lease);
+  EXPECT_EQ((*got)->create_revision, held->create_revision);
+  auto rival_lease = client->GrantLease(absl::Seconds(30));
+  ASSERT_TRUE(rival_lease.ok()) << rival_lease.status();
+  auto rival = client->CreateIfAbsent("/k/cam", "b", *rival_lease);
+  ASSERT_TRUE(rival.ok()) << rival.status();
+  EXPECT_EQ(rival->lease, *lease);  // Still the first holding's.
+  // A client whose first member is the dead one gets its answers too.
+  std::unique_ptr<EtcdClient> late = Client(Endpoints({0, 2, 1}));
+  ASSERT_NE(late, nullptr);
+  auto seen = late->Get("/k/cam");
+  ASSERT_TRUE(seen.ok() && seen->has_value()) << seen.status();
+  EXPECT_EQ((*seen)->create_revision, held->create_revision);
+  EXPECT_EQ(late->member(), members_[2]->endpoint());
+  // Without a quorum a write fails within its deadlines, naming the call.
+  // (A renewal may still be answered for a moment by a leader that has
+  // not yet noticed it lost its quorum: etcd's lease semantics.)
+  members_[1]->Kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto lost = client->CreateIfAbsent("/k/other", "a", *lease);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_FALSE(lost.ok());
+  EXPECT_TRUE(absl::IsUnavailable(lost.status()) ||
+              absl::IsDeadlineExceeded(lost.status()))
+      << lost.status();
+  EXPECT_NE(lost.status().message().find("Txn"), std::string::npos)
+      << lost.status();
+  EXPECT_LT(waited, 3 * 2.0 + 1);  // At most one deadline per member.
+}
+
+// A server's ownership (EtcdOwnership) renews through whichever member
+// answers: its lease, and the streams it holds, outlive the member it
+// renewed through; another server still finds them held.
+TEST_F(EtcdClusterTest, AnOwnershipOutlivesItsMember) {
+  EtcdOwnershipOptions o;
+  o.etcd.endpoint = Endpoints({0, 1, 2});
+  o.advertise = "server-a:1";
+  o.ttl = absl::Seconds(2);
+  auto a = EtcdOwnership::Start(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto token = (*a)->Acquire("cam");
+  ASSERT_TRUE(token.ok()) << token.status();
+  members_[0]->Kill();
+  // Three TTLs: the lease would have lapsed twice over without renewals.
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  EXPECT_TRUE((*a)->CheckServing().ok()) << (*a)->CheckServing();
+  auto again = (*a)->Acquire("cam");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *token);  // The same holding, not a new one.
+  EtcdOwnershipOptions ob = o;
+  ob.etcd.endpoint = Endpoints({2, 1});
+  ob.advertise = "server-b:1";
+  auto b = EtcdOwnership::Start(ob);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto refused = (*b)->Acquire("cam");
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_EQ(OwnerOf(refused.status()),
+            std::optional<std::string>("server-a:1"));
 }
 
 }  // namespace

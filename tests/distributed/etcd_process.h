@@ -1,6 +1,7 @@
 // A throw-away etcd for tests: one member on loopback ports, its data and
 // log under a directory the test owns; started and stopped by the test
-// (restartable on the same data and ports). KVMEM_ETCD names the binary.
+// (restartable on the same data and ports), alone or as a member of a
+// cluster the test launches. KVMEM_ETCD names the binary.
 #ifndef KVMEM_TESTS_DISTRIBUTED_ETCD_PROCESS_H_
 #define KVMEM_TESTS_DISTRIBUTED_ETCD_PROCESS_H_
 
@@ -25,8 +26,9 @@ namespace kvmem::testing {
 
 class EtcdProcess {
  public:
-  explicit EtcdProcess(std::string dir)
+  explicit EtcdProcess(std::string dir, std::string name = "test")
       : dir_(std::move(dir)),
+        name_(std::move(name)),
         client_port_(FreeLoopbackPort()),
         peer_port_(FreeLoopbackPort()) {
     std::filesystem::create_directories(dir_);
@@ -37,20 +39,33 @@ class EtcdProcess {
   std::string endpoint() const {
     return absl::StrCat("127.0.0.1:", client_port_);
   }
+  // name=peer URL, for --initial-cluster.
+  std::string peer() const {
+    return absl::StrCat(name_, "=http://127.0.0.1:", peer_port_);
+  }
 
   // Starts etcd and waits until it answers; false when it does not.
   bool Start() {
+    Launch();
+    return WaitReady();
+  }
+
+  // Starts the process (a member of `initial_cluster`, the members' peer()
+  // joined by commas; empty: a cluster of this one) without waiting.
+  void Launch(const std::string& initial_cluster = "") {
     const std::string client = absl::StrCat("http://", endpoint());
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
-    std::vector<std::string> args = {KVMEM_ETCD,
-                                     "--name=test",
-                                     "--data-dir=" + dir_ + "/data",
-                                     "--listen-client-urls=" + client,
-                                     "--advertise-client-urls=" + client,
-                                     "--listen-peer-urls=" + peer,
-                                     "--initial-advertise-peer-urls=" + peer,
-                                     "--initial-cluster=test=" + peer,
-                                     "--logger=zap"};
+    std::vector<std::string> args = {
+        KVMEM_ETCD,
+        "--name=" + name_,
+        "--data-dir=" + dir_ + "/data",
+        "--listen-client-urls=" + client,
+        "--advertise-client-urls=" + client,
+        "--listen-peer-urls=" + peer,
+        "--initial-advertise-peer-urls=" + peer,
+        "--initial-cluster=" +
+            (initial_cluster.empty() ? this->peer() : initial_cluster),
+        "--logger=zap"};
     pid_ = ::fork();
     if (pid_ == 0) {
       const int out = ::open((dir_ + "/etcd.out").c_str(),
@@ -63,6 +78,10 @@ class EtcdProcess {
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }
+  }
+
+  // Waits (30 s at most) until this member answers a read.
+  bool WaitReady() {
     EtcdOptions o;
     o.endpoint = endpoint();
     o.call_timeout = absl::Seconds(1);
@@ -77,6 +96,15 @@ class EtcdProcess {
     return false;
   }
 
+  // SIGKILL: the member dies as a machine would.
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
   void Stop() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
@@ -87,6 +115,7 @@ class EtcdProcess {
 
  private:
   std::string dir_;
+  std::string name_;
   int client_port_;
   int peer_port_;
   pid_t pid_ = -1;
