@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "engine/memory_engine.h"
@@ -25,6 +26,21 @@ class StreamTestPeer {
   // Where the open block keeps frame i's payload; null when absent.
   static const char* OpenPayloadData(const StreamHandle& h, size_t i) {
     return h.stream_->OpenPayloadData(i);
+  }
+  // Evicts block `id` as the tier policy does.
+  static absl::Status Evict(const StreamHandle& h, uint64_t id) {
+    TierManager& t = h.stream_->tiers_;
+    kvmem::MutexLock lock(&t.mu_);
+    return t.Evict(id);
+  }
+  // Whether block `id` is still in RAM's table and, if so, the bytes its
+  // record holds for token codes (their string's capacity).
+  static std::optional<size_t> CodeCapacity(const StreamHandle& h,
+                                            uint64_t id) {
+    const RecallView& v = h.stream_->view_;
+    kvmem::ReaderMutexLock lock(&v.mu());
+    if (!v.blocks().Has(id)) return {};
+    return v.blocks()[id].rec.token_codes.capacity();
   }
 };
 

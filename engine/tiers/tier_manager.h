@@ -90,6 +90,7 @@ class TierManager {
   void FillStats(PolicyCounters* c) const;
 
  private:
+  friend class StreamTestPeer;  // tests/engine_fixture.h: Evict one block.
   struct TierMove {
     enum Op { kDemote, kDegrade, kEvict };
     int64_t victim = -1;  // -1: none.

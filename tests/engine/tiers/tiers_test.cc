@@ -512,6 +512,41 @@ TEST(TiersTest, RebuildsRacingEvictionsOfTheirBlocks) {
   }
 }
 
+// An evicted block keeps only its card in RAM until the run of evicted
+// blocks before it leaves: none of its token codes' memory. (Its record
+// was move-assigned a fresh one, and a std::string assigned from a short
+// one keeps its own buffer: 9 KiB a block in the soak, whose RSS grew ~200
+// KiB/s while blocks older than a hot one were evicted.)
+TEST(TiersTest, AnEvictedBlockKeepsNoTokenCodes) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = TestConfig(g, 8, 2);
+  c.weights.score = ScoreMode::kMass;
+  c.groups_per_block = 4;         // Token groups, and so token codes.
+  c.tiers.warm_budget_bytes = 1;  // Blocks demoted as they seal.
+  auto e = OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(23);
+  for (uint64_t f = 0; f < 12; ++f) {
+    ASSERT_TRUE(e->Append("s", ToFrame(m.AddFrame(rng, 4), f)).ok());
+  }
+  e->WaitForBackground();
+  auto stream = *e->Find("s");
+  const std::optional<size_t> before = StreamTestPeer::CodeCapacity(stream, 1);
+  ASSERT_TRUE(before.has_value());
+  ASSERT_GT(*before, 0u) << "block 1 has token codes";
+  // Block 1, behind block 0 that stays: its entry stays in RAM's table.
+  ASSERT_TRUE(StreamTestPeer::Evict(stream, 1).ok());
+  const std::optional<size_t> after = StreamTestPeer::CodeCapacity(stream, 1);
+  ASSERT_TRUE(after.has_value()) << "block 0 keeps block 1's card in RAM";
+  EXPECT_EQ(*after, std::string().capacity()) << "no buffer of its own";
+  EXPECT_EQ(e->GetStats("s")->evicted.blocks, 1u);
+  // Evicting block 0 drops the run of both.
+  ASSERT_TRUE(StreamTestPeer::Evict(stream, 0).ok());
+  EXPECT_FALSE(StreamTestPeer::CodeCapacity(stream, 1).has_value());
+}
+
 // The engine-wide warm cap holds across streams that have no budget of
 // their own.
 TEST(TiersTest, GlobalWarmBudgetHoldsAcrossStreams) {
