@@ -15,6 +15,14 @@ float Dot(const float* a, const float* b, size_t n);
 int32_t DotInt8(const int8_t* a, const int8_t* b, size_t n);
 // y[i] += alpha * x[i]; x and y must not overlap.
 void Axpy(float alpha, const float* x, float* y, size_t n);
+// out[i * k + c] = Dot(rows + i * n, cols + c * n, n) for i < m, c < k,
+// bit for bit (each pair's eight partial sums in Dot's order), computed in
+// chunks of the n dimensions so the columns' chunk stays in cache while
+// every row passes it: k-means over long keys (a 7B block's 32,768 floats a
+// token) read each centre once per row with Dot. `out` must not overlap
+// the inputs.
+void DotMany(const float* rows, size_t m, const float* cols, size_t k, size_t n,
+             float* out);
 
 }  // namespace kvmem
 

@@ -84,12 +84,6 @@ void GatherKeys(const StreamConfig& config,
   }
 }
 
-// The cosine of a row whose norm is `norm` with a unit centre (0 for a
-// zero row).
-float Cosine(const float* row, float norm, const float* centre, size_t dim) {
-  return norm > 0 ? Dot(row, centre, dim) / norm : 0.0f;
-}
-
 // k centres over the n rows (dim floats each; norms: their norms).
 std::vector<float> InitialCentres(const std::vector<float>& rows,
                                   const std::vector<float>& norms, size_t n,
@@ -97,16 +91,19 @@ std::vector<float> InitialCentres(const std::vector<float>& rows,
   // Farthest-point initialisation: start at token 0, then repeatedly the
   // token least similar to every centre so far.
   std::vector<float> centres(k * dim);
-  std::vector<float> best(n, -INFINITY);
+  std::vector<float> best(n, -INFINITY), dots(n);
   size_t next = 0;
   for (size_t c = 0; c < k; ++c) {
     float* centre = centres.data() + c * dim;
     std::copy_n(rows.data() + next * dim, dim, centre);
     NormalizeRow(centre, dim);
     float lowest = INFINITY;
+    // Every row's dot with the new centre (DotMany: Dot's floats, four
+    // rows' sums in flight).
+    DotMany(rows.data(), n, centre, 1, dim, dots.data());
     for (size_t i = 0; i < n; ++i) {
-      best[i] = std::max(best[i],
-                         Cosine(rows.data() + i * dim, norms[i], centre, dim));
+      const float cosine = norms[i] > 0 ? dots[i] / norms[i] : 0.0f;
+      best[i] = std::max(best[i], cosine);
       if (best[i] < lowest) {
         lowest = best[i];
         next = i;
@@ -122,14 +119,19 @@ std::vector<uint8_t> Cluster(const std::vector<float>& rows,
                              const std::vector<float>& norms, size_t n,
                              size_t dim, size_t k, std::vector<float> centres) {
   std::vector<uint8_t> assign(n, 0);
+  // Every row's dot with every centre at once (DotMany: Dot's floats, with
+  // the centres read once per chunk of dimensions rather than once per row).
+  // A row's cosine with a unit centre is its dot over its norm (0 for a zero
+  // row).
+  std::vector<float> dots(n * k);
   for (int it = 0; it < kIterations; ++it) {
     bool changed = false;
+    DotMany(rows.data(), n, centres.data(), k, dim, dots.data());
     for (size_t i = 0; i < n; ++i) {
       size_t arg = 0;
       float top = -INFINITY;
       for (size_t c = 0; c < k; ++c) {
-        const float s = Cosine(rows.data() + i * dim, norms[i],
-                               centres.data() + c * dim, dim);
+        const float s = norms[i] > 0 ? dots[i * k + c] / norms[i] : 0.0f;
         if (s > top) {
           top = s;
           arg = c;

@@ -517,6 +517,27 @@ BENCHMARK(BM_TokenGroups)
     ->Args({512, 64})
     ->Unit(benchmark::kMicrosecond);
 
+// The same for a 7B block with the stream defaults (every layer indexed:
+// 32 x 8 x 128 = 32,768 floats of keys per token): 4 frames of 128 tokens,
+// the default groups per block. The seal's k-means over 64 MiB of keys.
+void BM_TokenGroups7B(benchmark::State& state) {
+  StreamConfig c;
+  c.geometry = {32, 8, 128, DType::kFp16, 128};
+  c.hot_window_tokens = 256;
+  c = WithDefaults(c);
+  std::mt19937_64 rng(3);
+  std::vector<std::string> frames;
+  for (int f = 0; f < 4; ++f)
+    frames.push_back(Fp16Of(rng, 2 * 32 * 8 * 128 * 128));
+  const std::vector<absl::string_view> views(frames.begin(), frames.end());
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        BuildTokenGroups(c, views, {128, 128, 128, 128}, c.groups_per_block));
+  }
+  state.SetLabel(absl::StrCat(c.groups_per_block, " groups"));
+}
+BENCHMARK(BM_TokenGroups7B)->Unit(benchmark::kMillisecond);
+
 // Recall in the evaluation's shape (kvmem eval's default workload): 2
 // layers x 4 KV heads x 64 dims, both layers indexed, 32 tokens per frame,
 // 4-frame blocks with arg 1 token groups each (arg 0 blocks: 225 is a
