@@ -20,6 +20,17 @@
 namespace kvmem {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A call that could not reach etcd (down, or no answer in time).
+bool Unreached(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
 class EtcdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -103,15 +114,11 @@ TEST_F(EtcdClientTest, ARestartKeepsHoldersAndADownEtcdFailsFast) {
   auto held = client_->CreateIfAbsent("/k/cam", "a", *lease);
   ASSERT_TRUE(held.ok());
   etcd_->Stop();
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   auto down = client_->Get("/k/cam");
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
+  const double waited = SecondsSince(t0);
   EXPECT_FALSE(down.ok());
-  EXPECT_TRUE(absl::IsUnavailable(down.status()) ||
-              absl::IsDeadlineExceeded(down.status()))
-      << down.status();
+  EXPECT_TRUE(Unreached(down.status())) << down.status();
   EXPECT_LT(waited, 3.0);
   ASSERT_TRUE(etcd_->Start());
   auto after = client_->Get("/k/cam");
@@ -229,15 +236,11 @@ TEST_F(EtcdClusterTest, CallsMoveOnFromAMemberThatDied) {
   // (A renewal may still be answered for a moment by a leader that has
   // not yet noticed it lost its quorum: etcd's lease semantics.)
   members_[1]->Kill();
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   auto lost = client->CreateIfAbsent("/k/other", "a", *lease);
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
+  const double waited = SecondsSince(t0);
   EXPECT_FALSE(lost.ok());
-  EXPECT_TRUE(absl::IsUnavailable(lost.status()) ||
-              absl::IsDeadlineExceeded(lost.status()))
-      << lost.status();
+  EXPECT_TRUE(Unreached(lost.status())) << lost.status();
   EXPECT_NE(lost.status().message().find("Txn"), std::string::npos)
       << lost.status();
   EXPECT_LT(waited, 3 * 2.0 + 1);  // At most one deadline per member.

@@ -97,23 +97,18 @@ class EtcdProcess {
   }
 
   // SIGKILL: the member dies as a machine would.
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
+  void Kill() { End(SIGKILL); }
+  void Stop() { End(SIGTERM); }
 
  private:
+  void End(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
   std::string dir_;
   std::string name_;
   int client_port_;
