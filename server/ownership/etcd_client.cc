@@ -173,6 +173,10 @@ class GrpcEtcdClient final : public EtcdClient {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
                        absl::ToChronoMilliseconds(options_.call_timeout));
+      // A member without a leader (an election under way, or cut off from
+      // the quorum) answers UNAVAILABLE at once instead of holding the call
+      // (etcd's require-leader metadata, as clientv3.WithRequireLeader).
+      ctx.AddMetadata("hasleader", "true");
       const grpc::Status st = attempt(m, &ctx);
       if (st.ok()) {
         Use(first, i);

@@ -12,9 +12,10 @@
 //
 // Several members (a cluster's client URLs, comma-separated): calls go to
 // the member in use. One that cannot be reached (UNAVAILABLE: refused,
-// down, no leader) passes the call on to the next, each member tried once
-// within the call; one that does not answer within the deadline (paused,
-// partitioned) fails that call, and the next call starts at the next
+// down, no leader: calls carry etcd's require-leader metadata, so a member
+// without one answers at once) passes the call on to the next, each member
+// tried once within the call; one that does not answer within the deadline
+// (paused, partitioned) fails that call, and the next call starts at the next
 // member. Every call is safe to repeat on another member: a lease granted
 // twice leaves an unused one that expires, a key created by an attempt
 // whose answer was lost is found by the repeat with this lease (the same

@@ -9,9 +9,14 @@
 // cluster without a quorum fails calls within their deadline.
 #include "server/ownership/etcd_client.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/ownership/etcd_ownership.h"
 #include "tests/distributed/etcd_process.h"
@@ -181,6 +186,25 @@ class EtcdClusterTest : public ::testing::Test {
     }
   }
 
+  // The member that is etcd's leader (asked of each member), -1 if none
+  // says so.
+  int Leader() const {
+    for (int i = 0; i < 3; ++i) {
+      auto stub = etcdserverpb::Maintenance::NewStub(grpc::CreateChannel(
+          members_[i]->endpoint(), grpc::InsecureChannelCredentials()));
+      etcdserverpb::StatusRequest req;
+      etcdserverpb::StatusResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(2));
+      if (stub->Status(&ctx, req, &resp).ok() &&
+          resp.leader() == resp.header().member_id()) {
+        return i;
+      }
+    }
+    return -1;
+  }
+
   // The members' endpoints, in the order given, comma-separated.
   std::string Endpoints(std::vector<int> order) const {
     std::string out;
@@ -203,19 +227,32 @@ class EtcdClusterTest : public ::testing::Test {
   std::vector<std::unique_ptr<testing::EtcdProcess>> members_;
 };
 
+// The member killed is the leader, listed first: the hardest case (the
+// client's member dies and the others elect a new leader meanwhile).
 TEST_F(EtcdClusterTest, CallsMoveOnFromAMemberThatDied) {
-  std::unique_ptr<EtcdClient> client = Client(Endpoints({0, 1, 2}));
+  const int lead = Leader();
+  ASSERT_GE(lead, 0);
+  const int b = (lead + 1) % 3, c = (lead + 2) % 3;
+  std::unique_ptr<EtcdClient> client = Client(Endpoints({lead, b, c}));
   ASSERT_NE(client, nullptr);
   auto lease = client->GrantLease(absl::Seconds(30));
   ASSERT_TRUE(lease.ok()) << lease.status();
   auto held = client->CreateIfAbsent("/k/cam", "a", *lease);
   ASSERT_TRUE(held.ok()) << held.status();
-  EXPECT_EQ(client->member(), members_[0]->endpoint());
-  members_[0]->Kill();
-  // The renewal, the read and a rival's claim go to the members left.
-  auto ttl = client->KeepAlive(*lease);
+  EXPECT_EQ(client->member(), members_[lead]->endpoint());
+  members_[lead]->Kill();
+  // The renewal goes to the members left once they have a leader again:
+  // until then each answers "no leader" at once (retried here as the
+  // server's renewer does, every second at most).
+  const auto t0 = Clock::now();
+  absl::StatusOr<absl::Duration> ttl = client->KeepAlive(*lease);
+  while (!ttl.ok() && Unreached(ttl.status()) && SecondsSince(t0) < 15) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    ttl = client->KeepAlive(*lease);
+  }
   ASSERT_TRUE(ttl.ok()) << ttl.status();
-  EXPECT_NE(client->member(), members_[0]->endpoint());
+  std::printf("renewed %.2f s after the leader died\n", SecondsSince(t0));
+  EXPECT_NE(client->member(), members_[lead]->endpoint());
   auto got = client->Get("/k/cam");
   ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
   EXPECT_EQ((*got)->lease, *lease);
@@ -226,19 +263,19 @@ TEST_F(EtcdClusterTest, CallsMoveOnFromAMemberThatDied) {
   ASSERT_TRUE(rival.ok()) << rival.status();
   EXPECT_EQ(rival->lease, *lease);  // Still the first holding's.
   // A client whose first member is the dead one gets its answers too.
-  std::unique_ptr<EtcdClient> late = Client(Endpoints({0, 2, 1}));
+  std::unique_ptr<EtcdClient> late = Client(Endpoints({lead, c, b}));
   ASSERT_NE(late, nullptr);
   auto seen = late->Get("/k/cam");
   ASSERT_TRUE(seen.ok() && seen->has_value()) << seen.status();
   EXPECT_EQ((*seen)->create_revision, held->create_revision);
-  EXPECT_EQ(late->member(), members_[2]->endpoint());
+  EXPECT_EQ(late->member(), members_[c]->endpoint());
   // Without a quorum a write fails within its deadlines, naming the call.
   // (A renewal may still be answered for a moment by a leader that has
   // not yet noticed it lost its quorum: etcd's lease semantics.)
-  members_[1]->Kill();
-  const auto t0 = Clock::now();
+  members_[b]->Kill();
+  const auto t1 = Clock::now();
   auto lost = client->CreateIfAbsent("/k/other", "a", *lease);
-  const double waited = SecondsSince(t0);
+  const double waited = SecondsSince(t1);
   EXPECT_FALSE(lost.ok());
   EXPECT_TRUE(Unreached(lost.status())) << lost.status();
   EXPECT_NE(lost.status().message().find("Txn"), std::string::npos)
@@ -246,27 +283,34 @@ TEST_F(EtcdClusterTest, CallsMoveOnFromAMemberThatDied) {
   EXPECT_LT(waited, 3 * 2.0 + 1);  // At most one deadline per member.
 }
 
-// A server's ownership (EtcdOwnership) renews through whichever member
-// answers: its lease, and the streams it holds, outlive the member it
-// renewed through; another server still finds them held.
+// A server's ownership (EtcdOwnership, the default TTL) renews through
+// whichever member answers: its lease, and the streams it holds, outlive the
+// member it renewed through, even when that member was the leader (the
+// others elect a new one meanwhile), without a lapse; another server still
+// finds them held.
 TEST_F(EtcdClusterTest, AnOwnershipOutlivesItsMember) {
+  const int lead = Leader();
+  ASSERT_GE(lead, 0);
+  const int next = (lead + 1) % 3, last = (lead + 2) % 3;
   EtcdOwnershipOptions o;
-  o.etcd.endpoint = Endpoints({0, 1, 2});
+  o.etcd.endpoint = Endpoints({lead, next, last});
   o.advertise = "server-a:1";
-  o.ttl = absl::Seconds(2);
   auto a = EtcdOwnership::Start(o);
   ASSERT_TRUE(a.ok()) << a.status();
+  std::atomic<int> lapses{0};
+  (*a)->OnLost([&](const absl::Status&) { ++lapses; });
   auto token = (*a)->Acquire("cam");
   ASSERT_TRUE(token.ok()) << token.status();
-  members_[0]->Kill();
-  // Three TTLs: the lease would have lapsed twice over without renewals.
-  std::this_thread::sleep_for(std::chrono::seconds(6));
+  members_[lead]->Kill();
+  // Two TTLs: the lease would have lapsed without renewals.
+  std::this_thread::sleep_for(absl::ToChronoSeconds(2 * o.ttl));
+  EXPECT_EQ(lapses.load(), 0);
   EXPECT_TRUE((*a)->CheckServing().ok()) << (*a)->CheckServing();
   auto again = (*a)->Acquire("cam");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, *token);  // The same holding, not a new one.
   EtcdOwnershipOptions ob = o;
-  ob.etcd.endpoint = Endpoints({2, 1});
+  ob.etcd.endpoint = Endpoints({last, next});
   ob.advertise = "server-b:1";
   auto b = EtcdOwnership::Start(ob);
   ASSERT_TRUE(b.ok()) << b.status();
