@@ -40,9 +40,7 @@ class EtcdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::EtcdProcess::Installed()) {
-      GTEST_SKIP() << KVMEM_ETCD
-                   << " missing: run deploy/bootstrap.sh (installs "
-                      "etcd-server)";
+      GTEST_SKIP() << testing::EtcdProcess::Missing();
     }
     etcd_ = std::make_unique<testing::EtcdProcess>(dir_.path() + "/etcd");
     ASSERT_TRUE(etcd_->Start())
@@ -168,9 +166,7 @@ class EtcdClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::EtcdProcess::Installed()) {
-      GTEST_SKIP() << KVMEM_ETCD
-                   << " missing: run deploy/bootstrap.sh (installs "
-                      "etcd-server)";
+      GTEST_SKIP() << testing::EtcdProcess::Missing();
     }
     std::string cluster;
     for (int i = 0; i < 3; ++i) {

@@ -36,6 +36,11 @@ class EtcdProcess {
   ~EtcdProcess() { Stop(); }
 
   static bool Installed() { return std::filesystem::exists(KVMEM_ETCD); }
+  // Why a test that needs etcd skips when it is not Installed().
+  static std::string Missing() {
+    return std::string(KVMEM_ETCD) +
+           " missing: run deploy/bootstrap.sh (installs etcd-server)";
+  }
   std::string endpoint() const {
     return absl::StrCat("127.0.0.1:", client_port_);
   }

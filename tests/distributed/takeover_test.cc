@@ -175,8 +175,7 @@ class OwnershipTest : public TakeoverTest {
     TakeoverTest::SetUp();
     if (IsSkipped()) return;
     if (!testing::EtcdProcess::Installed()) {
-      GTEST_SKIP() << "etcd is not installed (deploy/bootstrap.sh installs "
-                      "etcd-server)";
+      GTEST_SKIP() << testing::EtcdProcess::Missing();
     }
     etcd_ = std::make_unique<testing::EtcdProcess>(dir_.path() + "/etcd");
     ASSERT_TRUE(etcd_->Start()) << "etcd did not start";
