@@ -76,6 +76,19 @@ ABSL_FLAG(int32_t, rados_timeout_ms, 30000,
           "With --store=rados:POOL: the deadline of every RADOS operation "
           "(>= 1000); a commit past it fails UNAVAILABLE and is never "
           "acknowledged.");
+ABSL_FLAG(std::string, store_cache, "",
+          "With --store=rados:POOL: a local directory for a read cache of "
+          "the frames and layer records this server reads from RADOS (a "
+          "RocksDB, emptied at start); reads it holds are served locally, "
+          "also while RADOS cannot be reached. Empty: no cache.");
+ABSL_FLAG(int64_t, store_cache_mib, 4096,
+          "With --store_cache: its size on disk in MiB (>= 64; the oldest "
+          "entries go first), plus one memtable in RAM (a quarter of it, at "
+          "most 64 MiB).");
+ABSL_FLAG(bool, store_cache_write_through, false,
+          "With --store_cache: also keep the frames and layer records this "
+          "server writes (every ingested byte is then written to the local "
+          "disk too).");
 ABSL_FLAG(std::string, etcd, "",
           "etcd's client address (host:port), or its members' separated by "
           "commas (calls move on from a member that is down or does not "
@@ -287,6 +300,14 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
         "--rados_timeout_ms is ", rados_ms, "; must be at least 1000"));
   }
   o.rados.op_timeout = absl::Milliseconds(rados_ms);
+  o.store_cache.path = absl::GetFlag(FLAGS_store_cache);
+  const int64_t cache_mib = absl::GetFlag(FLAGS_store_cache_mib);
+  if (cache_mib < 64 || cache_mib > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--store_cache_mib is ", cache_mib, "; must be in 64..", 1 << 30));
+  }
+  o.store_cache.capacity_bytes = static_cast<uint64_t>(cache_mib) << 20;
+  o.store_cache.write_through = absl::GetFlag(FLAGS_store_cache_write_through);
   o.etcd = absl::GetFlag(FLAGS_etcd);
   o.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
   o.advertise = absl::GetFlag(FLAGS_advertise);

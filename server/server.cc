@@ -123,6 +123,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   metrics_options.instance_name = s->instance_;
   s->metrics_ =
       std::make_unique<ServerMetrics>(s->engine_.get(), metrics_options);
+  if (s->store_cache_ != nullptr) s->metrics_->WatchStoreCache(s->store_cache_);
   KVMEM_RETURN_IF_ERROR(s->StartMetrics());
   if (!o.unix_socket.empty() && o.shm.max_total_bytes > 0) {
     ShmOptions shm = o.shm;
@@ -213,6 +214,29 @@ absl::Status Server::StartOwnership(const ColdStore& store,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<ColdStore>> Server::WithStoreCache(
+    const StoreSpec& spec, std::unique_ptr<ColdStore> store) {
+  const ReadCacheOptions& o = options_.store_cache;
+  if (!store->shared()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--store_cache=", o.path,
+        ": a read cache goes in front of a shared store (--store=rados:POOL);"
+        " store \"",
+        spec.ToString(), "\" is local"));
+  }
+  absl::StatusOr<std::unique_ptr<ColdStore>> cached =
+      WithReadCache(std::move(store), o, &store_cache_);
+  if (!cached.ok()) {
+    return absl::Status(
+        cached.status().code(),
+        absl::StrCat("--store_cache: ", cached.status().message()));
+  }
+  spdlog::info("local read cache: {} (up to {} MiB{})", o.path,
+               o.capacity_bytes >> 20,
+               o.write_through ? ", write-through" : "");
+  return cached;
+}
+
 absl::Status Server::OpenEngine() {
   EngineOptions engine_options = options_.engine;
   if (!engine_options.warn) {
@@ -237,6 +261,9 @@ absl::Status Server::OpenEngine() {
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<ColdStore> store,
                          OpenColdStore(spec, options_.store, options_.rados));
+  if (!options_.store_cache.path.empty()) {
+    KVMEM_ASSIGN_OR_RETURN(store, WithStoreCache(spec, std::move(store)));
+  }
   KVMEM_RETURN_IF_ERROR(StartOwnership(*store, &engine_options));
   engine_options.demote_keeps_frames =
       options_.cold_form == "frames" ||

@@ -19,6 +19,7 @@
 #include "engine/memory_engine.h"
 #include "server/ops/tenancy.h"
 #include "server/service/shm_arenas.h"
+#include "storage/read_cache_store.h"
 #include "storage/rocks_cold_store.h"
 #include "storage/store_factory.h"
 
@@ -48,6 +49,9 @@ struct ServerOptions {
   // The Ceph cluster when store_spec is rados:POOL (its pool comes from the
   // spec).
   RadosColdStoreOptions rados;
+  // A local read cache in front of a shared store (storage/
+  // read_cache_store.h); its path empty: none. Refused with a local store.
+  ReadCacheOptions store_cache;
   // Stream ownership through etcd (server/ownership/etcd_ownership.h) for
   // servers sharing a rados store: etcd's client address (host:port);
   // empty: none, this server owns every stream of its store.
@@ -115,6 +119,10 @@ class Server {
  private:
   Server() = default;
   absl::Status OpenEngine();
+  // `store` behind the local read cache options_.store_cache names
+  // (INVALID_ARGUMENT naming the flag for a local store).
+  absl::StatusOr<std::unique_ptr<ColdStore>> WithStoreCache(
+      const StoreSpec& spec, std::unique_ptr<ColdStore> store);
   // With options_.etcd: joins etcd (engine_options->ownership).
   absl::Status StartOwnership(const ColdStore& store,
                               EngineOptions* engine_options);
@@ -138,6 +146,8 @@ class Server {
   std::unique_ptr<Tenancy> tenancy_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ServerMetrics> metrics_;
+  // The read cache's counters (owned by the engine's store); null: none.
+  const ReadCacheCounters* store_cache_ = nullptr;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<KvMemoryService> service_;
   std::unique_ptr<grpc::Server> grpc_;

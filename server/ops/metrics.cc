@@ -17,12 +17,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "server/ops/metric_series.h"
 #include "server/service/shm_arenas.h"
 
 namespace kvmem {
 namespace {
 
-using prometheus::ClientMetric;
+using metric_series::AddShmSeries;
+using metric_series::AddStoreCacheSeries;
+using metric_series::AddValue;
+using metric_series::Family;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
@@ -106,26 +110,6 @@ StreamCounters CountersOf(const StreamStats& s) {
   return c;
 }
 
-MetricFamily Family(std::string name, std::string help, MetricType type) {
-  MetricFamily f;
-  f.name = std::move(name);
-  f.help = std::move(help);
-  f.type = type;
-  return f;
-}
-
-void AddValue(MetricFamily* f, std::vector<ClientMetric::Label> labels,
-              double v) {
-  ClientMetric m;
-  m.label = std::move(labels);
-  if (f->type == MetricType::Counter) {
-    m.counter.value = v;
-  } else {
-    m.gauge.value = v;
-  }
-  f->metric.push_back(std::move(m));
-}
-
 }  // namespace
 
 // Reads the engine at scrape time. Counters count from this process's
@@ -170,44 +154,17 @@ class MetricsCollector final : public prometheus::Collectable {
   std::vector<MetricFamily> Collect() const override ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<MetricFamily> out = CollectStreams();
     kvmem::MutexLock lock(&mu_);
-    if (shm_ != nullptr) AddShm(shm_->Stats(), &out);
+    if (shm_ != nullptr) AddShmSeries(shm_->Stats(), &out);
+    if (cache_ != nullptr) AddStoreCacheSeries(*cache_, &out);
     return out;
   }
 
- private:
-  static void AddShm(const ShmStats& s, std::vector<MetricFamily>* out) {
-    const struct {
-      const char* name;
-      const char* help;
-      MetricType type;
-      uint64_t value;
-    } series[] = {
-        {"kvmem_shm_arenas",
-         "Shared-memory arenas attached (or awaiting "
-         "their hand-off).",
-         MetricType::Gauge, s.arenas},
-        {"kvmem_shm_arena_bytes", "Their sizes summed.", MetricType::Gauge,
-         s.arena_bytes},
-        {"kvmem_shm_leases", "Live leases (delivered, not released).",
-         MetricType::Gauge, s.leases},
-        {"kvmem_shm_leased_bytes", "Bytes under live leases.",
-         MetricType::Gauge, s.leased_bytes},
-        {"kvmem_shm_reclaimed_leases_total",
-         "Leases held past "
-         "--shm_lease_ms and taken back for room.",
-         MetricType::Counter, s.reclaimed_leases},
-        {"kvmem_shm_dead_clients_total",
-         "Arenas freed because their "
-         "client's hand-off connection closed without a goodbye.",
-         MetricType::Counter, s.dead_clients},
-    };
-    for (const auto& x : series) {
-      MetricFamily f = Family(x.name, x.help, x.type);
-      AddValue(&f, {}, static_cast<double>(x.value));
-      out->push_back(std::move(f));
-    }
+  void WatchStoreCache(const ReadCacheCounters* c) ABSL_LOCKS_EXCLUDED(mu_) {
+    kvmem::MutexLock lock(&mu_);
+    cache_ = c;
   }
 
+ private:
   std::vector<MetricFamily> CollectStreams() const ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<StreamStats> streams = engine_->ListStreams();
     std::sort(streams.begin(), streams.end(),
@@ -303,6 +260,7 @@ class MetricsCollector final : public prometheus::Collectable {
 
   const MemoryEngine* const engine_;
   const ShmArenas* shm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const ReadCacheCounters* cache_ ABSL_GUARDED_BY(mu_) = nullptr;
   const size_t cap_;
   const std::shared_ptr<prometheus::Registry> calls_;
   mutable kvmem::Mutex mu_;
@@ -478,6 +436,10 @@ void ServerMetrics::ObserveTokenScan(uint64_t tokens, double seconds) {
 
 void ServerMetrics::RetireStream(const StreamStats& stats) {
   collector_->Retire(stats);
+}
+
+void ServerMetrics::WatchStoreCache(const ReadCacheCounters* counters) {
+  collector_->WatchStoreCache(counters);
 }
 
 void ServerMetrics::WatchSharedMemory(const ShmArenas* shm) {

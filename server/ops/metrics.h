@@ -37,7 +37,8 @@ class Family;
 
 namespace kvmem {
 
-class ShmArenas;  // server/service/shm_arenas.h
+class ShmArenas;           // server/service/shm_arenas.h
+struct ReadCacheCounters;  // storage/read_cache_store.h
 
 // The per-stream counters the scrape reads (index into StreamCounters).
 inline constexpr int kStreamCounterCount = 17;
@@ -70,6 +71,9 @@ class ServerMetrics {
   // Shared-memory arenas and leases (kvmem_shm_*), read at scrape time.
   // REQUIRES: shm outlives the metrics endpoint; set before serving.
   void WatchSharedMemory(const ShmArenas* shm);
+  // The local read cache's counters (kvmem_store_cache_*), read at scrape
+  // time. REQUIRES: they outlive the metrics endpoint.
+  void WatchStoreCache(const ReadCacheCounters* counters);
 
   // What Exposer::RegisterCollectable takes.
   std::shared_ptr<prometheus::Collectable> collectable() const;

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "tests/distributed/ceph_env.h"
 #include "tests/distributed/etcd_process.h"
+#include "tests/metrics_scrape.h"
 #include "tests/stream_model.h"
 #include "tests/test_util.h"
 #include "tests/wire_fixture.h"
@@ -86,6 +88,8 @@ class TakeoverTest : public ::testing::Test {
     o.log_file = Dir(i) + "/server.log";
     o.extra_args = {"--store=rados:kvmem", "--ceph_conf=" + CephConf(),
                     "--rados_prefix=" + prefix_, "--rados_timeout_ms=20000"};
+    o.extra_args.insert(o.extra_args.end(), extra_args_.begin(),
+                        extra_args_.end());
     if (etcd_ != nullptr) {
       o.listen = Address(i);
       o.extra_args.push_back("--etcd=" + etcd_->endpoint());
@@ -166,6 +170,7 @@ class TakeoverTest : public ::testing::Test {
   std::string prefix_;
   std::unique_ptr<testing::StreamModel> model_;
   std::vector<OutgoingFrame> frames_;
+  std::vector<std::string> extra_args_;  // More flags for every server.
   std::unique_ptr<ServerProcess> servers_[2];
 };
 
@@ -491,6 +496,80 @@ TEST_F(TakeoverTest, IngestGoesOnWhenAnOsdDies) {
                          "bash " + script + " wait-clean " + cluster + " 120")
                             .c_str()),
             0);
+}
+
+// The local read cache (--store_cache): blocks read once are served again
+// while every OSD is paused (SIGSTOP: RADOS cannot answer), byte-exact;
+// blocks never read fail within the RADOS deadline instead of hanging.
+// Every sealed block leaves RAM at once (a 1-byte warm budget), so the
+// fetches read the store.
+TEST_F(TakeoverTest, TheReadCacheServesWhatItHoldsWhileCephIsDown) {
+  const std::string cluster =
+      std::filesystem::path(CephConf()).parent_path().string();
+  const std::string port_file = dir_.path() + "/metrics.port";
+  extra_args_ = {"--store_cache=" + dir_.path() + "/cache",
+                 "--store_cache_mib=64",
+                 "--global_warm_budget_bytes=1",
+                 "--rados_timeout_ms=3000",
+                 "--metrics_listen=127.0.0.1:0",
+                 "--metrics_port_file=" + port_file};
+  auto a = Start(0);
+  ASSERT_NE(a, nullptr);
+  Open(*a);
+  constexpr uint64_t kRead = 60, kAll = 100;  // Frames read; frames in all.
+  for (uint64_t i = 0; i < kAll; ++i) {
+    v1::AppendFramesResponse r;
+    ASSERT_TRUE(a->AppendFrames("cam", {frames_[i]}, &r).ok());
+    if (i + 1 == kRead) ExpectFrames(*a, kRead);  // Read through the cache.
+  }
+  std::vector<int> osds;
+  for (const auto& e : std::filesystem::directory_iterator(cluster + "/run")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("osd.", 0) == 0 && e.path().extension() == ".pid") {
+      osds.push_back(std::stoi(testing::ReadFile(e.path().string())));
+    }
+  }
+  ASSERT_EQ(osds.size(), 3u);
+  for (int pid : osds) ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ExpectFrames(*a, kRead);  // Every block of the first 60 frames, from disk.
+  const double cached_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  // Blocks sealed after that read were never read: none is in the cache.
+  int failed = 0;
+  const auto t1 = std::chrono::steady_clock::now();
+  for (uint64_t b = kRead / 2; b < kRead / 2 + 3; ++b) {
+    std::vector<FetchedBlock> got;
+    const grpc::Status s = a->FetchBlocks("cam", {b}, &got);
+    if (!s.ok()) {
+      ++failed;
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
+          << s.error_message();
+    }
+  }
+  const double uncached_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1)
+          .count();
+  for (int pid : osds) ::kill(pid, SIGCONT);
+  EXPECT_EQ(failed, 3);
+  // The cache's own account of it.
+  std::map<std::string, double> m =
+      testing::Parse(testing::Scrape(std::stoi(testing::ReadFile(port_file))));
+  EXPECT_GE(m["kvmem_store_cache_hits_total"], kRead / 2);
+  EXPECT_GE(m["kvmem_store_cache_misses_total"], kRead / 2);
+  EXPECT_GE(m["kvmem_store_cache_inner_errors_total"], 3);
+  EXPECT_GT(m["kvmem_store_cache_hit_bytes_total"], 0);
+  EXPECT_LT(uncached_s, 3 * 3.0 + 6);  // Each within the RADOS deadline.
+  std::cout << "with every OSD paused: " << kRead / 2
+            << " cached blocks served in " << cached_s * 1000
+            << " ms; 3 uncached blocks failed in " << uncached_s << " s\n";
+  // And once RADOS answers again, the rest is read.
+  ExpectFrames(*a, kAll);
+  EXPECT_EQ(
+      std::system(("bash " KVMEM_CEPH_SCRIPT " wait-clean " + cluster + " 120")
+                      .c_str()),
+      0);
 }
 
 }  // namespace

@@ -156,6 +156,20 @@ TEST(ServerTest, TheStoreFlagPicksTheStore) {
       << r.status();
   EXPECT_NE(r.status().message().find("no-such-ceph.conf"), std::string::npos)
       << r.status();
+  // A read cache goes in front of a shared store only: with a local one it
+  // is refused at start, naming the flag and the store.
+  for (const std::string& local : {std::string("memory:"), std::string()}) {
+    ServerOptions cached = TestOptions(dir.path());
+    cached.store_spec = local;
+    cached.store_cache.path = dir.path() + "/cache";
+    auto c = Server::Start(cached);
+    ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.status();
+    EXPECT_NE(c.status().message().find("--store_cache="), std::string::npos)
+        << c.status();
+    EXPECT_NE(c.status().message().find("is local"), std::string::npos)
+        << c.status();
+  }
 }
 
 TEST(ServerTest, AnAddressInUseFailsStartWithoutAServer) {

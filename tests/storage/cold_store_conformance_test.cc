@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "storage/checksummed_store.h"
 #include "storage/cold_store.h"
+#include "storage/read_cache_store.h"
 #include "storage/store_factory.h"
 #include "tests/distributed/ceph_env.h"
 #include "tests/test_util.h"
@@ -47,8 +48,28 @@ struct ChecksummedMemoryStore {
   static constexpr bool kChecksummed = true;
 };
 
+// The memory store behind a local read cache (storage/read_cache_store.h):
+// what the cache answers must keep the contract, so it must never be stale.
+struct CachedMemoryStore {
+  static std::string Spec(const std::string&) { return "memory:"; }
+  static constexpr bool kCached = true;
+  static constexpr bool kWriteThrough = false;
+};
+struct WriteThroughCachedMemoryStore {
+  static std::string Spec(const std::string&) { return "memory:"; }
+  static constexpr bool kCached = true;
+  static constexpr bool kWriteThrough = true;
+};
+
 struct RadosStore {
   static std::string Spec(const std::string&) { return "rados:kvmem"; }
+};
+
+// RADOS behind the read cache a server puts in front of it (--store_cache).
+struct CachedRadosStore {
+  static std::string Spec(const std::string&) { return "rados:kvmem"; }
+  static constexpr bool kCached = true;
+  static constexpr bool kWriteThrough = true;
 };
 
 // Options for a RADOS store no other test sees.
@@ -66,11 +87,18 @@ template <typename T>
 struct Checksummed<T, std::void_t<decltype(T::kChecksummed)>> : std::true_type {
 };
 
+template <typename T, typename = void>
+struct Cached : std::false_type {};
+template <typename T>
+struct Cached<T, std::void_t<decltype(T::kCached)>> : std::true_type {};
+
 template <typename T>
 class ColdStoreConformance : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::is_same_v<T, RadosStore> && testing::CephConf().empty()) {
+    if ((std::is_same_v<T, RadosStore> ||
+         std::is_same_v<T, CachedRadosStore>)&&testing::CephConf()
+            .empty()) {
       GTEST_SKIP() << testing::kNoCephCluster;
     }
     absl::StatusOr<StoreSpec> spec = ParseStoreSpec(T::Spec(dir_.path()));
@@ -82,6 +110,16 @@ class ColdStoreConformance : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
     if (Checksummed<T>::value) store_ = WithLayerChecksums(std::move(store_));
+    if constexpr (Cached<T>::value) {
+      ReadCacheOptions c;
+      c.path = dir_.path() + "/cache";
+      c.capacity_bytes = 64ull << 20;
+      c.write_through = T::kWriteThrough;
+      absl::StatusOr<std::unique_ptr<ColdStore>> cached =
+          WithReadCache(std::move(store_), c);
+      ASSERT_TRUE(cached.ok()) << cached.status();
+      store_ = *std::move(cached);
+    }
   }
 
   ColdStore& store() { return *store_; }
@@ -118,10 +156,11 @@ class ColdStoreConformance : public ::testing::Test {
 };
 
 #if defined(KVMEM_CONFORMANCE_RADOS)
-using Stores = ::testing::Types<RadosStore>;
+using Stores = ::testing::Types<RadosStore, CachedRadosStore>;
 #else
 using Stores =
-    ::testing::Types<MemoryStore, RocksStore, ChecksummedMemoryStore>;
+    ::testing::Types<MemoryStore, RocksStore, ChecksummedMemoryStore,
+                     CachedMemoryStore, WriteThroughCachedMemoryStore>;
 #endif
 class StoreNames {
  public:
@@ -130,6 +169,11 @@ class StoreNames {
     if (std::is_same_v<T, MemoryStore>) return "Memory";
     if (std::is_same_v<T, RocksStore>) return "RocksDb";
     if (std::is_same_v<T, RadosStore>) return "Rados";
+    if (std::is_same_v<T, CachedRadosStore>) return "CachedRados";
+    if (std::is_same_v<T, CachedMemoryStore>) return "CachedMemory";
+    if (std::is_same_v<T, WriteThroughCachedMemoryStore>) {
+      return "WriteThroughCachedMemory";
+    }
     return "ChecksummedMemory";
   }
 };

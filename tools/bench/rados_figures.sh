@@ -3,7 +3,8 @@
 # on a loopback test cluster (tests/distributed/ceph_cluster.sh), `rados
 # bench` write and sequential read with 4 MiB objects, then kvmem's ingest
 # of 7B frames into RADOS and its cold fetch from RADOS (kvmem bench with
-# --server_store=rados:kvmem), then the takeover of a stream holding one
+# --server_store=rados:kvmem; and the cold fetch again through a local read
+# cache, --store_cache), then the takeover of a stream holding one
 # camera-hour (the bench's default geometry, 10,800 frames): a new
 # kvmem-server on the same pool, timed from its start to its first answered
 # Recall. KVMEM_TAKEOVER_FRAMES changes the length. Then, where etcd is
@@ -59,6 +60,16 @@ set -- $cold
 echo "kvmem cold fetch from RADOS, cold blocks as $form (7B, 8 blocks = 64 MiB): gRPC $1 MB/s," \
   "shared memory $2 MB/s = $(python3 -c "print(f'{$2/$r:.2f}')")x rados bench seq read"
 done
+
+# The same cold fetch (frames) through a local read cache (--store_cache):
+# the first of the timed fetches reads RADOS, the others the cache.
+cold=$("$bin/kvmem" bench --fetch --server_store=rados:kvmem --server_ceph_conf="$CEPH_CONF" \
+  --server_flags=--cold_form=frames,--store_cache="$dir/cache" \
+  2>/dev/null | awk '/^  7b/ {seven=1} seven && /^        cold / {print $2, $4; exit}')
+purge
+set -- $cold
+echo "kvmem cold fetch through the local read cache (--store_cache; frames): gRPC $1 MB/s," \
+  "shared memory $2 MB/s = $(python3 -c "print(f'{$2/$r:.2f}')")x rados bench seq read"
 [ -n "${KVMEM_THROUGHPUT_ONLY:-}" ] && exit 0
 
 fi
