@@ -245,6 +245,23 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
                      });
 }
 
+Admission::Reservation Admission::HoldResponseBytes(const std::string& tenant,
+                                                    uint64_t bytes) const {
+  kvmem::MutexLock lock(&mu_);
+  Use(tenant).responses += bytes;
+  return Reservation(static_cast<void*>(nullptr), [this, tenant, bytes](void*) {
+    kvmem::MutexLock l(&mu_);
+    Use(tenant).responses -= bytes;
+  });
+}
+
+bool Admission::ResponsesOverShare(const std::string& tenant) const {
+  const uint64_t share = Share(limits_.max_queued_response_bytes);
+  if (share == 0) return false;
+  kvmem::MutexLock lock(&mu_);
+  return Use(tenant).responses > share;
+}
+
 absl::StatusOr<Admission::Slot> Admission::EnterCall() const {
   kvmem::MutexLock lock(&mu_);
   if (limits_.max_calls_in_flight > 0 &&

@@ -60,6 +60,10 @@ struct Limits {
   uint64_t max_total_bytes = 0;
   uint32_t max_calls_in_flight = 0;
   uint64_t max_frame_bytes_in_flight = 0;
+  // Session responses computed and not yet written (a client that reads
+  // slowly, or not at all): never refused, but a Session holding some stops
+  // reading while its tenant's pass their share.
+  uint64_t max_queued_response_bytes = 0;
 };
 
 class Tenancy {
@@ -118,6 +122,16 @@ class Admission {
                                          uint64_t bytes) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A Session response's bytes, from when it is queued until gRPC has
+  // taken it (released on destruction). Never refused: see
+  // ResponsesOverShare.
+  Reservation HoldResponseBytes(const std::string& tenant, uint64_t bytes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the tenant's held response bytes pass its share of
+  // --max_queued_response_bytes (false when it has no limit).
+  bool ResponsesOverShare(const std::string& tenant) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // A call in flight, released on destruction.
   using Slot = std::shared_ptr<void>;
   // Server-wide, before the call is authenticated.
@@ -132,7 +146,8 @@ class Admission {
  private:
   struct TenantUse {
     uint32_t calls = 0;
-    uint64_t reserved = 0;  // Frame bytes in flight.
+    uint64_t reserved = 0;   // Frame bytes in flight.
+    uint64_t responses = 0;  // Queued Session response bytes.
   };
   TenantUse& Use(const std::string& tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -187,6 +202,13 @@ class Caller {
   absl::StatusOr<Admission::Reservation> AdmitBytes(const StreamHandle& stream,
                                                     uint64_t bytes) const {
     return admission_->AdmitBytes(tenant_, stream, bytes);
+  }
+  // For the Session reactor (Admission::HoldResponseBytes).
+  Admission::Reservation HoldResponseBytes(uint64_t bytes) const {
+    return admission_->HoldResponseBytes(tenant_, bytes);
+  }
+  bool ResponsesOverShare() const {
+    return admission_->ResponsesOverShare(tenant_);
   }
   const std::string& tenant() const { return tenant_; }
 

@@ -15,8 +15,14 @@ struct ServiceOptions {
   // Largest FetchBlocks chunk the server sends (also the cap on a request's
   // max_chunk_bytes); keep below the transport's max message size.
   uint32_t max_chunk_bytes = 4u << 20;
-  // Session responses queued for a slow reader before reads pause.
+  // Session responses queued for a slow reader before reads pause, and
+  // their bytes (the call and its tenant's share,
+  // Limits::max_queued_response_bytes, bound what it holds). Past either,
+  // the Session stops reading requests until the client reads; HTTP/2 flow
+  // control then stops the client (the server does not grow its receive
+  // windows: Server::StartGrpc).
   uint32_t session_queue_limit = 64;
+  uint64_t session_queue_bytes = 16ull << 20;
   // API keys, tenants and limits (server/ops/tenancy.h); null: none (the
   // service makes its own defaults). REQUIRES: outlive the service.
   const Tenancy* tenancy = nullptr;

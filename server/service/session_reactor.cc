@@ -37,7 +37,8 @@ class SessionReactor final
         executor_(executor),
         caller_(std::move(caller)),
         options_(options),
-        queue_limit_(options.session_queue_limit) {
+        queue_limit_(options.session_queue_limit),
+        queue_bytes_limit_(options.session_queue_bytes) {
     StartRead(&in_);
   }
 
@@ -76,9 +77,14 @@ class SessionReactor final
 
   void OnWriteDone(bool ok) override {
     bool resume_reads = false;
+    // Released outside mu_ (its deleter takes the admission's lock).
+    Admission::Reservation written = std::move(current_hold_);
+    written.reset();
     {
       kvmem::MutexLock lock(&mu_);
       write_in_flight_ = false;
+      queued_bytes_ -= current_bytes_;
+      current_bytes_ = 0;
       if (!ok) {
         write_failed_ = true;
         if (!finish_) {
@@ -86,7 +92,7 @@ class SessionReactor final
                                  "the client stopped reading responses");
         }
       }
-      if (read_paused_ && !finish_ && queue_.size() <= queue_limit_ / 2) {
+      if (read_paused_ && !finish_ && CanResumeLocked()) {
         read_paused_ = false;
         resume_reads = true;
         ++tasks_;  // The resumed read is issued under a task, like any other.
@@ -129,10 +135,13 @@ class SessionReactor final
       // Serialised here, outside the lock; queued as bytes.
       grpc::ByteBuffer bytes;
       const bool answer = resp.item_case() != v1::SessionResponse::ITEM_NOT_SET;
+      Admission::Reservation hold;  // The response's bytes, for the tenant.
       if (s.ok() && answer) {
         const grpc::Status serialized = SerializeMessage(resp, &bytes);
         if (!serialized.ok()) {
           s = absl::InternalError(serialized.error_message());
+        } else {
+          hold = caller_.HoldResponseBytes(bytes.Length());
         }
       }
       kvmem::MutexLock lock(&mu_);
@@ -140,8 +149,16 @@ class SessionReactor final
         if (ingest_) s = ingest_->WithResumePoint(s);
         if (!finish_) finish_ = ToGrpcStatus(caller_.Scrub(s));
       } else {
-        if (answer) queue_.push_back(std::move(bytes));
-        if (queue_.size() >= queue_limit_) read_paused_ = true;
+        if (answer) {
+          const size_t size = bytes.Length();
+          queue_.push_back({std::move(bytes), size, std::move(hold)});
+          queued_bytes_ += size;
+        }
+        if (queue_.size() >= queue_limit_ ||
+            queued_bytes_ >= queue_bytes_limit_ ||
+            (queued_bytes_ > 0 && caller_.ResponsesOverShare())) {
+          read_paused_ = true;
+        }
         read_next = !read_paused_ && !finish_;
       }
     }
@@ -153,6 +170,17 @@ class SessionReactor final
   // append errors); a rejected query is answered with resp.error instead.
   absl::Status Handle(v1::SessionResponse* resp);
 
+  // Reads resume once the queue has drained to half its bounds and the
+  // tenant's queued responses are within its share, or once this Session
+  // holds nothing at all (so a tenant over its share because of other
+  // Sessions cannot stall it for good).
+  bool CanResumeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (queued_bytes_ == 0) return true;
+    return queue_.size() <= queue_limit_ / 2 &&
+           queued_bytes_ <= queue_bytes_limit_ / 2 &&
+           !caller_.ResponsesOverShare();
+  }
+
   // Decides, under mu_, what the call should do next. REQUIRES: mu_ held.
   Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (done_) return tasks_ == 0 ? Action::kDestroy : Action::kNothing;
@@ -160,7 +188,10 @@ class SessionReactor final
     // Queued responses (acks of stored frames among them) are sent even when
     // the call ends with an error, unless the client stopped reading.
     if (!queue_.empty() && !write_failed_) {
-      current_ = std::move(queue_.front());
+      Queued& next = queue_.front();
+      current_ = std::move(next.bytes);
+      current_bytes_ = next.size;
+      current_hold_ = std::move(next.hold);
       queue_.pop_front();
       write_in_flight_ = true;
       return Action::kWrite;
@@ -224,6 +255,7 @@ class SessionReactor final
   const Caller caller_;
   const ServiceOptions& options_;
   const uint32_t queue_limit_;
+  const uint64_t queue_bytes_limit_;
   std::string client_id_;  // The caller's name for the bound stream.
   // Touched only by OnReadDone and the running task (one at a time): gRPC
   // delivers no read while one is being handled.
@@ -231,9 +263,21 @@ class SessionReactor final
   v1::SessionRequest req_;  // ... parsed.
   std::optional<FrameIngest> ingest_;
 
+  // A response waiting to be written, its size, and its bytes held in the
+  // tenant's count (Admission::HoldResponseBytes).
+  struct Queued {
+    grpc::ByteBuffer bytes;
+    size_t size = 0;
+    Admission::Reservation hold;
+  };
   kvmem::Mutex mu_;
-  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // Responses.
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);  // Responses.
   grpc::ByteBuffer current_;  // The write in flight.
+  size_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  Admission::Reservation current_hold_;  // Touched by the writer only.
+  // Bytes of queue_ and current_: bounded by queue_bytes_limit_ (plus one
+  // response).
+  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int tasks_ ABSL_GUARDED_BY(mu_) = 0;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,9 +5,11 @@
 // certificates when asked), and keys never reach the log.
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <iterator>
 #include <random>
 #include <thread>
@@ -451,6 +453,190 @@ TEST_F(SecurityTest, TlsListenerWithClientCertificates) {
   anonymous.reset();
   plain.reset();
   EXPECT_EQ(server->Stop(), 0);
+}
+
+}  // namespace
+}  // namespace kvmem
+
+namespace kvmem {
+namespace {
+
+// The server's resident set (VmRSS) in KiB.
+double RssKib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6));
+  }
+  return 0;
+}
+
+// A Session whose client sends recalls as fast as it can and reads none of
+// the answers, for `seconds`: requests the server answered (the stream's
+// recall count) at the end and a second before it.
+struct UnreadSession {
+  uint64_t written = 0, answered = 0, answered_before = 0;
+};
+UnreadSession SendUnread(v1::KvMemory::Stub* stub,
+                         const v1::RecallRequest& recall, KvmemClient& c,
+                         int seconds) {
+  v1::StreamStats before;
+  EXPECT_TRUE(c.GetStreamStats("cam", &before).ok());
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::SessionRequest open;
+  open.set_seq(1);
+  open.mutable_open()->set_stream_id("cam");
+  EXPECT_TRUE(stream->Write(open));
+  std::atomic<uint64_t> written{0};
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    v1::SessionRequest r;
+    *r.mutable_recall() = recall;
+    for (uint64_t seq = 2; !stop.load(); ++seq) {
+      r.set_seq(seq);
+      if (!stream->Write(r)) return;
+      written.fetch_add(1);
+    }
+  });
+  UnreadSession out;
+  v1::StreamStats st;
+  std::this_thread::sleep_for(std::chrono::seconds(seconds - 1));
+  EXPECT_TRUE(c.GetStreamStats("cam", &st).ok());
+  out.answered_before = st.recalls() - before.recalls();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_TRUE(c.GetStreamStats("cam", &st).ok());
+  out.answered = st.recalls() - before.recalls();
+  out.written = written.load();
+  stop = true;
+  ctx.TryCancel();
+  writer.join();
+  return out;
+}
+
+// Clients that send recalls on a Session and never read the answers: the
+// server queues at most 64 answers (16 MiB) per Session, then stops reading
+// that Session; with its receive windows kept small, the requests parked in
+// the server stay small too. What the client's own transport accepts is
+// the client's memory: a client with gRPC's default (growing) windows takes
+// ~20,000 answers before it stops the server; one with small windows a few
+// hundred. Either way the server's RSS stays flat.
+TEST_F(SecurityTest, ASessionThatIsNeverReadIsBounded) {
+  auto server = Start({});
+  auto c = Client(*server, "");
+  TestGeometry g;
+  StreamModel m(g, 8, 32, {1});
+  std::mt19937_64 rng(3);
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(c->OpenStream("cam", Config(g), &opened).ok());
+  std::vector<OutgoingFrame> frames;
+  for (int f = 0; f < 64; ++f) {
+    frames.push_back(ToOutgoing(m.AddFrame(rng, 8), f));
+  }
+  v1::AppendFramesResponse ar;
+  ASSERT_TRUE(c->AppendFrames("cam", frames, &ar).ok());
+  const double rss0 = RssKib(server->pid());
+  v1::RecallRequest recall;
+  for (size_t d = 0; d < m.summary_dim(); ++d) recall.add_query(1.0f);
+  recall.mutable_budget()->set_max_tokens(64);
+
+  // gRPC's defaults (the client's windows grow).
+  const UnreadSession wide = SendUnread(c->stub(), recall, *c, 4);
+  const double rss_wide = RssKib(server->pid());
+  // Small client windows: what the server answers is then its own bound.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto narrow_stub = v1::KvMemory::NewStub(grpc::CreateCustomChannel(
+      server->target(), grpc::InsecureChannelCredentials(), args));
+  const UnreadSession narrow = SendUnread(narrow_stub.get(), recall, *c, 4);
+  const double rss_narrow = RssKib(server->pid());
+  std::cout << "unread Session, default client: wrote " << wide.written
+            << ", answered " << wide.answered << " (" << wide.answered_before
+            << " a second before), server RSS +" << (rss_wide - rss0)
+            << " KiB; small-window client: wrote " << narrow.written
+            << ", answered " << narrow.answered << " ("
+            << narrow.answered_before << " a second before), server RSS +"
+            << (rss_narrow - rss0) << " KiB\n";
+  // Stopped: nothing answered in the last second.
+  EXPECT_EQ(wide.answered, wide.answered_before);
+  EXPECT_EQ(narrow.answered, narrow.answered_before);
+  EXPECT_LT(narrow.answered, 2000u);
+  // Requests parked in flight: the client's writes beyond the answers.
+  EXPECT_LT(narrow.written - narrow.answered, 2000u);
+  EXPECT_LT(wide.written - wide.answered, 2000u);
+  EXPECT_LT(rss_wide - rss0, 3 * 1024.0);
+  EXPECT_LT(rss_narrow - rss0, 3 * 1024.0);
+  // The Session still works for a client that reads.
+  std::unique_ptr<SessionClient> s;
+  ASSERT_TRUE(c->StartSession("cam", nullptr, &s).ok());
+  v1::RecallRequest q;
+  for (size_t d = 0; d < m.summary_dim(); ++d) q.add_query(1.0f);
+  v1::RecallResponse r;
+  EXPECT_TRUE(s->Recall(q, &r).ok());
+  EXPECT_TRUE(s->Finish().ok());
+}
+
+// Large answers (recalls delivering their tokens inline, 1 MiB each): the
+// Session stops reading once its tenant's queued answers pass its share of
+// --max_queued_response_bytes (4 MiB here), long before 64 answers, and
+// reads again for a client that reads.
+TEST_F(SecurityTest, QueuedAnswersCountInTheTenantsShare) {
+  auto server = Start({"--max_queued_response_bytes=4194304"});
+  auto c = KvmemClient::Connect(server->target(), ClientOptions{});
+  TestGeometry g;
+  g.layers = 8;
+  g.kv_heads = 4;
+  g.head_dim = 64;
+  StreamModel m(g, 8, 32, {1});
+  std::mt19937_64 rng(4);
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(c->OpenStream("cam", Config(g), &opened).ok());
+  for (int f = 0; f < 96; ++f) {
+    v1::AppendFramesResponse ar;
+    const grpc::Status st =
+        c->AppendFrames("cam", {ToOutgoing(m.AddFrame(rng, 16), f)}, &ar);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  v1::RecallRequest recall;
+  for (size_t d = 0; d < m.summary_dim(); ++d) recall.add_query(1.0f);
+  recall.mutable_budget()->set_max_tokens(128);
+  recall.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_INLINE);
+  recall.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR);
+  // One answer's size, read normally.
+  std::unique_ptr<SessionClient> s;
+  ASSERT_TRUE(c->StartSession("cam", nullptr, &s).ok());
+  v1::RecallResponse one;
+  ASSERT_TRUE(s->Recall(recall, &one).ok());
+  ASSERT_TRUE(s->Finish().ok());
+  const double answer_kib = one.ByteSizeLong() / 1024.0;
+  ASSERT_GT(answer_kib, 512);
+  ASSERT_GT(one.delivered_bytes(), 512u << 10);
+  const double rss0 = RssKib(server->pid());
+
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto stub = v1::KvMemory::NewStub(grpc::CreateCustomChannel(
+      server->target(), grpc::InsecureChannelCredentials(), args));
+  const UnreadSession u = SendUnread(stub.get(), recall, *c, 4);
+  const double rss = RssKib(server->pid());
+  std::cout << "unread Session of " << answer_kib << " KiB answers: answered "
+            << u.answered << ", server RSS +" << (rss - rss0) << " KiB\n";
+  EXPECT_EQ(u.answered, u.answered_before);
+  // 4 MiB of answers held, one more queued past it, one in the client's
+  // window: far below the Session's own bound of 64 (16 MiB).
+  EXPECT_LE(u.answered, static_cast<uint64_t>(4096 / answer_kib) + 3);
+  EXPECT_LT(rss - rss0, 4096 + 3 * answer_kib + 4096);
+  // A Session that reads is answered in full meanwhile and after.
+  ASSERT_TRUE(c->StartSession("cam", nullptr, &s).ok());
+  for (int i = 0; i < 3; ++i) {
+    v1::RecallResponse r;
+    ASSERT_TRUE(s->Recall(recall, &r).ok());
+    // Timings vary in their varints' length; what is delivered does not.
+    EXPECT_EQ(r.delivered_bytes(), one.delivered_bytes());
+    EXPECT_EQ(r.total_tokens(), one.total_tokens());
+  }
+  EXPECT_TRUE(s->Finish().ok());
 }
 
 }  // namespace
