@@ -151,7 +151,11 @@ class ColdStore {
   // Every stream that has a config record, in stream id order.
   virtual absl::StatusOr<std::vector<StreamRecord>> ListStreams() = 0;
 
-  // Removes every record of the stream. OK when it had none.
+  // Removes every record of the stream. OK when it had none. Deleting is
+  // how a full store gets space back: a store that refuses commits for
+  // space still takes a deletion (and the acknowledgement record before
+  // it), and gives back the stream's space as far as it can before it
+  // returns.
   virtual absl::Status DeleteStream(absl::string_view stream_id) = 0;
 
   // Bytes of payloads on disk or in memory, as the store estimates them.

@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
     }
     store->Install();
   }
+  store->KeepSpare();
   if (options.wal_sync == WalSync::kInterval) {
     store->syncer_ = std::thread([p = store.get()] { p->SyncLoop(); });
   }
@@ -272,7 +273,8 @@ absl::StatusOr<std::vector<StreamRecord>> RocksColdStore::ListStreams() {
 
 absl::Status RocksColdStore::DeleteStream(absl::string_view stream_id) {
   // Deleting is how space comes back: a few bytes of range tombstones,
-  // allowed below the reserve.
+  // allowed below the reserve and, on a full disk, given the spare's room
+  // (rocks_disk_guard.cc).
   if (absl::Status g = WriteGate(/*freeing=*/true); !g.ok()) return g;
   kvmem::ReaderMutexLock lock(&db_mu_);
   KVMEM_STORE_OPEN_OR_RETURN();
@@ -283,7 +285,10 @@ absl::Status RocksColdStore::DeleteStream(absl::string_view stream_id) {
   for (auto* cf : {streams_, blocks_, payloads_, frame_meta_, block_layers_}) {
     batch.DeleteRange(cf, begin, end);
   }
-  return Written(DbWrite(write_options_, &batch), "delete stream");
+  KVMEM_RETURN_IF_ERROR(
+      Written(DbWrite(write_options_, &batch), "delete stream"));
+  Reclaim(begin, end);
+  return absl::OkStatus();
 }
 
 uint64_t RocksColdStore::ApproximatePayloadBytes() {

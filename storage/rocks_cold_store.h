@@ -64,7 +64,8 @@ struct RocksColdStoreOptions {
   // RocksDB never meets a full disk in normal operation; a store whose
   // writes failed anyway (another process filled the disk) stops writing
   // and reopens by itself once this much is free. kAutoReserve: twice the
-  // memtable sizes plus 64 MiB; 0: no guard.
+  // memtable sizes plus 64 MiB; 0: no threshold (the 8 MiB spare file of
+  // rocks_disk_guard.cc is still held, for deletions on a full disk).
   static constexpr uint64_t kAutoReserve = UINT64_MAX;
   uint64_t reserve_bytes = kAutoReserve;
   // Block layer records (the cold and degraded tiers' form) carry a CRC32C

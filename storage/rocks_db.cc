@@ -81,6 +81,10 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   db_options.create_missing_column_families = true;
   db_options.max_background_jobs = 2;
   db_options.manual_wal_flush = false;
+  // Opening never writes the WAL's contents into new files (they stay in
+  // the memtables and flush as usual): a reopen on a nearly full disk needs
+  // only a manifest and a new WAL.
+  db_options.avoid_flush_during_recovery = true;
   db_options.wal_recovery_mode =
       options.strict_wal
           ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords

@@ -3,9 +3,15 @@
 // failed WAL writer is used again), so writes are refused below the
 // reserve and after a failed write, and the store reopens itself once
 // space is back; and the WAL sync thread (WalSync::kInterval).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "rocksdb/convenience.h"
 #include "storage/rocks_store.h"
 
 namespace kvmem {
@@ -55,23 +61,78 @@ absl::Status RocksColdStore::Written(const rocksdb::Status& s,
   return FromRocks(s, what);
 }
 
+namespace {
+
+// The spare: a file of kSpareBytes in the data dir (held with fallocate, no
+// bytes written). Free space is a threshold other writers ignore (RocksDB's
+// own flushes past the reserve, other programs, a reserve of 0); the spare
+// is room actually held. On a full disk a write that frees space (a
+// deletion, the acknowledgement record before it) deletes the spare and so
+// has room for its tombstones, a reopen's manifest and a new WAL; appends
+// then need the spare's room on top of the reserve, and the spare is put
+// back once both and a spare more are free.
+constexpr uint64_t kSpareBytes = 8ull << 20;
+constexpr char kSpareFile[] = "KVMEM-SPARE";
+
+}  // namespace
+
+bool RocksColdStore::TakeSpare() {
+  kvmem::MutexLock lock(&spare_mu_);
+  if (!spare_kept_.load()) return false;
+  std::error_code ec;
+  std::filesystem::remove(absl::StrCat(path_, "/", kSpareFile), ec);
+  spare_kept_.store(false);
+  return true;
+}
+
+void RocksColdStore::KeepSpare() {
+  kvmem::MutexLock lock(&spare_mu_);
+  if (spare_kept_.load()) return;
+  const std::string file = absl::StrCat(path_, "/", kSpareFile);
+  std::error_code ec;
+  if (std::filesystem::file_size(file, ec) == kSpareBytes && !ec) {
+    spare_kept_.store(true);  // Kept by an earlier run.
+    return;
+  }
+  if (FreeBytes(path_) < reserve_ + 2 * kSpareBytes) return;
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  const bool held = ::posix_fallocate(fd, 0, kSpareBytes) == 0;
+  ::close(fd);
+  if (!held) {
+    std::filesystem::remove(file, ec);  // No half a spare.
+    return;
+  }
+  spare_kept_.store(true);
+}
+
+uint64_t RocksColdStore::AppendFloor() const {
+  return reserve_ + (spare_kept_.load() ? 0 : kSpareBytes);
+}
+
 // OK when a write may go to RocksDB now: the store is healthy and (unless
-// the write frees space) the data dir has its reserve free. A store that
-// stopped (a failed write, a read-only open) is reopened once the space
-// is back, at most once a second. Otherwise RESOURCE_EXHAUSTED naming the
-// data dir: nothing reaches RocksDB, whose 7.8 build asserts when a
-// failed WAL writer is used again.
+// the write frees space) the data dir has its reserve free, and the spare's
+// room while the spare is given up. A write that frees space takes the
+// spare when the disk is full (the store stopped on a failed write, or less
+// than a spare free). A store that stopped (a failed write, a read-only
+// open) is reopened once the space is back, at most once a second, or at
+// once when the spare has just been taken. Otherwise RESOURCE_EXHAUSTED
+// naming the data dir: nothing reaches RocksDB, whose 7.8 build asserts
+// when a failed WAL writer is used again.
 absl::Status RocksColdStore::WriteGate(bool freeing) {
-  const uint64_t free = FreeBytes(options_.path);
+  uint64_t free = FreeBytes(options_.path);
   bool stopped;
   {
     kvmem::ReaderMutexLock lock(&db_mu_);
     stopped = failed_.load() || db_.read_only || db_.db == nullptr;
   }
+  const bool took_spare =
+      freeing && (stopped || free < kSpareBytes) && TakeSpare();
+  if (took_spare) free = FreeBytes(options_.path);
   if (stopped && free >= reserve_) {
     kvmem::MutexLock lock(&reopen_mu_);
     const absl::Time now = absl::Now();
-    if (now >= next_reopen_) {
+    if (took_spare || now >= next_reopen_) {
       next_reopen_ = now + absl::Seconds(1);
       kvmem::MutexLock db_lock(&db_mu_);
       if (failed_.load() || db_.read_only || db_.db == nullptr) Reopen();
@@ -84,14 +145,48 @@ absl::Status RocksColdStore::WriteGate(bool freeing) {
         free, " bytes free: writes resume by themselves ", ResumeWhen(),
         "; reads keep working"));
   }
-  if (!freeing && free < reserve_) {
+  const uint64_t floor = AppendFloor();
+  if (!freeing && free < floor) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "data dir ", options_.path, " has ", free,
-        " bytes free, below its reserve of ", reserve_,
-        " (--disk_reserve_mib): appends are refused until space returns; "
-        "reads keep working"));
+        " bytes free, below its reserve of ", floor,
+        floor > reserve_
+            ? absl::StrCat(" (--disk_reserve_mib ", reserve_,
+                           " bytes, plus the ", kSpareBytes,
+                           "-byte spare given up when the disk was full)")
+            : std::string(" (--disk_reserve_mib)"),
+        ": appends are refused until space returns; reads keep working"));
   }
+  if (!spare_kept_.load() && free >= reserve_ + 2 * kSpareBytes) KeepSpare();
   return absl::OkStatus();
+}
+
+// After a deletion's tombstones. DeleteFilesInRange drops the table files
+// wholly inside the range, and the blob files only they referred to,
+// without writing anything: on a full disk it is what brings space back.
+// A compaction of the range then drops the rest (files shared with other
+// streams, level 0, the memtable), but it writes (a flush of the two
+// payload column families' memtables, the neighbours' keys), so only with
+// room for those (the spare's room counts: this is what it is for);
+// otherwise RocksDB's own compactions get to it later. Failures leave the
+// deletion standing (it is in the WAL).
+void RocksColdStore::Reclaim(const std::string& begin, const std::string& end) {
+  const rocksdb::Slice b(begin), e(end);
+  for (auto* cf : {payloads_, block_layers_, frame_meta_, blocks_, streams_}) {
+    rocksdb::DeleteFilesInRange(db_.db.get(), cf, &b, &e,
+                                /*include_end=*/false)
+        .PermitUncheckedError();
+  }
+  if (FreeBytes(options_.path) <
+      2 * options_.write_buffer_bytes + (1ull << 20)) {
+    return;
+  }
+  rocksdb::CompactRangeOptions co;
+  co.bottommost_level_compaction =
+      rocksdb::BottommostLevelCompaction::kForceOptimized;
+  for (auto* cf : {payloads_, block_layers_, frame_meta_, blocks_, streams_}) {
+    if (!db_.db->CompactRange(co, cf, &b, &e).ok()) return;
+  }
 }
 
 std::string RocksColdStore::ResumeWhen() const {

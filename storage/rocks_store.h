@@ -14,6 +14,7 @@
 //               replaces db_ and the column family handles);
 //   error_mu_   a leaf: the last error's text, taken under either above;
 //   ack_mu_     one writer of the acknowledgement record's file;
+//   spare_mu_   a leaf: one creator or remover of the spare file;
 //   sync_mu_    the WAL sync thread's stop flag.
 #ifndef KVMEM_STORAGE_ROCKS_STORE_H_
 #define KVMEM_STORAGE_ROCKS_STORE_H_
@@ -132,6 +133,18 @@ class RocksColdStore final : public ColdStore {
   // failed WAL writer is used again.
   absl::Status WriteGate(bool freeing) ABSL_LOCKS_EXCLUDED(db_mu_, reopen_mu_);
   std::string ResumeWhen() const;
+  // The spare (rocks_disk_guard.cc): kSpareBytes held in a file of the data
+  // dir and given up, on a full disk, to a write that frees space.
+  // TakeSpare deletes it (true if it was there); KeepSpare puts it back.
+  bool TakeSpare() ABSL_LOCKS_EXCLUDED(spare_mu_);
+  void KeepSpare() ABSL_LOCKS_EXCLUDED(spare_mu_);
+  // Free bytes appends need: the reserve, plus the spare's room while the
+  // spare is given up.
+  uint64_t AppendFloor() const;
+  // After a deletion's tombstones: drops the files wholly in [begin, end)
+  // (no write needed) and, when there is room for it, compacts the range.
+  void Reclaim(const std::string& begin, const std::string& end)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   void Reopen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   void CloseDb() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   void SetError(std::string e) ABSL_LOCKS_EXCLUDED(error_mu_);
@@ -157,6 +170,8 @@ class RocksColdStore final : public ColdStore {
   kvmem::Mutex error_mu_ ABSL_ACQUIRED_AFTER(db_mu_);
   std::string last_error_ ABSL_GUARDED_BY(error_mu_);
   kvmem::Mutex ack_mu_;
+  kvmem::Mutex spare_mu_;  // A leaf: one creator or remover of the spare.
+  std::atomic<bool> spare_kept_{false};
   kvmem::Mutex sync_mu_;
   bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
   std::thread syncer_;

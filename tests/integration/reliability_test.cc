@@ -5,6 +5,7 @@
 // quarantined (listed, answered with its reason, deletable) instead of
 // keeping the server down, and --recovery=strict refuses to start on it.
 #include <grpcpp/generic/generic_stub.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <cstdlib>
@@ -615,6 +616,20 @@ class DiskFullTest : public ReliabilityTest {
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
 
+  // Bytes the store's files take on the filesystem (its spare file aside).
+  uint64_t DataBytes() const {
+    uint64_t total = 0;
+    for (const auto& e : std::filesystem::directory_iterator(data_)) {
+      struct stat st;
+      if (e.path().filename() == "KVMEM-SPARE" ||
+          ::stat(e.path().c_str(), &st) != 0) {
+        continue;
+      }
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+    return total;
+  }
+
   std::string mnt_, data_;
   bool mounted_ = false;
 };
@@ -679,6 +694,115 @@ TEST_P(FullDiskTest, NeverAbortsAndRecoversByItself) {
 
 INSTANTIATE_TEST_SUITE_P(WalSync, FullDiskTest,
                          ::testing::Values("commit", "interval", "off"));
+
+// A full disk is emptied through the API: with appends refused for space
+// (below the reserve, or RocksDB's own ENOSPC at reserve 0), DeleteStream of
+// another stream goes through, its bytes return to the filesystem, and
+// appends resume by themselves; a restart keeps every acknowledged frame.
+class DeleteOnFullDiskTest : public DiskFullTest,
+                             public ::testing::WithParamInterface<int> {
+ protected:
+  // Appends one frame to "cam" every 50 ms until one is stored (within 5
+  // s); returns the milliseconds from t0 to that, or -1.
+  double MsUntilAppended(testing::StreamModel* m, uint64_t* next,
+                         std::chrono::steady_clock::time_point t0) {
+    std::mt19937_64 rng(*next + 77);
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+      m->Truncate(*next);
+      v1::AppendFramesResponse ar;
+      const grpc::Status a = client_->AppendFrames(
+          "cam", {testing::ToOutgoing(m->AddFrame(rng, 16), *next)}, &ar);
+      if (a.ok()) {
+        ++*next;
+        return std::chrono::duration<double, std::milli>(
+                   std::chrono::steady_clock::now() - t0)
+            .count();
+      }
+      last_error_ = a.error_message();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  std::string last_error_;  // MsUntilAppended's last refusal.
+};
+
+TEST_P(DeleteOnFullDiskTest, DeleteStreamFreesSpaceAndAppendsResume) {
+  const int reserve_mib = GetParam();
+  ASSERT_TRUE(Start(reserve_mib));
+  // "old": 8 MiB of frames, the space a user would free.
+  {
+    v1::OpenStreamResponse resp;
+    ASSERT_TRUE(
+        client_
+            ->OpenStream("old", testing::WireConfig(kBig, 32, 2, {0, 1}), &resp)
+            .ok());
+    testing::StreamModel old(kBig, 2, 32, {0, 1});
+    std::mt19937_64 rng(9);
+    for (uint64_t f = 0; f < 512; f += 16) {
+      std::vector<OutgoingFrame> frames;
+      for (int i = 0; i < 16; ++i) {
+        frames.push_back(testing::ToOutgoing(old.AddFrame(rng, 16), f + i));
+      }
+      v1::AppendFramesResponse ar;
+      const grpc::Status a = client_->AppendFrames("old", frames, &ar);
+      ASSERT_TRUE(a.ok()) << a.error_message();
+    }
+  }
+  testing::StreamModel m(kBig, 2, 32, {0, 1});
+  uint64_t next = 0;
+  FillUntilRefused(/*leave=*/reserve_mib == 0 ? 4 << 20 : 12 << 20, &m, &next);
+  const uint64_t used_full = DataBytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::Status s = client_->DeleteStream("old");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const double delete_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - t0)
+                               .count();
+  const uint64_t used_after = DataBytes();
+  const uint64_t freed = used_full > used_after ? used_full - used_after : 0;
+  // Appends resume by themselves, without a restart or a freed filler.
+  const double resumed_ms = MsUntilAppended(&m, &next, t0);
+  std::cerr << "reserve " << reserve_mib << " MiB: delete " << delete_ms
+            << " ms, " << freed / 1048576.0 << " MiB freed, appends resumed "
+            << resumed_ms << " ms after the delete\n";
+  EXPECT_GE(resumed_ms, 0) << "appends did not resume within 5 s: "
+                           << last_error_;
+  EXPECT_LE(resumed_ms, 2000);
+  // "old" held 8 MiB of frames; net of what the deletion's compaction
+  // wrote (the memtables' flush), at least three quarters of that returns.
+  EXPECT_GE(freed, 6u << 20);
+  server_->Kill();
+  ASSERT_TRUE(Start(reserve_mib));
+  ExpectReadsWork(next);
+  v1::StreamStats st;
+  EXPECT_EQ(client_->GetStreamStats("old", &st).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+// Space given back from outside (a file removed): appends resume within
+// about a second at any reserve, without a restart (a stopped store is
+// reopened at most once a second).
+TEST_P(DeleteOnFullDiskTest, AppendsResumeSoonAfterSpaceReturns) {
+  const int reserve_mib = GetParam();
+  ASSERT_TRUE(Start(reserve_mib));
+  testing::StreamModel m(kBig, 2, 32, {0, 1});
+  uint64_t next = 0;
+  FillUntilRefused(/*leave=*/reserve_mib == 0 ? 4 << 20 : 12 << 20, &m, &next);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::filesystem::remove(mnt_ + "/filler");
+  const double resumed_ms = MsUntilAppended(&m, &next, t0);
+  std::cerr << "reserve " << reserve_mib << " MiB: appends resumed "
+            << resumed_ms << " ms after space returned\n";
+  EXPECT_GE(resumed_ms, 0) << "appends did not resume within 5 s: "
+                           << last_error_;
+  EXPECT_LE(resumed_ms, 2000);
+  server_->Kill();
+  ASSERT_TRUE(Start(reserve_mib));
+  ExpectReadsWork(next);
+}
+
+INSTANTIATE_TEST_SUITE_P(Reserve, DeleteOnFullDiskTest,
+                         ::testing::Values(8, 0));
 
 }  // namespace
 }  // namespace kvmem
