@@ -205,6 +205,26 @@ for k in ["recall_fetch_7b_p50_ms", "recall_fetch_7b_p99_ms", "recall_fetch_7b_g
 assert f["delta_recall_mean_mib"] < f["full_recall_mean_mib"], f
 print("cli bench --fetch checks passed")
 PY
+# kvmem bench --cameras: a small geometry, paced Sessions with shared-memory
+# delivery, steps until one falls behind or the most cameras asked for.
+"$bin/kvmem" bench --cameras=2 --camera_seconds=3 --layers=4 --kv_heads=2 \
+  --head_dim=64 --hot_window_tokens=512 --scratch_dir="$tmp/cameras" --json \
+  > "$tmp/cameras.json" 2> "$tmp/cameras.err" || fail "bench --cameras failed: $(cat "$tmp/cameras.err")"
+python3 - "$tmp" <<'PY'
+import json, sys
+c = json.load(open(f"{sys.argv[1]}/cameras.json"))
+assert c["frame_bytes"] == 4 * 2 * 2 * 64 * 2 * 128, c
+assert c["storage_put_mb_per_s"] > 0 and c["storage_bound_cameras"] > 0, c
+steps = c["steps"]
+assert 1 <= len(steps) <= 2 and steps[0]["cameras"] == 1, c
+for s in steps:
+    assert s["frames"] > 0 and s["append_p50_ms"] > 0, s
+    assert s["kept_up"] or s["why"], s
+# 3 s at 3 fps: recalls past the 512-token window deliver tokens.
+assert steps[0]["delivered_mib_per_recall"] > 0, steps[0]
+assert c["cameras_kept_up"] == sum(1 for s in steps if s["kept_up"]), c
+print("cli bench --cameras checks passed")
+PY
 "$bin/kvmem" bench --fetch --fetch_calls=1 --scratch_dir="$tmp/fetch" > "$tmp/fetch.txt" 2>/dev/null ||
   fail "bench --fetch (text) failed"
 grep -q "recall + fetch, 7B" "$tmp/fetch.txt" || fail "bench --fetch summary: $(cat "$tmp/fetch.txt")"

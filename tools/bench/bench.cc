@@ -23,6 +23,7 @@
 #include "kvmem/v1/service.grpc.pb.h"
 #include "storage/rocks_cold_store.h"
 #include "tools/bench/bench_inproc.h"
+#include "tools/bench/bench_util.h"
 #include "tools/common/demo_workload.h"
 #include "tools/common/json_writer.h"
 
@@ -65,38 +66,6 @@ class FirstError {
   std::mutex mu_;
   absl::Status status_;
 };
-
-// CPU seconds (user + system) and RSS of a process, from /proc.
-struct ProcSample {
-  double cpu_s = 0;
-  double rss_mib = 0;
-};
-ProcSample SampleProcess(int pid) {
-  ProcSample s;
-  if (pid < 0) return s;
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  std::getline(stat, line);
-  // Fields after the command (which may hold spaces) start after ')'.
-  const size_t close = line.rfind(')');
-  if (close != std::string::npos) {
-    std::istringstream rest(line.substr(close + 2));
-    std::string field;
-    unsigned long long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-      if (i == 14) utime = std::stoull(field);
-      if (i == 15) stime = std::stoull(field);
-    }
-    s.cpu_s = static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
-  }
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      s.rss_mib = std::stod(line.substr(6)) / 1024.0;  // kB.
-    }
-  }
-  return s;
-}
 
 // Waits until the server's background work after a phase (tier moves,
 // RocksDB flushes) has settled: its CPU use below a tenth of a core over

@@ -23,6 +23,7 @@
 #include "engine/codec/dtype.h"
 #include "storage/rocks_cold_store.h"
 #include "tools/bench/bench_inproc.h"
+#include "tools/bench/bench_util.h"
 #include "tools/common/json_writer.h"
 
 namespace kvmem {
@@ -43,18 +44,6 @@ double Median(std::vector<double> v) { return Summarize(&v).p50_us; }
 
 double MbPerS(uint64_t bytes, double seconds) {
   return seconds > 0 ? bytes / 1e6 / seconds : 0;
-}
-
-// n fp16 values in [-1, 1].
-std::string RandomFp16(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> f(n);
-  for (float& x : f) x = u(rng);
-  std::string out(2 * n, '\0');
-  EncodeFromFloat(f.data(), n, DType::kFp16,
-                  reinterpret_cast<uint8_t*>(out.data()));
-  return out;
 }
 
 v1::StreamConfig FetchConfig(const FetchGeometry& g, FetchTier tier) {

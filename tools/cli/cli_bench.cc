@@ -10,8 +10,12 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+// WasPresentOnCommandLine: --cameras is also the demo's flag, with a
+// default of its own.
+#include "absl/flags/internal/parse.h"
 #include "absl/strings/str_cat.h"
 #include "tools/bench/bench.h"
+#include "tools/bench/bench_cameras.h"
 #include "tools/bench/bench_fetch.h"
 #include "tools/cli/cli.h"
 #include "tools/common/server_process.h"
@@ -31,6 +35,7 @@ ABSL_FLAG(bool, fetch, false,
           "memcpy, a raw unix socket and a trivial gRPC server of the same "
           "bytes, and recall + fetch end to end (tools/bench/bench_fetch.h).");
 ABSL_FLAG(int, fetch_calls, 25, "bench --fetch: calls per figure (median).");
+ABSL_FLAG(double, camera_seconds, 20, "bench --cameras: seconds per step.");
 ABSL_FLAG(uint32_t, index_vectors, 10800,
           "bench: summaries in the in-process index figures (10,800: one "
           "camera-hour at 3 fps).");
@@ -53,6 +58,10 @@ ABSL_FLAG(std::vector<std::string>, server_flags, {},
           "(e.g. --server_flags=--cold_form=layers; a value cannot hold a "
           "comma).");
 
+// --cameras (cli_demo.cc's flag) given to bench: instead of the load
+// phases, how many 7B cameras the node carries (tools/bench/bench_cameras.h),
+// trying 1, 2, ... up to that many.
+ABSL_DECLARE_FLAG(int, cameras);
 ABSL_DECLARE_FLAG(int, frames);
 ABSL_DECLARE_FLAG(uint32_t, layers);
 ABSL_DECLARE_FLAG(uint32_t, kv_heads);
@@ -63,6 +72,16 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 
 namespace kvmem {
 namespace {
+
+// The flag's value when it was given on the command line (even at its
+// default), else fallback: bench --cameras has defaults of its own (a 7B
+// camera) for flags the demo defines with others.
+template <typename T>
+T GivenOr(const absl::Flag<T>& flag, const char* name, T fallback) {
+  return absl::flags_internal::WasPresentOnCommandLine(name)
+             ? absl::GetFlag(flag)
+             : fallback;
+}
 
 // Prints a report, as JSON or text; 1 after a message when the run failed.
 template <typename Report>
@@ -155,6 +174,27 @@ int RunBench(const std::vector<std::string>&) {
     absl::StatusOr<FetchReport> f = RunFetchBench(o, calls);
     cleanup();
     return PrintReport(f, json, FetchJson, FetchText);
+  }
+  if (absl::flags_internal::WasPresentOnCommandLine("cameras")) {
+    CamerasOptions co;
+    co.target = o.target;
+    co.scratch_dir = o.scratch_dir;
+    co.server_pid = o.server_pid;
+    co.max_cameras = absl::GetFlag(FLAGS_cameras);
+    // A 7B model's geometry unless the flags say otherwise.
+    co.layers = GivenOr(FLAGS_layers, "layers", co.layers);
+    co.kv_heads = GivenOr(FLAGS_kv_heads, "kv_heads", co.kv_heads);
+    co.head_dim = GivenOr(FLAGS_head_dim, "head_dim", co.head_dim);
+    co.tokens_per_frame = GivenOr(FLAGS_tokens_per_frame, "tokens_per_frame",
+                                  co.tokens_per_frame);
+    co.hot_window_tokens = GivenOr(FLAGS_hot_window_tokens, "hot_window_tokens",
+                                   co.hot_window_tokens);
+    co.seconds = absl::GetFlag(FLAGS_camera_seconds);
+    co.seed = o.seed;
+    co.progress = o.progress;
+    absl::StatusOr<CamerasReport> c = RunCamerasBench(co);
+    cleanup();
+    return PrintReport(c, json, CamerasJson, CamerasText);
   }
   absl::StatusOr<BenchReport> r = kvmem::RunBench(o);
   cleanup();

@@ -24,7 +24,9 @@
 #include "tools/common/server_process.h"
 #include "tools/common/terminal.h"
 
-ABSL_FLAG(int, cameras, 4, "demo: camera streams run in parallel.");
+ABSL_FLAG(int, cameras, 4,
+          "demo: camera streams run in parallel; bench: the most cameras "
+          "bench --cameras tries.");
 ABSL_FLAG(int, frames, 240, "demo: frames per camera.");
 ABSL_FLAG(int, places, 6, "demo: distinct places each camera cuts between.");
 ABSL_FLAG(std::string, data_dir, "./kvmem-data",

@@ -168,11 +168,12 @@ const std::vector<Subcommand>& Subcommands() {
        kvmem::RunRoofline},
       {"bench",
        "tools/cli/cli_bench.cc",
-       "[--streams=N] [--live_fps=F]: load a server (one it starts unless\n"
-       "  --addr) and report its figures beside references measured in the\n"
-       "  same run (storage alone, transport alone, FAISS)",
-       {"frames", "layers", "kv_heads", "head_dim", "tokens_per_frame",
-        "hot_window_tokens", "seed"},
+       "[--streams=N] [--live_fps=F] [--fetch] [--cameras=N]: load a server\n"
+       "  (one it starts unless --addr) and report its figures beside\n"
+       "  references measured in the same run (storage alone, transport\n"
+       "  alone, FAISS)",
+       {"cameras", "frames", "layers", "kv_heads", "head_dim",
+        "tokens_per_frame", "hot_window_tokens", "seed"},
        kvmem::RunBench},
   };
   return *subs;

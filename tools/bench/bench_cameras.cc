@@ -1,0 +1,387 @@
+#include "tools/bench/bench_cameras.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cpp/kvmem_client.h"
+#include "storage/rocks_cold_store.h"
+#include "tools/bench/bench_inproc.h"
+#include "tools/bench/bench_util.h"
+#include "tools/common/json_writer.h"
+
+namespace kvmem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Distinct payloads per camera, cycled (16 MiB each at 7B).
+constexpr int kDistinctFrames = 3;
+// A camera this late stops early: it is behind whatever comes next.
+constexpr double kGiveUpLagMs = 3000;
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::string CameraId(int i) { return absl::StrCat("cameras-bench-", i); }
+
+// What a front end sends: the geometry and its hot window, every other
+// setting its default.
+v1::StreamConfig CameraConfig(const CamerasOptions& o) {
+  v1::StreamConfig c;
+  c.set_hot_window_tokens(o.hot_window_tokens);
+  v1::StreamGeometry* g = c.mutable_geometry();
+  g->set_layers(o.layers);
+  g->set_kv_heads(o.kv_heads);
+  g->set_head_dim(o.head_dim);
+  g->set_dtype(v1::DTYPE_FP16);
+  g->set_max_tokens_per_frame(o.tokens_per_frame);
+  return c;
+}
+
+size_t FrameValues(const CamerasOptions& o) {
+  return size_t{o.layers} * 2 * o.kv_heads * o.head_dim * o.tokens_per_frame;
+}
+
+// RocksDB alone, the server's store options: each of `threads` puts
+// `frames` frames of its own (one commit each, as the server's append).
+absl::StatusOr<double> StoragePutMbPerS(
+    const CamerasOptions& o, const std::vector<std::string>& payloads,
+    int threads, int frames) {
+  RocksColdStoreOptions so;
+  so.path = o.scratch_dir + "/cameras-storage-reference";
+  auto store = OpenRocksColdStore(so);
+  if (!store.ok()) return store.status();
+  std::vector<absl::Status> errors(threads);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (int i = 0; i < frames && errors[t].ok(); ++i) {
+        StreamWrite w;
+        w.stream_id = CameraId(t);
+        w.frame.emplace(i, payloads[(t + i) % payloads.size()]);
+        errors[t] = (*store)->Commit(w);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  const double seconds = MsSince(t0) / 1e3;
+  for (const absl::Status& e : errors) {
+    if (!e.ok()) return e;
+  }
+  store->reset();
+  std::error_code ec;
+  std::filesystem::remove_all(so.path, ec);
+  return double(payloads[0].size()) * frames * threads / 1e6 / seconds;
+}
+
+struct CameraRun {
+  std::vector<double> append_ms, recall_ms;
+  std::vector<double> lag_ms;  // Per frame: how late it started.
+  double end_lag_ms = 0, first_delivery_ms = 0;
+  uint64_t frames = 0, delivered_bytes = 0, recalls_delivering = 0;
+  absl::Status status;
+};
+
+// The append backlog's growth: the median lateness of a camera's last
+// third of frames minus that of its first third (a seal's occasional long
+// append makes a few frames late without the camera falling behind).
+double LagGrowthMs(std::vector<double> lag) {
+  const size_t third = lag.size() / 3;
+  if (third == 0) return 0;
+  std::vector<double> first(lag.begin(), lag.begin() + third);
+  std::vector<double> last(lag.end() - third, lag.end());
+  auto median = [](std::vector<double>* v) {
+    std::nth_element(v->begin(), v->begin() + v->size() / 2, v->end());
+    return (*v)[v->size() / 2];
+  };
+  return median(&last) - median(&first);
+}
+
+absl::Status Failed(const std::string& what, const grpc::Status& s) {
+  return absl::InternalError(absl::StrCat(what, ": ", s.error_message(),
+                                          " (code ", s.error_code(), ")"));
+}
+
+// One camera: n frames at o.fps from `start`, each appended and recalled
+// with its tokens delivered through shared memory on one Session.
+void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam, int n,
+               Clock::time_point start,
+               const std::vector<std::string>& payloads, CameraRun* run) {
+  const std::string id = CameraId(cam);
+  client->DeleteStream(id);
+  std::unique_ptr<SessionClient> session;
+  const v1::StreamConfig config = CameraConfig(o);
+  grpc::Status st = client->StartSession(id, &config, &session);
+  if (!st.ok()) {
+    run->status = Failed("StartSession", st);
+    return;
+  }
+  v1::StreamStats stats;
+  st = client->GetStreamStats(id, &stats);
+  if (!st.ok()) {
+    run->status = Failed("GetStreamStats", st);
+    return;
+  }
+  const size_t dim =
+      std::max<size_t>(1, stats.config().index_policy().indexed_layers_size()) *
+      o.kv_heads * o.head_dim;
+  std::mt19937_64 rng(o.seed * 7919 + cam);
+  std::normal_distribution<float> normal(0, 1);
+  const double period_ms = 1e3 / o.fps;
+  for (int i = 0; i < n; ++i) {
+    const auto due =
+        start + std::chrono::microseconds(static_cast<int64_t>(
+                    (i + double(cam) / o.max_cameras) * period_ms * 1e3));
+    std::this_thread::sleep_until(due);
+    run->end_lag_ms = std::max(0.0, MsSince(due));
+    run->lag_ms.push_back(run->end_lag_ms);
+    if (run->end_lag_ms > kGiveUpLagMs) break;
+    OutgoingFrame f;
+    f.header.set_frame_index(i);
+    f.header.set_first_token_position(uint64_t(i) * o.tokens_per_frame);
+    f.header.set_token_count(o.tokens_per_frame);
+    f.payload = payloads[(cam + i) % payloads.size()];
+    v1::AppendAck ack;
+    auto t0 = Clock::now();
+    st = session->Append(f, &ack);
+    run->append_ms.push_back(MsSince(t0));
+    if (!st.ok()) {
+      run->status = Failed("Session append", st);
+      return;
+    }
+    v1::RecallRequest req;
+    for (size_t j = 0; j < dim; ++j) req.add_query(normal(rng));
+    req.mutable_budget()->set_max_tokens(o.recall_max_tokens);
+    req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
+    req.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR);
+    v1::RecallResponse resp;
+    Delivery d;
+    t0 = Clock::now();
+    st = session->RecallDelivered(req, &resp, &d);
+    const double recall_ms = MsSince(t0);
+    if (!st.ok()) {
+      run->status = Failed("Session recall", st);
+      return;
+    }
+    if (d.bytes() > 0 && !d.shared_memory()) {
+      run->status = absl::FailedPreconditionError(
+          "the recall's tokens came inline, not through shared memory "
+          "(is the server on another host?)");
+      return;
+    }
+    if (d.bytes() > 0 && run->recalls_delivering == 0) {
+      // The first delivery maps and faults in the arena's pages: once per
+      // client, reported apart.
+      run->first_delivery_ms = recall_ms;
+    } else {
+      run->recall_ms.push_back(recall_ms);
+    }
+    run->delivered_bytes += d.bytes();
+    if (d.bytes() > 0) ++run->recalls_delivering;
+    d.ReleaseLater();  // With the next frame's recall, as a front end does.
+    ++run->frames;
+  }
+  st = session->Finish();
+  if (!st.ok()) run->status = Failed("Session finish", st);
+}
+
+// N cameras at once for o.seconds.
+absl::StatusOr<CameraStep> Step(
+    const CamerasOptions& o, int cameras,
+    const std::vector<std::vector<std::string>>& payloads) {
+  CameraStep step;
+  step.cameras = cameras;
+  std::vector<std::unique_ptr<KvmemClient>> clients;
+  for (int c = 0; c < cameras; ++c) {
+    ClientOptions co;
+    co.own_connection = true;
+    clients.push_back(KvmemClient::Connect(o.target, co));
+    if (!clients.back()->WaitForReady(std::chrono::seconds(10))) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot connect to ", o.target));
+    }
+  }
+  const int n = std::max(1, static_cast<int>(std::lround(o.fps * o.seconds)));
+  std::vector<CameraRun> runs(cameras);
+  const ProcSample cpu0 = SampleProcess(o.server_pid);
+  const auto start = Clock::now() + std::chrono::milliseconds(200);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < cameras; ++c) {
+    threads.emplace_back([&, c] {
+      RunCamera(o, clients[c].get(), c, n, start, payloads[c], &runs[c]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  // At least the step's nominal length (the last frame is due at (n-1)/fps).
+  const double seconds = std::max(MsSince(start) / 1e3, n / o.fps);
+  if (o.server_pid >= 0) {
+    step.server_cpu =
+        (SampleProcess(o.server_pid).cpu_s - cpu0.cpu_s) / seconds;
+  }
+  std::vector<double> append, recall;
+  uint64_t delivered = 0, delivering = 0;
+  for (int c = 0; c < cameras; ++c) {
+    if (!runs[c].status.ok()) return runs[c].status;
+    append.insert(append.end(), runs[c].append_ms.begin(),
+                  runs[c].append_ms.end());
+    recall.insert(recall.end(), runs[c].recall_ms.begin(),
+                  runs[c].recall_ms.end());
+    step.frames += runs[c].frames;
+    step.end_lag_ms = std::max(step.end_lag_ms, runs[c].end_lag_ms);
+    step.first_delivery_ms =
+        std::max(step.first_delivery_ms, runs[c].first_delivery_ms);
+    step.lag_growth_ms =
+        std::max(step.lag_growth_ms, LagGrowthMs(runs[c].lag_ms));
+    delivered += runs[c].delivered_bytes;
+    delivering += runs[c].recalls_delivering;
+    clients[c]->DeleteStream(CameraId(c));
+  }
+  step.frames_per_s = step.frames / seconds;
+  // Summarize works in any unit: these are milliseconds.
+  step.append_ms = Summarize(&append);
+  step.recall_ms = Summarize(&recall);
+  step.delivered_mib =
+      delivering > 0 ? delivered / double(delivering) / 1048576.0 : 0;
+  const double period_ms = 1e3 / o.fps;
+  if (step.frames < uint64_t(n) * cameras) {
+    step.why =
+        absl::StrFormat("%d of %d frames sent before a camera ran %.0f ms late",
+                        step.frames, uint64_t(n) * cameras, kGiveUpLagMs);
+  } else if (step.lag_growth_ms > period_ms) {
+    step.why = absl::StrFormat(
+        "frames start later and later (median lateness +%.0f ms from the "
+        "first third to the last; period %.0f ms)",
+        step.lag_growth_ms, period_ms);
+  } else if (step.recall_ms.p99_us > period_ms / 3) {
+    step.why = absl::StrFormat(
+        "recall + delivery p99 %.1f ms > a third of the period (%.1f ms)",
+        step.recall_ms.p99_us, period_ms / 3);
+  } else {
+    step.kept_up = true;
+  }
+  return step;
+}
+
+}  // namespace
+
+absl::StatusOr<CamerasReport> RunCamerasBench(const CamerasOptions& o) {
+  if (o.max_cameras < 1 || o.max_cameras > 256 || !(o.fps > 0) ||
+      !(o.seconds > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cameras must be 1..256, fps and seconds > 0 (got ",
+                     o.max_cameras, ", ", o.fps, ", ", o.seconds, ")"));
+  }
+  CamerasReport r;
+  r.cpu = CpuModel();
+  r.fps = o.fps;
+  auto say = [&](const std::string& m) {
+    if (o.progress) o.progress(m);
+  };
+  say(absl::StrCat("building ", kDistinctFrames, " frames for each of ",
+                   o.max_cameras, " cameras"));
+  std::vector<std::vector<std::string>> payloads(o.max_cameras);
+  for (int c = 0; c < o.max_cameras; ++c) {
+    for (int i = 0; i < kDistinctFrames; ++i) {
+      payloads[c].push_back(
+          RandomFp16(FrameValues(o), o.seed * 1000 + c * kDistinctFrames + i));
+    }
+  }
+  r.frame_bytes = payloads[0][0].size();
+  r.camera_mb_per_s = r.frame_bytes * o.fps / 1e6;
+  say("storage reference: RocksDB puts of the same frames");
+  const int threads =
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  absl::StatusOr<double> put =
+      StoragePutMbPerS(o, payloads[0], threads, std::max(8, 256 / threads));
+  if (!put.ok()) return put.status();
+  r.storage_put_mb_per_s = *put;
+  r.storage_bound_cameras = r.storage_put_mb_per_s / r.camera_mb_per_s;
+  for (int n = 1; n <= o.max_cameras; ++n) {
+    say(absl::StrCat(n, " camera(s) for ", o.seconds, " s"));
+    std::vector<std::vector<std::string>> mine(payloads.begin(),
+                                               payloads.begin() + n);
+    absl::StatusOr<CameraStep> step = Step(o, n, mine);
+    if (!step.ok()) return step.status();
+    r.steps.push_back(*step);
+    if (!step->kept_up) break;
+    r.kept_up = n;
+  }
+  return r;
+}
+
+std::string CamerasJson(const CamerasReport& r) {
+  JsonWriter w;
+  w.Object(/*multiline=*/true);
+  w.Key("cpu").Str(r.cpu);
+  w.Key("frame_bytes").UInt(r.frame_bytes);
+  w.Key("fps").Num(r.fps, 2);
+  w.Key("camera_mb_per_s").Num(r.camera_mb_per_s, 2);
+  w.Key("storage_put_mb_per_s").Num(r.storage_put_mb_per_s, 1);
+  w.Key("storage_bound_cameras").Num(r.storage_bound_cameras, 2);
+  w.Key("cameras_kept_up").Int(r.kept_up);
+  w.Key("kept_up_vs_storage_bound")
+      .Num(
+          r.storage_bound_cameras > 0 ? r.kept_up / r.storage_bound_cameras : 0,
+          3);
+  w.Key("steps").Array(/*multiline=*/true);
+  for (const CameraStep& s : r.steps) {
+    w.Object();
+    w.Key("cameras").Int(s.cameras);
+    w.Key("kept_up").Bool(s.kept_up);
+    if (!s.kept_up) w.Key("why").Str(s.why);
+    w.Key("frames").UInt(s.frames);
+    w.Key("frames_per_s").Num(s.frames_per_s, 2);
+    w.Key("end_lag_ms").Num(s.end_lag_ms, 1);
+    w.Key("lag_growth_ms").Num(s.lag_growth_ms, 1);
+    w.Key("append_p50_ms").Num(s.append_ms.p50_us, 2);
+    w.Key("append_p99_ms").Num(s.append_ms.p99_us, 2);
+    w.Key("recall_delivery_p50_ms").Num(s.recall_ms.p50_us, 2);
+    w.Key("recall_delivery_p99_ms").Num(s.recall_ms.p99_us, 2);
+    w.Key("delivered_mib_per_recall").Num(s.delivered_mib, 2);
+    w.Key("first_delivery_ms").Num(s.first_delivery_ms, 1);
+    w.Key("server_cpu_cores").Num(s.server_cpu, 2);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return w.Take();
+}
+
+std::string CamerasText(const CamerasReport& r) {
+  std::string out = absl::StrFormat(
+      "cpu: %s\n"
+      "camera: %.1f MiB frames at %.1f fps = %.1f MB/s\n"
+      "RocksDB puts of the same frames: %.1f MB/s = %.2f cameras (the "
+      "storage's bound)\n",
+      r.cpu, r.frame_bytes / 1048576.0, r.fps, r.camera_mb_per_s,
+      r.storage_put_mb_per_s, r.storage_bound_cameras);
+  for (const CameraStep& s : r.steps) {
+    absl::StrAppendFormat(
+        &out,
+        "  %2d camera(s): %s; %.2f frames/s, last frame %.0f ms late "
+        "(lateness grew %.0f ms), "
+        "append p50/p99 %.1f/%.1f ms, recall+delivery p50/p99 %.1f/%.1f ms "
+        "(%.1f MiB; first %.0f ms), server %.2f cores\n",
+        s.cameras, s.kept_up ? "kept up" : "behind: " + s.why, s.frames_per_s,
+        s.end_lag_ms, s.lag_growth_ms, s.append_ms.p50_us, s.append_ms.p99_us,
+        s.recall_ms.p50_us, s.recall_ms.p99_us, s.delivered_mib,
+        s.first_delivery_ms, s.server_cpu);
+  }
+  absl::StrAppendFormat(
+      &out, "cameras kept up: %d = %.2fx the storage's bound (goal >= 0.8x)\n",
+      r.kept_up,
+      r.storage_bound_cameras > 0 ? r.kept_up / r.storage_bound_cameras : 0);
+  return out;
+}
+
+}  // namespace kvmem

@@ -1,0 +1,83 @@
+// `kvmem bench --cameras`: how many cameras one node carries. N simulated
+// cameras of a 7B video LLM (32 layers x 8 KV heads x 128 dims, fp16, 128
+// tokens per frame at 3 frames/s: 16 MiB per frame, 48 MiB/s per camera)
+// each open a Session with every stream setting but the geometry and the
+// hot window (2,048 tokens) left at its default, and per frame, at the camera's
+// pace, append the frame and recall (614-token budget) with the recalled tokens
+// delivered through shared memory, as a front end does. N rises from 1 until
+// the node falls behind; beside it, in the same run, the N that RocksDB puts of
+// the same frames alone would carry (the storage's bound).
+//
+// A camera falls behind when its append backlog grows (the median lateness
+// of its last third of frames passes that of its first third by more than
+// a frame period, or a frame starts 3 s late) or its recall + delivery p99
+// passes a third of the frame period (the front end's share of a frame's
+// time).
+//
+// Thread safety: RunCamerasBench is self-contained; call it from one
+// thread.
+#ifndef KVMEM_TOOLS_BENCH_BENCH_CAMERAS_H_
+#define KVMEM_TOOLS_BENCH_BENCH_CAMERAS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tools/bench/bench.h"
+
+namespace kvmem {
+
+struct CamerasOptions {
+  std::string target;       // The kvmem-server under load.
+  std::string scratch_dir;  // The storage reference's store; must exist.
+  int server_pid = -1;      // For its CPU; -1: not sampled.
+  int max_cameras = 8;      // The largest N tried.
+  double seconds = 10;      // Per step (N cameras at once).
+  double fps = 3;
+  uint32_t layers = 32, kv_heads = 8, head_dim = 128, tokens_per_frame = 128;
+  uint32_t hot_window_tokens = 2048;  // 16 frames: 5.3 s.
+  uint32_t recall_max_tokens = 614;
+  uint64_t seed = 1;
+  std::function<void(const std::string&)> progress;  // Phase messages.
+};
+
+// One step: N cameras for CamerasOptions::seconds.
+struct CameraStep {
+  int cameras = 0;
+  uint64_t frames = 0;       // Appended and recalled, all cameras.
+  double frames_per_s = 0;   // Achieved, all cameras.
+  double end_lag_ms = 0;     // Worst camera's lateness at its last frame.
+  double lag_growth_ms = 0;  // Worst camera's backlog growth (below).
+  // Recall: with its shared-memory delivery, each camera's first delivery
+  // (its arena's pages mapped and faulted in) apart: first_delivery_ms, the
+  // slowest camera's.
+  Latency append_ms, recall_ms;
+  double first_delivery_ms = 0;
+  double delivered_mib = 0;  // Mean per recall.
+  double server_cpu = 0;     // Cores busy (server_pid known).
+  bool kept_up = false;
+  std::string why;  // Why not, when not kept up.
+};
+
+struct CamerasReport {
+  std::string cpu;
+  uint64_t frame_bytes = 0;
+  double fps = 0;
+  double camera_mb_per_s = 0;  // frame_bytes x fps, MB/s.
+  // RocksDB alone (the server's store options, WAL on): puts of the same
+  // frames from as many threads as cores, and the cameras that rate
+  // carries.
+  double storage_put_mb_per_s = 0;
+  double storage_bound_cameras = 0;
+  std::vector<CameraStep> steps;
+  int kept_up = 0;  // The largest N kept up (0: not even one).
+};
+
+absl::StatusOr<CamerasReport> RunCamerasBench(const CamerasOptions& o);
+std::string CamerasJson(const CamerasReport& r);
+std::string CamerasText(const CamerasReport& r);
+
+}  // namespace kvmem
+
+#endif  // KVMEM_TOOLS_BENCH_BENCH_CAMERAS_H_

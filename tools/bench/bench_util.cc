@@ -1,0 +1,53 @@
+#include "tools/bench/bench_util.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/codec/dtype.h"
+
+namespace kvmem {
+
+ProcSample SampleProcess(int pid) {
+  ProcSample s;
+  if (pid < 0) return s;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  // Fields after the command (which may hold spaces) start after ')'.
+  const size_t close = line.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    s.cpu_s = static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+  }
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      s.rss_mib = std::stod(line.substr(6)) / 1024.0;  // kB.
+    }
+  }
+  return s;
+}
+
+std::string RandomFp16(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> f(n);
+  for (float& x : f) x = u(rng);
+  std::string out(2 * n, '\0');
+  EncodeFromFloat(f.data(), n, DType::kFp16,
+                  reinterpret_cast<uint8_t*>(out.data()));
+  return out;
+}
+
+}  // namespace kvmem
