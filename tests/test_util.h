@@ -18,6 +18,20 @@
 #include <string>
 #include <vector>
 
+// ASan's quarantine holds freed memory: heap and RSS figures mean nothing
+// there (GCC says __SANITIZE_ADDRESS__, clang __has_feature); the servers a
+// test starts are built the same way as the test.
+#if defined(__SANITIZE_ADDRESS__)
+#define KVMEM_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVMEM_TEST_ASAN 1
+#endif
+#endif
+#ifndef KVMEM_TEST_ASAN
+#define KVMEM_TEST_ASAN 0
+#endif
+
 #include "engine/codec/dtype.h"
 
 namespace kvmem::testing {

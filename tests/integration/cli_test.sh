@@ -251,6 +251,9 @@ set -e
 [ "$rc" = 2 ] || fail "roofline --dtype=int3 exited $rc, want 2"
 grep -q 'dtype is "int3"' "$tmp/err.txt" || fail "roofline usage error unclear: $(cat "$tmp/err.txt")"
 set +e
+"$bin/kvmem" bench --cameras=0 > /dev/null 2> "$tmp/err.txt"; rc=$?
+[ "$rc" = 2 ] || fail "bench --cameras=0 exited $rc, want 2"
+grep -q -- "--cameras must be 1..256" "$tmp/err.txt" || fail "bench --cameras usage error unclear: $(cat "$tmp/err.txt")"
 "$bin/kvmem" bench --streams=0 > /dev/null 2> "$tmp/err.txt"; rc=$?
 set -e
 [ "$rc" = 2 ] || fail "bench --streams=0 exited $rc, want 2"

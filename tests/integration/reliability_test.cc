@@ -769,8 +769,9 @@ TEST_P(DeleteOnFullDiskTest, DeleteStreamFreesSpaceAndAppendsResume) {
                            << last_error_;
   EXPECT_LE(resumed_ms, 2000);
   // "old" held 8 MiB of frames; net of what the deletion's compaction
-  // wrote (the memtables' flush), at least three quarters of that returns.
-  EXPECT_GE(freed, 6u << 20);
+  // wrote (the memtables' flush), at least half of that returns (measured
+  // 6.2-9.3 MiB at reserve 0, 12.4-14.4 at 8).
+  EXPECT_GE(freed, 4u << 20);
   server_->Kill();
   ASSERT_TRUE(Start(reserve_mib));
   ExpectReadsWork(next);

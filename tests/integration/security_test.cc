@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/stream_model.h"
+#include "tests/test_util.h"
 #include "tests/wire_fixture.h"
 #include "tools/common/server_process.h"
 
@@ -472,8 +473,10 @@ double RssKib(pid_t pid) {
 }
 
 // A Session whose client sends recalls as fast as it can and reads none of
-// the answers, for `seconds`: requests the server answered (the stream's
-// recall count) at the end and a second before it.
+// the answers, until the server stops answering (no new answer for a
+// second, after at least `seconds`; at most 60 s, for a slow build):
+// requests the server answered (the stream's recall count) at the end and a
+// second before it.
 struct UnreadSession {
   uint64_t written = 0, answered = 0, answered_before = 0;
 };
@@ -503,10 +506,14 @@ UnreadSession SendUnread(v1::KvMemory::Stub* stub,
   v1::StreamStats st;
   std::this_thread::sleep_for(std::chrono::seconds(seconds - 1));
   EXPECT_TRUE(c.GetStreamStats("cam", &st).ok());
-  out.answered_before = st.recalls() - before.recalls();
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  EXPECT_TRUE(c.GetStreamStats("cam", &st).ok());
   out.answered = st.recalls() - before.recalls();
+  for (int waited = seconds - 1; waited < 60; ++waited) {
+    out.answered_before = out.answered;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    EXPECT_TRUE(c.GetStreamStats("cam", &st).ok());
+    out.answered = st.recalls() - before.recalls();
+    if (waited + 1 >= seconds && out.answered == out.answered_before) break;
+  }
   out.written = written.load();
   stop = true;
   ctx.TryCancel();
@@ -564,8 +571,10 @@ TEST_F(SecurityTest, ASessionThatIsNeverReadIsBounded) {
   // Requests parked in flight: the client's writes beyond the answers.
   EXPECT_LT(narrow.written - narrow.answered, 2000u);
   EXPECT_LT(wide.written - wide.answered, 2000u);
-  EXPECT_LT(rss_wide - rss0, 3 * 1024.0);
-  EXPECT_LT(rss_narrow - rss0, 3 * 1024.0);
+  if (!KVMEM_TEST_ASAN) {  // ASan's quarantine keeps what is freed.
+    EXPECT_LT(rss_wide - rss0, 3 * 1024.0);
+    EXPECT_LT(rss_narrow - rss0, 3 * 1024.0);
+  }
   // The Session still works for a client that reads.
   std::unique_ptr<SessionClient> s;
   ASSERT_TRUE(c->StartSession("cam", nullptr, &s).ok());
@@ -626,7 +635,9 @@ TEST_F(SecurityTest, QueuedAnswersCountInTheTenantsShare) {
   // 4 MiB of answers held, one more queued past it, one in the client's
   // window: far below the Session's own bound of 64 (16 MiB).
   EXPECT_LE(u.answered, static_cast<uint64_t>(4096 / answer_kib) + 3);
-  EXPECT_LT(rss - rss0, 4096 + 3 * answer_kib + 4096);
+  if (!KVMEM_TEST_ASAN) {  // ASan's quarantine keeps what is freed.
+    EXPECT_LT(rss - rss0, 4096 + 3 * answer_kib + 4096);
+  }
   // A Session that reads is answered in full meanwhile and after.
   ASSERT_TRUE(c->StartSession("cam", nullptr, &s).ok());
   for (int i = 0; i < 3; ++i) {

@@ -123,6 +123,17 @@ int RunBench(const std::vector<std::string>&) {
                  "--index_queries >= 1\n");
     return 2;
   }
+  const bool cameras = absl::flags_internal::WasPresentOnCommandLine("cameras");
+  if (cameras &&
+      (absl::GetFlag(FLAGS_cameras) < 1 || absl::GetFlag(FLAGS_cameras) > 256 ||
+       !(absl::GetFlag(FLAGS_camera_seconds) > 0))) {
+    std::fprintf(stderr,
+                 "kvmem bench: --cameras must be 1..256 and --camera_seconds "
+                 "> 0 (got %d, %g)\n",
+                 absl::GetFlag(FLAGS_cameras),
+                 absl::GetFlag(FLAGS_camera_seconds));
+    return 2;
+  }
   const bool json = absl::GetFlag(FLAGS_json);
   o.progress = [](const std::string& m) {
     std::fprintf(stderr, "kvmem bench: %s\n", m.c_str());
@@ -175,7 +186,7 @@ int RunBench(const std::vector<std::string>&) {
     cleanup();
     return PrintReport(f, json, FetchJson, FetchText);
   }
-  if (absl::flags_internal::WasPresentOnCommandLine("cameras")) {
+  if (cameras) {
     CamerasOptions co;
     co.target = o.target;
     co.scratch_dir = o.scratch_dir;

@@ -10,19 +10,6 @@
 #include "engine/stream_config.h"
 #include "tests/engine_fixture.h"
 
-// ASan's quarantine holds freed memory: heap and RSS figures mean nothing
-// there (GCC says __SANITIZE_ADDRESS__, clang __has_feature).
-#if defined(__SANITIZE_ADDRESS__)
-#define KVMEM_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KVMEM_TEST_ASAN 1
-#endif
-#endif
-#ifndef KVMEM_TEST_ASAN
-#define KVMEM_TEST_ASAN 0
-#endif
-
 namespace kvmem {
 namespace {
 
