@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
     }
     store->Install();
   }
-  store->KeepSpare();
+  store->KeepSpare(FreeBytes(options.path));
   if (options.wal_sync == WalSync::kInterval) {
     store->syncer_ = std::thread([p = store.get()] { p->SyncLoop(); });
   }

@@ -85,7 +85,7 @@ bool RocksColdStore::TakeSpare() {
   return true;
 }
 
-void RocksColdStore::KeepSpare() {
+void RocksColdStore::KeepSpare(uint64_t free) {
   kvmem::MutexLock lock(&spare_mu_);
   if (spare_kept_.load()) return;
   const std::string file = absl::StrCat(path_, "/", kSpareFile);
@@ -94,7 +94,7 @@ void RocksColdStore::KeepSpare() {
     spare_kept_.store(true);  // Kept by an earlier run.
     return;
   }
-  if (FreeBytes(path_) < reserve_ + 2 * kSpareBytes) return;
+  if (free < reserve_ + 2 * kSpareBytes) return;
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return;
   const bool held = ::posix_fallocate(fd, 0, kSpareBytes) == 0;
@@ -157,7 +157,9 @@ absl::Status RocksColdStore::WriteGate(bool freeing) {
             : std::string(" (--disk_reserve_mib)"),
         ": appends are refused until space returns; reads keep working"));
   }
-  if (!spare_kept_.load() && free >= reserve_ + 2 * kSpareBytes) KeepSpare();
+  if (!spare_kept_.load() && free >= reserve_ + 2 * kSpareBytes) {
+    KeepSpare(free);
+  }
   return absl::OkStatus();
 }
 

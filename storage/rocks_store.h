@@ -135,9 +135,10 @@ class RocksColdStore final : public ColdStore {
   std::string ResumeWhen() const;
   // The spare (rocks_disk_guard.cc): kSpareBytes held in a file of the data
   // dir and given up, on a full disk, to a write that frees space.
-  // TakeSpare deletes it (true if it was there); KeepSpare puts it back.
+  // TakeSpare deletes it (true if it was there); KeepSpare puts it back
+  // when the data dir (`free` bytes free) has the reserve and two spares.
   bool TakeSpare() ABSL_LOCKS_EXCLUDED(spare_mu_);
-  void KeepSpare() ABSL_LOCKS_EXCLUDED(spare_mu_);
+  void KeepSpare(uint64_t free) ABSL_LOCKS_EXCLUDED(spare_mu_);
   // Free bytes appends need: the reserve, plus the spare's room while the
   // spare is given up.
   uint64_t AppendFloor() const;

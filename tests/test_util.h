@@ -36,6 +36,16 @@
 
 namespace kvmem::testing {
 
+// A process's resident set (VmRSS) in KiB; 0 when it cannot be read.
+inline double RssKib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6));
+  }
+  return 0;
+}
+
 // A loopback port nothing listens on right now (bound, read, closed).
 inline int FreeLoopbackPort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -272,7 +272,7 @@ class SessionReactor final
   };
   kvmem::Mutex mu_;
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);  // Responses.
-  grpc::ByteBuffer current_;  // The write in flight.
+  grpc::ByteBuffer current_;                       // The write in flight.
   size_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   Admission::Reservation current_hold_;  // Touched by the writer only.
   // Bytes of queue_ and current_: bounded by queue_bytes_limit_ (plus one

@@ -462,16 +462,6 @@ TEST_F(SecurityTest, TlsListenerWithClientCertificates) {
 namespace kvmem {
 namespace {
 
-// The server's resident set (VmRSS) in KiB.
-double RssKib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6));
-  }
-  return 0;
-}
-
 // A Session whose client sends recalls as fast as it can and reads none of
 // the answers, until the server stops answering (no new answer for a
 // second, after at least `seconds`; at most 60 s, for a slow build):
@@ -542,21 +532,21 @@ TEST_F(SecurityTest, ASessionThatIsNeverReadIsBounded) {
   }
   v1::AppendFramesResponse ar;
   ASSERT_TRUE(c->AppendFrames("cam", frames, &ar).ok());
-  const double rss0 = RssKib(server->pid());
+  const double rss0 = testing::RssKib(server->pid());
   v1::RecallRequest recall;
   for (size_t d = 0; d < m.summary_dim(); ++d) recall.add_query(1.0f);
   recall.mutable_budget()->set_max_tokens(64);
 
   // gRPC's defaults (the client's windows grow).
   const UnreadSession wide = SendUnread(c->stub(), recall, *c, 4);
-  const double rss_wide = RssKib(server->pid());
+  const double rss_wide = testing::RssKib(server->pid());
   // Small client windows: what the server answers is then its own bound.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   auto narrow_stub = v1::KvMemory::NewStub(grpc::CreateCustomChannel(
       server->target(), grpc::InsecureChannelCredentials(), args));
   const UnreadSession narrow = SendUnread(narrow_stub.get(), recall, *c, 4);
-  const double rss_narrow = RssKib(server->pid());
+  const double rss_narrow = testing::RssKib(server->pid());
   std::cout << "unread Session, default client: wrote " << wide.written
             << ", answered " << wide.answered << " (" << wide.answered_before
             << " a second before), server RSS +" << (rss_wide - rss0)
@@ -620,7 +610,7 @@ TEST_F(SecurityTest, QueuedAnswersCountInTheTenantsShare) {
   const double answer_kib = one.ByteSizeLong() / 1024.0;
   ASSERT_GT(answer_kib, 512);
   ASSERT_GT(one.delivered_bytes(), 512u << 10);
-  const double rss0 = RssKib(server->pid());
+  const double rss0 = testing::RssKib(server->pid());
 
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
@@ -628,7 +618,7 @@ TEST_F(SecurityTest, QueuedAnswersCountInTheTenantsShare) {
   auto stub = v1::KvMemory::NewStub(grpc::CreateCustomChannel(
       server->target(), grpc::InsecureChannelCredentials(), args));
   const UnreadSession u = SendUnread(stub.get(), recall, *c, 4);
-  const double rss = RssKib(server->pid());
+  const double rss = testing::RssKib(server->pid());
   std::cout << "unread Session of " << answer_kib << " KiB answers: answered "
             << u.answered << ", server RSS +" << (rss - rss0) << " KiB\n";
   EXPECT_EQ(u.answered, u.answered_before);

@@ -79,11 +79,7 @@ struct Sample {
 
 Sample Measure(pid_t pid, double t) {
   Sample s{t, 0, 0};
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) s.rss_kib = std::stod(line.substr(6));
-  }
+  s.rss_kib = testing::RssKib(pid);
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(
            absl::StrCat("/proc/", pid, "/fd"), ec);

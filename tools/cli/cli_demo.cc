@@ -18,6 +18,7 @@
 #include "base/percentile.h"
 #include "base/timing.h"
 #include "client/cpp/kvmem_client.h"
+#include "tools/bench/bench_util.h"
 #include "tools/cli/cli.h"
 #include "tools/common/demo_workload.h"
 #include "tools/common/json_writer.h"
@@ -169,12 +170,8 @@ void StreamJson(const v1::StreamStats& s, JsonWriter* w) {
 }
 
 uint64_t RssBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
+  // KiB / 1024 in a double: times 2^20 gives the bytes exactly.
+  return static_cast<uint64_t>(SampleProcess(pid).rss_mib * 1048576.0);
 }
 
 // What a demo run measured, over all cameras.

@@ -14,12 +14,7 @@ namespace kvmem {
 namespace {
 
 uint64_t RssBytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
+  return static_cast<uint64_t>(testing::RssKib(::getpid())) * 1024;
 }
 
 TEST(LongRunTest, OneCameraHourStaysWithinBudgetsAndFlatRss) {
