@@ -41,6 +41,7 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          tiers.stage_budget_bytes == o.tiers.stage_budget_bytes &&
          tiers.rebuild_every_blocks == o.tiers.rebuild_every_blocks &&
          tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
+         tiers.cold_precision == o.tiers.cold_precision &&
          weights.model == o.weights.model && weights.track == o.weights.track &&
          weights.iou == o.weights.iou && weights.scene == o.weights.scene &&
          weights.score == o.weights.score &&
@@ -92,6 +93,9 @@ StreamConfig WithDefaults(const StreamConfig& config) {
     c.tiers.replacement = Replacement::kHeat;
   }
   if (c.tiers.heat_half_life_frames == 0) c.tiers.heat_half_life_frames = 300;
+  if (c.tiers.cold_precision == ColdPrecision::kUnspecified) {
+    c.tiers.cold_precision = ColdPrecision::kFull;
+  }
   if (c.weights.model == 0.0f) c.weights.model = 1.0f;
   if (c.indexed_layers.empty()) {
     for (uint32_t l = 0; l < c.geometry.layers && l < 1024; ++l) {
@@ -153,6 +157,7 @@ StreamConfig WithServerDefaults(const StreamConfig& requested,
   fill(&c.tiers.stage_budget_bytes, d.tiers.stage_budget_bytes);
   fill(&c.tiers.rebuild_every_blocks, d.tiers.rebuild_every_blocks);
   fill(&c.tiers.rebuild_every_seconds, d.tiers.rebuild_every_seconds);
+  fill(&c.tiers.cold_precision, d.tiers.cold_precision);
   // The scorer as a whole: by mode or by name, never half of each.
   if (c.weights.score == ScoreMode::kUnspecified && c.weights.scorer.empty()) {
     c.weights.score = d.weights.score;
@@ -297,6 +302,15 @@ absl::Status CheckPolicies(const StreamConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.tier_policy.replacement is ",
         static_cast<uint32_t>(config.tiers.replacement), "; use LRU or HEAT"));
+  }
+  if (config.tiers.cold_precision != ColdPrecision::kFull &&
+      config.tiers.cold_precision != ColdPrecision::kInt8 &&
+      config.tiers.cold_precision != ColdPrecision::kInt4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.tier_policy.cold_precision is ",
+                     static_cast<uint32_t>(config.tiers.cold_precision),
+                     "; use COLD_PRECISION_FULL, COLD_PRECISION_INT8 or "
+                     "COLD_PRECISION_INT4"));
   }
   if (config.tiers.prefetch_blocks > 0 &&
       config.tiers.stage_budget_bytes == 0) {

@@ -28,6 +28,15 @@ struct Geometry {
 enum class SegmentMode : uint32_t { kUnspecified = 0, kFixed = 1, kShot = 2 };
 enum class Replacement : uint32_t { kUnspecified = 0, kLru = 1, kHeat = 2 };
 
+// How a block is kept on disk once it leaves RAM; see
+// kvmem.v1.ColdPrecision.
+enum class ColdPrecision : uint32_t {
+  kUnspecified = 0,
+  kFull = 1,
+  kInt8 = 2,
+  kInt4 = 3
+};
+
 // Tier budgets and background work; see kvmem.v1.TierPolicy.
 struct TierConfig {
   uint64_t warm_budget_bytes = 0;
@@ -39,6 +48,7 @@ struct TierConfig {
   uint64_t stage_budget_bytes = 0;
   uint32_t rebuild_every_blocks = 0;
   uint32_t rebuild_every_seconds = 0;
+  ColdPrecision cold_precision = ColdPrecision::kUnspecified;
 };
 
 // How recall scores candidates; see kvmem.v1.ScoreMode.

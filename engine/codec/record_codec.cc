@@ -8,11 +8,12 @@
 namespace kvmem {
 namespace {
 
-constexpr uint8_t kConfigVersion = 6;  // 1: without tier/recall/shot fields;
+constexpr uint8_t kConfigVersion = 7;  // 1: without tier/recall/shot fields;
                                        // 2: without groups_per_block;
                                        // 3: without the score mode;
                                        // 4: without the scorer's name;
-                                       // 5: without the identity share.
+                                       // 5: without the identity share;
+                                       // 6: without the cold precision.
 constexpr uint8_t kStateVersion = 1;
 // 1: info and summary only; 2: no groups; 3: no token codes.
 constexpr uint8_t kBlockVersion = 4;
@@ -128,6 +129,7 @@ std::string EncodeConfig(const StreamConfig& c) {
   w.Str(c.weights.scorer);
   w.U8(c.weights.identity_share.has_value() ? 1 : 0);
   w.F32(c.weights.identity_share.value_or(0.0f));
+  w.U32(static_cast<uint32_t>(c.tiers.cold_precision));
   return w.Take();
 }
 
@@ -187,6 +189,10 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
   float share = 0;
   if (ok && version >= 6) ok = r.U8(&has_share) && r.F32(&share);
   if (has_share) c.weights.identity_share = share;
+  // Before version 7 every stream kept full precision on disk.
+  uint32_t precision = static_cast<uint32_t>(ColdPrecision::kFull);
+  if (ok && version >= 7) ok = r.U32(&precision);
+  c.tiers.cold_precision = static_cast<ColdPrecision>(precision);
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());
   c.segment_mode = static_cast<SegmentMode>(mode);
   c.geometry.dtype = static_cast<DType>(dtype);
@@ -309,7 +315,7 @@ absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {
             r.U64(&b.info.payload_bytes) && r.U32(&tier) &&
             r.Floats(&b.summary);
   if (ok && version >= 2) {
-    ok = r.U8(&degraded) && r.U8(&disk) && disk <= 3 && r.U32(&n) &&
+    ok = r.U8(&degraded) && r.U8(&disk) && disk <= 4 && r.U32(&n) &&
          n <= (1u << 20);
     for (uint32_t i = 0; ok && i < n; ++i) {
       uint32_t t;

@@ -41,6 +41,8 @@ enum class DiskForm : uint8_t {
   kFull = 1,    // Per-layer records, full precision.
   kInt8 = 2,    // Per-layer records, int8 per-channel (degraded).
   kNone = 3,    // Evicted.
+  kInt4 = 4,    // Per-layer records, int4 (ColdPrecision::kInt4, KIVI-style:
+                // keys per channel, values per token); degraded.
 };
 
 // A track seen in a block: how many of its frames, when, and its last box.

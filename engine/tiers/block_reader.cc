@@ -75,7 +75,8 @@ absl::StatusOr<BlockReader::Snapshot> BlockReader::SnapshotBlock(
       // records as they are (no detour through a WarmBlock).
       if (layout == PayloadLayout::kBlockLayerMajor &&
           (snap.rec.disk == DiskForm::kFull ||
-           snap.rec.disk == DiskForm::kInt8)) {
+           snap.rec.disk == DiskForm::kInt8 ||
+           snap.rec.disk == DiskForm::kInt4)) {
         absl::StatusOr<std::vector<std::string>> r =
             LoadLayerRecords(snap.rec, wanted);
         loaded = r.status();
@@ -333,7 +334,8 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(
       return WarmBlock::FromFrames(g, views, rec.frame_tokens);
     }
     case DiskForm::kFull:
-    case DiskForm::kInt8: {
+    case DiskForm::kInt8:
+    case DiskForm::kInt4: {
       std::vector<uint32_t> all(g.layers);
       for (uint32_t l = 0; l < g.layers; ++l) all[l] = l;
       KVMEM_ASSIGN_OR_RETURN(std::vector<std::string> layers,
@@ -365,6 +367,9 @@ absl::StatusOr<std::vector<std::string>> BlockReader::LoadLayerRecords(
     if (rec.disk == DiskForm::kInt8) {
       KVMEM_ASSIGN_OR_RETURN(bytes,
                              DequantizeLayer(g, rec.info.token_count, bytes));
+    } else if (rec.disk == DiskForm::kInt4) {
+      KVMEM_ASSIGN_OR_RETURN(
+          bytes, DequantizeLayerInt4(g, rec.info.token_count, bytes));
     }
     if (bytes.size() != want) {
       return absl::DataLossError(absl::StrCat("layer ", l, " of block ",

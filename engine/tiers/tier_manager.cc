@@ -191,6 +191,8 @@ TierManager::TierMove TierManager::NextTierMove(uint64_t incoming_warm,
     // Room in cold first, unless the victim lands in degraded anyway.
     if (move.victim >= 0 && t.cold_budget_bytes > 0 &&
         blocks[move.victim].rec.disk != DiskForm::kInt8 &&
+        blocks[move.victim].rec.disk != DiskForm::kInt4 &&
+        t.cold_precision == ColdPrecision::kFull &&
         cold + blocks[move.victim].rec.info.payload_bytes >
             t.cold_budget_bytes) {
       const int64_t room = coldest(Tier::kCold);
@@ -209,7 +211,23 @@ absl::Status TierManager::Demote(uint64_t id) {
     warm = view_->blocks()[id].warm;
   }
   StreamWrite write;
-  if (rec.disk == DiskForm::kFrames && env_.demote_keeps_frames) {
+  const ColdPrecision precision = config_.tiers.cold_precision;
+  if (rec.disk == DiskForm::kFrames && precision != ColdPrecision::kFull) {
+    // A stream kept compressed on disk: its first demotion writes the
+    // compressed form from the warm copy, in place of its frames.
+    const bool int4 = precision == ColdPrecision::kInt4;
+    const uint32_t tokens = rec.info.token_count;
+    for (uint32_t l = 0; l < config_.geometry.layers; ++l) {
+      const std::string layer = warm->LayerRecord(l);
+      write.block_layers.push_back(
+          {id, l,
+           int4 ? QuantizeLayerInt4(config_.geometry, tokens, layer)
+                : QuantizeLayer(config_.geometry, tokens, layer)});
+    }
+    write.delete_frames.emplace_back(rec.info.first_frame, rec.info.last_frame);
+    rec.disk = int4 ? DiskForm::kInt4 : DiskForm::kInt8;
+    rec.info.degraded = true;
+  } else if (rec.disk == DiskForm::kFrames && env_.demote_keeps_frames) {
     // The frames stay its durable copy; their signals (only an open
     // block's are read back) are in the block's record.
     write.delete_frame_metas.emplace_back(rec.info.first_frame,
@@ -223,7 +241,9 @@ absl::Status TierManager::Demote(uint64_t id) {
     write.delete_frames.emplace_back(rec.info.first_frame, rec.info.last_frame);
     rec.disk = DiskForm::kFull;
   }
-  rec.info.tier = rec.disk == DiskForm::kInt8 ? Tier::kDegraded : Tier::kCold;
+  rec.info.tier = rec.disk == DiskForm::kInt8 || rec.disk == DiskForm::kInt4
+                      ? Tier::kDegraded
+                      : Tier::kCold;
   return CommitMove(
       id, std::move(rec), std::move(write),
       [this](BlockEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(view_->mu()) {

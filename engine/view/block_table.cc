@@ -13,6 +13,7 @@ Tier TierOf(const BlockEntry& e) {
     case DiskForm::kFull:
       return Tier::kCold;
     case DiskForm::kInt8:
+    case DiskForm::kInt4:
       return Tier::kDegraded;
     case DiskForm::kNone:
       return Tier::kEvicted;
@@ -27,6 +28,8 @@ uint64_t DiskBytes(const Geometry& g, const BlockRecord& rec) {
       return rec.info.payload_bytes;
     case DiskForm::kInt8:
       return g.layers * QuantizedLayerBytes(g, rec.info.token_count);
+    case DiskForm::kInt4:
+      return g.layers * Int4LayerBytes(g, rec.info.token_count);
     case DiskForm::kNone:
       return 0;
   }

@@ -84,6 +84,7 @@ enum class Kind {
   kStr,
   kSegment,
   kReplacement,
+  kColdPrecision,
   kScore,
   kShare
 };
@@ -121,6 +122,7 @@ const DefaultKey kDefaultKeys[] = {
      KVMEM_FIELD(tiers.rebuild_every_blocks)},
     {"rebuild_every_seconds", Kind::kU32,
      KVMEM_FIELD(tiers.rebuild_every_seconds)},
+    {"cold_precision", Kind::kColdPrecision, KVMEM_FIELD(tiers.cold_precision)},
 };
 #undef KVMEM_FIELD
 
@@ -131,6 +133,12 @@ const char* SegmentName(SegmentMode m) {
 }
 const char* ReplacementName(Replacement r) {
   return r == Replacement::kLru ? "lru" : r == Replacement::kHeat ? "heat" : "";
+}
+const char* ColdPrecisionName(ColdPrecision p) {
+  return p == ColdPrecision::kFull   ? "full"
+         : p == ColdPrecision::kInt8 ? "int8"
+         : p == ColdPrecision::kInt4 ? "int4"
+                                     : "";
 }
 const char* ScoreName(ScoreMode m) {
   return m == ScoreMode::kMass     ? "mass"
@@ -169,6 +177,10 @@ std::string FieldToml(const DefaultKey& k, const StreamConfig& config) {
     }
     case Kind::kReplacement: {
       const char* n = ReplacementName(*static_cast<Replacement*>(p));
+      return *n ? Quote(n) : "";
+    }
+    case Kind::kColdPrecision: {
+      const char* n = ColdPrecisionName(*static_cast<ColdPrecision*>(p));
       return *n ? Quote(n) : "";
     }
     case Kind::kScore: {
@@ -254,6 +266,14 @@ absl::Status SetField(const DefaultKey& k, const toml::node& v,
                  p)
                  ? absl::OkStatus()
                  : bad("\"lru\" or \"heat\"");
+    case Kind::kColdPrecision:
+      return Named<ColdPrecision>(v,
+                                  {{"full", ColdPrecision::kFull},
+                                   {"int8", ColdPrecision::kInt8},
+                                   {"int4", ColdPrecision::kInt4}},
+                                  p)
+                 ? absl::OkStatus()
+                 : bad("\"full\", \"int8\" or \"int4\"");
     case Kind::kScore:
       return Named<ScoreMode>(
                  v,

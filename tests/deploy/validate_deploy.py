@@ -69,7 +69,8 @@ STREAM_DEFAULT_KEYS = {k: float for k in (
     "cold_budget_bytes", "storage_cap_bytes", "heat_half_life_frames",
     "prefetch_blocks", "stage_budget_bytes", "rebuild_every_blocks",
     "rebuild_every_seconds")}
-STREAM_DEFAULT_KEYS.update({k: str for k in ("segment_mode", "index_factory", "replacement")})
+STREAM_DEFAULT_KEYS.update({k: str for k in (
+    "segment_mode", "index_factory", "replacement", "cold_precision")})
 
 # Keys of a ghz JSON config (ghz runner.Config and its CLI flags).
 GHZ_KEYS = {

@@ -57,6 +57,10 @@ TEST(StreamConfigTest, ErrorsNameFieldAndValue) {
        "index_factory \"NotAnIndex7\""},
       {[](StreamConfig& c) { c.gate_temperature = -1; },
        "gate_temperature is -1"},
+      {[](StreamConfig& c) {
+         c.tiers.cold_precision = static_cast<ColdPrecision>(4);
+       },
+       "config.tier_policy.cold_precision is 4"},
   };
   for (const Case& k : cases) {
     StreamConfig c = Valid();

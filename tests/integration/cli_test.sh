@@ -165,8 +165,10 @@ PY
 
 # 6. kvmem bench: a small run against a server it starts reports every
 # figure and its references; the in-process kernel is exact.
-"$bin/kvmem" bench --streams=2 --frames=6 --recalls=20 --index_vectors=2000 \
+# Its streams keep blocks out of RAM at int4 (a 1 MiB warm budget each).
+"$bin/kvmem" bench --streams=2 --frames=16 --recalls=20 --index_vectors=2000 \
   --index_queries=50 --live_fps=20 --live_seconds=0.5 --scratch_dir="$tmp/bench" \
+  --warm_budget_mib=1 --cold_precision=int4 \
   --json > "$tmp/bench.json" 2> "$tmp/bench.err" || fail "bench failed: $(cat "$tmp/bench.err")"
 [ ! -e "$tmp/bench/server" ] || fail "bench left its server's data behind"
 python3 - "$tmp" <<'PY'
@@ -179,6 +181,12 @@ for k in ["ingest_mb_per_s", "raw_stream_mb_per_s", "storage_put_mb_per_s",
 assert b["inproc_recall_at_16"] == 1.0, b
 assert b["streams"] == 2 and b["frame_bytes"] == 262144, b
 assert b["live_frames_per_s"] > 0 and b["server_rss_mib"] > 0, b
+# Blocks left RAM, stored at about a quarter of their appended bytes: less
+# than 0.3 of all 32 frames. (RAM holds at most 8 of a stream's 16: 1 MiB
+# of warm blocks and the open block, so at full precision the blocks out of
+# RAM alone would be over half.)
+assert b["cold_precision"] == "int4" and b["cold_tier_blocks"] > 0, b
+assert 0 < b["cold_tier_bytes"] < 0.3 * 32 * 262144, b
 print("cli bench checks passed")
 PY
 # kvmem bench --fetch: every tier, path and reference measured over the same
@@ -258,6 +266,11 @@ grep -q -- "--cameras must be 1..256" "$tmp/err.txt" || fail "bench --cameras us
 set -e
 [ "$rc" = 2 ] || fail "bench --streams=0 exited $rc, want 2"
 grep -q "1..1024 --streams" "$tmp/err.txt" || fail "bench usage error unclear: $(cat "$tmp/err.txt")"
+set +e
+"$bin/kvmem" bench --cold_precision=int2 > /dev/null 2> "$tmp/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] || fail "bench --cold_precision=int2 exited $rc, want 2"
+grep -q 'cold_precision is "int2"' "$tmp/err.txt" || fail "bench --cold_precision error unclear: $(cat "$tmp/err.txt")"
 set +e
 "$bin/kvmem" demo --camers=2 > /dev/null 2> "$tmp/err.txt"; rc=$?
 set -e

@@ -95,6 +95,7 @@ instance_name = "from-file"
 frames_per_block = 2
 hot_window_tokens = 96
 replacement = "lru"
+cold_precision = "int8"
 warm_budget_bytes = 1048576
 )");
   ServerRun r = RunServer("--config=" + cfg + " --print-config");
@@ -105,6 +106,7 @@ warm_budget_bytes = 1048576
   EXPECT_THAT(r.output, HasSubstr("\nframes_per_block = 2\n"));
   EXPECT_THAT(r.output, HasSubstr("\nhot_window_tokens = 96\n"));
   EXPECT_THAT(r.output, HasSubstr("\nreplacement = \"lru\"\n"));
+  EXPECT_THAT(r.output, HasSubstr("\ncold_precision = \"int8\"\n"));
   EXPECT_THAT(r.output, HasSubstr("\nwarm_budget_bytes = 1048576\n"));
   // Unset defaults appear as comments with the built-in value.
   EXPECT_THAT(r.output, HasSubstr("\n# index_factory = \"Progressive\"\n"));
@@ -181,6 +183,9 @@ TEST_F(ConfigTest, MistakesNameFileLineAndKey) {
       {"[stream_defaults]\nreplacement = \"fifo\"\n",
        ":2: [stream_defaults] replacement is fifo; must be \"lru\" or "
        "\"heat\""},
+      {"[stream_defaults]\ncold_precision = \"int2\"\n",
+       ":2: [stream_defaults] cold_precision is int2; must be \"full\", "
+       "\"int8\" or \"int4\""},
       {"[stream_defaults]\nindex_factory = \"NoSuchIndex\"\n",
        "[stream_defaults]: config.index_policy.index_factory"},
       {"[server]\nlisten = \"unterminated\n", ":2:"},

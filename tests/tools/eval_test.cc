@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/eval_fixture.h"
+#include "tools/eval/eval_metrics.h"
 
 namespace kvmem {
 namespace {
@@ -56,6 +57,75 @@ TEST(EvalOracleTest, MatchesDirectSoftmaxAttention) {
   }
 }
 
+// With an int8 camera, the recalled tokens' weights are their int8 keys'
+// logits under the full softmax's normaliser and their values the int8
+// ones; the sinks and the window stay exact. Against a direct computation.
+TEST(EvalOracleTest, Int8OutputsMatchADirectComputation) {
+  const uint32_t d = 4, n = 8;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  CameraTokens cam;
+  cam.tokens = n;
+  cam.per_token = d;
+  for (uint32_t i = 0; i < n * d; ++i) {
+    cam.keys.push_back(g(rng));
+    cam.values.push_back(g(rng));
+  }
+  CameraTokens int8 = cam;
+  for (float& x : int8.keys) x += 0.05f * g(rng);
+  for (float& x : int8.values) x += 0.05f * g(rng);
+  std::vector<float> q(d);
+  for (auto& x : q) x = 2 * g(rng);
+  QueryTruth t;
+  t.query_heads = 1;
+  t.head_dim = d;
+  const std::vector<std::vector<float>> q_heads = {q};
+  t.q_heads = &q_heads;
+  OracleAttention(cam, n, q_heads, 1, d, &t.probs, &t.outs);
+  // Window: tokens 6 and 7; recalled: 1 and 2.
+  t.base_mass = {t.probs[0][6] + t.probs[0][7]};
+  t.base_out.assign(1, std::vector<double>(d, 0.0));
+  for (uint32_t i : {6u, 7u})
+    for (uint32_t j = 0; j < d; ++j)
+      t.base_out[0][j] += t.probs[0][i] * cam.values[i * d + j];
+  Selection sel;
+  sel.recalled = {{1, 3}};
+  QueryRow row;
+  ScoreOutputs(t, cam, &int8, nullptr, sel, &row);
+  auto logit = [&](const CameraTokens& c, uint32_t i) {
+    double s = 0;
+    for (uint32_t j = 0; j < d; ++j) s += double(q[j]) * c.keys[i * d + j];
+    return s / std::sqrt(double(d));
+  };
+  double lse = 0;
+  for (uint32_t i = 0; i < n; ++i) lse += std::exp(logit(cam, i));
+  lse = std::log(lse);
+  auto rel_error = [&](const CameraTokens& c) {
+    std::vector<double> y(d, 0.0);
+    double m = 0;
+    for (uint32_t i : {1u, 2u, 6u, 7u}) {
+      const bool window = i >= 6;
+      const double w = std::exp(logit(window ? cam : c, i) - lse);
+      m += w;
+      for (uint32_t j = 0; j < d; ++j)
+        y[j] += w * (window ? cam : c).values[i * d + j];
+    }
+    double diff = 0, norm = 0;
+    for (uint32_t j = 0; j < d; ++j) {
+      diff += std::pow(y[j] / m - t.outs[0][j], 2);
+      norm += t.outs[0][j] * t.outs[0][j];
+    }
+    return std::sqrt(diff / norm);
+  };
+  EXPECT_NEAR(row.rel_error, rel_error(cam), 1e-5);
+  EXPECT_NEAR(row.int8_rel_error, rel_error(int8), 1e-5);
+  EXPECT_NE(row.int8_rel_error, row.rel_error);
+  EXPECT_EQ(row.int4_rel_error, row.rel_error);  // No int4 tier given.
+  ScoreOutputs(t, cam, &cam, &int8, sel, &row);  // An exact int8 tier.
+  EXPECT_NEAR(row.int8_rel_error, row.rel_error, 1e-6);
+  EXPECT_NEAR(row.int4_rel_error, rel_error(int8), 1e-5);
+}
+
 using testing::SmallEval;
 
 const PolicySummary& Policy(const EvalResult& r, const std::string& name) {
@@ -76,6 +146,13 @@ TEST(EvalTest, FullKvIsExactAndEveryPolicyReportsMetrics) {
   EXPECT_NEAR(full.output_cosine, 1.0, 1e-6);
   EXPECT_NEAR(full.output_rel_error, 0.0, 1e-6);
   EXPECT_NEAR(full.cold_mass_recalled, 1.0, 1e-5);
+  // An int8 cold tier: full KV reads nothing from it; kvmem's recalled
+  // tokens read from it move its output a little.
+  EXPECT_EQ(full.int8_output_rel_error, full.output_rel_error);
+  const PolicySummary& k = Policy(*r, "kvmem");
+  EXPECT_NE(k.int8_output_rel_error, k.output_rel_error);
+  EXPECT_LT(k.int8_output_rel_error, 1.2 * k.output_rel_error);
+  EXPECT_NE(k.int4_output_rel_error, k.int8_output_rel_error);
   // Bounded policies never hold more than sinks + W + R tokens.
   const uint64_t bpt = 1 * 2 * 2 * 32 * 2;
   for (const char* name :

@@ -122,6 +122,13 @@ DemoGeometry GeometryOf(const BenchOptions& o) {
   return g;
 }
 
+v1::StreamConfig StreamConfigOf(const BenchOptions& o, const DemoGeometry& g) {
+  v1::StreamConfig c = DemoStreamConfig(g);
+  c.mutable_tier_policy()->set_cold_precision(
+      ColdPrecisionOf(o.cold_precision));
+  return c;
+}
+
 // Frames 0..n-1 of a camera, as a front end would send them.
 std::vector<OutgoingFrame> MakeFrames(const DemoGeometry& g, uint64_t seed,
                                       int n) {
@@ -142,6 +149,13 @@ std::unique_ptr<KvmemClient> OwnConnection(const std::string& target) {
 
 }  // namespace
 
+v1::ColdPrecision ColdPrecisionOf(const std::string& name) {
+  return name == "full"   ? v1::COLD_PRECISION_FULL
+         : name == "int8" ? v1::COLD_PRECISION_INT8
+         : name == "int4" ? v1::COLD_PRECISION_INT4
+                          : v1::COLD_PRECISION_UNSPECIFIED;
+}
+
 Latency Summarize(std::vector<double>* us) {
   Latency l;
   if (us->empty()) return l;
@@ -160,8 +174,9 @@ namespace {
 class BenchRun {
  public:
   explicit BenchRun(const BenchOptions& o)
-      : o_(o), g_(GeometryOf(o)), config_(DemoStreamConfig(g_)) {
+      : o_(o), g_(GeometryOf(o)), config_(StreamConfigOf(o, g_)) {
     r_.streams = o.streams;
+    r_.cold_precision = o.cold_precision;
     r_.kernel = ActiveInt8Kernel().name;
     r_.cpu = CpuModel();
   }
@@ -176,6 +191,8 @@ class BenchRun {
   absl::Status StorageReference();
   absl::Status TransportReference();
   absl::Status OpenStreams();
+  // The blocks out of RAM after ingest and their bytes on disk.
+  void ColdTier();
   void Ingest();
   void Recall();
   void EmptyRpc();
@@ -210,6 +227,7 @@ absl::StatusOr<BenchReport> BenchRun::Run() {
   Ingest();
   if (!err_.status().ok()) return err_.status();
   Quiesce(o_.server_pid);
+  ColdTier();
   Recall();
   if (!err_.status().ok()) return err_.status();
   EmptyRpc();
@@ -338,6 +356,15 @@ void BenchRun::Ingest() {
   r_.ingest_mb_per_s = total_mb_ / secs;
   r_.ingest_frames_per_s = double(o_.frames) * o_.streams / secs;
   r_.server_cpu_ingest = (SampleProcess(o_.server_pid).cpu_s - p0.cpu_s) / secs;
+}
+
+void BenchRun::ColdTier() {
+  for (int s = 0; s < o_.streams; ++s) {
+    v1::StreamStats st;
+    if (!clients_[s]->GetStreamStats(StreamId(s), &st).ok()) continue;
+    r_.cold_tier_blocks += st.cold().blocks() + st.degraded().blocks();
+    r_.cold_tier_bytes += st.cold().bytes() + st.degraded().bytes();
+  }
 }
 
 void BenchRun::Recall() {
@@ -491,6 +518,9 @@ std::string BenchJson(const BenchReport& r) {
   w.Key("cpu").Str(r.cpu);
   w.Key("ingest_mb_per_s").Num(r.ingest_mb_per_s, 1);
   w.Key("ingest_frames_per_s").Num(r.ingest_frames_per_s, 1);
+  w.Key("cold_precision").Str(r.cold_precision);
+  w.Key("cold_tier_blocks").UInt(r.cold_tier_blocks);
+  w.Key("cold_tier_bytes").UInt(r.cold_tier_bytes);
   w.Key("raw_stream_mb_per_s").Num(r.raw_stream_mb_per_s, 1);
   w.Key("storage_put_mb_per_s").Num(r.storage_put_mb_per_s, 1);
   lat("recall", r.recall);
@@ -571,6 +601,12 @@ std::string BenchText(const BenchReport& r) {
       r.ingest_mb_per_s, r.ingest_frames_per_s, r.storage_put_mb_per_s,
       ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), r.raw_stream_mb_per_s,
       ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s));
+  s += absl::StrFormat(
+      "  cold tier (%s)     %llu blocks out of RAM, %.1f MiB on disk (%.1f "
+      "KiB a block)\n",
+      r.cold_precision, r.cold_tier_blocks, r.cold_tier_bytes / 1048576.0,
+      r.cold_tier_blocks > 0 ? r.cold_tier_bytes / 1024.0 / r.cold_tier_blocks
+                             : 0.0);
   s += absl::StrFormat(
       "  recall RPC          p50 %7.1f us  p99 %7.1f us  p999 %7.1f us; "
       "empty RPC p99 %.1f us (x%.2f)\n",

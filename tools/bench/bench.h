@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kvmem/v1/types.pb.h"
 
 namespace kvmem {
 
@@ -45,6 +46,9 @@ struct BenchOptions {
   // Warm (RAM) budget per stream. Blocks past it are demoted, which
   // rewrites their KV layer-major (a second write of every byte).
   uint64_t warm_budget_bytes = 64ull << 20;
+  // How the streams keep blocks that leave RAM (tier_policy.
+  // cold_precision): "full", "int8" or "int4".
+  std::string cold_precision = "full";
   uint32_t recall_top_k = 16;
   uint32_t recall_max_tokens = 512;
   // In-process index figures.
@@ -59,6 +63,10 @@ struct Latency {
   uint64_t count = 0;
   double p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
 };
+// The proto value of a cold precision's name ("full", "int8", "int4");
+// COLD_PRECISION_UNSPECIFIED for any other.
+v1::ColdPrecision ColdPrecisionOf(const std::string& name);
+
 // Sorts *us and summarises it.
 Latency Summarize(std::vector<double>* us);
 
@@ -87,6 +95,10 @@ struct BenchReport {
   Latency empty_rpc;
   // The service.
   double ingest_mb_per_s = 0, ingest_frames_per_s = 0;
+  // After ingest, all streams: the blocks out of RAM (cold and degraded
+  // tiers) and their bytes on disk, and the bytes appended to them.
+  std::string cold_precision;
+  uint64_t cold_tier_blocks = 0, cold_tier_bytes = 0;
   Latency recall;
   // Live phase (fps > 0).
   double live_fps = 0;           // Asked per stream.

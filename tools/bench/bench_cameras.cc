@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cpp/kvmem_client.h"
 #include "storage/rocks_cold_store.h"
+#include "tools/bench/bench.h"
 #include "tools/bench/bench_inproc.h"
 #include "tools/bench/bench_util.h"
 #include "tools/common/json_writer.h"
@@ -44,6 +45,8 @@ v1::StreamConfig CameraConfig(const CamerasOptions& o) {
   g->set_head_dim(o.head_dim);
   g->set_dtype(v1::DTYPE_FP16);
   g->set_max_tokens_per_frame(o.tokens_per_frame);
+  c.mutable_tier_policy()->set_cold_precision(
+      ColdPrecisionOf(o.cold_precision));
   return c;
 }
 
@@ -283,6 +286,7 @@ absl::StatusOr<CamerasReport> RunCamerasBench(const CamerasOptions& o) {
   }
   CamerasReport r;
   r.cpu = CpuModel();
+  r.cold_precision = o.cold_precision;
   r.fps = o.fps;
   auto say = [&](const std::string& m) {
     if (o.progress) o.progress(m);
@@ -324,6 +328,7 @@ std::string CamerasJson(const CamerasReport& r) {
   w.Object(/*multiline=*/true);
   w.Key("cpu").Str(r.cpu);
   w.Key("frame_bytes").UInt(r.frame_bytes);
+  w.Key("cold_precision").Str(r.cold_precision);
   w.Key("fps").Num(r.fps, 2);
   w.Key("camera_mb_per_s").Num(r.camera_mb_per_s, 2);
   w.Key("storage_put_mb_per_s").Num(r.storage_put_mb_per_s, 1);
@@ -360,11 +365,11 @@ std::string CamerasJson(const CamerasReport& r) {
 std::string CamerasText(const CamerasReport& r) {
   std::string out = absl::StrFormat(
       "cpu: %s\n"
-      "camera: %.1f MiB frames at %.1f fps = %.1f MB/s\n"
+      "camera: %.1f MiB frames at %.1f fps = %.1f MB/s; cold tier %s\n"
       "RocksDB puts of the same frames: %.1f MB/s = %.2f cameras (the "
       "storage's bound)\n",
       r.cpu, r.frame_bytes / 1048576.0, r.fps, r.camera_mb_per_s,
-      r.storage_put_mb_per_s, r.storage_bound_cameras);
+      r.cold_precision, r.storage_put_mb_per_s, r.storage_bound_cameras);
   for (const CameraStep& s : r.steps) {
     absl::StrAppendFormat(
         &out,

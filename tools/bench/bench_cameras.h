@@ -38,6 +38,7 @@ struct CamerasOptions {
   uint32_t layers = 32, kv_heads = 8, head_dim = 128, tokens_per_frame = 128;
   uint32_t hot_window_tokens = 2048;  // 16 frames: 5.3 s.
   uint32_t recall_max_tokens = 614;
+  std::string cold_precision = "full";  // tier_policy.cold_precision.
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // Phase messages.
 };
@@ -62,6 +63,7 @@ struct CameraStep {
 
 struct CamerasReport {
   std::string cpu;
+  std::string cold_precision;
   uint64_t frame_bytes = 0;
   double fps = 0;
   double camera_mb_per_s = 0;  // frame_bytes x fps, MB/s.

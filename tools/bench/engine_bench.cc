@@ -91,28 +91,40 @@ void BM_Segmenter(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// One layer of a block of N tokens: int8 per-channel quantisation, and back.
+// One layer of a block: int8 per-channel quantisation (the degraded tier and
+// cold_precision INT8) or int4 KIVI-style (cold_precision INT4), and back.
+// Args: tokens, kv_heads x head_dim (2 x 64, or a 7B model's 8 x 128), int4.
+Geometry LayerGeometry(const benchmark::State& state) {
+  return state.range(1) == 1024 ? Geometry{32, 8, 128, DType::kFp16, 128}
+                                : BenchGeometry();
+}
+
 void BM_DegradeLayer(benchmark::State& state) {
-  const Geometry g = BenchGeometry();
+  const Geometry g = LayerGeometry(state);
   const uint32_t tokens = state.range(0);
+  const bool int4 = state.range(2) != 0;
   std::mt19937_64 rng(3);
   const std::string layer =
       Fp16Of(rng, 2ull * g.kv_heads * tokens * g.head_dim);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(QuantizeLayer(g, tokens, layer));
+    benchmark::DoNotOptimize(int4 ? QuantizeLayerInt4(g, tokens, layer)
+                                  : QuantizeLayer(g, tokens, layer));
   }
   state.SetBytesProcessed(state.iterations() * layer.size());
 }
 
 void BM_RestoreLayer(benchmark::State& state) {
-  const Geometry g = BenchGeometry();
+  const Geometry g = LayerGeometry(state);
   const uint32_t tokens = state.range(0);
+  const bool int4 = state.range(2) != 0;
   std::mt19937_64 rng(3);
   const std::string layer =
       Fp16Of(rng, 2ull * g.kv_heads * tokens * g.head_dim);
-  const std::string q = QuantizeLayer(g, tokens, layer);
+  const std::string q = int4 ? QuantizeLayerInt4(g, tokens, layer)
+                             : QuantizeLayer(g, tokens, layer);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(DequantizeLayer(g, tokens, q));
+    benchmark::DoNotOptimize(int4 ? DequantizeLayerInt4(g, tokens, q)
+                                  : DequantizeLayer(g, tokens, q));
   }
   state.SetBytesProcessed(state.iterations() * layer.size());
 }
@@ -673,8 +685,16 @@ BENCHMARK(BM_StreamRecall)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RecallPlanner)->Arg(64)->Arg(1024);
 BENCHMARK(BM_Segmenter);
-BENCHMARK(BM_DegradeLayer)->Arg(32)->Arg(128);
-BENCHMARK(BM_RestoreLayer)->Arg(32)->Arg(128);
+BENCHMARK(BM_DegradeLayer)
+    ->Args({32, 128, 0})
+    ->Args({128, 128, 0})
+    ->Args({512, 1024, 0})
+    ->Args({512, 1024, 1});
+BENCHMARK(BM_RestoreLayer)
+    ->Args({32, 128, 0})
+    ->Args({128, 128, 0})
+    ->Args({512, 1024, 0})
+    ->Args({512, 1024, 1});
 BENCHMARK(BM_FrameEncodeFp16);
 BENCHMARK(BM_FrameDecodeFp16);
 BENCHMARK(BM_BlockRecordCodec);

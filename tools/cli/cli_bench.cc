@@ -36,6 +36,9 @@ ABSL_FLAG(bool, fetch, false,
           "bytes, and recall + fetch end to end (tools/bench/bench_fetch.h).");
 ABSL_FLAG(int, fetch_calls, 25, "bench --fetch: calls per figure (median).");
 ABSL_FLAG(double, camera_seconds, 20, "bench --cameras: seconds per step.");
+ABSL_FLAG(std::string, cold_precision, "full",
+          "bench: how the streams keep blocks that leave RAM: full (the "
+          "default), int8 or int4 (tier_policy.cold_precision).");
 ABSL_FLAG(uint32_t, index_vectors, 10800,
           "bench: summaries in the in-process index figures (10,800: one "
           "camera-hour at 3 fps).");
@@ -115,6 +118,15 @@ int RunBench(const std::vector<std::string>&) {
   o.inproc_vectors = absl::GetFlag(FLAGS_index_vectors);
   o.warm_budget_bytes = absl::GetFlag(FLAGS_warm_budget_mib) << 20;
   o.inproc_queries = absl::GetFlag(FLAGS_index_queries);
+  const std::string precision = absl::GetFlag(FLAGS_cold_precision);
+  if (ColdPrecisionOf(precision) == v1::COLD_PRECISION_UNSPECIFIED) {
+    std::fprintf(stderr,
+                 "kvmem bench: --cold_precision is \"%s\"; use full, int8 or "
+                 "int4\n",
+                 precision.c_str());
+    return 2;
+  }
+  o.cold_precision = precision;
   if (o.streams < 1 || o.streams > 1024 || o.frames < 1 || o.recalls < 1 ||
       o.fps < 0 || o.inproc_vectors < 16 || o.inproc_queries < 1) {
     std::fprintf(stderr,
@@ -201,6 +213,7 @@ int RunBench(const std::vector<std::string>&) {
     co.hot_window_tokens = GivenOr(FLAGS_hot_window_tokens, "hot_window_tokens",
                                    co.hot_window_tokens);
     co.seconds = absl::GetFlag(FLAGS_camera_seconds);
+    co.cold_precision = o.cold_precision;
     co.seed = o.seed;
     co.progress = o.progress;
     absl::StatusOr<CamerasReport> c = RunCamerasBench(co);

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/codec/dtype.h"
+#include "engine/codec/quantize.h"
 #include "engine/index/dot.h"
 #include "tools/eval/eval_metrics.h"
 
@@ -184,6 +186,7 @@ class EvalRun {
   absl::Status AddCameraPolicies(Config* c, size_t ci, uint32_t window,
                                  uint32_t cam);
   absl::Status Frame(uint64_t f, uint32_t c);
+  void QuantiseBlock(CameraTokens* cam, uint64_t begin, bool int4) const;
   void Truth(const WorkloadQuery& q, const CameraTokens& ct);
   void BaseWindow(const CameraTokens& ct, uint64_t ws, uint64_t sinks);
   absl::Status Query(uint64_t f, uint32_t c, const WorkloadQuery& q);
@@ -205,6 +208,11 @@ class EvalRun {
   size_t num_policies_ = 0, first_kvmem_ = 0;
   std::vector<Config> configs_;
   std::vector<CameraTokens> cam_;
+  // Each camera's tokens as an int8 / int4 cold tier returns them: every
+  // finished grid block (frames_per_block frames) quantised as the server
+  // does.
+  std::vector<CameraTokens> int8_, int4_;
+  std::vector<uint64_t> lossy_begin_;  // Each camera's unfinished block.
   // Per config and policy: peaks.
   std::vector<std::vector<uint64_t>> resident_peak_, stored_peak_;
   double per_head_hit_ = 0, shared_hit_ = 0, cold_pool_ = 0;
@@ -323,6 +331,9 @@ absl::StatusOr<EvalResult> EvalRun::Run(const std::vector<double>& fractions) {
     c.sink_tokens = w_.sink_tokens;
     c.per_token = kv_heads_ * w_.head_dim;
   }
+  int8_ = cam_;
+  int4_ = cam_;
+  lossy_begin_.assign(cams_, 0);
   resident_peak_.assign(configs_.size(),
                         std::vector<uint64_t>(num_policies_, 0));
   stored_peak_ = resident_peak_;
@@ -356,6 +367,16 @@ absl::Status EvalRun::Frame(uint64_t f, uint32_t c) {
   ct.keys.insert(ct.keys.end(), keys_.begin(), keys_.end());
   ct.values.insert(ct.values.end(), values_.begin(), values_.end());
   ct.tokens += frame.frame.header.token_count();
+  for (CameraTokens* q : {&int8_[c], &int4_[c]}) {
+    q->keys.insert(q->keys.end(), keys_.begin(), keys_.end());
+    q->values.insert(q->values.end(), values_.begin(), values_.end());
+    q->tokens = ct.tokens;
+  }
+  if ((f + 1) % o_.frames_per_block == 0) {
+    QuantiseBlock(&int8_[c], lossy_begin_[c], false);
+    QuantiseBlock(&int4_[c], lossy_begin_[c], true);
+    lossy_begin_[c] = ct.tokens;
+  }
   for (auto& cfg : configs_) {
     for (auto& p : cfg.policies[c]) {
       absl::Status s = p->OnFrame(frame, ct);
@@ -372,8 +393,47 @@ absl::Status EvalRun::Frame(uint64_t f, uint32_t c) {
   return absl::OkStatus();
 }
 
+void EvalRun::QuantiseBlock(CameraTokens* cam, uint64_t begin,
+                            bool int4) const {
+  // Per layer, the block's record as the stream stores it (K then V, each
+  // [kv_head][token][head_dim], fp16) through the server's own int8 or int4
+  // round trip (engine/codec/quantize.h).
+  const Geometry g{w_.layers, w_.kv_heads, w_.head_dim, DType::kFp16,
+                   w_.tokens_per_frame};
+  const uint64_t T = cam->tokens - begin;
+  const size_t H = w_.kv_heads, d = w_.head_dim, slice = H * T * d;
+  std::vector<float> buf(2 * slice);
+  std::string record(buf.size() * 2, '\0');
+  for (uint32_t l = 0; l < w_.layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const float* src = (kv == 0 ? cam->keys : cam->values).data();
+      for (size_t h = 0; h < H; ++h)
+        for (uint64_t t = 0; t < T; ++t)
+          std::copy_n(src + (begin + t) * cam->per_token + (l * H + h) * d, d,
+                      buf.data() + kv * slice + (h * T + t) * d);
+    }
+    EncodeFromFloat(buf.data(), buf.size(), DType::kFp16,
+                    reinterpret_cast<uint8_t*>(record.data()));
+    const uint32_t n = static_cast<uint32_t>(T);
+    auto back = int4
+                    ? DequantizeLayerInt4(g, n, QuantizeLayerInt4(g, n, record))
+                    : DequantizeLayer(g, n, QuantizeLayer(g, n, record));
+    if (!back.ok()) return;  // Sizes are the geometry's: cannot happen.
+    DecodeToFloat(reinterpret_cast<const uint8_t*>(back->data()), buf.size(),
+                  DType::kFp16, buf.data());
+    for (int kv = 0; kv < 2; ++kv) {
+      float* dst = (kv == 0 ? cam->keys : cam->values).data();
+      for (size_t h = 0; h < H; ++h)
+        for (uint64_t t = 0; t < T; ++t)
+          std::copy_n(buf.data() + kv * slice + (h * T + t) * d, d,
+                      dst + (begin + t) * cam->per_token + (l * H + h) * d);
+    }
+  }
+}
+
 void EvalRun::Truth(const WorkloadQuery& q, const CameraTokens& ct) {
   const uint64_t n = ct.tokens;
+  t_.q_heads = &q.q_heads;
   OracleAttention(ct, n, q.q_heads, kv_heads_, w_.head_dim, &t_.probs,
                   &t_.outs);
   t_.pbar.assign(n, 0.0);
@@ -496,7 +556,7 @@ void EvalRun::Score(const Selection& sel, const WorkloadQuery& q,
     row->injected = static_cast<uint32_t>(tokens / sel.head_recalled.size());
   }
   row->cold_hit = static_cast<float>(hit);
-  ScoreOutputs(t_, ct, sel, row);
+  ScoreOutputs(t_, ct, &int8_[row->camera], &int4_[row->camera], sel, row);
   row->violations = sel.violations;
   row->query_tokens = sel.query_tokens;
   row->track_tokens = sel.track_tokens;

@@ -144,6 +144,11 @@ struct PolicySummary {
   // kvmem policies: the output with gates (see the top of this file),
   // and the sets' tokens against the budget.
   double gated_output_cosine = 0, gated_output_rel_error = 0;
+  // output_rel_error and gated_output_rel_error with every recalled token
+  // read from an int8 or int4 cold tier (its blocks quantised as
+  // tier_policy.cold_precision INT8 or INT4 stores them).
+  double int8_output_rel_error = 0, int8_gated_output_rel_error = 0;
+  double int4_output_rel_error = 0, int4_gated_output_rel_error = 0;
   double budget_used = 0;  // Mean tokens recalled / R.
   uint64_t budget_violations = 0, window_violations = 0;
   double estimated_mass = 0;  // Mean RecallResponse.recalled_mass.
@@ -175,6 +180,10 @@ struct QueryRow {
   uint32_t units = 0, useless = 0;  // Recalled blocks; those under 1 %.
   uint32_t degraded = 0;            // Recalled blocks held as int8.
   float gated_cosine = 0, gated_rel_error = 0;  // With gates (kvmem).
+  // The same relative errors with the recalled tokens read from an int8 or
+  // int4 cold tier (tier_policy.cold_precision INT8, INT4).
+  float int8_rel_error = 0, int8_gated_rel_error = 0;
+  float int4_rel_error = 0, int4_gated_rel_error = 0;
   float estimated_mass = 0;
   uint8_t violations = 0;  // Bit 0: over the budget; bit 1: in the window.
   float query_tokens = 0, track_tokens = 0;  // kvmem: by channel.

@@ -244,6 +244,27 @@ std::string MatrixTable(const MatrixResult& m) {
         k->budget_used, k->budget_violations + k->window_violations,
         k->recall_p99_us, m.seconds[i]);
   }
+  s += "\nkvmem's output error with its recalled tokens read from a cold "
+       "tier at full precision, int8 and int4 (tier_policy.cold_precision; "
+       "the sets are the same, so is the cold mass), plain (gated):\n\n"
+       "| cell | full | int8 | int8 / full | int4 | int4 / full |\n"
+       "|---|---|---|---|---|---|\n";
+  for (size_t i = 0; i < m.cells.size(); ++i) {
+    const CellView v = View(m.summaries[i]);
+    if (!v.ok()) continue;
+    const PolicySummary* k = v.kvmem;
+    absl::StrAppendFormat(
+        &s,
+        "| %s | %.4f (%.4f) | %.4f (%.4f) | %.3f (%.3f) | %.4f (%.4f) | %.3f "
+        "(%.3f) |\n",
+        m.cells[i], k->output_rel_error, k->gated_output_rel_error,
+        k->int8_output_rel_error, k->int8_gated_output_rel_error,
+        Ratio(k->int8_output_rel_error, k->output_rel_error),
+        Ratio(k->int8_gated_output_rel_error, k->gated_output_rel_error),
+        k->int4_output_rel_error, k->int4_gated_output_rel_error,
+        Ratio(k->int4_output_rel_error, k->output_rel_error),
+        Ratio(k->int4_gated_output_rel_error, k->gated_output_rel_error));
+  }
   absl::StrAppendFormat(&s, "\n%d cells in %.0f s\n", m.cells.size(),
                         m.total_seconds);
   return s;
@@ -312,6 +333,12 @@ std::string MatrixJson(const MatrixResult& m) {
       w.Key("output_rel_error").Num(x.output_rel_error, 4);
       w.Key("gated_output_cosine").Num(x.gated_output_cosine, 5);
       w.Key("gated_output_rel_error").Num(x.gated_output_rel_error, 4);
+      w.Key("int8_output_rel_error").Num(x.int8_output_rel_error, 4);
+      w.Key("int8_gated_output_rel_error")
+          .Num(x.int8_gated_output_rel_error, 4);
+      w.Key("int4_output_rel_error").Num(x.int4_output_rel_error, 4);
+      w.Key("int4_gated_output_rel_error")
+          .Num(x.int4_gated_output_rel_error, 4);
       w.Key("useless_hit_rate").Num(x.useless_hit_rate, 4);
       w.Key("injected_tokens_mean").Num(x.injected_tokens_mean, 1);
       w.Key("budget_used").Num(x.budget_used, 3);

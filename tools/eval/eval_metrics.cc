@@ -69,19 +69,34 @@ void OracleAttention(const CameraTokens& cam, uint64_t tokens,
   }
 }
 
-void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
-                  const Selection& sel, QueryRow* row) {
+namespace {
+
+struct OutputErrors {
+  double mass = 0, cosine = 0, rel = 0, gated_cosine = 0, gated_rel = 0;
+};
+
+// Output errors of a selection, summed over query heads. Recalled tokens are
+// read from `cam`, or with `int8` as the int8 tier returns them: their
+// values from it, and their attention weights p_i * exp((q . k~_i - q .
+// k_i) / sqrt(d)), i.e. the logits of their int8 keys under the full
+// softmax's normaliser (the sinks and the window stay exact).
+OutputErrors Outputs(const QueryTruth& t, const CameraTokens& cam,
+                     const CameraTokens* int8, const Selection& sel) {
   const size_t d = t.head_dim;
+  const double inv = 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<float> acc(d);
   std::vector<double> y(d);
   const bool gated = sel.estimated_mass >= 0 && !sel.unit_gates.empty();
   const double G = std::clamp<double>(sel.estimated_mass, 0.0, 1.0);
-  double mass = 0, cos_sum = 0, rel_sum = 0, gcos = 0, grel = 0;
+  OutputErrors out;
   for (uint32_t qh = 0; qh < t.query_heads; ++qh) {
     const std::vector<double>& ref = t.outs[qh];
     const std::vector<float>& p = t.probs[qh];
     const size_t kvh = qh / t.group;
-    const float* values = cam.values.data() + kvh * d;
+    const CameraTokens& read = int8 != nullptr ? *int8 : cam;
+    const float* values = read.values.data() + kvh * d;
+    const float* q =
+        int8 != nullptr ? (*t.q_heads)[qh % t.group].data() + kvh * d : nullptr;
     const std::vector<Span>& recalled =
         sel.head_recalled.empty() ? sel.recalled : sel.head_recalled[kvh];
     auto attend = [&](const std::vector<Span>& spans, double* m) {
@@ -89,8 +104,15 @@ void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
       *m = 0;
       for (const Span& sp : spans) {
         for (uint64_t i = sp.begin; i < sp.end; ++i) {
-          *m += p[i];
-          Axpy(p[i], values + i * cam.per_token, acc.data(), d);
+          float w = p[i];
+          if (q != nullptr) {
+            const size_t at = i * cam.per_token + kvh * d;
+            const double shift = Dot(q, int8->keys.data() + at, d) -
+                                 Dot(q, cam.keys.data() + at, d);
+            w = static_cast<float>(w * std::exp(shift * inv));
+          }
+          *m += w;
+          Axpy(w, values + i * cam.per_token, acc.data(), d);
         }
       }
     };
@@ -104,11 +126,11 @@ void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
         y[j] = (t.base_out[qh][j] + acc[j]) / std::max(m, 1e-30);
       }
     }
-    mass += m;
+    out.mass += m;
     double c, r;
     Compare(y, ref, &c, &r);
-    cos_sum += c;
-    rel_sum += r;
+    out.cosine += c;
+    out.rel += r;
     if (gated) {
       // (1 - G) o_window + G sum_b gate_b o_b
       for (size_t j = 0; j < d; ++j) {
@@ -122,18 +144,41 @@ void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
         for (size_t j = 0; j < d; ++j) y[j] += k * acc[j];
       }
       Compare(y, ref, &c, &r);
-      gcos += c;
-      grel += r;
+      out.gated_cosine += c;
+      out.gated_rel += r;
     }
   }
-  row->mass = static_cast<float>(mass / t.query_heads);
-  row->cosine = static_cast<float>(cos_sum / t.query_heads);
-  row->rel_error = static_cast<float>(rel_sum / t.query_heads);
+  return out;
+}
+
+}  // namespace
+
+void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
+                  const CameraTokens* int8, const CameraTokens* int4,
+                  const Selection& sel, QueryRow* row) {
+  const OutputErrors e = Outputs(t, cam, nullptr, sel);
+  const double n = t.query_heads;
+  row->mass = static_cast<float>(e.mass / n);
+  row->cosine = static_cast<float>(e.cosine / n);
+  row->rel_error = static_cast<float>(e.rel / n);
+  const bool gated = sel.estimated_mass >= 0 && !sel.unit_gates.empty();
   if (gated) {
-    row->gated_cosine = static_cast<float>(gcos / t.query_heads);
-    row->gated_rel_error = static_cast<float>(grel / t.query_heads);
+    row->gated_cosine = static_cast<float>(e.gated_cosine / n);
+    row->gated_rel_error = static_cast<float>(e.gated_rel / n);
     row->estimated_mass = sel.estimated_mass;
   }
+  auto lossy = [&](const CameraTokens* tier, float* rel, float* gated_rel) {
+    if (tier != nullptr && t.q_heads != nullptr && !sel.everything) {
+      const OutputErrors q = Outputs(t, cam, tier, sel);
+      *rel = static_cast<float>(q.rel / n);
+      *gated_rel = static_cast<float>(q.gated_rel / n);
+    } else {
+      *rel = row->rel_error;
+      *gated_rel = row->gated_rel_error;
+    }
+  };
+  lossy(int8, &row->int8_rel_error, &row->int8_gated_rel_error);
+  lossy(int4, &row->int4_rel_error, &row->int4_gated_rel_error);
 }
 
 void OracleSets(const QueryTruth& t, uint64_t n, const PolicyBudget& b,
@@ -174,6 +219,8 @@ PolicySummary Summarize(const EvalResult& result, size_t ci, size_t pi,
     ps.mass_recalled += r.mass;
     ps.output_cosine += r.cosine;
     ps.output_rel_error += r.rel_error;
+    ps.int8_output_rel_error += r.int8_rel_error;
+    ps.int4_output_rel_error += r.int4_rel_error;
     const int k = r.kind == QueryKind::kProbe ? 1 : 0;
     cold_hit[k] += r.cold_hit;
     cold_total[k] += r.cold_total;
@@ -189,6 +236,8 @@ PolicySummary Summarize(const EvalResult& result, size_t ci, size_t pi,
       ++gated;
       ps.gated_output_cosine += r.gated_cosine;
       ps.gated_output_rel_error += r.gated_rel_error;
+      ps.int8_gated_output_rel_error += r.int8_gated_rel_error;
+      ps.int4_gated_output_rel_error += r.int4_gated_rel_error;
       ps.estimated_mass += r.estimated_mass;
     }
     ps.query_tokens_mean += r.query_tokens;
@@ -210,10 +259,14 @@ PolicySummary Summarize(const EvalResult& result, size_t ci, size_t pi,
   ps.mass_recalled /= nq;
   ps.output_cosine /= nq;
   ps.output_rel_error /= nq;
+  ps.int8_output_rel_error /= nq;
+  ps.int4_output_rel_error /= nq;
   ps.query_tokens_mean /= nq;
   ps.track_tokens_mean /= nq;
   ps.gated_output_cosine = ratio(ps.gated_output_cosine, gated);
   ps.gated_output_rel_error = ratio(ps.gated_output_rel_error, gated);
+  ps.int8_gated_output_rel_error = ratio(ps.int8_gated_output_rel_error, gated);
+  ps.int4_gated_output_rel_error = ratio(ps.int4_gated_output_rel_error, gated);
   ps.estimated_mass = ratio(ps.estimated_mass, gated);
   ps.cold_mass_recalled =
       ratio(cold_hit[0] + cold_hit[1], cold_total[0] + cold_total[1]);

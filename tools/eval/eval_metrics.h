@@ -21,6 +21,8 @@ struct QueryTruth {
   // Sinks + window of the current window size, per query head.
   std::vector<double> base_mass;
   std::vector<std::vector<double>> base_out;
+  // The query's vectors (WorkloadQuery::q_heads), while it is scored.
+  const std::vector<std::vector<float>>* q_heads = nullptr;
 };
 
 // prefix[e] - prefix[b] (0 when e <= b).
@@ -30,8 +32,13 @@ double Sum(const std::vector<double>& prefix, uint64_t b, uint64_t e);
 // the window and the selection jointly (per query head, each reading its
 // KV head's set when the selection has sets per head), and with gates: the
 // window's and each recalled block's own attention mixed by the
-// selection's estimated mass and gate weights.
+// selection's estimated mass and gate weights. With `int8` or `int4`
+// (cam's tokens as a stream with tier_policy.cold_precision INT8 or INT4
+// returns them, same layout) and t.q_heads, also the relative errors when
+// the recalled tokens come from that tier (int8_rel_error,
+// int8_gated_rel_error, int4_...); without, those equal the exact ones.
 void ScoreOutputs(const QueryTruth& t, const CameraTokens& cam,
+                  const CameraTokens* int8, const CameraTokens* int4,
                   const Selection& sel, QueryRow* row);
 
 // The cold mass the best shared set of R tokens holds (by mean attention

@@ -110,6 +110,23 @@ std::string EvalTable(const EvalResult& r) {
         "of the cold mass; a set of R tokens per query head, %.3f.\n",
         r.oracle_shared_cold_mass, r.oracle_per_head_cold_mass);
   }
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  for (const auto& p : c.policies) {
+    if (p.name != "kvmem") continue;
+    absl::StrAppendFormat(
+        &s,
+        "\nkvmem's recalled tokens read from a compressed cold tier "
+        "(tier_policy.cold_precision; the same sets, so the same cold mass): "
+        "output rel. error (gated) at full precision %.4f (%.4f), int8 %.4f "
+        "(%.4f) = %.3fx (%.3fx), int4 %.4f (%.4f) = %.3fx (%.3fx).\n",
+        p.output_rel_error, p.gated_output_rel_error, p.int8_output_rel_error,
+        p.int8_gated_output_rel_error,
+        ratio(p.int8_output_rel_error, p.output_rel_error),
+        ratio(p.int8_gated_output_rel_error, p.gated_output_rel_error),
+        p.int4_output_rel_error, p.int4_gated_output_rel_error,
+        ratio(p.int4_output_rel_error, p.output_rel_error),
+        ratio(p.int4_gated_output_rel_error, p.gated_output_rel_error));
+  }
   return s;
 }
 
@@ -139,6 +156,10 @@ void PolicyJson(const PolicySummary& p, JsonWriter* w) {
   w->Key("latency_buckets").UInt(p.latency_buckets);
   w->Key("gated_output_cosine").Num(p.gated_output_cosine, 5);
   w->Key("gated_output_rel_error").Num(p.gated_output_rel_error, 4);
+  w->Key("int8_output_rel_error").Num(p.int8_output_rel_error, 4);
+  w->Key("int8_gated_output_rel_error").Num(p.int8_gated_output_rel_error, 4);
+  w->Key("int4_output_rel_error").Num(p.int4_output_rel_error, 4);
+  w->Key("int4_gated_output_rel_error").Num(p.int4_gated_output_rel_error, 4);
   w->Key("estimated_mass").Num(p.estimated_mass, 4);
   w->Key("budget_used").Num(p.budget_used, 3);
   w->Key("query_tokens_mean").Num(p.query_tokens_mean, 1);

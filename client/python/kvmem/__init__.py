@@ -27,7 +27,7 @@ from kvmem.errors import (AlreadyExistsError, DeadlineExceededError,  # noqa: E4
 from kvmem.kv import (bf16_to_float32, decode_kv, encode_frame,  # noqa: E402
                       float32_to_bf16, numpy_dtype, stack_kv)
 from kvmem.messages import (AcceleratorStats, AppendAck,  # noqa: E402
-                            AppendFramesResponse, BlockPolicy,
+                            AppendFramesResponse, BlockPolicy, ColdPrecision,
                             DeliveredBlock, Detection,
                             DType, FrameSignals, IndexPolicy, IndexStats,
                             LayerRecallSet, OpenStreamResponse, PayloadLayout,
@@ -44,7 +44,7 @@ from kvmem.shm import Delivery, SharedBlock  # noqa: E402
 
 __all__ = [
     "AcceleratorStats", "AlreadyExistsError", "AppendAck", "AppendFramesResponse",
-    "BlockPolicy", "Client", "DType", "DeadlineExceededError", "DeliveredBlock",
+    "BlockPolicy", "Client", "ColdPrecision", "DType", "DeadlineExceededError", "DeliveredBlock",
     "Delivery", "Detection",
     "FailedPreconditionError", "FetchedBlock", "Frame", "FrameSignals",
     "IndexPolicy", "IndexStats", "InvalidArgumentError", "KvmemError",

@@ -47,6 +47,13 @@ class ReplacementPolicy(enum.IntEnum):
     HEAT = 2
 
 
+class ColdPrecision(enum.IntEnum):
+    UNSPECIFIED = 0
+    FULL = 1
+    INT8 = 2
+    INT4 = 3
+
+
 class ScoreMode(enum.IntEnum):
     """How recall scores candidates: MASS (estimated attention mass per KV
     head, the default) or SUMMED (raw logits summed over heads)."""
@@ -81,6 +88,7 @@ PROTO_ENUMS: dict[type, str] = {
     DType: "DType",
     SegmentMode: "SegmentMode",
     ReplacementPolicy: "ReplacementPolicy",
+    ColdPrecision: "ColdPrecision",
     ScoreMode: "ScoreMode",
     Tier: "Tier",
     PayloadLayout: "PayloadLayout",
@@ -126,6 +134,7 @@ class TierPolicy:
     stage_budget_bytes: int = 0
     rebuild_every_blocks: int = 0
     rebuild_every_seconds: int = 0
+    cold_precision: ColdPrecision = ColdPrecision.UNSPECIFIED
 
 
 @dataclass

@@ -42,6 +42,7 @@ class MirrorTest(unittest.TestCase):
                 prefix = {"DType": "DTYPE_", "PayloadLayout": "PAYLOAD_LAYOUT_",
                           "SegmentMode": "SEGMENT_MODE_", "Tier": "TIER_",
                           "ReplacementPolicy": "REPLACEMENT_POLICY_",
+                          "ColdPrecision": "COLD_PRECISION_",
                           "ScoreMode": "SCORE_MODE_"}[name]
                 self.assertEqual({prefix + m.name: int(m) for m in cls},
                                  {v.name: v.number for v in proto.values})
@@ -60,12 +61,14 @@ class MirrorTest(unittest.TestCase):
             labels={"site": "lab", "camera": "7"},
             tier_policy=kvmem.TierPolicy(warm_budget_bytes=1 << 20,
                                          replacement=kvmem.ReplacementPolicy.LRU,
-                                         prefetch_blocks=2),
+                                         prefetch_blocks=2,
+                                         cold_precision=kvmem.ColdPrecision.INT8),
             recall_policy=kvmem.RecallPolicy(model_weight=1.0, scene_weight=0.5))
         msg = messages.to_proto(cfg, types_pb2.StreamConfig())
         self.assertEqual(msg.geometry.dtype, types_pb2.DTYPE_BF16)
         self.assertEqual(list(msg.index_policy.indexed_layers), [3, 1])
         self.assertEqual(msg.tier_policy.replacement, types_pb2.REPLACEMENT_POLICY_LRU)
+        self.assertEqual(msg.tier_policy.cold_precision, types_pb2.COLD_PRECISION_INT8)
         self.assertEqual(dict(msg.labels), {"site": "lab", "camera": "7"})
         back = messages.from_proto(kvmem.StreamConfig, msg)
         self.assertEqual(back, cfg)

@@ -1,5 +1,6 @@
 // Int8 per-channel quantisation (engine/codec/quantize.h), the degraded tier's
-// format: the stated error bound per channel, sizes, and damaged records.
+// format, and the int4 form of streams kept at int4: the stated error bounds
+// per channel (and per token), sizes, and damaged records.
 #include "engine/codec/quantize.h"
 
 #include <cmath>
@@ -18,6 +19,18 @@ Geometry G(const testing::TestGeometry& tg, uint32_t max_tokens) {
   return {tg.layers, tg.kv_heads, tg.head_dim, tg.dtype, max_tokens};
 }
 
+// x as a layer record in dtype, and its values as stored (*orig).
+std::string Encoded(const std::vector<float>& x, DType dtype,
+                    std::vector<float>* orig) {
+  std::string layer(x.size() * DTypeBytes(dtype), '\0');
+  EncodeFromFloat(x.data(), x.size(), dtype,
+                  reinterpret_cast<uint8_t*>(layer.data()));
+  orig->resize(x.size());
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(layer.data()), x.size(), dtype,
+                orig->data());
+  return layer;
+}
+
 TEST(QuantizeTest, Int8PerChannelWithinBound) {
   testing::TestGeometry tg;
   for (DType dtype : {DType::kFp32, DType::kFp16}) {
@@ -31,12 +44,8 @@ TEST(QuantizeTest, Int8PerChannelWithinBound) {
       // Channels of very different ranges: per-channel scales matter.
       x[i] = n(rng) * (1 + (i % g.head_dim) * 10.0f);
     }
-    std::string layer(x.size() * DTypeBytes(dtype), '\0');
-    EncodeFromFloat(x.data(), x.size(), dtype,
-                    reinterpret_cast<uint8_t*>(layer.data()));
-    std::vector<float> orig(x.size());
-    DecodeToFloat(reinterpret_cast<const uint8_t*>(layer.data()), x.size(),
-                  dtype, orig.data());
+    std::vector<float> orig;
+    const std::string layer = Encoded(x, dtype, &orig);
     const std::string q = QuantizeLayer(g, tokens, layer);
     EXPECT_EQ(q.size(), QuantizedLayerBytes(g, tokens));
     EXPECT_LT(q.size(), layer.size());
@@ -69,6 +78,77 @@ TEST(QuantizeTest, Int8PerChannelWithinBound) {
       }
     }
     EXPECT_EQ(DequantizeLayer(g, tokens, q.substr(1)).status().code(),
+              absl::StatusCode::kDataLoss);
+  }
+}
+
+// Int4, KIVI-style: keys within half a step of their channel's range over
+// the block's tokens, values within half a step of their token's range over
+// head_dim; a quarter-ish of fp16's bytes; constant groups exact; damaged
+// records are DATA_LOSS.
+TEST(QuantizeTest, Int4KeysPerChannelValuesPerTokenWithinBound) {
+  testing::TestGeometry tg;
+  for (DType dtype : {DType::kFp32, DType::kFp16}) {
+    tg.dtype = dtype;
+    const Geometry g = G(tg, 64);
+    std::mt19937_64 rng(3);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    const uint32_t tokens = 40;
+    const size_t slice = LayerSliceElements(g, tokens);
+    std::vector<float> x(2 * slice);
+    for (size_t i = 0; i < x.size(); ++i) {
+      // Key channels and value tokens of very different ranges.
+      const size_t range = i < slice ? i % g.head_dim : (i / g.head_dim) % 7;
+      x[i] = n(rng) * (1 + range * 10.0f);
+    }
+    // One constant key channel (head 0, dim 1) and value token (head 0,
+    // token 2): exact.
+    for (uint32_t t = 0; t < tokens; ++t) x[t * g.head_dim + 1] = 0.75f;
+    for (uint32_t d = 0; d < g.head_dim; ++d)
+      x[slice + 2 * g.head_dim + d] = -3.5f;
+    std::vector<float> orig;
+    const std::string layer = Encoded(x, dtype, &orig);
+    const std::string q = QuantizeLayerInt4(g, tokens, layer);
+    EXPECT_EQ(q.size(), Int4LayerBytes(g, tokens));
+    // A 7B block (8 KV heads x 128, 512 tokens, fp16): 0.27 of its bytes
+    // (int8: 0.51).
+    const Geometry b7{32, 8, 128, DType::kFp16, 128};
+    const double fp16 = 2.0 * LayerSliceElements(b7, 512) * 2;
+    EXPECT_LT(Int4LayerBytes(b7, 512) / fp16, 0.28);
+    EXPECT_LT(QuantizedLayerBytes(b7, 512) / fp16, 0.51);
+    auto back = DequantizeLayerInt4(g, tokens, q);
+    ASSERT_TRUE(back.ok()) << back.status();
+    std::vector<float> y(x.size());
+    DecodeToFloat(reinterpret_cast<const uint8_t*>(back->data()), y.size(),
+                  dtype, y.data());
+    // Each value's group: its (head, dim) over tokens for keys, its (head,
+    // token) over dims for values.
+    auto group_range = [&](size_t i) {
+      float lo = INFINITY, hi = -INFINITY;
+      const size_t h = i % slice / (tokens * g.head_dim);
+      for (uint32_t j = 0; j < (i < slice ? tokens : g.head_dim); ++j) {
+        const size_t k =
+            i < slice ? (h * tokens + j) * g.head_dim + i % g.head_dim
+                      : slice + (i - slice) / g.head_dim * g.head_dim + j;
+        lo = std::min(lo, orig[k]);
+        hi = std::max(hi, orig[k]);
+      }
+      return hi - lo;
+    };
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float ulp = dtype == DType::kFp16
+                            ? std::fabs(orig[i]) / 1024.0f + 1e-6f
+                            : 1e-5f * (1 + std::fabs(orig[i]));
+      ASSERT_LE(std::fabs(y[i] - orig[i]), group_range(i) / 30.0f + ulp)
+          << (i < slice ? "key " : "value ") << i % slice;
+    }
+    for (uint32_t t = 0; t < tokens; ++t)
+      EXPECT_EQ(y[t * g.head_dim + 1], 0.75f);
+    for (uint32_t d = 0; d < g.head_dim; ++d)
+      EXPECT_EQ(y[slice + 2 * g.head_dim + d], -3.5f);
+    EXPECT_EQ(DequantizeLayerInt4(g, tokens, q.substr(1)).status().code(),
+              absl::StatusCode::kDataLoss);
+    EXPECT_EQ(DequantizeLayerInt4(g, tokens, q + "x").status().code(),
               absl::StatusCode::kDataLoss);
   }
 }

@@ -32,6 +32,33 @@ FrameSignals Track(uint64_t id, float x = 0.1f) {
   return s;
 }
 
+// A block's payload read back in frame-major layout, or the read's error.
+absl::StatusOr<std::string> FrameMajor(const StreamHandle& stream,
+                                       uint64_t block) {
+  auto pieces = stream.ReadBlockPayload(block, PayloadLayout::kFrameMajor, {});
+  if (!pieces.ok()) return pieces.status();
+  std::string got;
+  for (const auto& p : *pieces) got += p.ToString();
+  return got;
+}
+
+// A lossy copy: the same size, not the same values, every value within
+// `bound` of the original's.
+void ExpectWithin(const std::string& want, const std::string& got, DType dtype,
+                  float bound, uint64_t block) {
+  ASSERT_EQ(got.size(), want.size());
+  std::vector<float> x(want.size() / DTypeBytes(dtype)), y(x.size());
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(want.data()), x.size(), dtype,
+                x.data());
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(got.data()), y.size(), dtype,
+                y.data());
+  EXPECT_NE(x, y) << "block " << block;
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_LE(std::fabs(x[i] - y[i]), bound)
+        << "block " << block << " value " << i;
+  }
+}
+
 // Shots of planted lengths, told apart by the scene embedding or, without
 // one, by the keys themselves; a long shot is cut at the frame cap.
 TEST(SegmenterTest, CutsAtPlantedShotBoundaries) {
@@ -209,7 +236,6 @@ TEST_P(ColdFormTiersTest, DemoteDegradeEvictFetchAndRecover) {
     EXPECT_LE(st.warm.bytes, c.tiers.warm_budget_bytes);
 
     auto stream = *e->Find("s");
-    const size_t slice = g.kv_heads * 2 * tokens * g.head_dim;
     for (uint64_t b = 0; b < 30; ++b) {
       auto info = stream.GetBlock(b);
       if (!info.ok()) {
@@ -223,28 +249,15 @@ TEST_P(ColdFormTiersTest, DemoteDegradeEvictFetchAndRecover) {
                     ::testing::HasSubstr("evicted"));
         continue;
       }
-      auto pieces = stream.ReadBlockPayload(b, PayloadLayout::kFrameMajor, {});
-      ASSERT_TRUE(pieces.ok()) << pieces.status();
-      std::string got;
-      for (const auto& p : *pieces) got += p.ToString();
+      absl::StatusOr<std::string> got = FrameMajor(stream, b);
+      ASSERT_TRUE(got.ok()) << got.status();
       const std::string want = m.BlockBytes(b);
       if (!info->degraded) {
-        EXPECT_EQ(got, want) << "block " << b;
+        EXPECT_EQ(*got, want) << "block " << b;
         continue;
       }
       // Degraded: every value within max|x|/254 of its channel (+ fp16 ulp).
-      ASSERT_EQ(got.size(), want.size());
-      std::vector<float> x(want.size() / 2), y(want.size() / 2);
-      DecodeToFloat(reinterpret_cast<const uint8_t*>(want.data()), x.size(),
-                    g.dtype, x.data());
-      DecodeToFloat(reinterpret_cast<const uint8_t*>(got.data()), y.size(),
-                    g.dtype, y.data());
-      EXPECT_NE(x, y);
-      for (size_t i = 0; i < x.size(); ++i) {
-        ASSERT_LE(std::fabs(x[i] - y[i]), 2.0f / 254 + 2.0f / 1024)
-            << "block " << b << " value " << i;
-      }
-      (void)slice;
+      ExpectWithin(want, *got, g.dtype, 2.0f / 254 + 2.0f / 1024, b);
     }
   }
   // Restart: tiers and answers survive (promoted blocks come back warm).
@@ -545,6 +558,110 @@ TEST(TiersTest, AnEvictedBlockKeepsNoTokenCodes) {
   // Evicting block 0 drops the run of both.
   ASSERT_TRUE(StreamTestPeer::Evict(stream, 0).ok());
   EXPECT_FALSE(StreamTestPeer::CodeCapacity(stream, 1).has_value());
+}
+
+// A stream kept compressed on disk (tier_policy.cold_precision INT8 or
+// INT4): each block that leaves RAM is written once, compressed, in place
+// of its frames; the same frames in a full-precision stream take 2x (int8)
+// or ~4x (int4) the bytes; recall picks the same blocks and tokens; reads
+// stay within the form's bound (values here are in [-2, 2]: int8 within
+// max|x| / 254, int4 within a range of at most 4 / 30); a restart
+// keeps the precision and the tiers.
+class ColdPrecisionTest : public ::testing::TestWithParam<ColdPrecision> {};
+
+// Streams "full" and "small" recall the same blocks and tokens for q; the
+// small stream's blocks out of RAM are flagged degraded.
+void ExpectSameSets(MemoryEngine* e, const RecallQuery& q) {
+  auto a = e->Recall("full", q);
+  auto b = e->Recall("small", q);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->blocks.size(), b->blocks.size());
+  for (size_t j = 0; j < a->blocks.size(); ++j) {
+    EXPECT_EQ(a->blocks[j].block.id, b->blocks[j].block.id);
+    EXPECT_EQ(a->blocks[j].token_offsets, b->blocks[j].token_offsets);
+    if (b->blocks[j].block.tier != Tier::kWarm) {
+      EXPECT_TRUE(b->blocks[j].block.degraded);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, ColdPrecisionTest,
+                         ::testing::Values(ColdPrecision::kInt8,
+                                           ColdPrecision::kInt4),
+                         [](const ::testing::TestParamInfo<ColdPrecision>& p) {
+                           return p.param == ColdPrecision::kInt8 ? "Int8"
+                                                                  : "Int4";
+                         });
+
+TEST_P(ColdPrecisionTest, BlocksLeavingRamAreWrittenCompressed) {
+  const bool int4 = GetParam() == ColdPrecision::kInt4;
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = TestConfig(g, 8, 2);
+  c.weights.score = ScoreMode::kMass;
+  c.groups_per_block = 4;
+  const Geometry geo = WithDefaults(c).geometry;
+  c.tiers.warm_budget_bytes = 2 * WarmBlock::AllocatedBytes(geo, 2 * 4);
+  StreamConfig small_config = c;
+  small_config.tiers.cold_precision = GetParam();
+  StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(31);
+  std::vector<std::vector<float>> queries;
+  {
+    auto e = OpenTestEngine(dir.path());
+    ASSERT_TRUE(e->OpenStream("full", c).ok());
+    ASSERT_TRUE(e->OpenStream("small", small_config).ok());
+    for (uint64_t f = 0; f < 40; ++f) {
+      Frame frame = ToFrame(m.AddFrame(rng, 4), f);
+      ASSERT_TRUE(e->Append("full", frame).ok());
+      ASSERT_TRUE(e->Append("small", std::move(frame)).ok());
+    }
+    const StreamStats full = *e->GetStats("full");
+    const StreamStats small = *e->GetStats("small");
+    EXPECT_EQ(small.config.tiers.cold_precision, GetParam());
+    EXPECT_EQ(full.config.tiers.cold_precision, ColdPrecision::kFull);
+    // 20 blocks, 2 warm: the other 18 cold, or degraded (compressed) at
+    // once.
+    EXPECT_EQ(full.cold.blocks, 18u);
+    EXPECT_EQ(small.cold.blocks, 0u);
+    EXPECT_EQ(small.degraded.blocks, 18u);
+    EXPECT_EQ(small.policy.demotions, 18u);
+    EXPECT_EQ(small.policy.degradations, 0u);
+    EXPECT_EQ(small.degraded.bytes,
+              18 * g.layers *
+                  (int4 ? Int4LayerBytes(geo, 2 * 4)
+                        : QuantizedLayerBytes(geo, 2 * 4)));
+    EXPECT_LT(small.degraded.bytes, full.cold.bytes);  // Scales weigh on
+    // blocks of 8 tokens; QuantizeTest has the ratio at a 7B block's size.
+    for (int i = 0; i < 12; ++i) {
+      RecallQuery q;
+      q.query = testing::RandomQuery(rng, m.summary_dim());
+      q.max_tokens = 12;
+      ExpectSameSets(e.get(), q);
+      queries.push_back(q.query);
+    }
+    auto stream = *e->Find("small");
+    for (uint64_t b = 0; b < 18; ++b) {
+      auto info = stream.GetBlock(b);
+      ASSERT_TRUE(info.ok()) << info.status();
+      EXPECT_TRUE(info->degraded) << "block " << b;
+      absl::StatusOr<std::string> got = FrameMajor(stream, b);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectWithin(m.BlockBytes(b), *got, g.dtype,
+                   (int4 ? 4.0f / 30 : 2.0f / 254) + 2.0f / 1024, b);
+    }
+  }
+  auto e = OpenTestEngine(dir.path());
+  const StreamStats again = *e->GetStats("small");
+  EXPECT_EQ(again.config.tiers.cold_precision, GetParam());
+  EXPECT_EQ(again.cold.blocks, 0u);
+  EXPECT_GE(again.degraded.blocks, 16u);  // Recalls promoted some to warm.
+  for (const auto& query : queries) {
+    RecallQuery q;
+    q.query = query;
+    q.max_tokens = 12;
+    ExpectSameSets(e.get(), q);
+  }
 }
 
 // The engine-wide warm cap holds across streams that have no budget of
