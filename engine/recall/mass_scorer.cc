@@ -229,12 +229,13 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
   auto scored = std::make_shared<TokenStageOutput>();
   ScorePoolTokens(view, in, pool, scored.get(), req.helpers);
   // The pooled groups' mass at token resolution, in place of their means'.
-  for (const PlanUnit& u : pool) out->cold_mass -= double(u.score) * u.tokens;
-  for (float d : scored->density) out->cold_mass += d;
-  for (const PlanUnit& u : scored->whole) {
-    out->cold_mass += double(u.score) * u.tokens;
-  }
-  out->cold_mass = std::max(out->cold_mass, 0.0);
+  double delta = 0;
+  for (const PlanUnit& u : pool) delta -= double(u.score) * u.tokens;
+  for (float d : scored->density) delta += d;
+  for (const PlanUnit& u : scored->whole) delta += double(u.score) * u.tokens;
+  out->cold_mass = std::max(out->cold_mass + delta, 0.0);
+  // The whole (window and every candidate) was 1 at the groups' means.
+  out->mass_scale = 1.0 / std::max(1.0 + delta, 1e-6);
   RankScoredTokens(scored, policy, req.budget.tokens, &out->ranked, rest);
   if (split.identity > 0) IdentityUnits(*scored, rows.anchors, split, out);
   out->tokens_scored = scored->tokens_scored;

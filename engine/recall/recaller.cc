@@ -56,6 +56,33 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
   return out;
 }
 
+// One planned set's answer: its blocks, channels and cold share, their
+// masses as shares of the query's attention (ScoredSet::mass_scale); their
+// sum into *mass.
+LayerRecallSet AnswerSet(const RecallView& view, const ScoredSet& set,
+                         const RecallPlan& plan, const ScoredRecall& scored,
+                         const std::vector<float>& mean_query, float* mass)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  LayerRecallSet out;
+  out.layer = set.layer;
+  out.kv_head = set.kv_head;
+  out.blocks = ToRecalled(view, plan, scored, mean_query);
+  out.total_tokens = plan.total_tokens;
+  out.channels = plan.channels;
+  out.channels.identity_budget = set.identity_budget;
+  double cold = 0;  // In the estimate's own units, as set.cold_mass.
+  for (const RecalledBlock& b : out.blocks) cold += b.mass;
+  out.cold_share = set.cold_mass > 0
+                       ? static_cast<float>(std::min(1.0, cold / set.cold_mass))
+                       : 0.0f;
+  *mass = 0;
+  for (RecalledBlock& b : out.blocks) {
+    b.mass = static_cast<float>(b.mass * set.mass_scale);
+    *mass += b.mass;
+  }
+  return out;
+}
+
 // Under the view's lock: the eligible blocks, the scorer's sets and their
 // plans, into *r.
 absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
@@ -105,23 +132,12 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
       PlanSets(scored.policy, &scored.sets, q.mass_target);
   for (size_t si = 0; si < scored.sets.size(); ++si) {
     const ScoredSet& set = scored.sets[si];
-    const RecallPlan& plan = plans[si];
     r->tokens_scored += set.tokens_scored;
     r->token_us += set.token_us;
-    LayerRecallSet out;
-    out.layer = set.layer;
-    out.kv_head = set.kv_head;
-    out.blocks = ToRecalled(view, plan, scored, mean_query);
-    out.total_tokens = plan.total_tokens;
-    out.channels = plan.channels;
-    out.channels.identity_budget = set.identity_budget;
-    r->channels += out.channels;
     float mass = 0;
-    for (const RecalledBlock& b : out.blocks) mass += b.mass;
-    out.cold_share =
-        set.cold_mass > 0
-            ? static_cast<float>(std::min(1.0, mass / set.cold_mass))
-            : 0.0f;
+    LayerRecallSet out =
+        AnswerSet(view, set, plans[si], scored, mean_query, &mass);
+    r->channels += out.channels;
     if (scored.layer_sets) {
       r->recalled_mass += mass / static_cast<float>(scored.sets.size());
       r->cold_share += out.cold_share / static_cast<float>(scored.sets.size());

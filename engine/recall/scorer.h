@@ -89,6 +89,13 @@ struct ScoredSet {
   // the set (its share of the attention outside the window), for mass
   // targets and RecallResult.cold_share; 0 when unknown.
   double cold_mass = 0;
+  // What turns the set's masses into shares of the query's attention: the
+  // estimate's normaliser makes window + candidates sum to 1 with group
+  // means' logits; scored one by one, the pooled tokens hold more than
+  // their groups' means said (Jensen), so the whole is 1 + that difference
+  // and a set's share is its mass / (1 + difference). 1 without a token
+  // stage.
+  double mass_scale = 1.0;
 };
 
 struct ScoredRecall {
