@@ -21,6 +21,7 @@ PACKAGES=(
   prometheus-cpp-dev libtomlplusplus-dev curl
   nginx
   python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
+  python3-torch
 )
 
 missing=()
