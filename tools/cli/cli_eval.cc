@@ -17,6 +17,8 @@
 #include "tools/common/server_process.h"
 #include "tools/common/terminal.h"
 #include "tools/eval/eval.h"
+#include "tools/eval/trace_workload.h"
+#include "tools/eval/video_workload.h"
 
 // Knobs only eval has. Flags shared with demo (--cameras, --frames, --seed,
 // --layers, --kv_heads, --head_dim, --tokens_per_frame, --hot_window_tokens,
@@ -28,6 +30,12 @@ ABSL_FLAG(std::string, via, "inproc",
           "eval: where kvmem runs: inproc (engine linked in, RocksDB in a "
           "temp dir or --data_dir) or grpc (a kvmem-server: --addr, or one "
           "started on a unix socket).");
+ABSL_FLAG(std::string, trace, "",
+          "eval: replay the recorded trace in this directory (one stream; "
+          "docs/traces.md) instead of the synthetic video.");
+ABSL_FLAG(std::string, write_trace, "",
+          "eval: write camera 0 of the synthetic video (the workload flags) "
+          "as a trace in this directory, then exit.");
 ABSL_FLAG(std::string, recall_fractions, "0.1,0.2,0.3,0.5",
           "eval: recall budgets R swept, as fractions of the window W.");
 ABSL_FLAG(double, recall_fraction, 0.3,
@@ -348,9 +356,48 @@ int EvalOptionsFromFlags(EvalOptions* op) {
   return 0;
 }
 
+// --write_trace: camera 0 of the synthetic video as a trace; --trace: the
+// trace as the workload (o->source, o->workload its options).
+int TraceFromFlags(EvalOptions* o, bool* done) {
+  const std::string write = absl::GetFlag(FLAGS_write_trace);
+  const std::string read = absl::GetFlag(FLAGS_trace);
+  if (!write.empty()) {
+    const std::string bad = CheckVideoWorkloadOptions(o->workload);
+    if (!bad.empty()) {
+      std::fprintf(stderr, "kvmem eval: %s\n", bad.c_str());
+      return 2;
+    }
+    const VideoWorkload w(o->workload);
+    const absl::Status s =
+        WriteTrace(w, 0, write,
+                   {{"source", "kvmem eval --write_trace"},
+                    {"seed", std::to_string(o->workload.seed)}});
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvmem eval: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("wrote a trace of %u frames (camera 0) to %s\n",
+                o->workload.frames, write.c_str());
+    *done = true;
+    return 0;
+  }
+  if (read.empty()) return 0;
+  auto t = OpenTraceWorkload(read);
+  if (!t.ok()) {
+    std::fprintf(stderr, "kvmem eval: %s\n", t.status().ToString().c_str());
+    return t.status().code() == absl::StatusCode::kNotFound ? 1 : 2;
+  }
+  o->source = std::move(*t);
+  o->workload = o->source->options();
+  o->trace_dir = read;
+  return 0;
+}
+
 int RunEval(const std::vector<std::string>&) {
   EvalOptions o;
   if (int rc = WorkloadFromFlags(&o.workload); rc != 0) return rc;
+  bool done = false;
+  if (int rc = TraceFromFlags(&o, &done); rc != 0 || done) return rc;
   if (int rc = EvalOptionsFromFlags(&o); rc != 0) return rc;
   const std::string via = absl::GetFlag(FLAGS_via);
   // A server this command starts is stopped and its data removed on every

@@ -153,8 +153,9 @@ const std::vector<Subcommand>& Subcommands() {
        kvmem::RunHealth},
       {"eval",
        "tools/cli/cli_eval.cc",
-       "[--out=DIR] [--via=inproc|grpc]: every policy against an\n"
-       "  exact-attention oracle on a synthetic video workload",
+       "[--out=DIR] [--via=inproc|grpc] [--trace=DIR]: every policy\n"
+       "  against an exact-attention oracle on a synthetic video workload\n"
+       "  or a recorded trace (--write_trace=DIR records one)",
        {"cameras", "frames", "places", "seed", "layers", "kv_heads", "head_dim",
         "tokens_per_frame", "hot_window_tokens", "frames_per_block",
         "warm_budget_bytes", "data_dir", "top_k"},

@@ -162,10 +162,11 @@ absl::StatusOr<std::vector<double>> CheckEvalOptions(const EvalOptions& o) {
 // scored on the same queries against the exact-attention oracle.
 class EvalRun {
  public:
-  explicit EvalRun(const EvalOptions& o)
+  EvalRun(const EvalOptions& o, std::shared_ptr<const WorkloadSource> source)
       : o_(o),
-        w_(o.workload),
-        wl_(o.workload),
+        source_(std::move(source)),
+        wl_(*source_),
+        w_(wl_.options()),
         kv_heads_(w_.layers * w_.kv_heads),
         group_(wl_.query_vectors()),
         cams_(w_.cameras) {}
@@ -198,8 +199,9 @@ class EvalRun {
   absl::Status Summarise();
 
   const EvalOptions& o_;
+  const std::shared_ptr<const WorkloadSource> source_;
+  const WorkloadSource& wl_;
   const VideoWorkloadOptions& w_;
-  const VideoWorkload wl_;
   const uint32_t kv_heads_, group_, cams_;
   std::unique_ptr<KvmemBackend> backend_;
   std::string temp_dir_;
@@ -620,6 +622,8 @@ absl::Status EvalRun::Summarise() {
     }
     for (size_t pi = 0; pi < num_policies_; ++pi) {
       PolicySummary ps = Summarize(result_, ci, pi, w_.fps, cs.recall);
+      ps.recalled_bytes_mean =
+          ps.injected_tokens_mean * static_cast<double>(wl_.bytes_per_token());
       ps.resident_bytes_peak = resident_peak_[ci][pi];
       ps.stored_bytes_peak = stored_peak_[ci][pi];
       cs.policies.push_back(ps);
@@ -629,6 +633,12 @@ absl::Status EvalRun::Summarise() {
   if (cold_pool_ > 0) {
     result_.oracle_shared_cold_mass = shared_hit_ / cold_pool_;
     result_.oracle_per_head_cold_mass = per_head_hit_ / cold_pool_;
+  }
+  if (!wl_.has_values()) {
+    result_.notes.push_back(
+        "the trace has no values (has_values false): output errors and "
+        "cosines compare zero vectors and mean nothing; cold mass and re-ID "
+        "need keys and queries only");
   }
   result_.frames = w_.frames;
   for (const auto& c : cam_) result_.tokens += c.tokens;
@@ -645,7 +655,9 @@ absl::Status EvalRun::Summarise() {
 absl::StatusOr<EvalResult> RunEval(const EvalOptions& o) {
   absl::StatusOr<std::vector<double>> fractions = CheckEvalOptions(o);
   if (!fractions.ok()) return fractions.status();
-  EvalRun run(o);
+  std::shared_ptr<const WorkloadSource> source = o.source;
+  if (source == nullptr) source = std::make_shared<VideoWorkload>(o.workload);
+  EvalRun run(o, std::move(source));
   return run.Run(*fractions);
 }
 

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,11 @@ absl::StatusOr<KvmemKnobs> KvmemVariant(const std::string& name,
 
 struct EvalOptions {
   VideoWorkloadOptions workload;
+  // A workload to replay instead of the synthetic video of `workload` (a
+  // recorded trace: trace_workload.h); `workload` then holds its options()
+  // and trace_dir where it came from (for the report).
+  std::shared_ptr<const WorkloadSource> source;
+  std::string trace_dir;
   uint32_t window = 2048;  // W, tokens.
   // R as fractions of W; the run sweeps all of them (one pass, one oracle).
   std::vector<double> recall_fractions = {0.1, 0.2, 0.3, 0.5};
@@ -134,6 +140,9 @@ struct PolicySummary {
   double useless_hit_rate = 0;
   uint64_t recalled_units = 0;
   double injected_tokens_mean = 0;
+  // Its KV bytes (injected tokens x bytes per token): what a front end
+  // moves per query for the recalled tokens.
+  double recalled_bytes_mean = 0;
   uint64_t resident_bytes_peak = 0;
   uint64_t stored_bytes_peak = 0;
   double recall_p50_us = 0, recall_p99_us = 0, recall_p999_us = 0;

@@ -145,6 +145,7 @@ void PolicyJson(const PolicySummary& p, JsonWriter* w) {
   w->Key("reid_probes").UInt(p.reid_probes);
   w->Key("useless_hit_rate").Num(p.useless_hit_rate, 4);
   w->Key("injected_tokens_mean").Num(p.injected_tokens_mean, 1);
+  w->Key("recalled_bytes_mean").Num(p.recalled_bytes_mean, 0);
   w->Key("resident_bytes_peak").UInt(p.resident_bytes_peak);
   w->Key("stored_bytes_peak").UInt(p.stored_bytes_peak);
   w->Key("recall_p50_us").Num(p.recall_p50_us, 1);
@@ -172,6 +173,7 @@ void PolicyJson(const PolicySummary& p, JsonWriter* w) {
 void WorkloadJson(const EvalOptions& o, const EvalResult& r, JsonWriter* w) {
   const VideoWorkloadOptions& v = o.workload;
   w->Key("workload").Object();
+  if (!o.trace_dir.empty()) w->Key("trace").Str(o.trace_dir);
   w->Key("seed").UInt(v.seed);
   w->Key("cameras").UInt(v.cameras);
   w->Key("frames").UInt(v.frames);
@@ -471,6 +473,10 @@ absl::Status WriteEvalReport(const EvalOptions& o, EvalResult* r) {
   const ConfigSummary& c = Primary(*r);
   const VideoWorkloadOptions& w = o.workload;
   std::string md = "# kvmem eval report\n\n";
+  if (!o.trace_dir.empty()) {
+    absl::StrAppendFormat(&md, "Replayed trace: `%s` (one stream).\n\n",
+                          o.trace_dir);
+  }
   absl::StrAppendFormat(
       &md,
       "Workload: %d cameras x %d frames at %g fps (%.0f s of video each), %d "

@@ -399,10 +399,6 @@ std::vector<float> VideoWorkload::Impl::Appearance(
 
 VideoWorkload::~VideoWorkload() = default;
 
-uint64_t VideoWorkload::bytes_per_token() const {
-  return static_cast<uint64_t>(o_.layers) * 2 * o_.kv_heads * o_.head_dim * 2;
-}
-
 uint64_t VideoWorkload::shots(uint32_t camera) const {
   return impl_->shots[camera].size();
 }
@@ -542,30 +538,6 @@ WorkloadFrame VideoWorkload::Frame(uint32_t camera, uint64_t f) const {
   m.EncodeKV(o_, L, x, pos0, &fr.payload);
   fr.header.set_payload_bytes(fr.payload.size());
   return out;
-}
-
-void VideoWorkload::FrameKV(const WorkloadFrame& frame,
-                            std::vector<float>* keys,
-                            std::vector<float>* values) const {
-  const size_t T = frame.frame.header.token_count(), d = o_.head_dim,
-               H = o_.kv_heads;
-  const size_t per = static_cast<size_t>(o_.layers) * H * d;
-  keys->assign(T * per, 0.0f);
-  values->assign(T * per, 0.0f);
-  const auto* src =
-      reinterpret_cast<const uint8_t*>(frame.frame.payload.data());
-  std::vector<float> buf(H * T * d);
-  for (uint32_t l = 0; l < o_.layers; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
-      DecodeToFloat(src, buf.size(), DType::kFp16, buf.data());
-      src += buf.size() * 2;
-      std::vector<float>* out = kv == 0 ? keys : values;
-      for (size_t h = 0; h < H; ++h)
-        for (size_t t = 0; t < T; ++t)
-          std::copy_n(buf.data() + (h * T + t) * d, d,
-                      out->data() + t * per + (l * H + h) * d);
-    }
-  }
 }
 
 }  // namespace kvmem

@@ -5,7 +5,7 @@ They are a build product: `cmake --build build` writes them to build/python/
 client/python/README.md.
 """
 try:
-    from kvmem.v1 import service_pb2, service_pb2_grpc, types_pb2  # noqa: F401
+    from kvmem.v1 import service_pb2, service_pb2_grpc, trace_pb2, types_pb2  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "kvmem: the generated stubs kvmem.v1 are missing or broken (" + str(e) +
@@ -13,6 +13,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "client/python) or run: protoc -I proto --python_out=OUT "
         "--grpc_out=OUT --plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin "
         "proto/kvmem/v1/types.proto proto/kvmem/v1/service.proto "
+        "proto/kvmem/v1/trace.proto "
         "and put OUT on PYTHONPATH.") from e
 
-__all__ = ["service_pb2", "service_pb2_grpc", "types_pb2"]
+__all__ = ["service_pb2", "service_pb2_grpc", "trace_pb2", "types_pb2"]
