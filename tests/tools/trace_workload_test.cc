@@ -6,9 +6,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "kvmem/v1/trace.pb.h"
 #include "tests/eval_fixture.h"
 #include "tests/test_util.h"
 #include "tools/eval/video_workload.h"
@@ -129,6 +131,33 @@ TEST(TraceWorkloadTest, DamagedTracesAreRefusedWithTheirPlace) {
   expect(absl::StatusCode::kInvalidArgument, "frame 7 is truncated");
   Spit(frames, bin + "x");
   expect(absl::StatusCode::kInvalidArgument, "bytes after");
+  std::string huge = bin;  // A first record "length" of 2^40 bytes.
+  for (int i = 0; i < 8; ++i) huge[i] = i == 5 ? 1 : 0;
+  Spit(frames, huge);
+  expect(absl::StatusCode::kInvalidArgument, "frame 0 is truncated");
+  // Rewrites frame 0's record after `edit`.
+  auto edited = [&](const std::function<void(v1::TraceFrame*)>& edit) {
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; --i) len = (len << 8) | uint8_t(bin[i]);
+    v1::TraceFrame tf;
+    EXPECT_TRUE(tf.ParseFromString(bin.substr(8, len)));
+    edit(&tf);
+    const std::string rec = tf.SerializeAsString();
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = char((rec.size() >> (8 * i)) & 0xff);
+    Spit(frames, out + rec + bin.substr(8 + len));
+  };
+  edited([](v1::TraceFrame* tf) {
+    tf->mutable_header()->set_first_token_position(5);
+  });
+  expect(absl::StatusCode::kInvalidArgument,
+         "frame 0: header.first_token_position is 5");
+  edited([](v1::TraceFrame* tf) {
+    ASSERT_GT(tf->queries_size(), 0);
+    tf->mutable_queries(0)->add_earlier(6);
+    tf->mutable_queries(0)->add_earlier(3);
+  });
+  expect(absl::StatusCode::kInvalidArgument, "earlier pair 0 [6, 3)");
   Spit(frames, bin);
   std::string v2 = json;
   v2.replace(v2.find("\"version\": 1"), 12, "\"version\": 2");

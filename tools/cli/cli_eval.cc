@@ -361,6 +361,13 @@ int EvalOptionsFromFlags(EvalOptions* op) {
 int TraceFromFlags(EvalOptions* o, bool* done) {
   const std::string write = absl::GetFlag(FLAGS_write_trace);
   const std::string read = absl::GetFlag(FLAGS_trace);
+  if (!read.empty() && (!write.empty() || absl::GetFlag(FLAGS_matrix))) {
+    std::fprintf(stderr,
+                 "kvmem eval: --trace replays one recorded stream; it does not "
+                 "go with --write_trace or --matrix (whose cells vary the "
+                 "synthetic video)\n");
+    return 2;
+  }
   if (!write.empty()) {
     const std::string bad = CheckVideoWorkloadOptions(o->workload);
     if (!bad.empty()) {

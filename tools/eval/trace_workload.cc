@@ -174,10 +174,12 @@ absl::Status CheckFrame(const v1::TraceHeader& h, const v1::TraceFrame& tf,
     return bad(absl::StrCat("header.token_count is ", n, "; must be in [1, ",
                             g.max_tokens_per_frame(), "]"));
   }
-  if (tf.header().first_token_position() < *next_position) {
+  // Version 1: frames back to back from position 0 (the evaluation's
+  // oracle indexes tokens by position).
+  if (tf.header().first_token_position() != *next_position) {
     return bad(absl::StrCat(
-        "header.first_token_position ", tf.header().first_token_position(),
-        " is before the previous frame's end ", *next_position));
+        "header.first_token_position is ", tf.header().first_token_position(),
+        "; ", *next_position, " expected (frames back to back from 0)"));
   }
   *next_position = tf.header().first_token_position() + n;
   const uint64_t want =
@@ -203,6 +205,15 @@ absl::Status CheckFrame(const v1::TraceHeader& h, const v1::TraceFrame& tf,
     if (q.earlier_size() % 2 != 0) {
       return bad(absl::StrCat("query ", i, ": earlier holds ", q.earlier_size(),
                               " positions, not pairs"));
+    }
+    for (int k = 0; k < q.earlier_size(); k += 2) {
+      const uint64_t b = q.earlier(k), e = q.earlier(k + 1);
+      const uint64_t prev = k == 0 ? 0 : q.earlier(k - 1);
+      if (b >= e || b < prev || e > *next_position) {
+        return bad(absl::StrCat("query ", i, ": earlier pair ", k / 2, " [", b,
+                                ", ", e,
+                                ") is empty, out of order or past the frame"));
+      }
     }
     if (q.position() < *next_position) {
       return bad(absl::StrCat("query ", i, ": position ", q.position(),
@@ -248,6 +259,9 @@ absl::StatusOr<std::unique_ptr<WorkloadSource>> OpenTraceWorkload(
   std::ifstream ff(frames_path, std::ios::binary);
   if (!ff) return absl::NotFoundError(absl::StrCat("no ", frames_path));
   std::vector<v1::TraceFrame> frames;
+  std::error_code size_ec;
+  const uint64_t file_bytes = std::filesystem::file_size(frames_path, size_ec);
+  uint64_t offset = 0;
   std::string buf;
   uint64_t next_position = 0;
   for (uint64_t f = 0; f < header.frames(); ++f) {
@@ -259,11 +273,14 @@ absl::StatusOr<std::unique_ptr<WorkloadSource>> OpenTraceWorkload(
     }
     uint64_t len = 0;
     for (int i = 7; i >= 0; --i) len = (len << 8) | len_bytes[i];
-    if (len > kMaxRecordBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(frames_path, ": frame ", f, ": record length ", len,
-                       " is over the limit of ", kMaxRecordBytes));
+    offset += 8;
+    if (len > kMaxRecordBytes || (!size_ec && len > file_bytes - offset)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          frames_path, ": frame ", f, " is truncated (record length ", len,
+          "; the limit is ", kMaxRecordBytes, " and the file holds ",
+          size_ec ? 0 : file_bytes - offset, " more bytes)"));
     }
+    offset += len;
     buf.resize(len);
     if (!ff.read(buf.data(), static_cast<std::streamsize>(len))) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -9,10 +9,13 @@
         out = cache.attend(q[l], layer=l) # sinks + window + recalled tokens
 
 What the cache holds itself, per layer: the attention sinks (the stream's first
-`sink_tokens` tokens) and the hot window (the newest `hot_window_tokens` tokens
-after the sinks: the window kvmem does not recall from), as tensors of the
-stream's dtype. Every frame also goes to kvmem over one Session, which keeps it
-as the stream's memory.
+`sink_tokens` positions) and the window (the newest `hot_window_tokens` tokens
+after the sinks, the window kvmem does not recall from, and `margin_tokens`
+more: kvmem recalls only sealed blocks wholly before its window, so the block
+that straddles the window's start would otherwise be neither held nor
+recallable; one block, frames_per_block x max_tokens_per_frame, by default), as
+tensors of the stream's dtype. Every frame also goes to kvmem over one Session,
+which keeps it as the stream's memory.
 
 recall(q) turns the frame's query tokens into kvmem's query: with grouped-query
 attention, one vector per query token and query head of each KV group,
@@ -41,7 +44,9 @@ describes: "joint" (default), one softmax over sinks, window and recalled
 tokens; "gated", for a front end that attends to them apart:
 (1 - recalled_mass) * o_window + recalled_mass * sum_b gate_b * o_b, where
 o_window attends to the sinks and the window and o_b to block b's recalled
-tokens alone.
+tokens alone. recalled_mass is estimated with window_lse over what the cache
+held at the recall: keys passed to attend() as extra_kv (the frame's own) are
+not in it.
 
 Errors are the client's: kvmem.UnavailableError when the server is gone,
 kvmem.NotFoundError when the stream is, and so on (kvmem.errors).
@@ -158,7 +163,7 @@ class StreamCache:
 
     def __init__(self, client: Client, stream_id: str, config: StreamConfig, *,
                  query_heads: Optional[int] = None, sink_tokens: int = 4,
-                 delivery: str = "shm") -> None:
+                 delivery: str = "shm", margin_tokens: Optional[int] = None) -> None:
         g = config.geometry
         if g.layers <= 0 or g.kv_heads <= 0 or g.head_dim <= 0:
             raise ValueError(f"config.geometry {g} needs layers, kv_heads and head_dim")
@@ -170,6 +175,8 @@ class StreamCache:
             raise ValueError(f"delivery is {delivery!r}; use 'shm' or 'inline'")
         if sink_tokens < 0:
             raise ValueError(f"sink_tokens is {sink_tokens}")
+        if margin_tokens is not None and margin_tokens < 0:
+            raise ValueError(f"margin_tokens is {margin_tokens}")
         self.client = client
         self.stream_id = stream_id
         self.delivery = delivery
@@ -179,6 +186,13 @@ class StreamCache:
         self.config = stats.config
         self.geometry = self.config.geometry
         self.window_tokens = int(self.config.hot_window_tokens)
+        # kvmem recalls only sealed blocks wholly before its window: the
+        # tokens of the block that straddles the window's start (and of the
+        # open block) are neither in the window nor recallable. The cache
+        # keeps one block more than the window so that none is lost.
+        fpb = self.config.block_policy.frames_per_block or 4
+        self.margin_tokens = int(margin_tokens if margin_tokens is not None
+                                 else fpb * self.geometry.max_tokens_per_frame)
         self.indexed_layers = list(self.config.index_policy.indexed_layers) or \
             list(range(self.geometry.layers))
         self.dtype = _TORCH[DType(self.geometry.dtype)]
@@ -238,13 +252,16 @@ class StreamCache:
         pos = torch.arange(self.next_position, self.next_position + tokens)
         self.next_position += tokens
         kv = kv.detach().to(device="cpu", dtype=self.dtype)
-        take = max(0, min(tokens, self.sink_tokens - int(self._sink_pos.numel())))
+        # The sinks are the stream's first positions (none on a stream
+        # resumed past them).
+        start = int(pos[0]) if tokens else self.next_position
+        take = max(0, min(tokens, self.sink_tokens - start))
         if take:
             self._sinks = torch.cat([self._sinks, kv[:, :, :, :take]], dim=3)
             self._sink_pos = torch.cat([self._sink_pos, pos[:take]])
         self._window = torch.cat([self._window, kv[:, :, :, take:]], dim=3)
         self._window_pos = torch.cat([self._window_pos, pos[take:]])
-        over = int(self._window_pos.numel()) - self.window_tokens
+        over = int(self._window_pos.numel()) - self.window_tokens - self.margin_tokens
         if over > 0:
             self._window = self._window[:, :, :, over:].clone()
             self._window_pos = self._window_pos[over:].clone()
@@ -467,11 +484,22 @@ class StreamCache:
 
     # -- lifetime -----------------------------------------------------------
 
+    def _drop_recalled(self) -> None:
+        """Gives the last recall's lease back now (not with a next call)."""
+        r, self.recalled = self.recalled, None
+        if r is None:
+            return
+        d, r._delivery = r._delivery, None
+        r.blocks, r.keys, r.values = [], [], []
+        if d is not None:
+            try:
+                d.release()
+            except Exception:  # A lease the server reclaimed, or a lost server.
+                pass
+
     def close(self) -> None:
-        """Releases the last recall and half-closes the Session."""
-        if self.recalled is not None:
-            self.recalled.release()
-            self.recalled = None
+        """Releases the last recall's lease and half-closes the Session."""
+        self._drop_recalled()
         self.session.close()
 
     def __enter__(self) -> "StreamCache":
@@ -481,6 +509,7 @@ class StreamCache:
         if exc_type is None:
             self.close()
         else:
+            self._drop_recalled()
             self.session.cancel()
 
 

@@ -112,11 +112,11 @@ class TraceWriter:
             raise ValueError(f"has_labels: {n} track ids needed")
         if not self.header.has_labels and track_ids is not None:
             raise ValueError("track_ids given to a trace without has_labels")
-        self._flush()  # The previous frame and its queries are complete.
         pos = self._position if first_token_position is None else int(first_token_position)
-        if pos < self._position:
-            raise ValueError(f"first_token_position {pos} is before the previous "
-                             f"frame's end {self._position}")
+        if pos != self._position:
+            raise ValueError(f"first_token_position {pos}: a version-1 trace's frames are "
+                             f"back to back from 0 (this one starts at {self._position})")
+        self._flush()  # The previous frame and its queries are complete.
         f = trace_pb.TraceFrame()
         hd = f.header
         hd.frame_index = self._frames
@@ -154,20 +154,22 @@ class TraceWriter:
                              f"{self.summary_dim}) vectors")
         if kind not in ("frame", "probe"):
             raise ValueError(f"kind is {kind!r}; use 'frame' or 'probe'")
-        tq = self._pending.queries.add()
-        tq.kind = trace_pb.TraceQuery.KIND_PROBE if kind == "probe" else \
-            trace_pb.TraceQuery.KIND_FRAME
-        tq.object = int(object)
-        tq.position = self._position if position is None else int(position)
-        if tq.position < self._position:
-            raise ValueError(f"query position {tq.position} is inside the frame")
+        at = self._position if position is None else int(position)
+        if at < self._position:
+            raise ValueError(f"query position {at} is inside the frame (it ends at "
+                             f"{self._position})")
+        if kind == "probe" and (not self.header.has_labels or object < 0):
+            raise ValueError("a probe needs has_labels and the object's track id")
+        tq = trace_pb.TraceQuery(
+            kind=trace_pb.TraceQuery.KIND_PROBE if kind == "probe"
+            else trace_pb.TraceQuery.KIND_FRAME,
+            object=int(object), position=at)
         if signals is not None:
             to_proto(signals, tq.signals)
         if kind == "probe":
-            if not self.header.has_labels or object < 0:
-                raise ValueError("a probe needs has_labels and the object's track id")
             tq.earlier.extend(self._earlier(int(object)))
         tq.q_heads.extend(a.ravel().tolist())
+        self._pending.queries.append(tq)  # Only a query that passed every check.
 
     def _earlier(self, obj: int) -> list[int]:
         """[begin, end) pairs of obj's positions before its current visit
@@ -246,16 +248,22 @@ class TraceRecorder:
 
     def end_frame(self, *, track_ids=None, probe: int = -1,
                   signals: Optional[FrameSignals] = None) -> None:
-        layers = self.writer.header.geometry.layers
-        missing = [l for l in range(layers) if l not in self._kv]
-        if missing:
-            raise ValueError(f"layers {missing} were not recorded this frame")
-        kv = np.stack([self._kv[l] for l in range(layers)])
-        self.writer.frame(kv, track_ids=track_ids, signals=signals)
-        tq = self.writer.header.query_tokens
-        if tq:
-            q = np.stack([self._q[l][:, -tq:] for l in range(layers)])
-            self.writer.query(q, kind="probe" if probe >= 0 else "frame",
-                              object=probe, signals=signals)
-        self._q.clear()
-        self._kv.clear()
+        try:
+            layers = self.writer.header.geometry.layers
+            missing = [l for l in range(layers) if l not in self._kv]
+            if missing:
+                raise ValueError(f"layers {missing} were not recorded this frame")
+            tq = self.writer.header.query_tokens
+            q = None
+            if tq:
+                if any(self._q[l].shape[1] < tq for l in range(layers)):
+                    raise ValueError(f"a frame of fewer than query_tokens={tq} query tokens")
+                q = np.stack([self._q[l][:, -tq:] for l in range(layers)])
+            kv = np.stack([self._kv[l] for l in range(layers)])
+            self.writer.frame(kv, track_ids=track_ids, signals=signals)
+            if q is not None:
+                self.writer.query(q, kind="probe" if probe >= 0 else "frame",
+                                  object=probe, signals=signals)
+        finally:
+            self._q.clear()
+            self._kv.clear()
