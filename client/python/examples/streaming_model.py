@@ -318,9 +318,18 @@ def write_outputs(out: str, rows: list) -> None:
         "set ylabel 'output rel. error vs full attention'\n"
         "set title 'Reference model: window only vs kvmem (mean per row of frames)'\n"
         "plot 'streaming_model.csv' using 1:2 with linespoints title 'window only', "
-        "'' using 1:3 with linespoints title 'kvmem'\n")
+        "'' using 1:3 with linespoints title 'kvmem'\n"
+        "set output 'streaming_model_cost.png'\n"
+        "set title 'Reference model: what each run holds, and kvmem recall + delivery'\n"
+        "set ylabel 'KiB of KV held'\nset y2label 'ms'\nset y2tics\nset logscale y\n"
+        "plot 'streaming_model.csv' using 1:4 with linespoints title 'full KiB', "
+        "'' using 1:5 with linespoints title 'window KiB', "
+        "'' using 1:6 with linespoints title 'kvmem KiB', "
+        "'' using 1:8 axes x1y2 with linespoints title 'recall p50 ms', "
+        "'' using 1:9 axes x1y2 with linespoints title 'recall p99 ms'\n")
     subprocess.run(["gnuplot"], input=script.encode(), cwd=out, check=False)
-    print(f"wrote {os.path.join(out, 'streaming_model.png')}", file=sys.stderr)
+    for png in ("streaming_model.png", "streaming_model_cost.png"):
+        print(f"wrote {os.path.join(out, png)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
