@@ -80,13 +80,7 @@ class TraceWorkload final : public WorkloadSource {
         q.q_heads.emplace_back(tq.q_heads().begin() + v * dim,
                                tq.q_heads().begin() + (v + 1) * dim);
       }
-      // The mean of the vectors, as the video workload computes it
-      // (video_queries.cc): what a front end sending one vector sends.
-      q.q.assign(dim, 0.0f);
-      const float k = 1.0f / static_cast<float>(vectors);
-      for (const auto& qj : q.q_heads) {
-        for (size_t i = 0; i < dim; ++i) q.q[i] += k * qj[i];
-      }
+      q.q = MeanQueryVector(q.q_heads, dim);
       q.signals = tq.signals();
       out.push_back(std::move(q));
     }

@@ -41,10 +41,7 @@ void VideoWorkload::Impl::QueryHeads(const VideoWorkloadOptions& o, size_t L,
     }
     q->q_heads.push_back(std::move(qj));
   }
-  q->q.assign(summary_dim, 0.0f);
-  for (const auto& qj : q->q_heads) {
-    AddScaled(&q->q, qj, 1.0f / static_cast<float>(xs.size()));
-  }
+  q->q = MeanQueryVector(q->q_heads, summary_dim);
 }
 
 std::vector<float> VideoWorkload::Impl::TokenLatent(

@@ -36,4 +36,14 @@ void WorkloadSource::FrameKV(const WorkloadFrame& frame,
   }
 }
 
+std::vector<float> MeanQueryVector(
+    const std::vector<std::vector<float>>& vectors, size_t dim) {
+  std::vector<float> q(dim, 0.0f);
+  const float k = 1.0f / static_cast<float>(vectors.size());
+  for (const auto& v : vectors) {
+    for (size_t i = 0; i < dim; ++i) q[i] += k * v[i];
+  }
+  return q;
+}
+
 }  // namespace kvmem

@@ -49,6 +49,12 @@ class WorkloadSource {
                std::vector<float>* values) const;
 };
 
+// A query's mean vector (WorkloadQuery::q: what a front end sending one
+// vector sends) of its `dim`-float vectors. Every source computes it here,
+// so that a trace replays its workload's queries bit for bit.
+std::vector<float> MeanQueryVector(
+    const std::vector<std::vector<float>>& vectors, size_t dim);
+
 }  // namespace kvmem
 
 #endif  // KVMEM_TOOLS_EVAL_WORKLOAD_SOURCE_H_

@@ -61,6 +61,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+import kvmem.trace
 from kvmem.client import Client, Frame, Session
 from kvmem.messages import (DType, FrameSignals, PayloadLayout, RecallResponse,
                             StreamConfig)
@@ -139,13 +140,14 @@ class RecalledKV:
             raise ValueError(f"layer {layer} was not delivered (layers "
                              f"{self.layers})") from None
 
-    def release(self) -> None:
-        """Gives the delivery's lease back (with the client's next recall);
-        the views are invalid after it."""
+    def release(self, now: bool = False) -> None:
+        """Gives the delivery's lease back: with the client's next recall, or
+        at once (a round trip of its own) with now; the views are invalid
+        after it."""
         d, self._delivery = self._delivery, None
         self.blocks, self.keys, self.values = [], [], []
         if d is not None:
-            d.release_later()
+            d.release() if now else d.release_later()
 
 
 class StreamCache:
@@ -277,12 +279,8 @@ class StreamCache:
         ones). Returns (tokens * group, summary_dim) fp32: for token t and
         group member m, [indexed_layer][kv_head][head_dim] of query head
         kv_head * group + m."""
-        q = self._indexed_queries(q)
-        li, hq, t, d = q.shape
-        kv = self.geometry.kv_heads
-        # (li, kv, group, t, d) -> (t, group, li, kv, d)
-        v = q.reshape(li, kv, self.group, t, d).permute(3, 2, 0, 1, 4)
-        return v.reshape(t * self.group, li * kv * d).float().contiguous()
+        q = self._indexed_queries(q).float().numpy()
+        return torch.from_numpy(kvmem.trace.query_vectors(q, self.geometry.kv_heads))
 
     def window_lse(self, q: torch.Tensor) -> torch.Tensor:
         """Each query vector's log-sum-exp over what the cache holds, laid out
@@ -489,13 +487,10 @@ class StreamCache:
         r, self.recalled = self.recalled, None
         if r is None:
             return
-        d, r._delivery = r._delivery, None
-        r.blocks, r.keys, r.values = [], [], []
-        if d is not None:
-            try:
-                d.release()
-            except Exception:  # A lease the server reclaimed, or a lost server.
-                pass
+        try:
+            r.release(now=True)
+        except Exception:  # A lease the server reclaimed, or a lost server.
+            pass
 
     def close(self) -> None:
         """Releases the last recall's lease and half-closes the Session."""

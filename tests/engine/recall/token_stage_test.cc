@@ -305,7 +305,8 @@ TEST_F(NeedleTest, TokensFillTheBudgetAndFindTheNeedles) {
       std::printf("%s budget %u: recalled_mass %.4f, true %.4f\n", scorer,
                   budget, r->recalled_mass, mass);
       EXPECT_LE(r->recalled_mass, 1.0f) << scorer << " budget " << budget;
-      EXPECT_NEAR(r->recalled_mass, mass, 0.1) << scorer << " budget " << budget;
+      EXPECT_NEAR(r->recalled_mass, mass, 0.1)
+          << scorer << " budget " << budget;
       if (std::string(scorer) == "mass") {
         // One token at a time: the budget is filled exactly, and every
         // pooled token was scored from its codes.
