@@ -3,12 +3,13 @@
 #include <cmath>
 #include <limits>
 
+#include "base/thread_scratch.h"
 #include "engine/index/dot.h"
 
 namespace kvmem {
 
 void ClassifyRows(const RecallView& view, const ScoreRequest& req,
-                  MassRows* rows) {
+                  bool by_token, MassRows* rows) {
   const size_t n = rows->ids().size();
   const uint32_t shift = view.unit_shift();
   rows->tokens.resize(n);
@@ -16,17 +17,38 @@ void ClassifyRows(const RecallView& view, const ScoreRequest& req,
   rows->counted.resize(n);
   rows->recallable.resize(n);
   const bool front_window = !req.query->window_lse.empty();
+  // The straddling block's tokens before the window, per group (a group's
+  // tokens are in append order in its run: these are its first).
+  struct Scratch {
+    std::vector<uint32_t> before;
+  };
+  std::vector<uint32_t>& before = ThreadScratch<Scratch>().before;
+  rows->straddle_block = UINT64_MAX;
+  if (by_token && req.straddle_tokens > 0) {
+    rows->straddle_block = req.eligible;
+    before.assign(view.units_per_block(), 0);
+    const std::vector<uint8_t>& group =
+        view.blocks()[req.eligible].rec.token_group;
+    for (uint32_t t = 0; t < req.straddle_tokens; ++t) ++before[group[t]];
+  }
   const uint64_t* ids = rows->ids().data();
   for (size_t i = 0; i < n; ++i) {
     const uint64_t b = ids[i] >> shift;
     const uint32_t tokens = view.UnitTokens(b, GroupOf(ids[i], shift));
-    const CandidateRole role = b < req.eligible ? CandidateRole::kRecall
-                               : front_window   ? CandidateRole::kIgnore
-                                                : CandidateRole::kWindow;
-    rows->tokens[i] = tokens;
+    const uint32_t cold = b < req.eligible ? tokens
+                          : b == rows->straddle_block
+                              ? before[GroupOf(ids[i], shift)]
+                              : 0;
+    const CandidateRole role = b < req.eligible || cold > 0
+                                   ? CandidateRole::kRecall
+                               : front_window ? CandidateRole::kIgnore
+                                              : CandidateRole::kWindow;
+    rows->tokens[i] = role == CandidateRole::kRecall ? cold : tokens;
     rows->role[i] = role;
-    rows->counted[i] =
-        role == CandidateRole::kIgnore ? 0.0f : static_cast<float>(tokens);
+    // Without the front end's window_lse, a straddling group's tokens in
+    // the window count in the normaliser as the window's do.
+    rows->counted[i] = front_window ? static_cast<float>(cold)
+                                    : static_cast<float>(tokens);
     rows->recallable[i] = role == CandidateRole::kRecall ? 1.0f : 0.0f;
   }
   rows->exact = true;

@@ -41,6 +41,9 @@ struct MassRows {
   // is off).
   MassEstimate mean_est;
   std::vector<uint64_t> anchors;
+  // The block whose recallable rows hold only their tokens before the
+  // window (ClassifyRows): recalled by token only, never a whole group.
+  uint64_t straddle_block = UINT64_MAX;
   const std::vector<uint64_t>& ids() const { return scans[0].ids; }
 };
 
@@ -59,9 +62,14 @@ struct PoolCandidates {
   }
 };
 
-// Each scanned unit's tokens and role (recallable, window, ignored).
+// Each scanned unit's tokens and role (recallable, window, ignored). With
+// `by_token` (the token stage scores the pool), the groups of the block
+// straddling the window's start (ScoreRequest::straddle_tokens) are
+// recallable rows of their tokens before the window (rows.straddle_block);
+// else that block is the window's.
 void ClassifyRows(const RecallView& view, const ScoreRequest& req,
-                  MassRows* rows) ABSL_SHARED_LOCKS_REQUIRED(view.mu());
+                  bool by_token, MassRows* rows)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu());
 
 // [vector][head]: what attention reads besides the candidates for the
 // `vectors` query vectors at `query`: window_lse when the front end sent it

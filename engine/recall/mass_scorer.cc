@@ -146,11 +146,12 @@ std::vector<PlanUnit> RestUnits(const MassRows& rows, uint32_t shift,
   const std::vector<uint64_t>& ids = rows.ids();
   std::vector<PlanUnit> units;
   for (uint32_t i = 0; i < ids.size(); ++i) {
+    const uint64_t b = ids[i] >> shift;
+    // The straddling block's groups hold window tokens: by token only.
     if (rows.role[i] != CandidateRole::kRecall || set.ranked[i] ||
-        rows.tokens[i] > left) {
+        rows.tokens[i] > left || b == rows.straddle_block) {
       continue;
     }
-    const uint64_t b = ids[i] >> shift;
     units.push_back({b, GroupOf(ids[i], shift), rows.tokens[i], density[i],
                      set.sem.Known(b)});
   }
@@ -294,7 +295,7 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
   MassRows& rows = ThreadScratch<MassRows>();
   ScanUnits(view, req, cost, &rows.scans);
   out->search_us = WholeMicrosSince(t0);
-  ClassifyRows(view, req, &rows);
+  ClassifyRows(view, req, token_stage_ && view.grouped(), &rows);
   const std::vector<float> window =
       WindowLse(view, q.query.data(), static_cast<uint32_t>(rows.scans.size()),
                 q.window_lse);

@@ -96,9 +96,11 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   if (view.deleted()) return view.DeletedError();
   const StreamState& state = view.state();
   *now_frame = state.last_frame < 0 ? 0 : state.last_frame;
-  const size_t eligible = view.EligibleBlocks(
-      q.current_token_position == 0 ? state.next_token_position
-                                    : q.current_token_position + 1);
+  const uint64_t window_end = q.current_token_position == 0
+                                  ? state.next_token_position
+                                  : q.current_token_position + 1;
+  const size_t eligible = view.EligibleBlocks(window_end);
+  const uint64_t hot = view.config().hot_window_tokens;
   // The index holds every block with a disk form; blocks are in position
   // order, so the ineligible ones are the (short) tail in the window.
   // O(window), not O(blocks): at 100k blocks a scan of every entry cost
@@ -117,6 +119,8 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   req.vector_weights = weights;
   req.budget = budget;
   req.eligible = eligible;
+  req.straddle_tokens = TokensBeforeWindow(
+      view, eligible, window_end > hot ? window_end - hot : 0);
   req.accel = &accel;
   req.helpers = helpers;
   ScoredRecall scored;

@@ -56,6 +56,12 @@ struct ScoreRequest {
   // Blocks [0, eligible) lie wholly before the hot window: only their
   // units may be recalled (evicted ones never are).
   size_t eligible = 0;
+  // Block `eligible`, when it straddles the window's start: its first
+  // straddle_tokens tokens lie before the window (0: none, or the block
+  // cannot be recalled by token: TokensBeforeWindow). A scorer that
+  // recalls single tokens may recall those, never the block's others; one
+  // that takes whole units leaves the block out.
+  uint32_t straddle_tokens = 0;
   // Searches and scans go through it (their cost into the call's *cost).
   Accelerator* accel = nullptr;
   // Threads the scan and the token stage may use besides the caller's.

@@ -79,6 +79,29 @@ void ScoreRuns(const TokenCodeShape& shape, const TokenStageInput& in,
 
 }  // namespace
 
+bool HasTokenCodes(const BlockRecord& rec, const TokenCodeShape& shape) {
+  const size_t n = rec.info.token_count;
+  return rec.token_codes.size() == n * shape.bytes_per_token() &&
+         rec.token_group.size() == n;
+}
+
+uint32_t TokensBeforeWindow(const RecallView& view, uint64_t block,
+                            uint64_t window_start) {
+  if (!view.grouped() || !view.blocks().Has(block)) return 0;
+  const BlockRecord& rec = view.blocks()[block].rec;
+  if (rec.disk == DiskForm::kNone ||
+      rec.info.first_token_position >= window_start ||
+      rec.info.end_token_position <= window_start ||
+      // Positions without gaps (frames back to back), so a token's offset
+      // is its position's: the record keeps no frame's own position.
+      rec.info.end_token_position - rec.info.first_token_position !=
+          rec.info.token_count ||
+      !HasTokenCodes(rec, TokenCodeShapeOf(view.config()))) {
+    return 0;
+  }
+  return static_cast<uint32_t>(window_start - rec.info.first_token_position);
+}
+
 void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
                      const std::vector<PlanUnit>& pool, TokenStageOutput* out,
                      const RecallHelpers& helpers) {
@@ -92,15 +115,14 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
   size_t tokens = 0;
   for (const PlanUnit& u : pool) {
     const BlockRecord& rec = view.blocks()[u.block].rec;
-    const size_t n = rec.info.token_count;
-    if (rec.token_codes.size() != n * stride || rec.token_group.size() != n) {
+    if (!HasTokenCodes(rec, shape)) {
       out->whole.push_back(u);  // No codes: the group stays whole.
       continue;
     }
     // The group's run starts after the tokens of the groups before it.
     uint32_t begin = 0;
     for (uint32_t g = 0; g < u.group; ++g) begin += view.UnitTokens(u.block, g);
-    const uint32_t count = view.UnitTokens(u.block, u.group);
+    const uint32_t count = std::min(u.tokens, view.UnitTokens(u.block, u.group));
     runs.push_back({&u,
                     reinterpret_cast<const uint8_t*>(rec.token_codes.data()) +
                         size_t{begin} * stride,

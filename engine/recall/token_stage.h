@@ -86,10 +86,27 @@ void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
                     const uint8_t* records, size_t m, float* out,
                     float* mean_out = nullptr);
 
+// The record holds token codes for every token (else its groups are
+// scored whole).
+bool HasTokenCodes(const BlockRecord& rec, const TokenCodeShape& shape);
+
+// How many tokens of block `block` lie before position window_start when
+// the token stage can recall them alone: the block is kept with a disk form
+// (not evicted), starts before window_start and ends after it, its frames'
+// positions follow each other without gaps (a token's offset is then its
+// position's), and its record has token codes; else 0. A front end that holds exactly its hot
+// window holds none of them, and they are the most recent cold tokens.
+uint32_t TokensBeforeWindow(const RecallView& view, uint64_t block,
+                            uint64_t window_start)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu());
+
 // Every token of the pool's group units scored, into *out (its block's
 // semantic score carried over); a token unit's `token` is its place in its
 // block's group order (the codes' order: GroupOrderTokens
-// turns places into token offsets). Pools of kParallelPoolTokens tokens
+// turns places into token offsets). A unit's first u.tokens places are
+// scored: all of its group's, or fewer for a group of the block straddling
+// the window (a group's places are in append order, so its tokens before
+// the window are its first). Pools of kParallelPoolTokens tokens
 // or more are scored in slices on `helpers` too (the same values: each
 // token's are computed alone). REQUIRES: the pool's units are recallable
 // group units of `view`.

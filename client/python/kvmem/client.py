@@ -295,6 +295,12 @@ class Client:
                             f"{self.target} not reachable within {timeout} s") from None
 
     def close(self) -> None:
+        """Closes the channel and the shared-memory arena (tensors and views
+        delivered into it stay readable until they are dropped)."""
+        with self._lock:
+            arena, self._arena = self._arena, None
+        if arena is not None:
+            arena.close()
         self._channel.close()
 
     def __enter__(self) -> "Client":

@@ -57,6 +57,16 @@ class Arena:
         finally:
             socket.close(fds[0])
 
+    def close(self) -> None:
+        """Closes the hand-off connection (the server then frees the arena)
+        and the mapping, unless delivered views still use it: it then goes
+        with the last of them."""
+        self._sock.close()
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
     def view(self, offset: int, length: int) -> memoryview:
         if offset + length > self.size:
             raise error_for(grpc.StatusCode.DATA_LOSS,

@@ -10,12 +10,12 @@
 
 What the cache holds itself, per layer: the attention sinks (the stream's first
 `sink_tokens` positions) and the window (the newest `hot_window_tokens` tokens
-after the sinks, the window kvmem does not recall from, and `margin_tokens`
-more: kvmem recalls only sealed blocks wholly before its window, so the block
-that straddles the window's start would otherwise be neither held nor
-recallable; one block, frames_per_block x max_tokens_per_frame, by default), as
-tensors of the stream's dtype. Every frame also goes to kvmem over one Session,
-which keeps it as the stream's memory.
+after the sinks, the window kvmem does not recall from; kvmem recalls any token
+before it, those of the block that straddles its start too, since the cache's
+frames follow each other without position gaps), as tensors of the stream's
+dtype. `margin_tokens` (0 by default) keeps that many more behind the window.
+Every frame also goes to kvmem over one Session, which keeps it as the stream's
+memory.
 
 recall(q) turns the frame's query tokens into kvmem's query: with grouped-query
 attention, one vector per query token and query head of each KV group,
@@ -165,7 +165,7 @@ class StreamCache:
 
     def __init__(self, client: Client, stream_id: str, config: StreamConfig, *,
                  query_heads: Optional[int] = None, sink_tokens: int = 4,
-                 delivery: str = "shm", margin_tokens: Optional[int] = None) -> None:
+                 delivery: str = "shm", margin_tokens: int = 0) -> None:
         g = config.geometry
         if g.layers <= 0 or g.kv_heads <= 0 or g.head_dim <= 0:
             raise ValueError(f"config.geometry {g} needs layers, kv_heads and head_dim")
@@ -177,7 +177,7 @@ class StreamCache:
             raise ValueError(f"delivery is {delivery!r}; use 'shm' or 'inline'")
         if sink_tokens < 0:
             raise ValueError(f"sink_tokens is {sink_tokens}")
-        if margin_tokens is not None and margin_tokens < 0:
+        if margin_tokens < 0:
             raise ValueError(f"margin_tokens is {margin_tokens}")
         self.client = client
         self.stream_id = stream_id
@@ -188,13 +188,12 @@ class StreamCache:
         self.config = stats.config
         self.geometry = self.config.geometry
         self.window_tokens = int(self.config.hot_window_tokens)
-        # kvmem recalls only sealed blocks wholly before its window: the
-        # tokens of the block that straddles the window's start (and of the
-        # open block) are neither in the window nor recallable. The cache
-        # keeps one block more than the window so that none is lost.
-        fpb = self.config.block_policy.frames_per_block or 4
-        self.margin_tokens = int(margin_tokens if margin_tokens is not None
-                                 else fpb * self.geometry.max_tokens_per_frame)
+        # kvmem recalls every token before its window at token resolution,
+        # those of the block that straddles the window's start too (its
+        # frames' positions follow each other, as the cache appends them):
+        # no margin is needed. One kept anyway is held exactly, and kvmem's
+        # recalls of its tokens are dropped (dropped_tokens).
+        self.margin_tokens = int(margin_tokens)
         self.indexed_layers = list(self.config.index_policy.indexed_layers) or \
             list(range(self.geometry.layers))
         self.dtype = _TORCH[DType(self.geometry.dtype)]

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import grpc
@@ -328,6 +329,34 @@ class RealServerTest(unittest.TestCase):
             r, d = s.recall_delivered(q, max_tokens=24, held=plain.block_ids[:1])
             self.assertEqual([b.block_id for b in d.blocks], plain.block_ids[1:])
             d.release()
+
+    def test_close_frees_the_arena_and_keeps_delivered_views(self):
+        """Client.close() closes its arena's hand-off connection (the server
+        frees the arena: a lease on it is then NOT_FOUND) while arrays
+        delivered into it stay readable until they are dropped."""
+        self._stream("shm-close")
+        layout = kvmem.PayloadLayout.BLOCK_LAYER_MAJOR
+        want = self.client.fetch_blocks("shm-close", [0], layout=layout)[0].kv
+        c = kvmem.Client(self.server.unix, timeout=30)
+        d = c.fetch_shared("shm-close", [0], layout=layout)
+        kv, arena = d.blocks[0].kv, c.shm_arena_id
+        d.release_later()
+        c.close()
+        self.assertEqual(c.shm_arena_id, 0)
+        np.testing.assert_array_equal(kv, want)
+        from kvmem.v1 import service_pb2
+        deadline = time.monotonic() + 10
+        while True:  # The server notices the closed connection on its own.
+            try:
+                self.client.stub.ReleaseLeases(service_pb2.ReleaseLeasesRequest(
+                    arena_id=arena, lease_ids=[d.lease_id]),
+                    metadata=self.client.metadata())
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
+                    self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND, e.details())
+                    break
+            self.assertLess(time.monotonic(), deadline, "the arena outlived its client")
+            time.sleep(0.05)
 
     def test_token_delivery(self):
         """TOKEN_LAYER_MAJOR: recall_delivered delivers only the recalled

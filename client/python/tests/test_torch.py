@@ -91,11 +91,10 @@ class TorchCacheTest(unittest.TestCase):
                                query_heads=QUERY_HEADS, sink_tokens=SINKS)
         self.addCleanup(cache.close)
         truth = self.fill(cache, 1)
-        # The cache holds the sinks and the newest WINDOW tokens and one block
-        # (2 frames) more, as appended.
+        # The cache holds the sinks and the newest WINDOW tokens, as appended.
         k_h, v_h, p_h = cache.held(1)
-        self.assertEqual(cache.margin_tokens, 2 * TOKENS)
-        held = WINDOW + cache.margin_tokens
+        self.assertEqual(cache.margin_tokens, 0)
+        held = WINDOW
         want = list(range(SINKS)) + list(range(FRAMES * TOKENS - held, FRAMES * TOKENS))
         self.assertEqual(p_h.tolist(), want)
         self.assertTrue(torch.equal(k_h, truth[1, 0][:, want]))
@@ -217,8 +216,7 @@ class TorchCacheTest(unittest.TestCase):
             held = set(cache.held(0)[2].tolist())
             for s in r.response.layer_sets:
                 li = r.layer_index(s.layer)
-                # The set's tokens, but those the cache holds itself (its
-                # margin behind the window).
+                # The set's tokens, but those the cache holds itself.
                 want = sorted(p for p in (b.first_token_position + o for b in s.blocks
                                           for o in (b.token_offsets or range(b.token_count)))
                               if p not in held)

@@ -324,6 +324,64 @@ TEST_F(NeedleTest, TokensFillTheBudgetAndFindTheNeedles) {
   }
 }
 
+// A front end that holds exactly its hot window holds none of the tokens of
+// the block that straddles the window's start, and they are the most recent
+// cold ones: "mass" recalls those before the window (by token), never one
+// in it, with and without the front end's window_lse and per head;
+// "mass_groups" (whole groups) leaves the block out.
+TEST_F(NeedleTest, TheStraddlingBlocksTokensBeforeTheWindowAreRecallable) {
+  const size_t heads = layers_.size() * g_.kv_heads;
+  const uint32_t block_tokens = kFpb * kTokens;
+  // The window ends 8 tokens before the newest one: it starts 16 tokens
+  // into a block whose needles are at offsets 13 (before) and 21 (in it).
+  const uint64_t window_end = next_pos_ - 8;
+  const uint64_t window_start = window_end - kWindow;
+  const uint64_t straddle = window_start / block_tokens;
+  ASSERT_EQ(window_start % block_tokens, 16u);
+  for (const char* scorer : {"mass", "mass_groups"}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE(::testing::Message() << scorer << ", variant " << variant);
+      RecallQuery rq;
+      rq.query = needle_;
+      for (float& x : rq.query) x *= 0.5f;
+      if (variant != 1) rq.window_lse.assign(heads, 2.0f);
+      rq.per_head = variant == 2;
+      // Every needle before the window (two per block, one in the
+      // straddling block) and a few more.
+      rq.max_tokens = 64;
+      rq.current_token_position = window_end - 1;
+      auto r = engine_->Recall(scorer, rq);
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::vector<const std::vector<RecalledBlock>*> sets;
+      if (rq.per_head) {
+        for (const LayerRecallSet& s : r->layer_sets) sets.push_back(&s.blocks);
+      } else {
+        sets.push_back(&r->blocks);
+      }
+      ASSERT_FALSE(sets.empty());
+      for (const std::vector<RecalledBlock>* blocks : sets) {
+        bool straddle_needle = false;
+        for (const RecalledBlock& b : *blocks) {
+          if (std::string(scorer) == "mass_groups") {
+            EXPECT_LE(b.block.end_token_position, window_start);
+            continue;
+          }
+          ASSERT_LE(b.block.id, straddle);
+          if (b.block.id < straddle) continue;
+          ASSERT_FALSE(b.token_offsets.empty());  // Never the whole block.
+          for (uint32_t t : b.token_offsets) {
+            EXPECT_LT(b.block.first_token_position + t, window_start);
+            straddle_needle |= t == 13;
+          }
+        }
+        if (std::string(scorer) == "mass") {
+          EXPECT_TRUE(straddle_needle);
+        }
+      }
+    }
+  }
+}
+
 // Helper threads change when the recall's scans and token scores are
 // computed, not what they are: the recall sets are the same, token by
 // token, with 1 and 3 threads, for queries of 1 and 5 vectors and budgets
