@@ -47,8 +47,8 @@ void ClassifyRows(const RecallView& view, const ScoreRequest& req,
     rows->role[i] = role;
     // Without the front end's window_lse, a straddling group's tokens in
     // the window count in the normaliser as the window's do.
-    rows->counted[i] = front_window ? static_cast<float>(cold)
-                                    : static_cast<float>(tokens);
+    rows->counted[i] =
+        front_window ? static_cast<float>(cold) : static_cast<float>(tokens);
     rows->recallable[i] = role == CandidateRole::kRecall ? 1.0f : 0.0f;
   }
   rows->exact = true;

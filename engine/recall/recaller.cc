@@ -100,7 +100,6 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
                                   ? state.next_token_position
                                   : q.current_token_position + 1;
   const size_t eligible = view.EligibleBlocks(window_end);
-  const uint64_t hot = view.config().hot_window_tokens;
   // The index holds every block with a disk form; blocks are in position
   // order, so the ineligible ones are the (short) tail in the window.
   // O(window), not O(blocks): at 100k blocks a scan of every entry cost
@@ -119,8 +118,8 @@ absl::Status PlanRecall(const RecallView& view, const RecallScorer& scorer,
   req.vector_weights = weights;
   req.budget = budget;
   req.eligible = eligible;
-  req.straddle_tokens = TokensBeforeWindow(
-      view, eligible, window_end > hot ? window_end - hot : 0);
+  req.straddle_tokens =
+      TokensBeforeWindow(view, eligible, view.WindowStart(window_end));
   req.accel = &accel;
   req.helpers = helpers;
   ScoredRecall scored;

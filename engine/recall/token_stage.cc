@@ -122,7 +122,8 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
     // The group's run starts after the tokens of the groups before it.
     uint32_t begin = 0;
     for (uint32_t g = 0; g < u.group; ++g) begin += view.UnitTokens(u.block, g);
-    const uint32_t count = std::min(u.tokens, view.UnitTokens(u.block, u.group));
+    const uint32_t count =
+        std::min(u.tokens, view.UnitTokens(u.block, u.group));
     runs.push_back({&u,
                     reinterpret_cast<const uint8_t*>(rec.token_codes.data()) +
                         size_t{begin} * stride,

@@ -94,8 +94,9 @@ bool HasTokenCodes(const BlockRecord& rec, const TokenCodeShape& shape);
 // the token stage can recall them alone: the block is kept with a disk form
 // (not evicted), starts before window_start and ends after it, its frames'
 // positions follow each other without gaps (a token's offset is then its
-// position's), and its record has token codes; else 0. A front end that holds exactly its hot
-// window holds none of them, and they are the most recent cold tokens.
+// position's), and its record has token codes; else 0. A front end that holds
+// exactly its hot window holds none of them, and they are the most recent cold
+// tokens.
 uint32_t TokensBeforeWindow(const RecallView& view, uint64_t block,
                             uint64_t window_start)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu());

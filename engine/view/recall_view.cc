@@ -48,9 +48,7 @@ const float* RecallView::UnitSummary(uint64_t unit) const {
 }
 
 size_t RecallView::EligibleBlocks(uint64_t window_end) const {
-  const uint64_t window_start = window_end > config_.hot_window_tokens
-                                    ? window_end - config_.hot_window_tokens
-                                    : 0;
+  const uint64_t window_start = WindowStart(window_end);
   // Blocks are in position order, so the recallable ones are a prefix (the
   // dropped evicted run included).
   return blocks_.first() +

@@ -99,6 +99,13 @@ class RecallView {
   const OpenMean& open_mean() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return open_mean_;
   }
+  // The first position of the hot window that ends at position window_end
+  // (exclusive).
+  uint64_t WindowStart(uint64_t window_end) const {
+    return window_end > config_.hot_window_tokens
+               ? window_end - config_.hot_window_tokens
+               : 0;
+  }
   // How many blocks (a prefix, by id) lie entirely before the hot window
   // that ends at position window_end (exclusive): the recallable ones.
   size_t EligibleBlocks(uint64_t window_end) const

@@ -345,12 +345,12 @@ class RealServerTest(unittest.TestCase):
         self.assertEqual(c.shm_arena_id, 0)
         np.testing.assert_array_equal(kv, want)
         from kvmem.v1 import service_pb2
+        release = service_pb2.ReleaseLeasesRequest(arena_id=arena,
+                                                   lease_ids=[d.lease_id])
         deadline = time.monotonic() + 10
         while True:  # The server notices the closed connection on its own.
             try:
-                self.client.stub.ReleaseLeases(service_pb2.ReleaseLeasesRequest(
-                    arena_id=arena, lease_ids=[d.lease_id]),
-                    metadata=self.client.metadata())
+                self.client.stub.ReleaseLeases(release, metadata=self.client.metadata())
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
                     self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND, e.details())
