@@ -8,7 +8,12 @@
 //
 // Clustering: spherical k-means over each token's keys of the indexed layers
 // (concatenated, as in the summary), farthest-point initialisation from the
-// first token, a fixed number of Lloyd iterations; deterministic. A group's
+// first token, a fixed number of Lloyd iterations; deterministic. Keys of
+// more than 2,048 floats a token (a 7B model with every layer indexed:
+// 32,768) are clustered on a signed fold of them to 2,048 floats (a count
+// sketch: the fold's cosines are the keys' up to an error of about
+// 1/sqrt(2048)), which costs a sixteenth of the dots; the summaries and codes
+// are of the full keys either way. A group's
 // summary is the plain mean key of its tokens (so query . summary is the
 // group's mean logit, times sqrt(head_dim), summed over heads).
 //

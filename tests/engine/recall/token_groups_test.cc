@@ -6,7 +6,9 @@
 #include <random>
 #include <thread>
 
+#include "engine/codec/dtype.h"
 #include "engine/codec/record_codec.h"
+#include "engine/stream_config.h"
 #include "gtest/gtest.h"
 #include "tests/engine_fixture.h"
 #include "tests/test_util.h"
@@ -135,6 +137,76 @@ TEST(TokenGroupsTest, ABlocksGroupsDoNotDependOnEarlierSeals) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(differ.load(), 0);
   EXPECT_FALSE(first.codes.empty());
+}
+
+// A 7B-shaped block (32 layers x 8 KV heads x 128, every layer indexed:
+// 32,768 floats of keys a token) is clustered on a fold of its keys to 2,048
+// floats (token_groups.cc kClusterDim). Token t shows entity t % 12: a
+// random key pattern per layer and head, plus noise, plus a component every
+// token shares on 8 dimensions of each head (like RoPE's low frequencies,
+// large in every layer). The fold must still put exactly the tokens of one
+// entity together, and the summaries stay means of the full keys.
+TEST(TokenGroupsTest, WideKeysClusterOnTheirFoldAndSummariseTheFullKeys) {
+  TestGeometry g;
+  g.layers = 32;
+  g.kv_heads = 8;
+  g.head_dim = 128;
+  constexpr uint32_t kTokens = 192, kEntities = 12;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t per_token = size_t{g.layers} * g.kv_heads * g.head_dim;
+  std::vector<float> pattern(kEntities * per_token);
+  for (float& x : pattern) x = normal(rng);
+  FloatFrame f;
+  f.tokens = kTokens;
+  const size_t slice = size_t{g.kv_heads} * kTokens * g.head_dim;
+  f.values.assign(g.layers * 2 * slice, 0.0f);
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      for (uint32_t t = 0; t < kTokens; ++t) {
+        const float* p = pattern.data() + (t % kEntities) * per_token +
+                         (size_t{l} * g.kv_heads + h) * g.head_dim;
+        for (uint32_t d = 0; d < g.head_dim; ++d) {
+          f.values[2 * slice * l + (size_t{h} * kTokens + t) * g.head_dim + d] =
+              p[d] + 0.7f * normal(rng) + (d < 8 ? 3.0f : 0.0f);
+        }
+      }
+    }
+  }
+  const std::string bytes = Encode(f, g.dtype);
+  StreamConfig c;
+  c.geometry = {g.layers, g.kv_heads, g.head_dim, g.dtype, kTokens};
+  c.hot_window_tokens = 256;
+  c = WithDefaults(c);
+  ASSERT_EQ(SummaryDim(c), per_token);  // Every layer indexed.
+  const TokenGroups tg =
+      BuildTokenGroups(c, {absl::string_view(bytes)}, {kTokens}, kEntities);
+  ASSERT_EQ(tg.token_group.size(), kTokens);
+  ASSERT_EQ(tg.summaries.size(), kEntities * per_token);
+  for (uint32_t a = 0; a < kTokens; ++a) {
+    for (uint32_t b = a + 1; b < kTokens; ++b) {
+      ASSERT_EQ(a % kEntities == b % kEntities,
+                tg.token_group[a] == tg.token_group[b])
+          << a << " vs " << b;
+    }
+  }
+  // Summaries: each group's mean key over all 32,768 floats (spot checks
+  // across layers and heads, from the fp16 keys the block holds).
+  for (uint32_t grp = 0; grp < kEntities; ++grp) {
+    for (size_t i = 0; i < per_token; i += 997) {
+      const uint32_t l = i / (g.kv_heads * g.head_dim);
+      const uint32_t h = (i / g.head_dim) % g.kv_heads, d = i % g.head_dim;
+      double sum = 0;
+      int n = 0;
+      for (uint32_t t = 0; t < kTokens; ++t) {
+        if (tg.token_group[t] != grp) continue;
+        sum += HalfToFloat(FloatToHalf(f.Key(g, l, h, t, d)));
+        ++n;
+      }
+      ASSERT_GT(n, 0);
+      EXPECT_NEAR(tg.summaries[grp * per_token + i], sum / n, 1e-5) << i;
+    }
+  }
 }
 
 TEST(TokenGroupsTest, RecordsKeepGroupsAndConfigsKeepTheSetting) {
