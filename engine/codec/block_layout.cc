@@ -1,5 +1,7 @@
 #include "engine/codec/block_layout.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -32,11 +34,28 @@ BoundedPool<Buffer>& WarmBuffers() {
   return *pool;
 }
 
+// A new buffer of a block of at least a huge page starts on one, and the
+// kernel is asked to back it with huge pages (MADV_HUGEPAGE: Debian's
+// kernels use them only where asked). A 7B block's 64 MiB copy was 16,384
+// page faults, and each fault traps into the kernel: ~200 ms of a seal on
+// a 2-vCPU VM (the copy itself ~10 ms); 32 faults of 2 MiB each instead.
+constexpr size_t kHugePage = size_t{2} << 20;
+
+uint8_t* NewBuffer(size_t bytes) {
+  if (bytes < kHugePage) {
+    return static_cast<uint8_t*>(std::aligned_alloc(kLayerAlign, bytes));
+  }
+  void* p = nullptr;
+  if (posix_memalign(&p, kHugePage, bytes) != 0) return nullptr;
+  (void)madvise(p, bytes, MADV_HUGEPAGE);  // Advice: 4 KiB pages otherwise.
+  return static_cast<uint8_t*>(p);
+}
+
 // A kept buffer of exactly `bytes`, else a new one (null on failure).
 uint8_t* TakeBuffer(size_t bytes) {
   Buffer b = WarmBuffers().Take();
   if (b.second != nullptr && b.first == bytes) return b.second.release();
-  return static_cast<uint8_t*>(std::aligned_alloc(kLayerAlign, bytes));
+  return NewBuffer(bytes);
 }
 
 }  // namespace
