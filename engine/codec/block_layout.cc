@@ -39,6 +39,8 @@ BoundedPool<Buffer>& WarmBuffers() {
 // kernels use them only where asked). A 7B block's 64 MiB copy was 16,384
 // page faults, and each fault traps into the kernel: ~200 ms of a seal on
 // a 2-vCPU VM (the copy itself ~10 ms); 32 faults of 2 MiB each instead.
+// Whatever kvmem-server --huge_pages does with the rest of the heap
+// (server/ops/huge_pages.h), which is off by default on RocksDB.
 constexpr size_t kHugePage = size_t{2} << 20;
 
 uint8_t* NewBuffer(size_t bytes) {
