@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/bounded_pool.h"
+#include "base/split_mix.h"
 #include "base/sync.h"
 #include "base/thread_scratch.h"
 #include "engine/codec/dtype.h"
@@ -49,13 +50,6 @@ void GiveBackKeys(std::vector<float> keys) {
   KeyBuffers().GiveBack(std::move(keys), bytes);
 }
 
-uint64_t Mix(uint64_t x) {  // splitmix64's finaliser.
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 void AddSigned(const float* x, const float* sign, float* y, size_t n) {
   for (size_t j = 0; j < n; ++j) y[j] += sign[j] * x[j];
 }
@@ -71,10 +65,12 @@ void AddSigned(const float* x, const float* sign, float* y, size_t n) {
 void FoldRows(const float* rows, size_t n, size_t dim, size_t out_dim,
               std::vector<float>* out) {
   std::vector<float> sign(dim);
-  for (size_t i = 0; i < dim; ++i) sign[i] = (Mix(i) & 1) != 0 ? 1.0f : -1.0f;
+  for (size_t i = 0; i < dim; ++i)
+    sign[i] = (SplitMix64(i) & 1) != 0 ? 1.0f : -1.0f;
   const size_t runs = (dim + out_dim - 1) / out_dim;
   std::vector<size_t> shift(runs, 0);
-  for (size_t b = 1; b < runs; ++b) shift[b] = Mix(~uint64_t{b}) % out_dim;
+  for (size_t b = 1; b < runs; ++b)
+    shift[b] = SplitMix64(~uint64_t{b}) % out_dim;
   out->assign(n * out_dim, 0.0f);
   for (size_t t = 0; t < n; ++t) {
     const float* x = rows + t * dim;

@@ -37,7 +37,7 @@ std::vector<std::vector<float>> Orthonormal(size_t n, uint32_t count, Gen gen) {
 std::vector<float> ProjectRows(const std::vector<float>& a, size_t rows,
                                size_t n, size_t rank, uint64_t seed) {
   const auto u = Orthonormal(n, static_cast<uint32_t>(rank), [&](uint32_t i) {
-    return Gaussian(Mix(seed + i), n, 1.0f);
+    return Gaussian(SplitMix64(seed + i), n, 1.0f);
   });
   const float gain = static_cast<float>(std::sqrt(double(n) / rank));
   std::vector<float> out(rows * n, 0.0f);

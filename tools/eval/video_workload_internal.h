@@ -11,22 +11,18 @@
 #include <utility>
 #include <vector>
 
+#include "base/split_mix.h"
 #include "tools/eval/video_workload.h"
 
 namespace kvmem {
 namespace video_internal {
 
-// SplitMix64: a seed for each (purpose, a, b, c) so any frame can be built in
-// any order with the same result.
-inline uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+// A seed for each (purpose, a, b, c) (base/split_mix.h) so any frame can be
+// built in any order with the same result.
 inline uint64_t Seed(uint64_t seed, uint64_t what, uint64_t a, uint64_t b = 0,
                      uint64_t c = 0) {
-  return Mix(Mix(Mix(Mix(seed ^ what) ^ a) ^ b) ^ c);
+  return SplitMix64(SplitMix64(SplitMix64(SplitMix64(seed ^ what) ^ a) ^ b) ^
+                    c);
 }
 
 enum Purpose : uint64_t {
