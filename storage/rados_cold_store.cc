@@ -10,8 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/sync.h"
+#include "storage/layer_trailer.h"
 #include "storage/rados_io.h"
 #include "storage/rados_store_impl.h"
+#include "storage/rocks_keys.h"
 
 namespace kvmem::rados_store {
 namespace {
@@ -56,8 +58,9 @@ PayloadPlan PlanPayload(const StreamWrite& w, uint64_t epoch, uint64_t seq) {
     plan.blocks.push_back({id, Ref{name, 0, record.size()}});
     plan.objects.emplace_back(std::move(name), rados_io::Text(record));
   }
-  // One object per block: its layers of this write, concatenated; named
-  // once its size is known.
+  // One object per block: its layers of this write, each with its CRC32C
+  // trailer (GetBlockLayers checks it), concatenated; named once its size
+  // is known.
   std::map<uint64_t, size_t> object_of;
   std::vector<uint64_t> blocks;
   for (const BlockLayerWrite& l : w.block_layers) {
@@ -67,9 +70,13 @@ PayloadPlan PlanPayload(const StreamWrite& w, uint64_t epoch, uint64_t seq) {
       blocks.push_back(l.block_id);
     }
     librados::bufferlist& bl = plan.objects[it->second].second;
+    const std::string t =
+        LayerTrailer(LayerKey(w.stream_id, l.block_id, l.layer), l.bytes);
     plan.layers.push_back(
-        {{l.block_id, l.layer}, Ref{"", bl.length(), l.bytes.size()}});
+        {{l.block_id, l.layer},
+         Ref{"", bl.length(), l.bytes.size() + t.size(), true}});
     bl.append(l.bytes.data(), static_cast<unsigned>(l.bytes.size()));
+    bl.append(t.data(), static_cast<unsigned>(t.size()));
   }
   for (uint64_t block : blocks) {
     auto& [name, bl] = plan.objects[object_of[block]];
@@ -476,10 +483,6 @@ absl::Status RadosColdStore::DeleteStream(absl::string_view stream_id) {
   kvmem::MutexLock store_lock(&mu_);
   acked_.erase(std::string(stream_id));
   return absl::OkStatus();
-}
-
-uint64_t RadosColdStore::ApproximatePayloadBytes() {
-  return static_cast<uint64_t>(std::max<int64_t>(0, bytes_.load()));
 }
 
 }  // namespace kvmem::rados_store

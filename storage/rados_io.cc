@@ -9,9 +9,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "base/status_macros.h"
 
 namespace kvmem::rados_io {
+namespace {
+
+constexpr absl::string_view kTrailerPrefix = "t:";
+
+}  // namespace
 
 absl::Status FromRc(int rc, absl::string_view what) {
   if (rc >= 0) return absl::OkStatus();
@@ -73,10 +79,12 @@ absl::Status AioBatch::Wait() {
 }
 
 std::string EncodeRef(const Ref& ref) {
-  return absl::StrCat(ref.offset, ",", ref.length, ",", ref.object);
+  return absl::StrCat(ref.trailer ? kTrailerPrefix : "", ref.offset, ",",
+                      ref.length, ",", ref.object);
 }
 
 bool DecodeRef(absl::string_view bytes, Ref* ref) {
+  ref->trailer = absl::ConsumePrefix(&bytes, kTrailerPrefix);
   const size_t a = bytes.find(',');
   if (a == absl::string_view::npos) return false;
   const size_t b = bytes.find(',', a + 1);

@@ -53,11 +53,15 @@ class AioBatch {
   bool waited_ = false;
 };
 
-// A payload object's part that one record occupies.
+// A payload object's part that one record occupies. A layer record written
+// since 2026-12-04 ends with the CRC32C trailer of storage/layer_trailer.h
+// (`trailer`, its 8 bytes counted in `length`), encoded as a "t:" prefix;
+// refs without it (older records, frames, block records) decode as before.
 struct Ref {
   std::string object;
   uint64_t offset = 0;
   uint64_t length = 0;
+  bool trailer = false;
 };
 std::string EncodeRef(const Ref& ref);
 bool DecodeRef(absl::string_view bytes, Ref* ref);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <rados/librados.hpp>
 #include <string>
 #include <vector>
@@ -16,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "storage/layer_trailer.h"
 #include "storage/rados_cold_store.h"
+#include "storage/rados_io.h"
 #include "tests/distributed/ceph_env.h"
 
 namespace kvmem {
@@ -71,8 +74,97 @@ class RadosStoreTest : public ::testing::Test {
     return w;
   }
 
+  // The stream's namespace, through a client of its own.
+  librados::IoCtx Namespace(librados::Rados* cluster,
+                            const std::string& stream) {
+    librados::IoCtx io;
+    EXPECT_EQ(cluster->init2("client.admin", "ceph", 0), 0);
+    EXPECT_EQ(cluster->conf_read_file(options_.ceph_conf.c_str()), 0);
+    EXPECT_EQ(cluster->connect(), 0);
+    EXPECT_EQ(cluster->ioctx_create("kvmem", io), 0);
+    io.set_namespace(options_.prefix + stream);
+    return io;
+  }
+
+  // The head's ref of layer `layer` of block `block`.
+  static rados_io::Ref LayerRef(librados::IoCtx& io, uint64_t block,
+                                uint32_t layer) {
+    const std::string key = rados_io::LayerKey(block, layer);
+    std::map<std::string, librados::bufferlist> vals;
+    EXPECT_EQ(io.omap_get_vals_by_keys(rados_io::kHead, {key}, &vals), 0);
+    rados_io::Ref ref;
+    EXPECT_TRUE(vals.count(key) > 0 &&
+                rados_io::DecodeRef(vals[key].to_str(), &ref));
+    return ref;
+  }
+
   RadosColdStoreOptions options_;
 };
+
+// Layer records carry the CRC32C trailer RocksColdStore writes (of their
+// logical key and bytes): one byte changed in the object, or the head's ref
+// pointed at another layer's bytes, reads as DATA_LOSS naming the layer,
+// never wrong bytes; a record stored before trailers (a ref without the
+// "t:" mark) reads as stored.
+TEST_F(RadosStoreTest, DamagedOrMisplacedLayerRecordsAreDataLoss) {
+  auto s = Open();
+  ASSERT_NE(s, nullptr);
+  StreamWrite seal;
+  seal.stream_id = "cam";
+  seal.blocks.emplace_back(0, "block-0");
+  for (uint32_t l = 0; l < 3; ++l) {
+    seal.block_layers.push_back({0, l, std::string(1000 + l, char('a' + l))});
+  }
+  ASSERT_TRUE(s->Commit(seal).ok());
+  librados::Rados cluster;
+  librados::IoCtx io = Namespace(&cluster, "cam");
+  const rados_io::Ref ref0 = LayerRef(io, 0, 0), ref1 = LayerRef(io, 0, 1);
+  EXPECT_TRUE(ref0.trailer);
+  EXPECT_EQ(ref0.length, 1000 + kTrailerBytes);
+  ASSERT_EQ(ref0.object, ref1.object);  // One object per block and write.
+  const std::string object = rados_io::Stripes(ref0.object)[0];
+
+  // A byte of layer 1 flipped in the object: layer 1 is DATA_LOSS, layer 0
+  // (same object, untouched bytes) still reads.
+  librados::bufferlist flip;
+  flip.append("Z", 1);
+  ASSERT_EQ(io.write(object, flip, 1, ref1.offset + 10), 0);
+  auto bad = s->GetBlockLayers("cam", 0, {0, 1});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(bad.status().message().find("layer 1 of block 0"),
+            std::string::npos)
+      << bad.status();
+  auto good = s->GetBlockLayer("cam", 0, 0);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(*good, std::string(1000, 'a'));
+
+  // Layer 2's ref pointed at layer 0's bytes (a stale or damaged manifest),
+  // seen by a store opened afterwards: its key is in the CRC, so the check
+  // fails.
+  std::map<std::string, librados::bufferlist> set;
+  set[rados_io::LayerKey(0, 2)].append(rados_io::EncodeRef(ref0));
+  // A record as written before trailers: the ref without the mark, the
+  // bytes without a trailer (layer 3, at layer 0's offset, its 1000 bytes).
+  rados_io::Ref old = ref0;
+  old.trailer = false;
+  old.length = 1000;
+  set[rados_io::LayerKey(0, 3)].append(rados_io::EncodeRef(old));
+  librados::ObjectWriteOperation op;
+  op.omap_set(set);
+  ASSERT_EQ(io.operate(rados_io::kHead, &op), 0);
+  s.reset();
+  auto reopened = Open();
+  ASSERT_NE(reopened, nullptr);
+  ASSERT_TRUE(reopened->ListStreams().ok());
+  auto misplaced = reopened->GetBlockLayer("cam", 0, 2);
+  EXPECT_EQ(misplaced.status().code(), absl::StatusCode::kDataLoss)
+      << misplaced.status();
+  auto older = reopened->GetBlockLayer("cam", 0, 3);
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(*older, std::string(1000, 'a'));
+  io.close();
+  cluster.shutdown();
+}
 
 // Payloads larger than a stripe (rados_io.h kStripeBytes, 4 MiB) are
 // stored as several objects; records spanning two stripes read back whole.
@@ -114,8 +206,10 @@ TEST_F(RadosStoreTest, AReopenedStoreSeesEveryCommit) {
   auto acked = b->Acknowledged();
   ASSERT_TRUE(acked.ok()) << acked.status();
   EXPECT_EQ(acked->at("cam"), 3u);
-  // Frames, layers and block records, as stored.
+  // Frames, layers (each with its 8-byte CRC32C trailer) and block
+  // records, as stored.
   EXPECT_EQ(b->ApproximatePayloadBytes(), payload.size() + 4 * layer_bytes + 6 +
+                                              4 * kTrailerBytes +
                                               std::string("block-0").size());
   // The frames replaced by the block's layers are gone from RADOS too:
   // the head, frame 2's 3 stripes, the layer object's 4 and the block
