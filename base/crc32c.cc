@@ -20,16 +20,69 @@ std::array<uint32_t, 256> MakeTable() {
   return t;
 }
 
+// Long inputs run as three streams of kStride bytes at a time: crc32's
+// 3-cycle latency bounds one stream at 8 bytes per 3 cycles (~8 GB/s at
+// 3 GHz), while the unit takes one instruction a cycle. The CRC register is
+// linear: run from state s over bytes D it ends at R(s, 0...0) ^ R(0, D), so
+// streams 2 and 3 start from 0 and are folded in by Shift, which advances a
+// state over kStride zero bytes (four table lookups: a 32 x 32 bit matrix
+// over GF(2), built once from the scalar step).
+constexpr size_t kStride = 4096;
+
+struct ShiftTables {
+  uint32_t t[4][256];
+};
+
+const ShiftTables& Shift() {
+  static const ShiftTables tables = [] {
+    const std::array<uint32_t, 256> table = MakeTable();
+    uint32_t image[32];  // Of each bit of the state.
+    for (int b = 0; b < 32; ++b) {
+      uint32_t c = uint32_t{1} << b;
+      for (size_t i = 0; i < kStride; ++i) c = table[c & 0xff] ^ (c >> 8);
+      image[b] = c;
+    }
+    ShiftTables s{};
+    for (int k = 0; k < 4; ++k) {
+      for (uint32_t v = 0; v < 256; ++v) {
+        for (int b = 0; b < 8; ++b) {
+          if (v >> b & 1) s.t[k][v] ^= image[8 * k + b];
+        }
+      }
+    }
+    return s;
+  }();
+  return tables;
+}
+
+inline uint64_t Advance(const ShiftTables& s, uint64_t c) {
+  return s.t[0][c & 0xff] ^ s.t[1][(c >> 8) & 0xff] ^ s.t[2][(c >> 16) & 0xff] ^
+         s.t[3][(c >> 24) & 0xff];
+}
+
+__attribute__((target("sse4.2"))) inline uint64_t Load8(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
 __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(const uint8_t* p,
                                                        size_t n, uint32_t crc) {
   uint64_t c = ~crc;
-  // One stream, 8 bytes per instruction (its 3-cycle latency bounds it at
-  // ~8 GB/s at 3 GHz, five times the software CRC it replaces).
-  for (; n >= 8; n -= 8, p += 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c = _mm_crc32_u64(c, v);
+  if (n >= 3 * kStride) {
+    const ShiftTables& shift = Shift();
+    for (; n >= 3 * kStride; n -= 3 * kStride, p += 3 * kStride) {
+      uint64_t c1 = 0, c2 = 0;
+      for (size_t i = 0; i < kStride; i += 8) {
+        c = _mm_crc32_u64(c, Load8(p + i));
+        c1 = _mm_crc32_u64(c1, Load8(p + kStride + i));
+        c2 = _mm_crc32_u64(c2, Load8(p + 2 * kStride + i));
+      }
+      c = Advance(shift, Advance(shift, c) ^ c1) ^ c2;
+    }
   }
+  // The rest as one stream, 8 bytes per instruction.
+  for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, Load8(p));
   uint32_t c32 = static_cast<uint32_t>(c);
   for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
   return ~c32;

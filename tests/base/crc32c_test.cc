@@ -39,6 +39,16 @@ TEST(Crc32cTest, KernelEqualsScalarOnEveryLengthAndAlignment) {
       ASSERT_EQ(Crc32c(p, n), Crc32cScalar(p, n)) << offset << " " << n;
     }
   }
+  // Long inputs (three streams of 4 KiB folded together, then the rest as
+  // one): lengths around each round's edge, continuing from a CRC.
+  std::vector<uint8_t> big(300000);
+  for (uint8_t& b : big) b = static_cast<uint8_t>(rng());
+  for (size_t n : {12287, 12288, 12289, 24575, 24576, 24583, 100003, 300000}) {
+    for (uint32_t from : {0u, 0xdeadbeefu}) {
+      ASSERT_EQ(Crc32c(big.data(), n, from), Crc32cScalar(big.data(), n, from))
+          << n << " " << from;
+    }
+  }
   // Continuing a CRC over a split equals the CRC of the whole.
   const uint32_t whole = Crc32c(buf.data(), 50000);
   EXPECT_EQ(
