@@ -31,6 +31,9 @@
 // vectors (kvmem_engine_bench --benchmark_filter=BM_TokenKernel, medians
 // within the VM's noise either way): the per-vector reduction of 8 segments
 // and the float finish dominate, not the multiplies, so it was not kept.
+// The token stage turns the work around instead where the CPU has AVX-512
+// VNNI: tokens in lanes, the codes transposed in registers
+// (engine/recall/token_lanes.h), the same values.
 // Pure functions, safe from any thread.
 #ifndef KVMEM_ENGINE_INDEX_TOKEN_CODES_H_
 #define KVMEM_ENGINE_INDEX_TOKEN_CODES_H_

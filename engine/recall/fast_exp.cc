@@ -7,15 +7,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/recall/fast_exp_poly.h"
+
 namespace kvmem {
 namespace {
 
-constexpr float kLow = -87.3f, kHigh = 88.0f;
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f,
-                kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
-                kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+using namespace fast_exp;  // NOLINT: the polynomial's constants.
 
 float ExpOne(float v) {
   if (!(v >= kLow)) return 0.0f;

@@ -6,6 +6,7 @@
 
 #include "base/thread_scratch.h"
 #include "engine/recall/token_groups.h"
+#include "engine/recall/token_lanes.h"
 
 namespace kvmem {
 
@@ -63,8 +64,30 @@ void ScoreRuns(const TokenCodeShape& shape, const TokenStageInput& in,
     }
   }
   if (slices.back() != runs.size()) slices.push_back(runs.size());
+  const bool mean_out = mean && in.terms != nullptr;
   helpers.For(slices.size() - 1, [&](size_t k) {
     const size_t first = slices[k], end = slices[k + 1];
+    // Tokens in lanes where the CPU has the kernel (token_lanes.h): the
+    // slice's records in one call.
+    if (in.terms != nullptr) {
+      struct Scratch {
+        std::vector<const uint8_t*> records;
+      };
+      std::vector<const uint8_t*>& recs = ThreadScratch<Scratch>().records;
+      recs.clear();
+      for (size_t i = first; i < end; ++i) {
+        for (uint32_t t = 0; t < runs[i].count; ++t) {
+          recs.push_back(runs[i].records + t * stride);
+        }
+      }
+      const size_t at = runs[first].at;
+      if (LaneTokenDensities(
+              shape, *in.query, *in.terms, recs.data(), recs.size(),
+              out->density.data() + at,
+              mean_out ? out->mean_density.data() + at : nullptr)) {
+        return;
+      }
+    }
     PrefetchRun(runs[first].records, runs[first].count * stride);
     for (size_t i = first; i < end; ++i) {
       const PoolRun& r = runs[i];

@@ -30,6 +30,7 @@
 #include "engine/memory_engine.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/token_groups.h"
+#include "engine/recall/token_lanes.h"
 #include "engine/stream/segmenter.h"
 #include "engine/stream_config.h"
 #include "server/ops/metrics.h"
@@ -745,22 +746,25 @@ BENCHMARK(BM_StoreGet)
 }  // namespace kvmem
 
 // KVMEM_INT8_KERNEL / KVMEM_TOKEN_KERNEL=<name> run the benchmarks on that
-// kernel (e.g. avx2 on an AVX-512 machine, for the ratio), all but
+// kernel (e.g. avx2 on an AVX-512 machine, for the ratio), and
+// KVMEM_TOKEN_LANES=off the token stage without its lanes kernel; all but
 // BM_Int8Kernel and BM_TokenKernel, which name theirs by dispatch level.
 int main(int argc, char** argv) {
   for (const auto& [var, select] :
        {std::pair<const char*, bool (*)(const std::string&)>{
             "KVMEM_INT8_KERNEL", &kvmem::SelectInt8Kernel},
-        {"KVMEM_TOKEN_KERNEL", &kvmem::SelectTokenKernel}}) {
+        {"KVMEM_TOKEN_KERNEL", &kvmem::SelectTokenKernel},
+        {"KVMEM_TOKEN_LANES", &kvmem::SelectLaneTokenKernel}}) {
     const char* name = std::getenv(var);
     if (name != nullptr && !select(name)) {
       std::fprintf(stderr, "%s=%s: no such kernel on this CPU\n", var, name);
       return 2;
     }
   }
-  std::fprintf(stderr, "int8 kernel %s, token kernel %s\n",
+  std::fprintf(stderr, "int8 kernel %s, token kernel %s, token lanes %s\n",
                kvmem::ActiveInt8Kernel().name.c_str(),
-               kvmem::ActiveTokenKernel().name.c_str());
+               kvmem::ActiveTokenKernel().name.c_str(),
+               kvmem::LaneTokenKernel().c_str());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

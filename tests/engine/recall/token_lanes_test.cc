@@ -1,0 +1,161 @@
+// The token stage's lanes kernel (engine/recall/token_lanes.h) against
+// TokenDensities, the path it replaces, on random codes: bit for bit where
+// the head range is a multiple of 8 heads and the avx2 kernels run (the
+// same operations in the same order), to float rounding elsewhere; every
+// group size around its 16 lanes, records scattered, with and without the
+// identity channel's mean vector, head_dim 32 to 128, 1 to 17 vectors.
+#include "engine/recall/token_lanes.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/recall/fast_exp.h"
+#include "engine/recall/token_stage.h"
+#include "gtest/gtest.h"
+
+namespace kvmem {
+namespace {
+
+std::vector<float> Random(std::mt19937_64& rng, size_t n, float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+MassEstimate Estimate(std::mt19937_64& rng, uint32_t heads, uint32_t vectors) {
+  MassEstimate est;
+  est.heads = heads;
+  est.vectors = vectors;
+  std::normal_distribution<float> lse(6.0f, 1.5f);
+  for (size_t i = 0; i < size_t{vectors} * heads; ++i) {
+    est.log_norm.push_back(lse(rng));
+  }
+  return est;
+}
+
+struct Case {
+  uint32_t heads, head_dim, vectors, h0, h1;
+};
+
+TEST(TokenLanesTest, EqualsTheTokenStagesDensities) {
+  if (LaneTokenKernel() == "off") {
+    GTEST_SKIP() << "this CPU lacks AVX-512 F/BW/VL + VNNI: the token stage "
+                    "scores through TokenDensities alone";
+  }
+  std::printf("token lanes %s, token kernel %s, exp kernel %s\n",
+              LaneTokenKernel().c_str(), ActiveTokenKernel().name.c_str(),
+              ActiveExpKernel().name.c_str());
+  const Case cases[] = {{8, 64, 8, 0, 8},   {8, 64, 1, 0, 8},
+                        {8, 128, 3, 0, 8},  {16, 64, 17, 8, 16},
+                        {6, 32, 3, 0, 6},   {8, 64, 8, 3, 4},
+                        {16, 96, 2, 0, 16}, {4, 256, 8, 0, 4}};
+  int bitwise = 0;
+  for (const Case& c : cases) {
+    std::mt19937_64 rng(c.heads * 1000 + c.head_dim + c.vectors + c.h0);
+    const TokenCodeShape shape{c.heads, c.head_dim};
+    const size_t pool = 200;
+    const std::vector<float> keys =
+        Random(rng, pool * c.heads * c.head_dim, 1.0f);
+    const std::vector<float> query =
+        Random(rng, size_t{c.vectors} * c.heads * c.head_dim, 2.0f);
+    const std::string codes = EncodeTokenCodes(shape, keys.data(), pool);
+    TokenQuery q;
+    PrepareTokenQuery(shape, query.data(), c.vectors, &q);
+    const MassEstimate est = Estimate(rng, c.heads, c.vectors);
+    const MassEstimate mean_est = Estimate(rng, c.heads, 1);
+    std::vector<float> weight(c.vectors);
+    for (float& w : weight) w = 0.5f + static_cast<float>(rng() % 100) / 100;
+    const float logit_scale =
+        1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    for (const bool mean : {false, true}) {
+      DensityTerms terms;
+      PrepareDensityTerms(est, c.h0, c.h1, logit_scale,
+                          mean ? &mean_est : nullptr,
+                          mean ? weight.data() : nullptr, &terms);
+      TokenStageInput in;
+      in.query = &q;
+      in.est = &est;
+      in.h0 = c.h0;
+      in.h1 = c.h1;
+      in.logit_scale = logit_scale;
+      in.terms = &terms;
+      if (mean) {
+        in.mean_est = &mean_est;
+        in.weight = weight.data();
+      }
+      for (const size_t n : {1, 7, 15, 16, 17, 33, 120}) {
+        // n records at random places of the codes.
+        std::vector<const uint8_t*> rec(n);
+        for (const uint8_t*& r : rec) {
+          r = reinterpret_cast<const uint8_t*>(codes.data()) +
+              (rng() % pool) * shape.bytes_per_token();
+        }
+        std::vector<float> got(n, -1.0f), got_mean(n, -1.0f);
+        ASSERT_TRUE(LaneTokenDensities(shape, q, terms, rec.data(), n,
+                                       got.data(),
+                                       mean ? got_mean.data() : nullptr));
+        const bool same_ops = (c.h1 - c.h0) % 8 == 0 &&
+                              ActiveTokenKernel().name == "avx2" &&
+                              ActiveExpKernel().name == "avx2";
+        for (size_t k = 0; k < n; ++k) {
+          float want = 0, want_mean = 0;
+          TokenDensities(shape, in, rec[k], 1, &want,
+                         mean ? &want_mean : nullptr);
+          if (same_ops) {
+            ASSERT_EQ(got[k], want) << c.heads << "x" << c.head_dim << " "
+                                    << c.vectors << " vectors, token " << k;
+            if (mean) {
+              ASSERT_EQ(got_mean[k], want_mean) << "token " << k;
+            }
+            ++bitwise;
+          } else {
+            ASSERT_NEAR(got[k], want, 1e-5f * want) << "token " << k;
+            if (mean) {
+              ASSERT_NEAR(got_mean[k], want_mean, 1e-5f * want_mean)
+                  << "token " << k;
+            }
+          }
+          ASSERT_GT(got[k], 0.0f);
+        }
+      }
+    }
+  }
+  if (ActiveTokenKernel().name == "avx2" && ActiveExpKernel().name == "avx2") {
+    EXPECT_GT(bitwise, 0);
+  }
+}
+
+// Off, it scores nothing and says so: the token stage then scores through
+// TokenDensities.
+TEST(TokenLanesTest, OffLeavesTheWorkToTokenDensities) {
+  const bool had = LaneTokenKernel() != "off";
+  ASSERT_TRUE(SelectLaneTokenKernel("off"));
+  EXPECT_EQ(LaneTokenKernel(), "off");
+  const TokenCodeShape shape{8, 64};
+  const std::string codes(shape.bytes_per_token(), '\x88');
+  const uint8_t* rec = reinterpret_cast<const uint8_t*>(codes.data());
+  TokenQuery q;
+  const std::vector<float> query(8 * 64, 1.0f);
+  PrepareTokenQuery(shape, query.data(), 1, &q);
+  MassEstimate est;
+  est.heads = 8;
+  est.vectors = 1;
+  est.log_norm.assign(8, 1.0f);
+  DensityTerms terms;
+  PrepareDensityTerms(est, 0, 8, 0.125f, nullptr, nullptr, &terms);
+  float out = -1.0f;
+  EXPECT_FALSE(LaneTokenDensities(shape, q, terms, &rec, 1, &out, nullptr));
+  EXPECT_EQ(out, -1.0f);
+  EXPECT_FALSE(SelectLaneTokenKernel("no-such-kernel"));
+  if (had) {
+    ASSERT_TRUE(SelectLaneTokenKernel("avx512vnni"));
+    EXPECT_TRUE(LaneTokenDensities(shape, q, terms, &rec, 1, &out, nullptr));
+    EXPECT_GT(out, 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace kvmem
