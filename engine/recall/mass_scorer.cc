@@ -196,7 +196,7 @@ void RankPoolTokens(const RecallView& view, const ScoreRequest& req,
     c.id.push_back(ids[i]);
   }
   std::vector<uint32_t> pool_rows =
-      BestUntil(c.value, c.tokens, c.id, pool_budget);
+      PoolUntil(c.value, c.tokens, c.id, pool_budget);
   for (uint32_t& k : pool_rows) {
     k = c.row[k];
     set->ranked[k] = true;

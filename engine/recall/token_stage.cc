@@ -279,6 +279,73 @@ std::vector<uint32_t> BestUntil(const std::vector<float>& value,
   return best;
 }
 
+std::vector<uint32_t> PoolUntil(const std::vector<float>& value,
+                                const std::vector<uint32_t>& tokens,
+                                const std::vector<uint64_t>& id,
+                                uint64_t budget) {
+  const size_t n = value.size();
+  struct Scratch {
+    std::vector<std::pair<float, uint32_t>> order;
+  };
+  std::vector<std::pair<float, uint32_t>>& order =
+      ThreadScratch<Scratch>().order;
+  order.resize(n);
+  uint64_t all = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    order[i] = {value[i], i};
+    all += tokens[i];
+  }
+  // BestUntil's order (ties to the larger id: a total order).
+  const auto better = [&](const std::pair<float, uint32_t>& a,
+                          const std::pair<float, uint32_t>& b) {
+    return a.first != b.first ? a.first > b.first : id[a.second] > id[b.second];
+  };
+  size_t take = n;  // All of them when they do not exceed the budget.
+  if (budget == 0) {
+    take = 0;
+  } else if (all > budget) {
+    // The answer (the shortest prefix in that order holding `need` more
+    // tokens) lies in order[lo, hi]; order[0, lo) is in it already.
+    size_t lo = 0, hi = n;
+    uint64_t need = budget;
+    while (hi - lo > 16) {
+      // The median of three as the pivot, at hi - 1; the better ones first.
+      const size_t mid = lo + (hi - lo) / 2;
+      if (better(order[mid], order[lo])) std::swap(order[mid], order[lo]);
+      if (better(order[hi - 1], order[lo])) std::swap(order[hi - 1], order[lo]);
+      if (better(order[mid], order[hi - 1]))
+        std::swap(order[mid], order[hi - 1]);
+      const std::pair<float, uint32_t> pivot = order[hi - 1];
+      size_t m = lo;
+      uint64_t sum = 0;
+      for (size_t i = lo; i + 1 < hi; ++i) {
+        if (better(order[i], pivot)) {
+          sum += tokens[order[i].second];
+          std::swap(order[i], order[m++]);
+        }
+      }
+      std::swap(order[m], order[hi - 1]);
+      if (sum >= need) {
+        hi = m;
+      } else if (sum + tokens[pivot.second] >= need) {
+        lo = hi = m + 1;
+        need = 0;
+      } else {
+        need -= sum + tokens[pivot.second];
+        lo = m + 1;
+      }
+    }
+    std::sort(order.begin() + lo, order.begin() + hi, better);
+    take = lo;
+    for (uint64_t held = 0; take < hi && held < need; ++take) {
+      held += tokens[order[take].second];
+    }
+  }
+  std::vector<uint32_t> out(take);
+  for (size_t k = 0; k < take; ++k) out[k] = order[k].second;
+  return out;
+}
+
 void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
                       const PlanPolicy& policy, uint32_t budget,
                       std::vector<PlanUnit>* ranked,

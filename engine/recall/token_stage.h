@@ -132,6 +132,13 @@ std::vector<uint32_t> BestUntil(const std::vector<float>& value,
                                 const std::vector<uint64_t>& id,
                                 uint64_t budget);
 
+// BestUntil's candidates in no particular order (a weighted selection, no
+// sort): for a pool, whose order nothing reads.
+std::vector<uint32_t> PoolUntil(const std::vector<float>& value,
+                                const std::vector<uint32_t>& tokens,
+                                const std::vector<uint64_t>& id,
+                                uint64_t budget);
+
 // The set's ranked units from the scored tokens: the budget's count and
 // kRankSlack more as token units, in RecallPlanner::Rank's order (the
 // pool's groups without codes ranked in among them), and *rest makes units

@@ -126,7 +126,22 @@ TEST(TokenStageTest, BestUntilIsTheSortedPrefixThatHoldsTheBudget) {
       held += tokens[i];
     }
     EXPECT_EQ(BestUntil(value, tokens, id, budget), want) << "trial " << trial;
+    // PoolUntil: the same candidates, in any order.
+    std::vector<uint32_t> pool = PoolUntil(value, tokens, id, budget);
+    std::sort(pool.begin(), pool.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(pool, want) << "trial " << trial;
   }
+  // The edges: no budget, and a budget all of them do not exceed.
+  const std::vector<float> v = {0.5f, 0.2f, 0.9f};
+  const std::vector<uint32_t> t = {2, 3, 1};
+  const std::vector<uint64_t> ids = {7, 8, 9};
+  EXPECT_TRUE(PoolUntil(v, t, ids, 0).empty());
+  EXPECT_EQ(PoolUntil(v, t, ids, 6).size(), 3u);
+  EXPECT_EQ(PoolUntil(v, t, ids, 60).size(), 3u);
+  std::vector<uint32_t> two = PoolUntil(v, t, ids, 3);  // 0.9 and 0.5.
+  std::sort(two.begin(), two.end());
+  EXPECT_EQ(two, (std::vector<uint32_t>{0, 2}));
 }
 
 // Two streams of the same frames, one per scorer: each block holds a few
