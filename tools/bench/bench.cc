@@ -20,6 +20,7 @@
 #include "base/timing.h"
 #include "client/cpp/kvmem_client.h"
 #include "engine/index/int8_kernels.h"
+#include "engine/recall/token_lanes.h"
 #include "kvmem/v1/service.grpc.pb.h"
 #include "storage/rocks_cold_store.h"
 #include "tools/bench/bench_inproc.h"
@@ -178,6 +179,7 @@ class BenchRun {
     r_.streams = o.streams;
     r_.cold_precision = o.cold_precision;
     r_.kernel = ActiveInt8Kernel().name;
+    r_.token_lanes = LaneTokenKernel();
     r_.cpu = CpuModel();
   }
   absl::StatusOr<BenchReport> Run();
@@ -515,6 +517,7 @@ std::string BenchJson(const BenchReport& r) {
   w.Key("streams").Int(r.streams);
   w.Key("frame_bytes").UInt(r.frame_bytes);
   w.Key("kernel").Str(r.kernel);
+  w.Key("token_lanes").Str(r.token_lanes);
   w.Key("cpu").Str(r.cpu);
   w.Key("ingest_mb_per_s").Num(r.ingest_mb_per_s, 1);
   w.Key("ingest_frames_per_s").Num(r.ingest_frames_per_s, 1);
@@ -566,8 +569,9 @@ std::string BenchText(const BenchReport& r) {
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   std::string s;
   s += absl::StrFormat(
-      "kvmem bench: %d streams, %.0f KiB frames, int8 kernel %s, CPU %s\n",
-      r.streams, r.frame_bytes / 1024.0, r.kernel, r.cpu);
+      "kvmem bench: %d streams, %.0f KiB frames, int8 kernel %s, token lanes "
+      "%s, CPU %s\n",
+      r.streams, r.frame_bytes / 1024.0, r.kernel, r.token_lanes, r.cpu);
   s += absl::StrFormat(
       "  in-process recall   p50 %7.1f us  p99 %7.1f us  recall@16 %.4f  "
       "(%.0f rescored)\n",

@@ -75,6 +75,8 @@ struct BenchReport {
   int streams = 0;
   // In process (inproc_vectors x inproc_dim, k = inproc_k).
   std::string kernel;  // The int8 kernel in use ("avx2", "scalar").
+  // The token stage's lanes kernel ("avx512vnni", or "off": the avx2 path).
+  std::string token_lanes;
   Latency inproc, flat;
   double inproc_recall_at_k = 0;   // Progressive vs flat top-k overlap.
   double inproc_candidates = 0;    // Mean vectors rescored in fp32.
