@@ -64,12 +64,12 @@ void ScoreRuns(const TokenCodeShape& shape, const TokenStageInput& in,
     }
   }
   if (slices.back() != runs.size()) slices.push_back(runs.size());
-  const bool mean_out = mean && in.terms != nullptr;
+  // Tokens in lanes where the CPU has the kernel (token_lanes.h): each
+  // slice's records in one call.
+  const bool lanes = in.terms != nullptr && LaneTokenKernel() != "off";
   helpers.For(slices.size() - 1, [&](size_t k) {
     const size_t first = slices[k], end = slices[k + 1];
-    // Tokens in lanes where the CPU has the kernel (token_lanes.h): the
-    // slice's records in one call.
-    if (in.terms != nullptr) {
+    if (lanes) {
       struct Scratch {
         std::vector<const uint8_t*> records;
       };
@@ -81,10 +81,9 @@ void ScoreRuns(const TokenCodeShape& shape, const TokenStageInput& in,
         }
       }
       const size_t at = runs[first].at;
-      if (LaneTokenDensities(
-              shape, *in.query, *in.terms, recs.data(), recs.size(),
-              out->density.data() + at,
-              mean_out ? out->mean_density.data() + at : nullptr)) {
+      if (LaneTokenDensities(shape, *in.query, *in.terms, recs.data(),
+                             recs.size(), out->density.data() + at,
+                             mean ? out->mean_density.data() + at : nullptr)) {
         return;
       }
     }
