@@ -112,6 +112,13 @@ class RecallPlanner {
   // called again to continue the fill with further units; `limit` caps the
   // tokens this call adds.
   void Take(const std::vector<PlanUnit>& ranked, uint32_t limit = UINT32_MAX);
+  // Whether Take could still take a unit of `block`: the block is taken
+  // already, or fewer than top_k blocks are (top_k 0: always). Once false
+  // for a block it stays false (the taken blocks only grow).
+  bool Admits(uint64_t block) const {
+    return policy_.top_k == 0 || blocks_.size() < policy_.top_k ||
+           slot_.count(block) > 0;
+  }
   uint32_t tokens_left() const {
     return static_cast<uint32_t>(policy_.max_tokens - used_);
   }

@@ -8,6 +8,18 @@
 namespace kvmem {
 namespace {
 
+// Drops the units the planner can no longer take because their block is
+// past its top_k (Take would pass over them): the fill's further units are
+// every token and group not ranked yet, and ranking them all is a sort of
+// thousands where top_k has closed all but a few blocks.
+void DropUnadmitted(const RecallPlanner& planner,
+                    std::vector<PlanUnit>* units) {
+  units->erase(std::remove_if(
+                   units->begin(), units->end(),
+                   [&](const PlanUnit& u) { return !planner.Admits(u.block); }),
+               units->end());
+}
+
 // The identity channel first, within its share: the tracks, then the
 // query as a whole (engine/recall/identity_channel.h).
 void TakeIdentity(ScoredSet* set, RecallPlanner* planner) {
@@ -25,6 +37,7 @@ RecallPlan PlanOne(const PlanPolicy& policy, ScoredSet* set) {
   planner.Take(set->ranked);
   if (!planner.full() && set->more) {
     std::vector<PlanUnit> more = set->more(planner.tokens_left());
+    DropUnadmitted(planner, &more);
     planner.Rank(&more);
     planner.Take(more);
   }
@@ -59,6 +72,7 @@ std::vector<RecallPlan> PlanJoint(const PlanPolicy& policy,
     if (next[s] >= set.ranked.size() && !asked[s] && set.more) {
       asked[s] = true;
       std::vector<PlanUnit> more = set.more(planners[s].tokens_left());
+      DropUnadmitted(planners[s], &more);
       ranker.Rank(&more);
       set.ranked.insert(set.ranked.end(), more.begin(), more.end());
     }

@@ -67,6 +67,26 @@ TEST(RecallPlannerTest, NeverExceedsBudgetNorTopK) {
   }
 }
 
+// Admits says what Take would still take: any block until top_k blocks
+// are taken, then only those; always with top_k 0. The fill drops what it
+// does not admit before ranking it (set_planning.cc).
+TEST(RecallPlannerTest, AdmitsWhatTakeStillTakes) {
+  RecallPlanner capped(Summed(100, 2));
+  EXPECT_TRUE(capped.Admits(9));
+  capped.Take({Unit(1, 10, 5.0f), Unit(2, 10, 4.0f)});
+  EXPECT_TRUE(capped.Admits(1));
+  EXPECT_TRUE(capped.Admits(2));
+  EXPECT_FALSE(capped.Admits(3));
+  // Take agrees: block 3's unit is passed over, block 1's taken.
+  capped.Take({Unit(3, 10, 9.0f), Unit(1, 10, 1.0f, 1)});
+  const RecallPlan plan = capped.Finish();
+  EXPECT_EQ(plan.total_tokens, 30u);
+  EXPECT_EQ(plan.blocks.size(), 2u);
+  RecallPlanner open(Summed(100, 0));
+  open.Take({Unit(1, 10, 5.0f), Unit(2, 10, 4.0f), Unit(4, 10, 3.0f)});
+  EXPECT_TRUE(open.Admits(77));
+}
+
 TEST(RecallPlannerTest, SummedBlocksCapBeforeTheFillGroupsCapDistinctBlocks) {
   // Ranked 9, 8, 7: block 8 is too large for the budget.
   const std::vector<PlanUnit> units = {Unit(1, 6, 9.0f), Unit(2, 20, 8.0f),
