@@ -34,6 +34,11 @@ void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
 
 namespace {
 
+// BestUntil's order: by value, ties to the larger id (a total order).
+inline bool BetterCandidate(float va, uint64_t ia, float vb, uint64_t ib) {
+  return va != vb ? va > vb : ia > ib;
+}
+
 // Asks for a run of code records before it is read (the pool's runs lie
 // in different blocks' records: the next run's misses overlap this run's
 // scoring).
@@ -188,96 +193,6 @@ uint32_t PoolBudget(uint32_t budget, uint32_t vectors, uint32_t heads) {
                           std::max<uint64_t>(affordable, budget), UINT32_MAX}));
 }
 
-namespace {
-
-// BestUntil over the candidates whose value is at least `floor` (all of
-// them for -inf); false when those do not hold the budget (and there are
-// others).
-bool BestUntilFrom(const std::vector<float>& value,
-                   const std::vector<uint32_t>& tokens,
-                   const std::vector<uint64_t>& id, uint64_t budget,
-                   float floor, std::vector<uint32_t>* best) {
-  const size_t all_n = value.size();
-  // (value, index) pairs: the comparisons read no other array but on ties.
-  struct Scratch {
-    std::vector<std::pair<float, uint32_t>> order;
-  };
-  std::vector<std::pair<float, uint32_t>>& order =
-      ThreadScratch<Scratch>().order;
-  order.clear();
-  uint64_t all = 0;
-  const bool every = floor == -std::numeric_limits<float>::infinity();
-  for (uint32_t i = 0; i < all_n; ++i) {
-    if (every || value[i] >= floor) {
-      order.emplace_back(value[i], i);
-      all += tokens[i];
-    }
-  }
-  const size_t n = order.size();
-  if (all < budget && n < all_n) return false;
-  const auto better = [&](const std::pair<float, uint32_t>& a,
-                          const std::pair<float, uint32_t>& b) {
-    return a.first != b.first ? a.first > b.first : id[a.second] > id[b.second];
-  };
-  // About the candidates that hold the budget at their mean size, a
-  // quarter more; when the best are smaller than the mean (a small group
-  // has a sharper mean key), the next best as many again, and so on: each
-  // round selects within what the rounds before left.
-  const double mean = n == 0 ? 1.0 : static_cast<double>(all) / n;
-  size_t guess = std::min(n, static_cast<size_t>(1.25 * budget / mean) + 16);
-  size_t take = 0, sorted = 0;
-  uint64_t held = 0;
-  for (;;) {
-    if (guess < n) {
-      std::nth_element(order.begin() + sorted, order.begin() + guess,
-                       order.end(), better);
-    }
-    std::sort(order.begin() + sorted, order.begin() + guess, better);
-    for (; take < guess && held < budget; ++take) {
-      held += tokens[order[take].second];
-    }
-    if (held >= budget || guess == n) break;
-    sorted = guess;
-    guess = std::min(n, 2 * guess);
-  }
-  best->resize(take);
-  for (size_t k = 0; k < take; ++k) (*best)[k] = order[k].second;
-  return true;
-}
-
-}  // namespace
-
-std::vector<uint32_t> BestUntil(const std::vector<float>& value,
-                                const std::vector<uint32_t>& tokens,
-                                const std::vector<uint64_t>& id,
-                                uint64_t budget) {
-  std::vector<uint32_t> best;
-  const size_t n = value.size();
-  uint64_t all = 0;
-  for (uint32_t t : tokens) all += t;
-  // Large candidate lists: a floor from a sample of the values (the value
-  // four times the expected count down) leaves a few times the candidates
-  // needed; everything above it is selected exactly, and every candidate
-  // below it is worse than all of those (ties lie on one side together).
-  const double want =
-      n == 0 ? 0 : 4.0 * budget * n / std::max<uint64_t>(all, 1);
-  if (n > 8192 && want < n / 8.0) {
-    constexpr size_t kSample = 1024;
-    std::vector<float> sample(kSample);
-    for (size_t k = 0; k < kSample; ++k) sample[k] = value[k * n / kSample];
-    const size_t at = std::min<size_t>(
-        kSample - 1, static_cast<size_t>(want * kSample / n) + 8);
-    std::nth_element(sample.begin(), sample.begin() + at, sample.end(),
-                     std::greater<float>());
-    if (BestUntilFrom(value, tokens, id, budget, sample[at], &best)) {
-      return best;
-    }
-  }
-  BestUntilFrom(value, tokens, id, budget,
-                -std::numeric_limits<float>::infinity(), &best);
-  return best;
-}
-
 std::vector<uint32_t> PoolUntil(const std::vector<float>& value,
                                 const std::vector<uint32_t>& tokens,
                                 const std::vector<uint64_t>& id,
@@ -294,10 +209,9 @@ std::vector<uint32_t> PoolUntil(const std::vector<float>& value,
     order[i] = {value[i], i};
     all += tokens[i];
   }
-  // BestUntil's order (ties to the larger id: a total order).
   const auto better = [&](const std::pair<float, uint32_t>& a,
                           const std::pair<float, uint32_t>& b) {
-    return a.first != b.first ? a.first > b.first : id[a.second] > id[b.second];
+    return BetterCandidate(a.first, id[a.second], b.first, id[b.second]);
   };
   size_t take = n;  // All of them when they do not exceed the budget.
   if (budget == 0) {
@@ -343,6 +257,17 @@ std::vector<uint32_t> PoolUntil(const std::vector<float>& value,
   std::vector<uint32_t> out(take);
   for (size_t k = 0; k < take; ++k) out[k] = order[k].second;
   return out;
+}
+
+std::vector<uint32_t> BestUntil(const std::vector<float>& value,
+                                const std::vector<uint32_t>& tokens,
+                                const std::vector<uint64_t>& id,
+                                uint64_t budget) {
+  std::vector<uint32_t> best = PoolUntil(value, tokens, id, budget);
+  std::sort(best.begin(), best.end(), [&](uint32_t a, uint32_t b) {
+    return BetterCandidate(value[a], id[a], value[b], id[b]);
+  });
+  return best;
 }
 
 void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,

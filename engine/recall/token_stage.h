@@ -125,8 +125,8 @@ inline constexpr size_t kParallelPoolTokens = 256;
 uint32_t PoolBudget(uint32_t budget, uint32_t vectors, uint32_t heads);
 
 // The candidates best by value (ties to the larger id), in that order,
-// until their tokens reach `budget` (or all of them): selected around the
-// expected count, not sorted whole.
+// until their tokens reach `budget` (or all of them): PoolUntil's
+// candidates, sorted (the others are never sorted).
 std::vector<uint32_t> BestUntil(const std::vector<float>& value,
                                 const std::vector<uint32_t>& tokens,
                                 const std::vector<uint64_t>& id,
