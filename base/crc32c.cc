@@ -60,7 +60,7 @@ inline uint64_t Advance(const ShiftTables& s, uint64_t c) {
          s.t[3][(c >> 24) & 0xff];
 }
 
-__attribute__((target("sse4.2"))) inline uint64_t Load8(const uint8_t* p) {
+inline uint64_t Load8(const uint8_t* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);
   return v;

@@ -168,11 +168,17 @@ inline std::vector<double> MeanKey(const TestGeometry& g,
   return sum;
 }
 
+// n draws of N(0, sd^2).
+inline std::vector<float> RandomNormal(std::mt19937_64& rng, size_t n,
+                                       float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
 inline std::vector<float> RandomQuery(std::mt19937_64& rng, size_t dim) {
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> q(dim);
-  for (auto& x : q) x = n(rng);
-  return q;
+  return RandomNormal(rng, dim, 1.0f);
 }
 
 }  // namespace kvmem::testing

@@ -43,14 +43,12 @@ __attribute__((target(KVMEM_LANES_TARGET))) inline __m512 Exp16(__m512 in) {
                     _mm512_set1_ps(1.0f));
   const __m512i bits = _mm512_slli_epi32(
       _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep,
-                             _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
+  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
 }
 
 // a[t] holds token t's 8 dwords; afterwards a[k] holds dword k of tokens
 // 0..7.
-__attribute__((target(KVMEM_LANES_TARGET))) inline void Transpose8(
-    __m256i* a) {
+__attribute__((target(KVMEM_LANES_TARGET))) inline void Transpose8(__m256i* a) {
   __m256i t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_epi32(a[i], a[i + 1]);
@@ -97,8 +95,8 @@ __attribute__((target(KVMEM_LANES_TARGET))) void LaneSums(
       hi[k] = _mm512_and_si512(_mm512_srli_epi16(z, 4), mask);
     }
     for (uint32_t j = 0; j < q.vectors; ++j) {
-      const int8_t* qr = q.q.data() + (size_t{j} * shape.segments + s) * row +
-                         64 * size_t{c};
+      const int8_t* qr =
+          q.q.data() + (size_t{j} * shape.segments + s) * row + 64 * size_t{c};
       __m512i x = acc[j], y = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) {
         int32_t ql, qh;
@@ -156,7 +154,8 @@ __attribute__((target(KVMEM_LANES_TARGET))) void VnniLanes(
       total = _mm512_add_ps(total, head);
       if (mean) {
         mean_total = _mm512_add_ps(
-            mean_total, Exp16(_mm512_add_ps(zm, _mm512_set1_ps(t.mean_neg[i]))));
+            mean_total,
+            Exp16(_mm512_add_ps(zm, _mm512_set1_ps(t.mean_neg[i]))));
       }
     }
     const __mmask16 keep = static_cast<__mmask16>((1u << m) - 1);

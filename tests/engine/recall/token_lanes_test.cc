@@ -14,16 +14,10 @@
 #include "engine/recall/fast_exp.h"
 #include "engine/recall/token_stage.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kvmem {
 namespace {
-
-std::vector<float> Random(std::mt19937_64& rng, size_t n, float sd) {
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 MassEstimate Estimate(std::mt19937_64& rng, uint32_t heads, uint32_t vectors) {
   MassEstimate est;
@@ -58,9 +52,9 @@ TEST(TokenLanesTest, EqualsTheTokenStagesDensities) {
     const TokenCodeShape shape{c.heads, c.head_dim};
     const size_t pool = 200;
     const std::vector<float> keys =
-        Random(rng, pool * c.heads * c.head_dim, 1.0f);
-    const std::vector<float> query =
-        Random(rng, size_t{c.vectors} * c.heads * c.head_dim, 2.0f);
+        testing::RandomNormal(rng, pool * c.heads * c.head_dim, 1.0f);
+    const std::vector<float> query = testing::RandomNormal(
+        rng, size_t{c.vectors} * c.heads * c.head_dim, 2.0f);
     const std::string codes = EncodeTokenCodes(shape, keys.data(), pool);
     TokenQuery q;
     PrepareTokenQuery(shape, query.data(), c.vectors, &q);
@@ -68,8 +62,7 @@ TEST(TokenLanesTest, EqualsTheTokenStagesDensities) {
     const MassEstimate mean_est = Estimate(rng, c.heads, 1);
     std::vector<float> weight(c.vectors);
     for (float& w : weight) w = 0.5f + static_cast<float>(rng() % 100) / 100;
-    const float logit_scale =
-        1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float logit_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (const bool mean : {false, true}) {
       DensityTerms terms;
       PrepareDensityTerms(est, c.h0, c.h1, logit_scale,

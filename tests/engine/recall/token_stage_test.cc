@@ -16,16 +16,10 @@
 #include "engine/stream_config.h"
 #include "gtest/gtest.h"
 #include "tests/engine_fixture.h"
+#include "tests/test_util.h"
 
 namespace kvmem {
 namespace {
-
-std::vector<float> Random(std::mt19937_64& rng, size_t n, float sd) {
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
   for (const auto& [h0, h1] : {std::pair<uint32_t, uint32_t>{0, 6},
@@ -34,8 +28,10 @@ TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
     const uint32_t hd = 32, heads = 6, vectors = 3;
     const TokenCodeShape shape{heads, hd};
     const size_t n = 20;
-    const std::vector<float> keys = Random(rng, n * heads * hd, 1.0f);
-    const std::vector<float> query = Random(rng, vectors * heads * hd, 2.0f);
+    const std::vector<float> keys =
+        testing::RandomNormal(rng, n * heads * hd, 1.0f);
+    const std::vector<float> query =
+        testing::RandomNormal(rng, vectors * heads * hd, 2.0f);
     const std::string codes = EncodeTokenCodes(shape, keys.data(), n);
     TokenQuery q;
     PrepareTokenQuery(shape, query.data(), vectors, &q);
@@ -407,7 +403,8 @@ TEST_F(NeedleTest, HelperThreadsGiveTheSameRecallSets) {
   for (uint32_t vectors : {1u, 5u}) {
     for (uint32_t budget : {20u, 60u}) {
       RecallQuery rq;
-      rq.query = Random(rng, vectors * heads * g_.head_dim, 1.0f);
+      rq.query =
+          testing::RandomNormal(rng, vectors * heads * g_.head_dim, 1.0f);
       for (size_t i = 0; i < needle_.size(); ++i) rq.query[i] += needle_[i];
       rq.window_lse.assign(vectors * heads, 2.0f);
       rq.max_tokens = budget;
