@@ -1,6 +1,7 @@
 #include "engine/index/dot.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace kvmem {
@@ -22,6 +23,21 @@ KVMEM_CLONES float Dot(const float* a, const float* b, size_t n) {
             ((part[4] + part[5]) + (part[6] + part[7]));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// Eight partial maxima, as Dot's sums (max is exact in any order).
+KVMEM_CLONES float MaxAbs(const float* x, size_t n) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t u = 0; u < 8; ++u) {
+      part[u] = std::max(part[u], std::fabs(x[i + u]));
+    }
+  }
+  float m = 0;
+  for (float v : part) m = std::max(m, v);
+  for (; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
 }
 
 namespace {

@@ -11,6 +11,8 @@ namespace kvmem {
 
 // sum a[i] * b[i]
 float Dot(const float* a, const float* b, size_t n);
+// max |x[i]| (0 for n = 0); exact.
+float MaxAbs(const float* x, size_t n);
 // sum a[i] * b[i] over int8 pairs, exact in int32 (n < 2^17).
 int32_t DotInt8(const int8_t* a, const int8_t* b, size_t n);
 // y[i] += alpha * x[i]; x and y must not overlap.

@@ -160,12 +160,15 @@ void Avx2Kernel(const uint8_t* packed, size_t nblocks, size_t groups,
 // lanes, 8 copies of each group's 4 bytes; a last odd group pairs with 0.
 void PairBroadcasts(const int8_t* d, size_t g0, size_t g1,
                     std::vector<int32_t>* out) {
-  for (size_t g = g0; g < g1; g += 2) {
+  const size_t at = out->size();
+  out->resize(at + (g1 - g0 + 1) / 2 * 16);
+  int32_t* w = out->data() + at;
+  for (size_t g = g0; g < g1; g += 2, w += 16) {
     int32_t a, b = 0;
     __builtin_memcpy(&a, d + g * 4, 4);
     if (g + 1 < g1) __builtin_memcpy(&b, d + (g + 1) * 4, 4);
-    for (int l = 0; l < 8; ++l) out->push_back(a);
-    for (int l = 0; l < 8; ++l) out->push_back(b);
+    std::fill(w, w + 8, a);
+    std::fill(w + 8, w + 16, b);
   }
 }
 

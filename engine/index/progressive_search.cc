@@ -6,6 +6,7 @@
 
 #include "base/thread_scratch.h"
 #include "engine/index/dot.h"
+#include "engine/index/query_codes.h"
 
 namespace kvmem {
 namespace {
@@ -30,39 +31,6 @@ float Quantize(const float* x, size_t n, int levels, int8_t* out,
   *residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
   *code_norm = static_cast<float>(std::sqrt(c2) * (1 + 1e-6));
   return s;
-}
-
-// The query as integers (int8_kernels.h): d = 64 * hi + lo with unit
-// t = max|q| / (63 * 64), or d = hi with t = max|q| / 63 when lo is not
-// used (two_terms false). Returns t; *offset = 128 * sum_j d_j and
-// *residual = |q - t d| (rounded up a little, like Quantize's).
-float QuantizeQuery(const float* q, size_t n, bool two_terms, int8_t* hi,
-                    int8_t* lo, int32_t* offset, float* residual) {
-  float mx = 0;
-  for (size_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(q[i]));
-  const float t = mx / (two_terms ? 63.0f * kQueryHiWeight : 63.0f);
-  const int top = two_terms ? 63 * kQueryHiWeight : 63;
-  double r2 = 0;
-  int32_t sum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const int d =
-        t > 0 ? std::clamp(static_cast<int>(std::lround(q[i] / t)), -top, top)
-              : 0;
-    if (two_terms) {
-      // d = 64 hi + lo with lo in [-32, 32] and so |hi| <= 63.
-      const int h = static_cast<int>(std::lround(d / double(kQueryHiWeight)));
-      hi[i] = static_cast<int8_t>(h);
-      lo[i] = static_cast<int8_t>(d - kQueryHiWeight * h);
-    } else {
-      hi[i] = static_cast<int8_t>(d);
-    }
-    sum += d;
-    const double e = double(q[i]) - double(t) * d;
-    r2 += e * e;
-  }
-  *offset = 128 * sum;
-  *residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
-  return t;
 }
 
 // Per-thread buffers, so a search allocates nothing once warm.
@@ -246,12 +214,8 @@ std::vector<ScoredId> ProgressiveIndex::Search(const float* query, uint32_t k,
       groups_ * 4 >= kTwoTermMinDim && groups_ * 4 <= kMaxTwoTermDim;
   sc.query.assign(groups_ * 4, 0);
   sc.query_lo.assign(groups_ * 4, 0);
-  float fnorm = 0;
-  int32_t offset = 0;
-  const float t = QuantizeQuery(query, dim_, two_terms, sc.query.data(),
-                                sc.query_lo.data(), &offset, &fnorm);
-  double q2 = 0;
-  for (uint32_t j = 0; j < dim_; ++j) q2 += double(query[j]) * query[j];
+  const QueryCode qc = QuantizeQuery(query, dim_, two_terms, sc.query.data(),
+                                     sc.query_lo.data());
   // Stage 1: int8 scores with their error bounds.
   sc.raw.resize(nblocks * kInt8Lanes);
   ActiveInt8Kernel().fn(packed_.data(), nblocks, groups_, sc.query.data(),
@@ -263,10 +227,10 @@ std::vector<ScoredId> ProgressiveIndex::Search(const float* query, uint32_t k,
   in.enorm = enorm_.data();
   in.cnorm = cnorm_.data();
   in.n = n;
-  in.t = t;
-  in.qnorm = static_cast<float>(std::sqrt(q2) * (1 + 1e-6));
-  in.fnorm = fnorm;
-  in.offset = offset;
+  in.t = qc.t;
+  in.qnorm = qc.norm;
+  in.fnorm = qc.residual;
+  in.offset = qc.offset;
   ActiveInt8Kernel().select(in, k, &sc.select, &sc.cand);
   st.scanned = static_cast<uint32_t>(n);
   if (max_candidates_ > 0 && sc.cand.size() > max_candidates_) {
@@ -343,11 +307,13 @@ void ProgressiveIndex::ScanSegments(const float* query,
   offset.resize(S);
   for (size_t h = 0; h < S; ++h) {
     const float* q = query + h * sd;
-    t[h] = QuantizeQuery(q, sd, two_terms, sc.query.data() + h * sd,
-                         sc.query_lo.data() + h * sd, &offset[h], &fnorm[h]);
-    double q2 = 0;
-    for (size_t j = 0; j < sd; ++j) q2 += double(q[j]) * q[j];
-    qnorm[h] = static_cast<float>(std::sqrt(q2) * (1 + 1e-6));
+    const QueryCode qc =
+        QuantizeQuery(q, sd, two_terms, sc.query.data() + h * sd,
+                      sc.query_lo.data() + h * sd);
+    t[h] = qc.t;
+    offset[h] = qc.offset;
+    fnorm[h] = qc.residual;
+    qnorm[h] = qc.norm;
   }
   const size_t nblocks = (n + kInt8Lanes - 1) / kInt8Lanes;
   sc.raw.resize(nblocks * S * kInt8Lanes);

@@ -75,8 +75,13 @@ struct TokenQuery {
 };
 
 // REQUIRES: query holds `vectors` rows of segments * head_dim floats.
+// Each row: scale = max|x| / 127, q = clamp(lround(x * (1 / scale)), +-127).
+// PrepareTokenQueryScalar is that definition; PrepareTokenQuery runs it 8
+// floats at a time where the CPU has AVX2 (the same integers and scales).
 void PrepareTokenQuery(const TokenCodeShape& shape, const float* query,
                        uint32_t vectors, TokenQuery* out);
+void PrepareTokenQueryScalar(const TokenCodeShape& shape, const float* query,
+                             uint32_t vectors, TokenQuery* out);
 
 // The dots of every prepared vector with each of n token records (at
 // `records`, bytes_per_token() apart) over segments [s0, s1), into

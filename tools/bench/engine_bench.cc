@@ -532,6 +532,45 @@ void BM_ReadTokens(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadTokens)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
+// Recall at the 7B geometry of `kvmem bench --fetch`'s recall (32 x 8 x 128
+// fp16, every layer indexed, 64-token blocks, 13 warm blocks, a 614-token
+// budget, one query vector of 32,768 floats): what the engine adds to the
+// recall + delivery figure before any byte is copied.
+void BM_Recall7B(benchmark::State& state) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "kvmem-engine-bench-recall7b";
+  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
+  StreamConfig c;
+  c.geometry = {32, 8, 128, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.frames_per_block = 4;
+  c.tiers.warm_budget_bytes = 1ull << 30;
+  if (!engine->OpenStream("cam", c).ok()) {
+    state.SkipWithError("OpenStream failed");
+    return;
+  }
+  std::mt19937_64 rng(8);
+  if (!AppendRandomFrames(state, engine.get(), 13 * 4 + 4, 16,
+                          size_t{32} * 2 * 8 * 128 * 16, rng)) {
+    return;
+  }
+  engine->WaitForBackground();
+  std::vector<std::vector<float>> queries;
+  for (int i = 0; i < 16; ++i) {
+    queries.push_back(testing::RandomQuery(rng, 32 * 8 * 128));
+  }
+  size_t i = 0;
+  TimeRecalls(state, engine.get(), [&] {
+    RecallQuery q;
+    q.query = queries[i++ % queries.size()];
+    q.max_tokens = 614;
+    return q;
+  });
+  engine.reset();
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_Recall7B)->Unit(benchmark::kMicrosecond);
+
 // Token groups of one sealed block (k-means on the append path): arg 0
 // tokens, arg 1 groups, over 2 indexed layers x 4 KV heads x 64 dims.
 void BM_TokenGroups(benchmark::State& state) {

@@ -111,6 +111,38 @@ TEST(TokenCodesTest, RoundsHalfAwayFromZeroAsLround) {
   }
 }
 
+// The prepared query (int8 rows, scale, sum) is the scalar definition's on
+// every path this CPU runs: random rows of several widths and scales, and
+// halves (peak 127 makes the scale 1, so x * (1 / scale) is x).
+TEST(TokenCodesTest, PreparedQueryIsTheScalarDefinitions) {
+  std::mt19937_64 rng(17);
+  for (const uint32_t hd : {8u, 19u, 64u, 100u, 128u}) {
+    const TokenCodeShape shape{5, hd};
+    for (float sd : {1e-3f, 1.0f, 300.0f}) {
+      const uint32_t vectors = 3;
+      std::vector<float> query = Random(rng, size_t{vectors} * 5 * hd, sd);
+      for (uint32_t i = 0; i < hd; ++i) query[i] = 0.0f;  // A zero row.
+      for (uint32_t i = 0; i < hd; ++i)
+        query[hd + i] = std::tanh(query[hd + i]);
+      query[hd] = 127.0f;  // Row 1: peak 127, so its scale is 1.
+      const float halves[] = {0.5f, -0.5f, 2.5f, -2.5f, 126.5f, -126.5f};
+      for (uint32_t i = 1; i < 7 && i < hd; ++i) query[hd + i] = halves[i - 1];
+      TokenQuery a, b;
+      PrepareTokenQuery(shape, query.data(), vectors, &a);
+      PrepareTokenQueryScalar(shape, query.data(), vectors, &b);
+      SCOPED_TRACE(testing::Message() << "hd " << hd << " sd " << sd);
+      EXPECT_EQ(a.q, b.q);
+      EXPECT_EQ(a.scale, b.scale);
+      EXPECT_EQ(a.sum, b.sum);
+      ASSERT_EQ(b.scale[1], 1.0f);
+      const size_t row = size_t{shape.chunks()} * 64;
+      for (uint32_t i = 1; i < 7 && i < hd; ++i) {
+        EXPECT_EQ(b.q[row + i], std::lround(halves[i - 1]));
+      }
+    }
+  }
+}
+
 // Codes at the extremes: every code 15 or 1 against a query of +-127 (the
 // largest pair sums vpmaddubsw adds), beside random ones. head_dim 300 (5
 // chunks) takes the AVX2 kernel's path that scores vector by vector.

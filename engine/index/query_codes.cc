@@ -1,0 +1,143 @@
+#include "engine/index/query_codes.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/index/avx2_round.h"
+#include "engine/index/dot.h"
+#include "engine/index/int8_kernels.h"
+
+namespace kvmem {
+namespace {
+
+int Top(bool two_terms) { return two_terms ? 63 * kQueryHiWeight : 63; }
+
+// The definition for one element: writes hi (and lo), returns d.
+inline int Element(float x, float t, int top, bool two_terms, int8_t* hi,
+                   int8_t* lo) {
+  const int d =
+      t > 0 ? std::clamp(static_cast<int>(std::lround(x / t)), -top, top) : 0;
+  if (two_terms) {
+    // d = 64 hi + lo with lo in [-32, 32] and so |hi| <= 63.
+    const int h = static_cast<int>(std::lround(d / double(kQueryHiWeight)));
+    *hi = static_cast<int8_t>(h);
+    *lo = static_cast<int8_t>(d - kQueryHiWeight * h);
+  } else {
+    *hi = static_cast<int8_t>(d);
+  }
+  return d;
+}
+
+QueryCode Finish(float t, int32_t sum, double r2, double q2) {
+  QueryCode c;
+  c.t = t;
+  c.offset = 128 * sum;
+  c.residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
+  c.norm = static_cast<float>(std::sqrt(q2) * (1 + 1e-6));
+  return c;
+}
+
+#if defined(__x86_64__)
+// The scalar loop 8 floats at a time (Avx2RoundHalfAway is lround);
+// hi = lround(d / 64) is ((|d| + 32) >> 6) with d's sign. The norms sum in
+// four double lanes (another order than the scalar loop's: equal to
+// rounding, far inside the 1e-6 they are rounded up by).
+__attribute__((target("avx2"))) QueryCode Avx2Quantize(const float* q, size_t n,
+                                                       bool two_terms,
+                                                       int8_t* hi, int8_t* lo) {
+  const float mx = MaxAbs(q, n);
+  const int top = Top(two_terms);
+  const float t = mx / static_cast<float>(top);
+  if (!(t > 0)) return QuantizeQueryScalar(q, n, two_terms, hi, lo);
+  const __m256 vt = _mm256_set1_ps(t);
+  const __m256 vtop = _mm256_set1_ps(static_cast<float>(top));
+  const __m256 neg_top = _mm256_set1_ps(-static_cast<float>(top));
+  const __m256d vtd = _mm256_set1_pd(double(t));
+  __m256i vsum = _mm256_setzero_si256();
+  __m256d r2v = _mm256_setzero_pd(), q2v = _mm256_setzero_pd();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(q + i);
+    const __m256 r = _mm256_min_ps(
+        _mm256_max_ps(Avx2RoundHalfAway(_mm256_div_ps(x, vt)), neg_top), vtop);
+    const __m256i d = _mm256_cvttps_epi32(r);
+    vsum = _mm256_add_epi32(vsum, d);
+    __m256i h = d;
+    if (two_terms) {
+      h = _mm256_sign_epi32(
+          _mm256_srai_epi32(
+              _mm256_add_epi32(_mm256_abs_epi32(d), _mm256_set1_epi32(32)), 6),
+          d);
+      Avx2StoreInt8(_mm256_sub_epi32(d, _mm256_slli_epi32(h, 6)), lo + i);
+    }
+    Avx2StoreInt8(h, hi + i);
+    for (int half_i = 0; half_i < 2; ++half_i) {
+      const __m256d xd =
+          _mm256_cvtps_pd(half_i == 0 ? _mm256_castps256_ps128(x)
+                                      : _mm256_extractf128_ps(x, 1));
+      const __m256d dd =
+          _mm256_cvtepi32_pd(half_i == 0 ? _mm256_castsi256_si128(d)
+                                         : _mm256_extracti128_si256(d, 1));
+      const __m256d e = _mm256_sub_pd(xd, _mm256_mul_pd(vtd, dd));
+      r2v = _mm256_add_pd(r2v, _mm256_mul_pd(e, e));
+      q2v = _mm256_add_pd(q2v, _mm256_mul_pd(xd, xd));
+    }
+  }
+  alignas(32) int32_t sums[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sums), vsum);
+  int32_t sum = 0;
+  for (int32_t s : sums) sum += s;
+  alignas(32) double r2l[4], q2l[4];
+  _mm256_store_pd(r2l, r2v);
+  _mm256_store_pd(q2l, q2v);
+  double r2 = (r2l[0] + r2l[1]) + (r2l[2] + r2l[3]);
+  double q2 = (q2l[0] + q2l[1]) + (q2l[2] + q2l[3]);
+  for (; i < n; ++i) {
+    const int d =
+        Element(q[i], t, top, two_terms, hi + i, two_terms ? lo + i : nullptr);
+    sum += d;
+    const double e = double(q[i]) - double(t) * d;
+    r2 += e * e;
+    q2 += double(q[i]) * q[i];
+  }
+  return Finish(t, sum, r2, q2);
+}
+#endif
+
+}  // namespace
+
+QueryCode QuantizeQueryScalar(const float* q, size_t n, bool two_terms,
+                              int8_t* hi, int8_t* lo) {
+  const float mx = MaxAbs(q, n);
+  const int top = Top(two_terms);
+  const float t = mx / static_cast<float>(top);
+  double r2 = 0, q2 = 0;
+  int32_t sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int d =
+        Element(q[i], t, top, two_terms, hi + i, two_terms ? lo + i : nullptr);
+    sum += d;
+    const double e = double(q[i]) - double(t) * d;
+    r2 += e * e;
+    q2 += double(q[i]) * q[i];
+  }
+  return Finish(t, sum, r2, q2);
+}
+
+QueryCode QuantizeQuery(const float* q, size_t n, bool two_terms, int8_t* hi,
+                        int8_t* lo) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return Avx2Quantize(q, n, two_terms, hi, lo);
+#endif
+  return QuantizeQueryScalar(q, n, two_terms, hi, lo);
+}
+
+const char* QueryCodeKernel() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) return "avx2";
+#endif
+  return "scalar";
+}
+
+}  // namespace kvmem
