@@ -197,37 +197,34 @@ TokenRuns RunsOf(const std::vector<uint32_t>& tokens) {
   return runs;
 }
 
-// Runs ahead whose first row is prefetched: a run's first lines are a
-// demand miss otherwise (the gap before it stops the hardware's stream), and
-// a run of a few 256-byte rows copies in less time than a miss takes.
-constexpr size_t kPrefetchRuns = 4;
+// How far ahead of the copy the source is prefetched, in bytes.
+constexpr size_t kPrefetchAhead = 2048;
+constexpr size_t kCopyPiece = 1024;
 
 // The rows of `runs` (of t in a [kv_heads][t][row] slice) written to dst
-// as [kv_heads][tokens][row], a copy per run.
+// as [kv_heads][tokens][row], a copy per run. The slice is prefetched
+// line by line kPrefetchAhead bytes ahead of the copy, gaps included.
 uint8_t* GatherRows(absl::string_view slice, uint32_t t, const TokenRuns& runs,
                     uint32_t heads, size_t row, uint8_t* dst) {
   const char* const base = slice.data();
+  const char* const end = base + slice.size();
   const size_t head_bytes = static_cast<size_t>(t) * row;
-  // The prefetch cursor: kPrefetchRuns copies ahead, across heads.
-  size_t ph = 0, pr = 0;
-  const auto advance = [&] {
-    if (++pr == runs.size()) {
-      pr = 0;
-      ++ph;
-    }
-  };
-  for (size_t k = 0; k < kPrefetchRuns; ++k) advance();
+  const char* pf = base;
   for (uint32_t h = 0; h < heads; ++h) {
     const char* head = base + h * head_bytes;
     for (const auto& [first, count] : runs) {
-      if (ph < heads) {
-        const char* p = base + ph * head_bytes + runs[pr].first * row;
-        for (size_t b = 0; b < row; b += 64) __builtin_prefetch(p + b, 0, 0);
-        advance();
+      const char* src = head + first * row;
+      const char* const stop = src + count * row;
+      pf = std::max(pf, src);
+      // Long runs in pieces, so the prefetches keep their distance.
+      while (src < stop) {
+        const size_t n = std::min<size_t>(stop - src, kCopyPiece);
+        const char* want = std::min(end, src + n + kPrefetchAhead);
+        for (; pf < want; pf += 64) __builtin_prefetch(pf, 0, 0);
+        StreamCopy(dst, src, n);
+        dst += n;
+        src += n;
       }
-      const size_t n = count * row;
-      StreamCopy(dst, head + first * row, n);
-      dst += n;
     }
   }
   return dst;
