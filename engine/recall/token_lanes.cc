@@ -119,6 +119,7 @@ __attribute__((target(KVMEM_LANES_TARGET))) void VnniLanes(
   const bool mean = !t.mean_k.empty() && mean_out != nullptr;
   const __m512 scale = _mm512_set1_ps(t.logit_scale);
   const float inv_w = 1.0f / static_cast<float>(t.w);
+  const size_t lines = (stride + 63) / 64;
   alignas(64) __m512i acc[kMaxLaneVectors];
   for (size_t t0 = 0; t0 < n; t0 += kLanes) {
     const size_t m = std::min(kLanes, n - t0);
@@ -126,12 +127,23 @@ __attribute__((target(KVMEM_LANES_TARGET))) void VnniLanes(
     // (valid records; their lanes are not stored).
     const uint8_t* p[kLanes];
     for (size_t k = 0; k < kLanes; ++k) p[k] = rec[t0 + (k < m ? k : 0)];
-    for (size_t k = t0 + kLanes; k < std::min(n, t0 + 2 * kLanes); ++k) {
-      for (size_t b = 0; b < stride; b += 64) __builtin_prefetch(rec[k] + b);
-    }
+    // The next 16 records are prefetched a share per head, record by
+    // record: issued all at once before the heads (up to 256 KiB of 7B
+    // records), the prefetches stalled on the line-fill buffers. Spread,
+    // the eval shape's token stage is ~10 % faster and 7B's the same (token
+    // by token rather than line by line across them: 7B 5 % slower, two
+    // groups ahead: 15 % slower).
+    const uint8_t* next[kLanes];
+    const size_t ahead =
+        t0 + kLanes < n ? std::min(kLanes, n - t0 - kLanes) : 0;
+    for (size_t k = 0; k < ahead; ++k) next[k] = rec[t0 + kLanes + k];
+    const size_t fetches = ahead * lines;
     __m512 total = _mm512_setzero_ps(), mean_total = _mm512_setzero_ps();
     for (uint32_t i = 0; i < t.w; ++i) {
       const uint32_t s = t.h0 + i;
+      for (size_t j = fetches * i / t.w; j < fetches * (i + 1) / t.w; ++j) {
+        __builtin_prefetch(next[j / lines] + 64 * (j % lines));
+      }
       alignas(64) float key_scale[kLanes];
       for (size_t k = 0; k < kLanes; ++k) {
         std::memcpy(&key_scale[k], p[k] + s * sizeof(float), sizeof(float));
