@@ -17,17 +17,9 @@ namespace {
 // little so the bounds built from them stay safe).
 float Quantize(const float* x, size_t n, int levels, int8_t* out,
                float* residual, float* code_norm) {
-  float mx = 0;
-  for (size_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
-  const float s = mx / static_cast<float>(levels);
+  const float s = SymmetricCodes(x, n, levels, out);
   double r2 = 0, c2 = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const int v = s > 0 ? static_cast<int>(std::lround(x[i] / s)) : 0;
-    out[i] = static_cast<int8_t>(std::clamp(v, -levels, levels));
-    const double e = double(x[i]) - double(s) * out[i];
-    r2 += e * e;
-    c2 += double(out[i]) * out[i];
-  }
+  AddCodeNorms(x, out, s, n, &r2, &c2);
   *residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
   *code_norm = static_cast<float>(std::sqrt(c2) * (1 + 1e-6));
   return s;
@@ -46,11 +38,7 @@ struct Scratch {
 void SegmentNorms(const float* x, const int8_t* c, float s, size_t begin,
                   size_t end, float* residual, float* code_norm) {
   double r2 = 0, c2 = 0;
-  for (size_t i = begin; i < end; ++i) {
-    const double e = double(x[i]) - double(s) * c[i];
-    r2 += e * e;
-    c2 += double(c[i]) * c[i];
-  }
+  AddCodeNorms(x + begin, c + begin, s, end - begin, &r2, &c2);
   *residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
   *code_norm = static_cast<float>(std::sqrt(c2) * (1 + 1e-6));
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "engine/index/avx2_round.h"
 #include "engine/index/dot.h"
@@ -102,9 +103,96 @@ __attribute__((target("avx2"))) QueryCode Avx2Quantize(const float* q, size_t n,
   }
   return Finish(t, sum, r2, q2);
 }
+
+__attribute__((target("avx2"))) size_t Avx2SymmetricCodes(const float* x,
+                                                          size_t n, float s,
+                                                          int levels,
+                                                          int8_t* out) {
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256 top = _mm256_set1_ps(static_cast<float>(levels));
+  const __m256 bottom = _mm256_set1_ps(-static_cast<float>(levels));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 r =
+        Avx2RoundHalfAway(_mm256_div_ps(_mm256_loadu_ps(x + i), vs));
+    Avx2StoreInt8(
+        _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, bottom), top)),
+        out + i);
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) size_t Avx2CodeNorms(const float* x,
+                                                     const int8_t* c, float s,
+                                                     size_t n, double* r2,
+                                                     double* c2) {
+  const __m256d vs = _mm256_set1_pd(double(s));
+  __m256d r = _mm256_setzero_pd(), q = _mm256_setzero_pd();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    int32_t four;
+    std::memcpy(&four, c + i, 4);
+    const __m256d cd =
+        _mm256_cvtepi32_pd(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(four)));
+    const __m256d e = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)),
+                                    _mm256_mul_pd(vs, cd));
+    r = _mm256_add_pd(r, _mm256_mul_pd(e, e));
+    q = _mm256_add_pd(q, _mm256_mul_pd(cd, cd));
+  }
+  alignas(32) double rl[4], ql[4];
+  _mm256_store_pd(rl, r);
+  _mm256_store_pd(ql, q);
+  *r2 += (rl[0] + rl[1]) + (rl[2] + rl[3]);
+  *c2 += (ql[0] + ql[1]) + (ql[2] + ql[3]);
+  return i;
+}
 #endif
 
+bool CpuHasAvx2() {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+float SymmetricCodesScalar(const float* x, size_t n, int levels, int8_t* out) {
+  const float s = MaxAbs(x, n) / static_cast<float>(levels);
+  for (size_t i = 0; i < n; ++i) {
+    const int v = s > 0 ? static_cast<int>(std::lround(x[i] / s)) : 0;
+    out[i] = static_cast<int8_t>(std::clamp(v, -levels, levels));
+  }
+  return s;
+}
+
+float SymmetricCodes(const float* x, size_t n, int levels, int8_t* out) {
+  const float s = MaxAbs(x, n) / static_cast<float>(levels);
+  size_t i = 0;
+#if defined(__x86_64__)
+  if (CpuHasAvx2() && s > 0) i = Avx2SymmetricCodes(x, n, s, levels, out);
+#endif
+  for (; i < n; ++i) {
+    const int v = s > 0 ? static_cast<int>(std::lround(x[i] / s)) : 0;
+    out[i] = static_cast<int8_t>(std::clamp(v, -levels, levels));
+  }
+  return s;
+}
+
+void AddCodeNorms(const float* x, const int8_t* c, float s, size_t n,
+                  double* r2, double* c2) {
+  size_t i = 0;
+#if defined(__x86_64__)
+  if (CpuHasAvx2()) i = Avx2CodeNorms(x, c, s, n, r2, c2);
+#endif
+  for (; i < n; ++i) {
+    const double e = double(x[i]) - double(s) * c[i];
+    *r2 += e * e;
+    *c2 += double(c[i]) * c[i];
+  }
+}
 
 QueryCode QuantizeQueryScalar(const float* q, size_t n, bool two_terms,
                               int8_t* hi, int8_t* lo) {
@@ -127,17 +215,11 @@ QueryCode QuantizeQueryScalar(const float* q, size_t n, bool two_terms,
 QueryCode QuantizeQuery(const float* q, size_t n, bool two_terms, int8_t* hi,
                         int8_t* lo) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return Avx2Quantize(q, n, two_terms, hi, lo);
+  if (CpuHasAvx2()) return Avx2Quantize(q, n, two_terms, hi, lo);
 #endif
   return QuantizeQueryScalar(q, n, two_terms, hi, lo);
 }
 
-const char* QueryCodeKernel() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) return "avx2";
-#endif
-  return "scalar";
-}
+const char* QueryCodeKernel() { return CpuHasAvx2() ? "avx2" : "scalar"; }
 
 }  // namespace kvmem

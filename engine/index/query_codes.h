@@ -32,6 +32,19 @@ QueryCode QuantizeQueryScalar(const float* q, size_t n, bool two_terms,
 // Which QuantizeQuery runs here: "avx2" or "scalar".
 const char* QueryCodeKernel();
 
+// A stored vector's codes (the index's side): s = max|x| / levels and
+// out[i] = clamp(lround(x[i] / s), +-levels), all 0 where s is 0. Returns
+// s. SymmetricCodesScalar is the definition; SymmetricCodes runs it 8
+// floats at a time where the CPU has AVX2 (the same codes). A camera-hour's
+// index rebuild at recovery quantises ~50,000 summaries.
+float SymmetricCodes(const float* x, size_t n, int levels, int8_t* out);
+float SymmetricCodesScalar(const float* x, size_t n, int levels, int8_t* out);
+
+// Adds sum (x[i] - s c[i])^2 to *r2 and sum c[i]^2 to *c2 over i < n, in
+// double (AVX2 where the CPU has it: another order, equal to rounding).
+void AddCodeNorms(const float* x, const int8_t* c, float s, size_t n,
+                  double* r2, double* c2);
+
 }  // namespace kvmem
 
 #endif  // KVMEM_ENGINE_INDEX_QUERY_CODES_H_

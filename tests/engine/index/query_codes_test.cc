@@ -108,5 +108,41 @@ TEST(QueryCodesTest, HalvesRoundAwayFromZero) {
   }
 }
 
+TEST(QueryCodesTest, StoredCodesAreTheScalarDefinitions) {
+  std::mt19937_64 rng(8);
+  for (size_t n : {1u, 7u, 8u, 13u, 64u, 512u, 1001u}) {
+    for (float sd : {1e-30f, 1e-3f, 1.0f, 1e4f}) {
+      std::normal_distribution<float> d(0, sd);
+      std::vector<float> x(n);
+      for (float& v : x) v = d(rng);
+      if (n > 3) x[1] = 0.0f;
+      for (int levels : {7, 127}) {
+        SCOPED_TRACE(testing::Message()
+                     << "n " << n << " sd " << sd << " levels " << levels);
+        std::vector<int8_t> a(n, 99), b(n, 99);
+        const float sa = SymmetricCodes(x.data(), n, levels, a.data());
+        const float sb = SymmetricCodesScalar(x.data(), n, levels, b.data());
+        EXPECT_EQ(sa, sb);
+        EXPECT_EQ(a, b);
+        double r2 = 0, c2 = 0, r2d = 0, c2d = 0;
+        AddCodeNorms(x.data(), a.data(), sa, n, &r2, &c2);
+        for (size_t i = 0; i < n; ++i) {
+          r2d += std::pow(double(x[i]) - double(sa) * a[i], 2);
+          c2d += double(a[i]) * a[i];
+          ASSERT_LE(std::abs(int{a[i]}), levels);
+        }
+        EXPECT_NEAR(r2, r2d, 1e-12 * r2d + 1e-300);
+        EXPECT_NEAR(c2, c2d, 1e-12 * c2d);
+      }
+    }
+  }
+  // Halves: peak = levels makes the scale 1.
+  const std::vector<float> x = {127.0f, 2.5f,    -2.5f,       0.5f,  -0.5f,
+                                126.5f, -126.5f, 3.49999976f, -7.5f, 1.5f};
+  std::vector<int8_t> a(x.size());
+  ASSERT_EQ(SymmetricCodes(x.data(), x.size(), 127, a.data()), 1.0f);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(a[i], std::lround(x[i]));
+}
+
 }  // namespace
 }  // namespace kvmem
