@@ -406,11 +406,15 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
       SetState{MassSemantics(view, *req.query, req.eligible),
                std::vector<bool>(n, false)});
   ScoredSet out;
+  // Summed in a local (the same order): through out.cold_mass every add
+  // waited on the store of the one before (~0.1 ms at 43,200 units).
+  double cold = 0;
   for (size_t i = 0; i < n; ++i) {
     if (rows.role[i] == CandidateRole::kRecall) {
-      out.cold_mass += double(density[i]) * rows.tokens[i];
+      cold += double(density[i]) * rows.tokens[i];
     }
   }
+  out.cold_mass = cold;
   std::function<std::vector<PlanUnit>()> rest_tokens;
   if (token_stage_ && view.grouped()) {
     // The tokens decide: the pool needs no exact group ranking.

@@ -86,11 +86,12 @@ TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
 }
 
 // BestUntil equals a full sort's prefix, also where the best candidates
-// are smaller than the mean (the selection then widens round by round).
+// are smaller than the mean, and where many hold no token.
 TEST(TokenStageTest, BestUntilIsTheSortedPrefixThatHoldsTheBudget) {
   std::mt19937_64 rng(9);
-  for (int trial = 0; trial < 30; ++trial) {
-    // Past 8,192 candidates a sampled floor narrows the selection first.
+  for (int trial = 0; trial < 36; ++trial) {
+    // Budgets of at most an eighth of the candidates take the heap (most of
+    // the trials past 20); the others the quickselect.
     const size_t n = trial < 20 ? 1 + rng() % 3000 : 9000 + rng() % 60000;
     std::vector<float> value(n);
     std::vector<uint32_t> tokens(n);
@@ -100,6 +101,9 @@ TEST(TokenStageTest, BestUntilIsTheSortedPrefixThatHoldsTheBudget) {
       value[i] = u(rng);
       // Odd trials: the best candidates are the smallest.
       tokens[i] = trial % 2 ? (value[i] > 0.9f ? 1 : 12) : 1 + rng() % 8;
+      // Past 30: most hold no token, so the best `budget` of them do not
+      // hold the budget (the heap gives way to the quickselect).
+      if (trial >= 30 && rng() % 10 != 0) tokens[i] = 0;
       id[i] = i;
     }
     std::shuffle(id.begin(), id.end(), rng);  // Unique ids, in no order.
