@@ -207,23 +207,21 @@ constexpr size_t kCopyPiece = 1024;
 uint8_t* GatherRows(absl::string_view slice, uint32_t t, const TokenRuns& runs,
                     uint32_t heads, size_t row, uint8_t* dst) {
   const char* const base = slice.data();
-  const char* const end = base + slice.size();
   const size_t head_bytes = static_cast<size_t>(t) * row;
-  const char* pf = base;
+  size_t pf = 0;  // Offsets in the slice: the prefetch cursor, the copy's.
   for (uint32_t h = 0; h < heads; ++h) {
-    const char* head = base + h * head_bytes;
     for (const auto& [first, count] : runs) {
-      const char* src = head + first * row;
-      const char* const stop = src + count * row;
-      pf = std::max(pf, src);
+      size_t at = h * head_bytes + first * row;
+      const size_t stop = at + count * row;
+      pf = std::max(pf, at);
       // Long runs in pieces, so the prefetches keep their distance.
-      while (src < stop) {
-        const size_t n = std::min<size_t>(stop - src, kCopyPiece);
-        const char* want = std::min(end, src + n + kPrefetchAhead);
-        for (; pf < want; pf += 64) __builtin_prefetch(pf, 0, 0);
-        StreamCopy(dst, src, n);
+      while (at < stop) {
+        const size_t n = std::min(stop - at, kCopyPiece);
+        const size_t want = std::min(slice.size(), at + n + kPrefetchAhead);
+        for (; pf < want; pf += 64) __builtin_prefetch(base + pf, 0, 0);
+        StreamCopy(dst, base + at, n);
         dst += n;
-        src += n;
+        at += n;
       }
     }
   }
