@@ -532,6 +532,53 @@ void BM_ReadTokens(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadTokens)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
+// kvmem bench's token-resolution figure in process: a camera-hour of
+// one-frame blocks (10,800 frames of 16 tokens in 4 token groups, 2 KV
+// heads x 64 of one indexed layer, a 256-token window), a 64-token budget,
+// one query vector; arg 0 the scorer (1 "mass": token resolution, 3
+// "mass_groups"), so a profile shows what the tokens add.
+void BM_CameraHourTokenRecall(benchmark::State& state) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "kvmem-engine-bench-hour";
+  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
+  StreamConfig c;
+  c.geometry = {2, 2, 64, DType::kFp16, 16};
+  c.hot_window_tokens = 256;
+  c.frames_per_block = 1;
+  c.indexed_layers = {0};
+  c.groups_per_block = 4;
+  c.weights.score = ScoreMode::kMass;
+  const char* const scorers[] = {"", "mass", "summed", "mass_groups"};
+  c.weights.scorer = scorers[state.range(0)];
+  if (!engine->OpenStream("cam", c).ok()) {
+    state.SkipWithError("OpenStream failed");
+    return;
+  }
+  std::mt19937_64 rng(11);
+  if (!AppendRandomFrames(state, engine.get(), 10800 + 16, 16,
+                          size_t{2} * 2 * 2 * 16 * 64, rng)) {
+    return;
+  }
+  engine->WaitForBackground();
+  std::vector<std::vector<float>> queries;
+  for (int i = 0; i < 64; ++i)
+    queries.push_back(testing::RandomQuery(rng, 128));
+  size_t i = 0;
+  TimeRecalls(state, engine.get(), [&] {
+    RecallQuery q;
+    q.query = queries[i++ % queries.size()];
+    q.max_tokens = 64;
+    return q;
+  });
+  state.SetLabel(c.weights.scorer);
+  engine.reset();
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_CameraHourTokenRecall)
+    ->Arg(1)
+    ->Arg(3)
+    ->Unit(benchmark::kMicrosecond);
+
 // Recall at the 7B geometry of `kvmem bench --fetch`'s recall (32 x 8 x 128
 // fp16, every layer indexed, 64-token blocks, 13 warm blocks, a 614-token
 // budget, one query vector of 32,768 floats): what the engine adds to the
