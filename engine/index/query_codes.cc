@@ -13,9 +13,16 @@ namespace {
 
 int Top(bool two_terms) { return two_terms ? 63 * kQueryHiWeight : 63; }
 
-// The definition for one element: writes hi (and lo), returns d.
-inline int Element(float x, float t, int top, bool two_terms, int8_t* hi,
-                   int8_t* lo) {
+// The query's integer sum and, in double, |q - t d|^2 and |q|^2.
+struct Sums {
+  int32_t d = 0;
+  double r2 = 0, q2 = 0;
+};
+
+// The definition for one element: writes hi (and lo with two_terms), adds
+// to *sums.
+inline void Element(float x, float t, int top, bool two_terms, int8_t* hi,
+                    int8_t* lo, Sums* sums) {
   const int d =
       t > 0 ? std::clamp(static_cast<int>(std::lround(x / t)), -top, top) : 0;
   if (two_terms) {
@@ -26,15 +33,18 @@ inline int Element(float x, float t, int top, bool two_terms, int8_t* hi,
   } else {
     *hi = static_cast<int8_t>(d);
   }
-  return d;
+  sums->d += d;
+  const double e = double(x) - double(t) * d;
+  sums->r2 += e * e;
+  sums->q2 += double(x) * x;
 }
 
-QueryCode Finish(float t, int32_t sum, double r2, double q2) {
+QueryCode Finish(float t, const Sums& s) {
   QueryCode c;
   c.t = t;
-  c.offset = 128 * sum;
-  c.residual = static_cast<float>(std::sqrt(r2) * (1 + 1e-6));
-  c.norm = static_cast<float>(std::sqrt(q2) * (1 + 1e-6));
+  c.offset = 128 * s.d;
+  c.residual = static_cast<float>(std::sqrt(s.r2) * (1 + 1e-6));
+  c.norm = static_cast<float>(std::sqrt(s.q2) * (1 + 1e-6));
   return c;
 }
 
@@ -86,22 +96,18 @@ __attribute__((target("avx2"))) QueryCode Avx2Quantize(const float* q, size_t n,
   }
   alignas(32) int32_t sums[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(sums), vsum);
-  int32_t sum = 0;
-  for (int32_t s : sums) sum += s;
+  Sums total;
+  for (int32_t v : sums) total.d += v;
   alignas(32) double r2l[4], q2l[4];
   _mm256_store_pd(r2l, r2v);
   _mm256_store_pd(q2l, q2v);
-  double r2 = (r2l[0] + r2l[1]) + (r2l[2] + r2l[3]);
-  double q2 = (q2l[0] + q2l[1]) + (q2l[2] + q2l[3]);
+  total.r2 = (r2l[0] + r2l[1]) + (r2l[2] + r2l[3]);
+  total.q2 = (q2l[0] + q2l[1]) + (q2l[2] + q2l[3]);
   for (; i < n; ++i) {
-    const int d =
-        Element(q[i], t, top, two_terms, hi + i, two_terms ? lo + i : nullptr);
-    sum += d;
-    const double e = double(q[i]) - double(t) * d;
-    r2 += e * e;
-    q2 += double(q[i]) * q[i];
+    Element(q[i], t, top, two_terms, hi + i, two_terms ? lo + i : nullptr,
+            &total);
   }
-  return Finish(t, sum, r2, q2);
+  return Finish(t, total);
 }
 
 __attribute__((target("avx2"))) size_t Avx2SymmetricCodes(const float* x,
@@ -199,17 +205,12 @@ QueryCode QuantizeQueryScalar(const float* q, size_t n, bool two_terms,
   const float mx = MaxAbs(q, n);
   const int top = Top(two_terms);
   const float t = mx / static_cast<float>(top);
-  double r2 = 0, q2 = 0;
-  int32_t sum = 0;
+  Sums total;
   for (size_t i = 0; i < n; ++i) {
-    const int d =
-        Element(q[i], t, top, two_terms, hi + i, two_terms ? lo + i : nullptr);
-    sum += d;
-    const double e = double(q[i]) - double(t) * d;
-    r2 += e * e;
-    q2 += double(q[i]) * q[i];
+    Element(q[i], t, top, two_terms, hi + i, two_terms ? lo + i : nullptr,
+            &total);
   }
-  return Finish(t, sum, r2, q2);
+  return Finish(t, total);
 }
 
 QueryCode QuantizeQuery(const float* q, size_t n, bool two_terms, int8_t* hi,

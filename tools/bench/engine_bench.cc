@@ -467,6 +467,33 @@ void BM_StreamRecall(benchmark::State& state) {
   std::filesystem::remove_all(dir);
 }
 
+// Stream "cam" at the 7B geometry (32 x 8 x 128 fp16, 16-token frames,
+// 4-frame blocks, a 64-token window, RAM for every block): 13 blocks and
+// `more` frames appended, background work settled; null (the benchmark
+// skipped) on an error. *config: the stream's config.
+std::unique_ptr<MemoryEngine> Warm7BStream(benchmark::State& state,
+                                           const std::filesystem::path& dir,
+                                           uint64_t more, std::mt19937_64& rng,
+                                           StreamConfig* config = nullptr) {
+  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
+  StreamConfig c;
+  c.geometry = {32, 8, 128, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.frames_per_block = 4;
+  c.tiers.warm_budget_bytes = 1ull << 30;
+  if (!engine->OpenStream("cam", c).ok()) {
+    state.SkipWithError("OpenStream failed");
+    return nullptr;
+  }
+  if (!AppendRandomFrames(state, engine.get(), 13 * 4 + more, 16,
+                          size_t{32} * 2 * 8 * 128 * 16, rng)) {
+    return nullptr;
+  }
+  engine->WaitForBackground();
+  if (config != nullptr) *config = c;
+  return engine;
+}
+
 // Reading recalled blocks' KV into one buffer at the 7B geometry (32 x 8
 // x 128 fp16, 64-token blocks, 12 warm blocks, 96 MiB): arg 0 = 0 whole
 // blocks layer-major (ReadBlockPayloadInto), 1 a random 80 % of each
@@ -476,22 +503,10 @@ void BM_StreamRecall(benchmark::State& state) {
 void BM_ReadTokens(benchmark::State& state) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / "kvmem-engine-bench-tokens";
-  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
-  StreamConfig c;
-  c.geometry = {32, 8, 128, DType::kFp16, 16};
-  c.hot_window_tokens = 64;
-  c.frames_per_block = 4;
-  c.tiers.warm_budget_bytes = 1ull << 30;
-  if (!engine->OpenStream("cam", c).ok()) {
-    state.SkipWithError("OpenStream failed");
-    return;
-  }
   std::mt19937_64 rng(8);
-  if (!AppendRandomFrames(state, engine.get(), 13 * 4, 16,
-                          size_t{32} * 2 * 8 * 128 * 16, rng)) {
-    return;
-  }
-  engine->WaitForBackground();
+  StreamConfig c;
+  std::unique_ptr<MemoryEngine> engine = Warm7BStream(state, dir, 0, rng, &c);
+  if (engine == nullptr) return;
   const StreamHandle stream = *engine->Find("cam");
   const int mode = static_cast<int>(state.range(0));
   std::vector<std::vector<uint32_t>> tokens(12);
@@ -586,22 +601,9 @@ BENCHMARK(BM_CameraHourTokenRecall)
 void BM_Recall7B(benchmark::State& state) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / "kvmem-engine-bench-recall7b";
-  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
-  StreamConfig c;
-  c.geometry = {32, 8, 128, DType::kFp16, 16};
-  c.hot_window_tokens = 64;
-  c.frames_per_block = 4;
-  c.tiers.warm_budget_bytes = 1ull << 30;
-  if (!engine->OpenStream("cam", c).ok()) {
-    state.SkipWithError("OpenStream failed");
-    return;
-  }
   std::mt19937_64 rng(8);
-  if (!AppendRandomFrames(state, engine.get(), 13 * 4 + 4, 16,
-                          size_t{32} * 2 * 8 * 128 * 16, rng)) {
-    return;
-  }
-  engine->WaitForBackground();
+  std::unique_ptr<MemoryEngine> engine = Warm7BStream(state, dir, 4, rng);
+  if (engine == nullptr) return;
   std::vector<std::vector<float>> queries;
   for (int i = 0; i < 16; ++i) {
     queries.push_back(testing::RandomQuery(rng, 32 * 8 * 128));
