@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "base/thread_scratch.h"
+#include "engine/index/int8_vnni.h"
 
 namespace kvmem {
 namespace {
@@ -145,112 +145,6 @@ void Avx2Kernel(const uint8_t* packed, size_t nblocks, size_t groups,
   }
 }
 
-// AVX-512 VNNI: one vpdpbusd adds 4 u8 x s8 products into each int32 lane
-// with no 16-bit step, so a 64-byte load scores two groups of the 8 vectors
-// (lanes 0-7 group g, 8-15 group g + 1) and the two query terms accumulate
-// apart: raw = 64 * sum(c . hi) + sum(c . lo), the same integer as AVX2's.
-// The query's per-pair broadcasts are built once per call.
-#define KVMEM_VNNI_TARGET "avx2,avx512f,avx512bw,avx512vl,avx512vnni"
-// GCC 12's 512-bit insert/extract intrinsics pass an undefined register as
-// their unused mask source, which -Wmaybe-uninitialized reports.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-// A query term as the kernel reads it: for groups (g, g + 1), 16 int32
-// lanes, 8 copies of each group's 4 bytes; a last odd group pairs with 0.
-void PairBroadcasts(const int8_t* d, size_t g0, size_t g1,
-                    std::vector<int32_t>* out) {
-  const size_t at = out->size();
-  out->resize(at + (g1 - g0 + 1) / 2 * 16);
-  int32_t* w = out->data() + at;
-  for (size_t g = g0; g < g1; g += 2, w += 16) {
-    int32_t a, b = 0;
-    __builtin_memcpy(&a, d + g * 4, 4);
-    if (g + 1 < g1) __builtin_memcpy(&b, d + (g + 1) * 4, 4);
-    std::fill(w, w + 8, a);
-    std::fill(w + 8, w + 16, b);
-  }
-}
-
-// The 8 lanes' sums over groups [g0, g1) of one packed block; qh / ql: the
-// broadcasts of those groups (PairBroadcasts).
-template <bool kTwoTerms>
-__attribute__((target(KVMEM_VNNI_TARGET))) inline __m256i VnniGroupRun(
-    const uint8_t* p, size_t g0, size_t g1, const int32_t* qh,
-    const int32_t* ql) {
-  __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
-  size_t g = g0;
-  for (; g + 2 <= g1; g += 2, qh += 16, ql += 16) {
-    const __m512i c = _mm512_loadu_si512(p + g * 4 * kInt8Lanes);
-    ah = _mm512_dpbusd_epi32(ah, c, _mm512_loadu_si512(qh));
-    if (kTwoTerms) al = _mm512_dpbusd_epi32(al, c, _mm512_loadu_si512(ql));
-  }
-  __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(ah),
-                               _mm512_extracti64x4_epi64(ah, 1));
-  __m256i l = _mm256_add_epi32(_mm512_castsi512_si256(al),
-                               _mm512_extracti64x4_epi64(al, 1));
-  if (g < g1) {
-    const __m256i c = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(p + g * 4 * kInt8Lanes));
-    h = _mm256_dpbusd_epi32(
-        h, c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)));
-    if (kTwoTerms) {
-      l = _mm256_dpbusd_epi32(
-          l, c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)));
-    }
-  }
-  if (!kTwoTerms) return h;
-  return _mm256_add_epi32(_mm256_slli_epi32(h, 6), l);
-}
-static_assert(kQueryHiWeight == 64, "VnniGroupRun shifts by 6");
-
-template <bool kTwoTerms>
-__attribute__((target(KVMEM_VNNI_TARGET))) void VnniSegmentKernelT(
-    const uint8_t* packed, size_t nblocks, size_t seg_groups, size_t segments,
-    const int32_t* qh, const int32_t* ql, int32_t* out) {
-  const size_t groups = seg_groups * segments;
-  const size_t seg_words = (seg_groups + 1) / 2 * 16;
-  for (size_t b = 0; b < nblocks; ++b) {
-    const uint8_t* p = packed + b * groups * 4 * kInt8Lanes;
-    for (size_t s = 0; s < segments; ++s) {
-      _mm256_storeu_si256(
-          reinterpret_cast<__m256i*>(out + (b * segments + s) * kInt8Lanes),
-          VnniGroupRun<kTwoTerms>(p, s * seg_groups, (s + 1) * seg_groups,
-                                  qh + s * seg_words, ql + s * seg_words));
-    }
-  }
-}
-#pragma GCC diagnostic pop
-
-void VnniSegmentKernel(const uint8_t* packed, size_t nblocks, size_t seg_groups,
-                       size_t segments, const int8_t* hi, const int8_t* lo,
-                       int32_t* out) {
-  struct Scratch {
-    std::vector<int32_t> qh, ql;
-  };
-  Scratch& sc = ThreadScratch<Scratch>();
-  sc.qh.clear();
-  sc.ql.clear();
-  for (size_t s = 0; s < segments; ++s) {
-    PairBroadcasts(hi, s * seg_groups, (s + 1) * seg_groups, &sc.qh);
-    if (lo != nullptr) {
-      PairBroadcasts(lo, s * seg_groups, (s + 1) * seg_groups, &sc.ql);
-    }
-  }
-  if (lo == nullptr) {
-    VnniSegmentKernelT<false>(packed, nblocks, seg_groups, segments,
-                              sc.qh.data(), sc.qh.data(), out);
-  } else {
-    VnniSegmentKernelT<true>(packed, nblocks, seg_groups, segments,
-                             sc.qh.data(), sc.ql.data(), out);
-  }
-}
-
-// The whole vector is one segment.
-void VnniKernel(const uint8_t* packed, size_t nblocks, size_t groups,
-                const int8_t* hi, const int8_t* lo, int32_t* out) {
-  VnniSegmentKernel(packed, nblocks, groups, 1, hi, lo, out);
-}
 #endif
 
 // The k-th largest pending lower bound (or -inf with fewer than k

@@ -92,12 +92,15 @@ TEST(Int8KernelsTest, BlockSumsEqualTheDefinitionAtTheExtremes) {
 }
 
 // Segments of 4 and of 3 or 5 groups (16, 12 and 20 dims): the VNNI
-// kernel's pairs of groups then straddle a segment's end.
+// kernel's pairs of groups then straddle a segment's end. Segments of 16
+// and 32 groups (64 and 128 dims) take its runs with the query in
+// registers, over 100 blocks: several chunks, the last one short.
 TEST(Int8KernelsTest, SegmentSumsEqualTheDefinition) {
   std::mt19937_64 rng(22);
-  for (const size_t seg_groups : {4, 3, 5}) {
+  for (const size_t seg_groups : {4, 3, 5, 16, 32}) {
     const size_t segments = 3;
-    const Packed p = RandomPacked(rng, 5, seg_groups * segments);
+    const Packed p =
+        RandomPacked(rng, seg_groups >= 16 ? 100 : 5, seg_groups * segments);
     for (bool two_terms : {false, true}) {
       std::vector<int32_t> want(p.nblocks * segments * kInt8Lanes);
       for (size_t b = 0; b < p.nblocks; ++b) {
