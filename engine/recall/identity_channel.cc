@@ -5,6 +5,7 @@
 
 #include "base/thread_scratch.h"
 #include "engine/index/dot.h"
+#include "engine/recall/top_select.h"
 #include "engine/recall/track_candidates.h"
 
 namespace kvmem {
@@ -129,20 +130,23 @@ namespace {
 void BestTokens(const TokenStageOutput& scored, std::vector<uint32_t> tokens,
                 const std::vector<float>& value, size_t keep,
                 RecallChannel channel, std::vector<PlanUnit>* out) {
-  const auto better = [&](uint32_t a, uint32_t b) {
-    if (value[a] != value[b]) return value[a] > value[b];
-    const PlanUnit &x = scored.runs[scored.run[a]],
-                   &y = scored.runs[scored.run[b]];
-    if (x.block != y.block) return x.block > y.block;
-    return scored.place[a] > scored.place[b];
+  struct Scratch {
+    std::vector<float> value;
+    std::vector<uint32_t> best;
   };
-  keep = std::min(keep, tokens.size());
-  if (keep < tokens.size()) {
-    std::nth_element(tokens.begin(), tokens.begin() + keep, tokens.end(),
-                     better);
-  }
-  std::sort(tokens.begin(), tokens.begin() + keep, better);
-  for (size_t k = 0; k < keep; ++k) {
+  Scratch& sc = ThreadScratch<Scratch>();
+  sc.value.resize(tokens.size());
+  for (size_t k = 0; k < tokens.size(); ++k) sc.value[k] = value[tokens[k]];
+  SelectTop(
+      sc.value.data(), nullptr, tokens.size(), keep,
+      [&](uint32_t a, uint32_t b) {
+        const uint32_t ta = tokens[a], tb = tokens[b];
+        const uint64_t xa = scored.runs[scored.run[ta]].block,
+                       xb = scored.runs[scored.run[tb]].block;
+        return xa != xb ? xa > xb : scored.place[ta] > scored.place[tb];
+      },
+      true, &sc.best);
+  for (uint32_t k : sc.best) {
     PlanUnit u = scored.Unit(tokens[k]);
     u.channel = channel;
     out->push_back(u);

@@ -47,8 +47,9 @@ void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
   *units = std::move(sorted);
 }
 
-PlannedBlock& RecallPlanner::Slot(uint64_t block) {
-  return blocks_[slot_.at(block)];
+bool RecallPlanner::Taken(size_t slot, uint32_t token) const {
+  const std::vector<uint64_t>& bits = taken_[slot];
+  return token / 64 < bits.size() && (bits[token / 64] >> (token % 64) & 1);
 }
 
 void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
@@ -67,16 +68,18 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
       if (u.token == kWholeUnit) {
         for (uint32_t g : have.single_groups) absorbed += g == u.group;
         charge = u.tokens > absorbed ? u.tokens - absorbed : 0;
-      } else if (dedupe_ && taken_.count({u.block, u.token}) > 0) {
+      } else if (dedupe_ && Taken(slot->second, u.token)) {
         continue;  // Taken before, by another channel.
       }
     }
     if (used_ + charge > policy_.max_tokens || added + charge > limit) {
       continue;
     }
+    size_t at;
     if (slot == slot_.end()) {
       if (policy_.top_k > 0 && blocks_.size() >= policy_.top_k) continue;
-      slot_.emplace(u.block, blocks_.size());
+      at = blocks_.size();
+      slot_.emplace(u.block, at);
       PlannedBlock b;
       b.block = u.block;
       b.first_group = u.group;
@@ -84,8 +87,11 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
       b.semantic = u.semantic;
       b.priority = Priority(u);
       blocks_.push_back(b);
+      taken_.emplace_back();
+    } else {
+      at = slot->second;
     }
-    PlannedBlock& b = Slot(u.block);
+    PlannedBlock& b = blocks_[at];
     if (policy_.mode == ScoreMode::kMass) {
       b.mass += u.score * static_cast<float>(charge);
       mass_ += double(u.score) * charge;
@@ -106,7 +112,11 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
     } else {
       b.single_tokens.push_back(u.token);
       b.single_groups.push_back(u.group);
-      if (dedupe_) taken_.insert({u.block, u.token});
+      if (dedupe_) {
+        std::vector<uint64_t>& bits = taken_[at];
+        if (bits.size() <= u.token / 64) bits.resize(u.token / 64 + 1, 0);
+        bits[u.token / 64] |= uint64_t{1} << (u.token % 64);
+      }
       if (u.channel == RecallChannel::kQuery) b.query_tokens.push_back(u.token);
       if (u.channel == RecallChannel::kTrack) b.track_tokens.push_back(u.token);
     }
@@ -189,7 +199,13 @@ std::vector<uint32_t> TokenOffsets(const std::vector<uint8_t>& token_group,
                                    const std::vector<uint32_t>& single_tokens,
                                    uint32_t token_count) {
   std::vector<uint32_t> offsets;
-  if (single_tokens.empty()) {
+  if (group_mask == 0) {  // Tokens alone: their offsets, ascending, once.
+    for (uint32_t t : single_tokens) {
+      if (t < token_group.size()) offsets.push_back(t);
+    }
+    std::sort(offsets.begin(), offsets.end());
+    offsets.erase(std::unique(offsets.begin(), offsets.end()), offsets.end());
+  } else if (single_tokens.empty()) {
     for (uint32_t t = 0; t < token_group.size(); ++t) {
       if (group_mask >> token_group[t] & 1) offsets.push_back(t);
     }

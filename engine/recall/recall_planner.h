@@ -23,11 +23,9 @@
 #include <cstdint>
 #include <limits>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "absl/hash/hash.h"
 #include "engine/types.h"
 
 namespace kvmem {
@@ -139,7 +137,8 @@ class RecallPlanner {
   static RecallPlan Plan(const PlanPolicy& policy, std::vector<PlanUnit> units);
 
  private:
-  PlannedBlock& Slot(uint64_t block);
+  // Whether token `token` of blocks_[slot] was taken alone since dedupe_.
+  bool Taken(size_t slot, uint32_t token) const;
   float Priority(const PlanUnit& u) const;
 
   const PlanPolicy policy_;
@@ -148,11 +147,9 @@ class RecallPlanner {
   std::vector<PlannedBlock> blocks_;
   std::unordered_map<uint64_t, size_t> slot_;  // Block -> index in blocks_.
   ChannelTokens channels_;
-  // Single tokens taken, as (block, token), once a channel other than
+  // [slot] bits of the single tokens taken, once a channel other than
   // attention offered units (attention offers each token once).
-  std::unordered_set<std::pair<uint64_t, uint32_t>,
-                     absl::Hash<std::pair<uint64_t, uint32_t>>>
-      taken_;
+  std::vector<std::vector<uint64_t>> taken_;
   bool dedupe_ = false;
 };
 

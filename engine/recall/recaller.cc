@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/thread_scratch.h"
 #include "base/timing.h"
 #include "engine/index/dot.h"
 #include "engine/recall/query_reduction.h"
@@ -25,6 +26,7 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   std::vector<RecalledBlock> out;
   out.reserve(plan.blocks.size());
+  GroupOrder& order = ThreadScratch<GroupOrder>();
   for (const PlannedBlock& p : plan.blocks) {
     const BlockEntry& e = view.blocks()[p.block];
     RecalledBlock r;
@@ -42,12 +44,15 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
     r.gate_weight = p.gate_weight;
     r.was_staged = e.staged;
     if (scored.group_units) {
+      if (!p.single_tokens.empty() || !p.query_tokens.empty() ||
+          !p.track_tokens.empty()) {
+        order.Reset(e.rec.token_group);
+      }
       r.token_offsets =
           TokenOffsets(e.rec.token_group, p.group_mask,
-                       GroupOrderTokens(e.rec.token_group, p.single_tokens),
-                       r.block.token_count);
-      r.query_offsets = GroupOrderTokens(e.rec.token_group, p.query_tokens);
-      r.track_offsets = GroupOrderTokens(e.rec.token_group, p.track_tokens);
+                       order.Tokens(p.single_tokens), r.block.token_count);
+      r.query_offsets = order.Tokens(p.query_tokens);
+      r.track_offsets = order.Tokens(p.track_tokens);
       std::sort(r.query_offsets.begin(), r.query_offsets.end());
       std::sort(r.track_offsets.begin(), r.track_offsets.end());
     }

@@ -7,6 +7,7 @@
 #include "base/thread_scratch.h"
 #include "engine/recall/token_groups.h"
 #include "engine/recall/token_lanes.h"
+#include "engine/recall/top_select.h"
 
 namespace kvmem {
 
@@ -33,11 +34,6 @@ void TokenDensities(const TokenCodeShape& shape, const TokenStageInput& in,
 }
 
 namespace {
-
-// BestUntil's order: by value, ties to the larger id (a total order).
-inline bool BetterCandidate(float va, uint64_t ia, float vb, uint64_t ib) {
-  return va != vb ? va > vb : ia > ib;
-}
 
 // Asks for a run of code records before it is read (the pool's runs lie
 // in different blocks' records: the next run's misses overlap this run's
@@ -193,106 +189,14 @@ uint32_t PoolBudget(uint32_t budget, uint32_t vectors, uint32_t heads) {
                           std::max<uint64_t>(affordable, budget), UINT32_MAX}));
 }
 
-// A pool far smaller than its candidates (one-frame blocks of a camera-hour:
-// 43,200 groups, a pool of ~130) is chosen from a heap of the best `budget`
-// candidates, one mostly predicted comparison per candidate: the quickselect
-// below partitions about twice the candidates on unpredictable branches
-// (~0.4 ms there).
-constexpr size_t kHeapFraction = 8;
-
-// The best `budget` of order (each candidate holds at least one token, so
-// they hold the budget unless some hold none) into order's front, sorted,
-// and *take the shortest prefix of them holding `budget` tokens; false
-// (order unchanged as a set) where they do not hold it.
-template <typename Better>
-bool TopByHeap(std::vector<std::pair<float, uint32_t>>& order,
-               const std::vector<uint32_t>& tokens, const Better& better,
-               uint64_t budget, size_t* take) {
-  const size_t k = budget;
-  // order[0, k) as a heap whose front is the worst kept (better is "less").
-  std::make_heap(order.begin(), order.begin() + k, better);
-  for (size_t i = k; i < order.size(); ++i) {
-    if (better(order[i], order.front())) {
-      std::pop_heap(order.begin(), order.begin() + k, better);
-      std::swap(order[k - 1], order[i]);
-      std::push_heap(order.begin(), order.begin() + k, better);
-    }
-  }
-  std::sort(order.begin(), order.begin() + k, better);
-  uint64_t held = 0;
-  size_t t = 0;
-  while (t < k && held < budget) held += tokens[order[t++].second];
-  if (held < budget) return false;
-  *take = t;
-  return true;
-}
-
 std::vector<uint32_t> PoolUntil(const std::vector<float>& value,
                                 const std::vector<uint32_t>& tokens,
                                 const std::vector<uint64_t>& id,
                                 uint64_t budget) {
-  const size_t n = value.size();
-  struct Scratch {
-    std::vector<std::pair<float, uint32_t>> order;
-  };
-  std::vector<std::pair<float, uint32_t>>& order =
-      ThreadScratch<Scratch>().order;
-  order.resize(n);
-  uint64_t all = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    order[i] = {value[i], i};
-    all += tokens[i];
-  }
-  const auto better = [&](const std::pair<float, uint32_t>& a,
-                          const std::pair<float, uint32_t>& b) {
-    return BetterCandidate(a.first, id[a.second], b.first, id[b.second]);
-  };
-  size_t take = n;  // All of them when they do not exceed the budget.
-  if (budget == 0) {
-    take = 0;
-  } else if (all > budget && budget <= n / kHeapFraction &&
-             TopByHeap(order, tokens, better, budget, &take)) {
-    // A small pool of many candidates: the best `budget` of them hold it.
-  } else if (all > budget) {
-    // The answer (the shortest prefix in that order holding `need` more
-    // tokens) lies in order[lo, hi]; order[0, lo) is in it already.
-    size_t lo = 0, hi = n;
-    uint64_t need = budget;
-    while (hi - lo > 16) {
-      // The median of three as the pivot, at hi - 1; the better ones first.
-      const size_t mid = lo + (hi - lo) / 2;
-      if (better(order[mid], order[lo])) std::swap(order[mid], order[lo]);
-      if (better(order[hi - 1], order[lo])) std::swap(order[hi - 1], order[lo]);
-      if (better(order[mid], order[hi - 1]))
-        std::swap(order[mid], order[hi - 1]);
-      const std::pair<float, uint32_t> pivot = order[hi - 1];
-      size_t m = lo;
-      uint64_t sum = 0;
-      for (size_t i = lo; i + 1 < hi; ++i) {
-        if (better(order[i], pivot)) {
-          sum += tokens[order[i].second];
-          std::swap(order[i], order[m++]);
-        }
-      }
-      std::swap(order[m], order[hi - 1]);
-      if (sum >= need) {
-        hi = m;
-      } else if (sum + tokens[pivot.second] >= need) {
-        lo = hi = m + 1;
-        need = 0;
-      } else {
-        need -= sum + tokens[pivot.second];
-        lo = m + 1;
-      }
-    }
-    std::sort(order.begin() + lo, order.begin() + hi, better);
-    take = lo;
-    for (uint64_t held = 0; take < hi && held < need; ++take) {
-      held += tokens[order[take].second];
-    }
-  }
-  std::vector<uint32_t> out(take);
-  for (size_t k = 0; k < take; ++k) out[k] = order[k].second;
+  std::vector<uint32_t> out;
+  SelectTop(
+      value.data(), tokens.data(), value.size(), budget,
+      [&id](uint32_t a, uint32_t b) { return id[a] > id[b]; }, false, &out);
   return out;
 }
 
@@ -300,11 +204,11 @@ std::vector<uint32_t> BestUntil(const std::vector<float>& value,
                                 const std::vector<uint32_t>& tokens,
                                 const std::vector<uint64_t>& id,
                                 uint64_t budget) {
-  std::vector<uint32_t> best = PoolUntil(value, tokens, id, budget);
-  std::sort(best.begin(), best.end(), [&](uint32_t a, uint32_t b) {
-    return BetterCandidate(value[a], id[a], value[b], id[b]);
-  });
-  return best;
+  std::vector<uint32_t> out;
+  SelectTop(
+      value.data(), tokens.data(), value.size(), budget,
+      [&id](uint32_t a, uint32_t b) { return id[a] > id[b]; }, true, &out);
+  return out;
 }
 
 void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
@@ -313,36 +217,42 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
                       std::function<std::vector<PlanUnit>()>* rest) {
   const TokenStageOutput& so = *scored;
   const size_t n = so.density.size();
-  std::vector<std::pair<float, uint32_t>> keyed(n);
+  struct Scratch {
+    std::vector<float> value;
+    std::vector<uint32_t> best;
+  };
+  Scratch& sc = ThreadScratch<Scratch>();
+  sc.value.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
-    keyed[i] = {MassRankValue(so.density[i], so.runs[so.run[i]].semantic,
-                              policy.model_weight),
-                i};
+    sc.value[i] = MassRankValue(so.density[i], so.runs[so.run[i]].semantic,
+                                policy.model_weight);
   }
   // Rank's order: ties to the newer block, the larger group and place.
-  const auto better = [&](const std::pair<float, uint32_t>& a,
-                          const std::pair<float, uint32_t>& b) {
-    if (a.first != b.first) return a.first > b.first;
-    const PlanUnit &x = so.runs[so.run[a.second]],
-                   &y = so.runs[so.run[b.second]];
-    if (x.block != y.block) return x.block > y.block;
-    return x.group != y.group ? x.group > y.group
-                              : so.place[a.second] > so.place[b.second];
-  };
   const size_t keep = std::min(n, size_t{budget} + kRankSlack);
-  if (keep < n) {
-    std::nth_element(keyed.begin(), keyed.begin() + keep, keyed.end(), better);
-  }
-  std::sort(keyed.begin(), keyed.begin() + keep, better);
+  SelectTop(
+      sc.value.data(), nullptr, n, keep,
+      [&so](uint32_t a, uint32_t b) {
+        const PlanUnit &x = so.runs[so.run[a]], &y = so.runs[so.run[b]];
+        if (x.block != y.block) return x.block > y.block;
+        return x.group != y.group ? x.group > y.group
+                                  : so.place[a] > so.place[b];
+      },
+      true, &sc.best);
   ranked->clear();
   ranked->reserve(keep + so.whole.size());
-  for (size_t k = 0; k < keep; ++k) ranked->push_back(so.Unit(keyed[k].second));
+  for (uint32_t i : sc.best) ranked->push_back(so.Unit(i));
   if (!so.whole.empty()) {  // Groups without codes join the ranking.
     ranked->insert(ranked->end(), so.whole.begin(), so.whole.end());
     RecallPlanner(policy).Rank(ranked);
   }
-  std::vector<uint32_t> order(n - keep);
-  for (size_t k = keep; k < n; ++k) order[k - keep] = keyed[k].second;
+  // The others, in token order (the planner ranks what it is given).
+  std::vector<uint8_t> taken(n, 0);
+  for (uint32_t i : sc.best) taken[i] = 1;
+  std::vector<uint32_t> order;
+  order.reserve(n - keep);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (taken[i] == 0) order.push_back(i);
+  }
   *rest = [scored, order = std::move(order)] {
     std::vector<PlanUnit> units;
     units.reserve(order.size());
@@ -351,29 +261,35 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
   };
 }
 
-std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
-                                       const std::vector<uint32_t>& places) {
-  if (places.empty()) return {};
+void GroupOrder::Reset(const std::vector<uint8_t>& token_group) {
   // The token at each place in group order, stably by group.
   uint32_t count[kMaxGroupsPerBlock + 1] = {};
   for (uint8_t g : token_group)
     ++count[std::min<uint32_t>(g, kMaxGroupsPerBlock - 1) + 1];
   for (size_t g = 1; g <= kMaxGroupsPerBlock; ++g) count[g] += count[g - 1];
-  struct Scratch {
-    std::vector<uint32_t> token_at;
-  };
-  std::vector<uint32_t>& token_at = ThreadScratch<Scratch>().token_at;
-  token_at.resize(token_group.size());
+  token_at_.resize(token_group.size());
   for (uint32_t t = 0; t < token_group.size(); ++t) {
-    token_at[count[std::min<uint32_t>(token_group[t],
-                                      kMaxGroupsPerBlock - 1)]++] = t;
+    token_at_[count[std::min<uint32_t>(token_group[t],
+                                       kMaxGroupsPerBlock - 1)]++] = t;
   }
+}
+
+std::vector<uint32_t> GroupOrder::Tokens(
+    const std::vector<uint32_t>& places) const {
   std::vector<uint32_t> out;
   out.reserve(places.size());
   for (uint32_t p : places) {
-    if (p < token_at.size()) out.push_back(token_at[p]);
+    if (p < token_at_.size()) out.push_back(token_at_[p]);
   }
   return out;
+}
+
+std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
+                                       const std::vector<uint32_t>& places) {
+  if (places.empty()) return {};
+  GroupOrder& order = ThreadScratch<GroupOrder>();
+  order.Reset(token_group);
+  return order.Tokens(places);
 }
 
 }  // namespace kvmem

@@ -151,9 +151,21 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
                       std::vector<PlanUnit>* ranked,
                       std::function<std::vector<PlanUnit>()>* rest);
 
-// The token offsets of places in a block's group order (token_group[t]:
-// token t's group; group 0's tokens in append order first, then group 1's,
-// ...), in the order given; places beyond the block are dropped.
+// A block's group order (token_group[t]: token t's group; group 0's tokens
+// in append order first, then group 1's, ...), built once for the several
+// place lists a recall answers per block.
+class GroupOrder {
+ public:
+  void Reset(const std::vector<uint8_t>& token_group);
+  // The token offsets of places in that order, in the order given; places
+  // beyond the block are dropped.
+  std::vector<uint32_t> Tokens(const std::vector<uint32_t>& places) const;
+
+ private:
+  std::vector<uint32_t> token_at_;  // [place]: the token there.
+};
+
+// GroupOrder's Tokens for one list.
 std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
                                        const std::vector<uint32_t>& places);
 

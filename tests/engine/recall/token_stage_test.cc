@@ -90,8 +90,7 @@ TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
 TEST(TokenStageTest, BestUntilIsTheSortedPrefixThatHoldsTheBudget) {
   std::mt19937_64 rng(9);
   for (int trial = 0; trial < 36; ++trial) {
-    // Budgets of at most an eighth of the candidates take the heap (most of
-    // the trials past 20); the others the quickselect.
+    // Small pools of many candidates past 20.
     const size_t n = trial < 20 ? 1 + rng() % 3000 : 9000 + rng() % 60000;
     std::vector<float> value(n);
     std::vector<uint32_t> tokens(n);
@@ -101,8 +100,7 @@ TEST(TokenStageTest, BestUntilIsTheSortedPrefixThatHoldsTheBudget) {
       value[i] = u(rng);
       // Odd trials: the best candidates are the smallest.
       tokens[i] = trial % 2 ? (value[i] > 0.9f ? 1 : 12) : 1 + rng() % 8;
-      // Past 30: most hold no token, so the best `budget` of them do not
-      // hold the budget (the heap gives way to the quickselect).
+      // Past 30: most hold no token.
       if (trial >= 30 && rng() % 10 != 0) tokens[i] = 0;
       id[i] = i;
     }
