@@ -21,10 +21,23 @@ class CpuAccelerator final : public Accelerator {
   }
 
   bool Scan(const BlockIndex& index, const float* query,
-            const SearchParams& /*params*/, SegmentScan* out,
+            const SearchParams& params, SegmentScan* out,
             CallCost* cost) override {
     bool scanned = false;
-    Timed(cost, [&] { scanned = index.ScanSegments(query, out); });
+    Timed(cost, [&] { scanned = index.ScanSegments(query, out, params.mode); });
+    return scanned;
+  }
+
+  bool Scan(const BlockIndex& index, const float* queries, size_t vectors,
+            const SearchParams& params, SegmentScan* out,
+            CallCost* cost) override {
+    bool scanned = false;
+    Timed(
+        cost,
+        [&] {
+          scanned = index.ScanSegments(queries, vectors, out, params.mode);
+        },
+        vectors);
     return scanned;
   }
 
@@ -37,14 +50,14 @@ class CpuAccelerator final : public Accelerator {
   }
 
  private:
-  // Runs one search-like call, timed, and accounts it.
+  // Runs `searches` search-like calls' work, timed, and accounts it.
   template <typename Fn>
-  void Timed(CallCost* cost, Fn fn) {
+  void Timed(CallCost* cost, Fn fn, size_t searches = 1) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     CallCost c;
     c.measured_us = MicrosSince(t0);
-    c.searches = 1;
+    c.searches = static_cast<uint32_t>(searches);
     kvmem::MutexLock lock(&mu_);
     total_ += c;
     if (cost != nullptr) *cost += c;
@@ -82,7 +95,7 @@ class SimAccelerator final : public Accelerator {
             CallCost* cost) override {
     bool scanned = false;
     Modelled(index, params, cost,
-             [&] { scanned = index.ScanSegments(query, out); });
+             [&] { scanned = index.ScanSegments(query, out, params.mode); });
     return scanned;
   }
 
@@ -207,8 +220,20 @@ void Accelerator::Stage(const std::vector<StageItem>&, const StageParams&,
                         CallCost*) {}
 
 bool Accelerator::Scan(const BlockIndex& index, const float* query,
-                       const SearchParams&, SegmentScan* out, CallCost*) {
-  return index.ScanSegments(query, out);
+                       const SearchParams& params, SegmentScan* out,
+                       CallCost*) {
+  return index.ScanSegments(query, out, params.mode);
+}
+
+bool Accelerator::Scan(const BlockIndex& index, const float* queries,
+                       size_t vectors, const SearchParams& params,
+                       SegmentScan* out, CallCost* cost) {
+  for (size_t j = 0; j < vectors; ++j) {
+    if (!Scan(index, queries + j * index.dim(), params, &out[j], cost)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::unique_ptr<Accelerator> NewCpuAccelerator() {

@@ -45,6 +45,7 @@ namespace kvmem {
 struct SearchParams {
   uint32_t k = 16;
   uint32_t priority = 0;  // Higher is served first when calls contend.
+  ScanMode mode = ScanMode::kProof;  // Scan: what the caller needs.
 };
 struct StageParams {
   uint32_t priority = 0;
@@ -89,6 +90,13 @@ class Accelerator {
   virtual bool Scan(const BlockIndex& index, const float* query,
                     const SearchParams& params, SegmentScan* out,
                     CallCost* cost);
+  // The same for `vectors` queries (vectors * index.dim() floats) into
+  // out[0, vectors), their costs added to *cost: one Scan per query unless
+  // the backend does better (cpu: the codes read once for all of them,
+  // BlockIndex::ScanSegments). false when the index cannot scan.
+  virtual bool Scan(const BlockIndex& index, const float* queries,
+                    size_t vectors, const SearchParams& params,
+                    SegmentScan* out, CallCost* cost);
 
   // Stages the KV of a recall's chosen blocks into near memory.
   virtual void Stage(const std::vector<StageItem>& items,

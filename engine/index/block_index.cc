@@ -70,7 +70,9 @@ class BlockIndex::Impl {
   virtual std::vector<ScoredId> Search(const float* q, uint32_t k) const = 0;
   virtual uint64_t size() const = 0;
   virtual IndexQuality quality() const { return {}; }
-  virtual bool ScanSegments(const float* /*q*/, uint32_t /*segment_dim*/,
+  // BlockIndex::ScanSegments of `vectors` queries; false: cannot scan.
+  virtual bool ScanSegments(const float* /*q*/, size_t /*vectors*/,
+                            uint32_t /*segment_dim*/, ScanMode /*mode*/,
                             SegmentScan* /*out*/) const {
     return false;
   }
@@ -111,8 +113,16 @@ class FlatImpl : public BlockIndex::Impl {
     return out;
   }
   uint64_t size() const override { return index_->ntotal; }
-  bool ScanSegments(const float* q, uint32_t segment_dim,
-                    SegmentScan* out) const override {
+  bool ScanSegments(const float* queries, size_t vectors, uint32_t segment_dim,
+                    ScanMode /*mode*/, SegmentScan* outs) const override {
+    for (size_t j = 0; j < vectors; ++j) {
+      ScanOne(queries + j * index_->d, segment_dim, &outs[j]);
+    }
+    return true;
+  }
+
+ private:
+  void ScanOne(const float* q, uint32_t segment_dim, SegmentScan* out) const {
     const auto* idmap = static_cast<const faiss::IndexIDMap2*>(index_.get());
     const auto* flat = static_cast<const faiss::IndexFlatIP*>(idmap->index);
     const size_t n = idmap->ntotal, dim = idmap->d;
@@ -121,6 +131,7 @@ class FlatImpl : public BlockIndex::Impl {
     out->segments = static_cast<uint32_t>(S);
     out->ids.assign(idmap->id_map.begin(), idmap->id_map.end());
     out->dots.resize(n * S);
+    out->exact = true;
     out->bound.clear();
     for (size_t i = 0; i < n; ++i) {
       for (size_t h = 0; h < S; ++h) {
@@ -128,10 +139,8 @@ class FlatImpl : public BlockIndex::Impl {
                                    xb + i * dim + h * segment_dim, segment_dim);
       }
     }
-    return true;
   }
 
- private:
   std::unique_ptr<faiss::Index> index_;
 };
 
@@ -139,9 +148,9 @@ class ProgressiveImpl : public BlockIndex::Impl {
  public:
   ProgressiveImpl(uint32_t dim, uint32_t segment_dim)
       : index_(dim, 0, segment_dim) {}
-  bool ScanSegments(const float* q, uint32_t /*segment_dim*/,
-                    SegmentScan* out) const override {
-    index_.ScanSegments(q, out);
+  bool ScanSegments(const float* q, size_t vectors, uint32_t /*segment_dim*/,
+                    ScanMode mode, SegmentScan* out) const override {
+    index_.ScanSegments(q, vectors, out, mode);
     return true;
   }
   void Add(uint64_t id, const float* v) override { index_.Add(id, v); }
@@ -478,8 +487,13 @@ std::vector<ScoredId> BlockIndex::Search(const float* query, uint32_t k) const {
   return impl_->Search(query, k);
 }
 uint64_t BlockIndex::size() const { return impl_->size(); }
-bool BlockIndex::ScanSegments(const float* query, SegmentScan* out) const {
-  return impl_->ScanSegments(query, segment_dim_, out);
+bool BlockIndex::ScanSegments(const float* query, SegmentScan* out,
+                              ScanMode mode) const {
+  return impl_->ScanSegments(query, 1, segment_dim_, mode, out);
+}
+bool BlockIndex::ScanSegments(const float* queries, size_t vectors,
+                              SegmentScan* out, ScanMode mode) const {
+  return impl_->ScanSegments(queries, vectors, segment_dim_, mode, out);
 }
 IndexQuality BlockIndex::quality() const { return impl_->quality(); }
 

@@ -58,10 +58,18 @@ struct SegmentScan {
   std::vector<uint64_t> ids;  // The index's vectors, in its own order.
   // [segment][vector]: head-major, so loops over the vectors vectorise.
   std::vector<float> dots;
+  bool exact = true;  // The dots are exact (else int8 estimates).
   // [vector]: every dot of vector i lies within bound[i] of its exact value;
-  // empty when the dots are exact.
+  // empty when the dots are exact or the scan was ScanMode::kRank.
   std::vector<float> bound;
 };
+
+// What a scan's caller needs of it ("Progressive"; the exact kinds ignore
+// it). kProof: every vector's dots with a proven bound, the query at 13
+// bits. kRank: dots to rank and sum by, no bounds, the query at 7 bits (one
+// term: half the multiply-adds), for callers that prove nothing from the
+// scan (the token stage, whose tokens decide).
+enum class ScanMode : uint8_t { kProof = 0, kRank = 1 };
 
 // Recall@k of an approximate index against exact search, sampled.
 struct IndexQuality {
@@ -110,7 +118,13 @@ class BlockIndex {
   // "Progressive" (its first stage, run per segment; exact fp32 when
   // segment_dim is not a multiple of 4). Returns false, writing nothing, for
   // FAISS approximate kinds, which cannot score every vector cheaply.
-  bool ScanSegments(const float* query, SegmentScan* out) const;
+  bool ScanSegments(const float* query, SegmentScan* out,
+                    ScanMode mode = ScanMode::kProof) const;
+  // The same for `vectors` queries (vectors * dim() floats) into out[0,
+  // vectors): the same values as one call per query ("Progressive": one
+  // pass over the codes for all of them).
+  bool ScanSegments(const float* queries, size_t vectors, SegmentScan* out,
+                    ScanMode mode = ScanMode::kProof) const;
   uint32_t segment_dim() const { return segment_dim_; }
 
   uint32_t dim() const { return dim_; }

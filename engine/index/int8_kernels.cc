@@ -48,6 +48,17 @@ void ScalarSegmentKernel(const uint8_t* packed, size_t nblocks,
   }
 }
 
+// One segment kernel call per query (the kernels but VNNI's).
+template <Int8SegmentKernel kSegments>
+void MultiByQuery(const uint8_t* packed, size_t nblocks, size_t seg_groups,
+                  size_t segments, size_t vectors, const int8_t* const* hi,
+                  const int8_t* const* lo, int32_t* const* out) {
+  for (size_t j = 0; j < vectors; ++j) {
+    kSegments(packed, nblocks, seg_groups, segments, hi[j],
+              lo == nullptr ? nullptr : lo[j], out[j]);
+  }
+}
+
 #if defined(__x86_64__)
 // One group of 4 dimensions of 8 vectors: (c + 128) . d as 8 int32 sums of
 // 16-bit pair sums weighted by w (pairs of u8 x s7 products cannot
@@ -297,13 +308,16 @@ std::vector<Int8KernelInfo> Detect() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512vnni")) {
-    k.push_back({"avx512vnni", &VnniKernel, &Avx2Select, &VnniSegmentKernel});
+    k.push_back({"avx512vnni", &VnniKernel, &Avx2Select, &VnniSegmentKernel,
+                 &VnniMultiSegmentKernel});
   }
   if (__builtin_cpu_supports("avx2")) {
-    k.push_back({"avx2", &Avx2Kernel, &Avx2Select, &Avx2SegmentKernel});
+    k.push_back({"avx2", &Avx2Kernel, &Avx2Select, &Avx2SegmentKernel,
+                 &MultiByQuery<Avx2SegmentKernel>});
   }
 #endif
-  k.push_back({"scalar", &ScalarKernel, &ScalarSelect, &ScalarSegmentKernel});
+  k.push_back({"scalar", &ScalarKernel, &ScalarSelect, &ScalarSegmentKernel,
+               &MultiByQuery<ScalarSegmentKernel>});
   return k;
 }
 

@@ -89,11 +89,24 @@ using Int8SegmentKernel = void (*)(const uint8_t* packed, size_t nblocks,
                                    const int8_t* hi, const int8_t* lo,
                                    int32_t* out);
 
+// The segment kernel for `vectors` queries at once: query j is hi[j] (and
+// lo[j]; lo null: hi alone for every query), its sums into out[j] as
+// Int8SegmentKernel's: the same integers as one call per query. The VNNI
+// kernel scores a tile of blocks for every query before the next tile, so
+// the codes come from memory once per scan of all the queries, not once per
+// query; the others make one call per query.
+using Int8MultiSegmentKernel = void (*)(const uint8_t* packed, size_t nblocks,
+                                        size_t seg_groups, size_t segments,
+                                        size_t vectors, const int8_t* const* hi,
+                                        const int8_t* const* lo,
+                                        int32_t* const* out);
+
 struct Int8KernelInfo {
   std::string name;
   Int8BlockKernel fn;
   SurvivorSelector select;
   Int8SegmentKernel segments;
+  Int8MultiSegmentKernel multi_segments;
 };
 
 // Kernels this CPU can run, best first ("avx512vnni", "avx2" when present,

@@ -18,10 +18,12 @@ namespace {
 // apart: raw = 64 * sum(c . hi) + sum(c . lo), the same integer as AVX2's.
 // The query's per-pair broadcasts are built once per call.
 #define KVMEM_VNNI_TARGET "avx2,avx512f,avx512bw,avx512vl,avx512vnni"
-// GCC 12's 512-bit insert/extract intrinsics pass an undefined register as
-// their unused mask source, which -Wmaybe-uninitialized reports.
+// GCC 12's 512-bit insert/extract and permute intrinsics pass an undefined
+// register as their unused mask source, which -W(maybe-)uninitialized
+// reports.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // A query term as the kernel reads it: for groups (g, g + 1), 16 int32
 // lanes, 8 copies of each group's 4 bytes; a last odd group pairs with 0.
@@ -92,26 +94,41 @@ __attribute__((target(KVMEM_VNNI_TARGET))) void VnniSegmentKernelT(
 // pairs x 2 terms = 16 of the 32 zmm registers.
 constexpr size_t kRunPairs = 8;
 constexpr size_t kRunGroups = 2 * kRunPairs;
-// Blocks scored per chunk by VnniRunKernel: about this many bytes of codes.
-constexpr size_t kRunChunkBytes = size_t{64} << 10;
+// Lines of codes per tile of VnniRunKernel (VnniMultiSegmentKernel).
+constexpr size_t kRunTileLines = 32;
 
-// One run of kRunGroups groups from group g0 of blocks [b0, b1), the
-// query's broadcasts of the run (qh, ql) held in registers across the
-// blocks, so a block's cost is its codes' loads and multiply-adds.
-// VnniGroupRun loads two query words per code word (BM_ScanSegments, 8
-// vectors of 3,856 units x 8 segments of 64 dims, AMD EPYC VM: 431-435 us
-// with it, 407-413 us with this, alternated; the multiply-adds bound both).
-// Its sums are stored at out + b * stride, or added to what is there
-// (`add`: the segment's later runs).
+// For pair k of a run's 16 groups: lanes 0-7 the query's dword of group
+// 2k, lanes 8-15 of group 2k + 1 (VnniGroupRun's broadcast, made in a
+// register from the run's 64 query bytes).
+struct PairIndex {
+  alignas(64) int32_t idx[kRunPairs][16];
+  PairIndex() {
+    for (size_t k = 0; k < kRunPairs; ++k) {
+      for (int l = 0; l < 16; ++l) {
+        idx[k][l] = static_cast<int32_t>(2 * k + (l < 8 ? 0 : 1));
+      }
+    }
+  }
+};
+const PairIndex kPairIndex;
+
+// One run of kRunGroups groups from group g0 of blocks [b0, b1) against the
+// query's 64 bytes of that run (hi, and lo with two terms), its pair
+// broadcasts held in registers across the blocks, so a block's cost is its
+// codes' loads and multiply-adds (VnniGroupRun loads two query words per
+// code word). Its sums are stored at out + b * stride, or added to what is
+// there (`add`: the segment's later runs).
 template <bool kTwoTerms>
 __attribute__((target(KVMEM_VNNI_TARGET))) void VnniRuns(
     const uint8_t* packed, size_t b0, size_t b1, size_t groups, size_t g0,
-    const int32_t* qh, const int32_t* ql, bool add, int32_t* out,
-    size_t stride) {
+    const int8_t* hi, const int8_t* lo, bool add, int32_t* out, size_t stride) {
   __m512i h[kRunPairs], l[kRunPairs];
+  const __m512i qh = _mm512_loadu_si512(hi);
+  const __m512i ql = kTwoTerms ? _mm512_loadu_si512(lo) : qh;
   for (size_t k = 0; k < kRunPairs; ++k) {
-    h[k] = _mm512_loadu_si512(qh + k * 16);
-    l[k] = kTwoTerms ? _mm512_loadu_si512(ql + k * 16) : h[k];
+    const __m512i idx = _mm512_load_si512(kPairIndex.idx[k]);
+    h[k] = _mm512_permutexvar_epi32(idx, qh);
+    l[k] = kTwoTerms ? _mm512_permutexvar_epi32(idx, ql) : h[k];
   }
   for (size_t b = b0; b < b1; ++b) {
     const uint8_t* p = packed + (b * groups + g0) * 4 * kInt8Lanes;
@@ -143,24 +160,26 @@ __attribute__((target(KVMEM_VNNI_TARGET))) void VnniRuns(
 }
 
 // VnniSegmentKernelT's sums for segments of whole runs (seg_groups a
-// multiple of kRunGroups: segments of 64, 128... dimensions): chunk by chunk
-// of blocks, run by run.
+// multiple of kRunGroups: segments of 64, 128... dimensions), for `vectors`
+// queries (hi[j], lo[j]; lo null: one term) into out[j]: tile by tile of
+// `tile` blocks, segment by segment, query by query, so a tile's codes of
+// one segment are read from memory once and from L1 by the other queries.
 template <bool kTwoTerms>
 __attribute__((target(KVMEM_VNNI_TARGET))) void VnniRunKernel(
     const uint8_t* packed, size_t nblocks, size_t seg_groups, size_t segments,
-    const int32_t* qh, const int32_t* ql, int32_t* out) {
+    size_t vectors, const int8_t* const* hi, const int8_t* const* lo,
+    int32_t* const* out, size_t tile) {
   const size_t groups = seg_groups * segments;
-  const size_t seg_words = seg_groups / 2 * 16, run_words = kRunPairs * 16;
-  const size_t chunk =
-      std::max<size_t>(1, kRunChunkBytes / (groups * 4 * kInt8Lanes));
-  for (size_t b0 = 0; b0 < nblocks; b0 += chunk) {
-    const size_t b1 = std::min(nblocks, b0 + chunk);
+  for (size_t b0 = 0; b0 < nblocks; b0 += tile) {
+    const size_t b1 = std::min(nblocks, b0 + tile);
     for (size_t s = 0; s < segments; ++s) {
       for (size_t r = 0; r < seg_groups / kRunGroups; ++r) {
-        const size_t at = s * seg_words + r * run_words;
-        VnniRuns<kTwoTerms>(packed, b0, b1, groups,
-                            s * seg_groups + r * kRunGroups, qh + at, ql + at,
-                            r > 0, out + s * kInt8Lanes, segments * kInt8Lanes);
+        const size_t g0 = s * seg_groups + r * kRunGroups;
+        for (size_t j = 0; j < vectors; ++j) {
+          VnniRuns<kTwoTerms>(packed, b0, b1, groups, g0, hi[j] + g0 * 4,
+                              kTwoTerms ? lo[j] + g0 * 4 : nullptr, r > 0,
+                              out[j] + s * kInt8Lanes, segments * kInt8Lanes);
+        }
       }
     }
   }
@@ -169,9 +188,38 @@ __attribute__((target(KVMEM_VNNI_TARGET))) void VnniRunKernel(
 
 }  // namespace
 
+void VnniMultiSegmentKernel(const uint8_t* packed, size_t nblocks,
+                            size_t seg_groups, size_t segments, size_t vectors,
+                            const int8_t* const* hi, const int8_t* const* lo,
+                            int32_t* const* out) {
+  if (seg_groups % kRunGroups != 0) {
+    for (size_t j = 0; j < vectors; ++j) {
+      VnniSegmentKernel(packed, nblocks, seg_groups, segments, hi[j],
+                        lo == nullptr ? nullptr : lo[j], out[j]);
+    }
+    return;
+  }
+  // A tile's codes of one segment lie in blocks 4 KiB or more apart, so in
+  // the same few L1 sets: at most kRunTileLines of them.
+  const size_t seg_lines = seg_groups * 4 * kInt8Lanes / 64;
+  const size_t tile = std::max<size_t>(1, kRunTileLines / seg_lines);
+  if (lo == nullptr) {
+    VnniRunKernel<false>(packed, nblocks, seg_groups, segments, vectors, hi,
+                         nullptr, out, tile);
+  } else {
+    VnniRunKernel<true>(packed, nblocks, seg_groups, segments, vectors, hi, lo,
+                        out, tile);
+  }
+}
+
 void VnniSegmentKernel(const uint8_t* packed, size_t nblocks, size_t seg_groups,
                        size_t segments, const int8_t* hi, const int8_t* lo,
                        int32_t* out) {
+  if (seg_groups % kRunGroups == 0) {
+    VnniMultiSegmentKernel(packed, nblocks, seg_groups, segments, 1, &hi,
+                           lo == nullptr ? nullptr : &lo, &out);
+    return;
+  }
   struct Scratch {
     std::vector<int32_t> qh, ql;
   };
@@ -184,15 +232,7 @@ void VnniSegmentKernel(const uint8_t* packed, size_t nblocks, size_t seg_groups,
       PairBroadcasts(lo, s * seg_groups, (s + 1) * seg_groups, &sc.ql);
     }
   }
-  if (seg_groups % kRunGroups == 0) {
-    if (lo == nullptr) {
-      VnniRunKernel<false>(packed, nblocks, seg_groups, segments, sc.qh.data(),
-                           sc.qh.data(), out);
-    } else {
-      VnniRunKernel<true>(packed, nblocks, seg_groups, segments, sc.qh.data(),
-                          sc.ql.data(), out);
-    }
-  } else if (lo == nullptr) {
+  if (lo == nullptr) {
     VnniSegmentKernelT<false>(packed, nblocks, seg_groups, segments,
                               sc.qh.data(), sc.qh.data(), out);
   } else {

@@ -15,6 +15,11 @@ void VnniSegmentKernel(const uint8_t* packed, size_t nblocks, size_t seg_groups,
                        int32_t* out);
 void VnniKernel(const uint8_t* packed, size_t nblocks, size_t groups,
                 const int8_t* hi, const int8_t* lo, int32_t* out);
+// Int8MultiSegmentKernel's.
+void VnniMultiSegmentKernel(const uint8_t* packed, size_t nblocks,
+                            size_t seg_groups, size_t segments, size_t vectors,
+                            const int8_t* const* hi, const int8_t* const* lo,
+                            int32_t* const* out);
 
 }  // namespace kvmem
 

@@ -45,9 +45,10 @@ void SegmentNorms(const float* x, const int8_t* c, float s, size_t begin,
 
 // The segment scan's scores and bounds from the kernel's raw sums
 // (raw[(block * S + h) * 8 + lane]), segment by segment: dots [h][row],
-// bound[row] the largest over segments. Rows come in whole packed blocks of
-// 8 (the tail apart), so each step is 8 lanes of independent arrays: AVX2
-// where the CPU has it (no FMA: the same floats as the default clone).
+// bound[row] the largest over segments (bound null: the dots alone). Rows come
+// in whole packed blocks of 8 (the tail apart), so each step is 8 lanes of
+// independent arrays: AVX2 where the CPU has it (no FMA: the same floats as the
+// default clone).
 __attribute__((target_clones("avx2", "default"))) void SegmentBoundsPass(
     const float* t, const float* qnorm, const float* fnorm,
     const int32_t* offset, const int32_t* raw, size_t n, size_t S,
@@ -63,6 +64,21 @@ __attribute__((target_clones("avx2", "default"))) void SegmentBoundsPass(
     const float* __restrict enorm = seg_enorm[h].data();
     const float* __restrict cnorm = seg_cnorm[h].data();
     const int32_t* __restrict r = raw + h * kInt8Lanes;
+    if (bound == nullptr) {  // The dots alone.
+      for (size_t b = 0; b <= full; ++b, r += S * kInt8Lanes) {
+        const size_t i0 = b * kInt8Lanes;
+        if (b < full) {
+          for (size_t l = 0; l < kInt8Lanes; ++l) {
+            d[i0 + l] = th * scale[i0 + l] * static_cast<float>(r[l] - off);
+          }
+          continue;
+        }
+        for (size_t l = 0; l < n - i0; ++l) {  // The tail.
+          d[i0 + l] = th * scale[i0 + l] * static_cast<float>(r[l] - off);
+        }
+      }
+      continue;
+    }
     for (size_t b = 0; b <= full; ++b, r += S * kInt8Lanes) {
       const size_t i0 = b * kInt8Lanes;
       const size_t lanes = b < full ? kInt8Lanes : n - i0;
@@ -254,64 +270,90 @@ std::vector<ScoredId> ProgressiveIndex::Search(const float* query, uint32_t k,
   return out;
 }
 
-void ProgressiveIndex::ScanSegments(const float* query,
-                                    SegmentScan* out) const {
+void ProgressiveIndex::ScanSegments(const float* query, SegmentScan* out,
+                                    ScanMode mode) const {
+  ScanSegments(query, 1, out, mode);
+}
+
+void ProgressiveIndex::ScanSegments(const float* queries, size_t vectors,
+                                    SegmentScan* outs, ScanMode mode) const {
   const size_t n = ids_.size(), S = segments_, sd = segment_dim_;
-  out->segments = segments_;
-  out->ids = ids_;
-  out->dots.resize(n * S);
-  out->bound.clear();
+  for (size_t j = 0; j < vectors; ++j) {
+    outs[j].segments = segments_;
+    outs[j].ids = ids_;
+    outs[j].dots.resize(n * S);
+    outs[j].exact = sd % 4 != 0;
+    outs[j].bound.clear();
+  }
   if (n == 0) return;
   if (sd % 4 != 0) {  // Segments straddle the kernel's groups: fp32.
-    for (size_t i = 0; i < n; ++i) {
-      for (size_t h = 0; h < S; ++h) {
-        out->dots[h * n + i] =
-            Dot(query + h * sd, full_.data() + i * dim_ + h * sd, sd);
+    for (size_t j = 0; j < vectors; ++j) {
+      const float* query = queries + j * dim_;
+      for (size_t i = 0; i < n; ++i) {
+        for (size_t h = 0; h < S; ++h) {
+          outs[j].dots[h * n + i] =
+              Dot(query + h * sd, full_.data() + i * dim_ + h * sd, sd);
+        }
       }
     }
     return;
   }
   struct ScanScratch {
-    Scratch sc;
+    std::vector<int8_t> hi, lo;
+    std::vector<int32_t> raw;
     std::vector<float> t, qnorm, fnorm;
     std::vector<int32_t> offset;
+    std::vector<const int8_t*> hi_at, lo_at;
+    std::vector<int32_t*> raw_at;
   };
-  ScanScratch& scratch = ThreadScratch<ScanScratch>();
-  Scratch& sc = scratch.sc;
-  std::vector<float>& t = scratch.t;
-  std::vector<float>& qnorm = scratch.qnorm;
-  std::vector<float>& fnorm = scratch.fnorm;
-  std::vector<int32_t>& offset = scratch.offset;
-  // 13-bit queries at every width: the mass estimate exponentiates scores,
-  // so the query's rounding counts more than in a top-k search (kvmem eval,
-  // 8 heads x 64 dims: 57 units rescored exactly per recall against 94 with
-  // 7-bit queries, for 2 us more scanning).
-  const bool two_terms = sd <= kMaxTwoTermDim;
-  sc.query.assign(groups_ * 4, 0);
-  sc.query_lo.assign(groups_ * 4, 0);
-  t.resize(S);
-  qnorm.resize(S);
-  fnorm.resize(S);
-  offset.resize(S);
-  for (size_t h = 0; h < S; ++h) {
-    const float* q = query + h * sd;
-    const QueryCode qc =
-        QuantizeQuery(q, sd, two_terms, sc.query.data() + h * sd,
-                      sc.query_lo.data() + h * sd);
-    t[h] = qc.t;
-    offset[h] = qc.offset;
-    fnorm[h] = qc.residual;
-    qnorm[h] = qc.norm;
-  }
+  ScanScratch& sc = ThreadScratch<ScanScratch>();
+  // 13-bit queries at every width for proofs: the mass estimate
+  // exponentiates scores, so the query's rounding counts more than in a
+  // top-k search (kvmem eval, 8 heads x 64 dims: 57 units rescored exactly
+  // per recall against 94 with 7-bit queries, for 2 us more scanning). A
+  // scan to rank by rescores nothing: 7 bits, half the multiply-adds.
+  const bool proof = mode == ScanMode::kProof;
+  const bool two_terms = proof && sd <= kMaxTwoTermDim;
+  const size_t width = size_t{groups_} * 4;
   const size_t nblocks = (n + kInt8Lanes - 1) / kInt8Lanes;
-  sc.raw.resize(nblocks * S * kInt8Lanes);
-  ActiveInt8Kernel().segments(
-      packed_.data(), nblocks, sd / 4, S, sc.query.data(),
-      two_terms ? sc.query_lo.data() : nullptr, sc.raw.data());
-  out->bound.assign(n, 0.0f);
-  SegmentBoundsPass(t.data(), qnorm.data(), fnorm.data(), offset.data(),
-                    sc.raw.data(), n, S, scale_.data(), seg_enorm_, seg_cnorm_,
-                    out->dots.data(), out->bound.data());
+  const size_t raw_size = nblocks * S * kInt8Lanes;
+  sc.hi.assign(vectors * width, 0);
+  sc.lo.assign(two_terms ? vectors * width : 0, 0);
+  sc.raw.resize(vectors * raw_size);
+  for (std::vector<float>* v : {&sc.t, &sc.qnorm, &sc.fnorm}) {
+    v->resize(vectors * S);
+  }
+  sc.offset.resize(vectors * S);
+  sc.hi_at.resize(vectors);
+  sc.lo_at.resize(vectors);
+  sc.raw_at.resize(vectors);
+  for (size_t j = 0; j < vectors; ++j) {
+    int8_t* hi = sc.hi.data() + j * width;
+    int8_t* lo = two_terms ? sc.lo.data() + j * width : nullptr;
+    for (size_t h = 0; h < S; ++h) {
+      const QueryCode qc =
+          QuantizeQuery(queries + j * dim_ + h * sd, sd, two_terms, hi + h * sd,
+                        two_terms ? lo + h * sd : nullptr);
+      sc.t[j * S + h] = qc.t;
+      sc.offset[j * S + h] = qc.offset;
+      sc.fnorm[j * S + h] = qc.residual;
+      sc.qnorm[j * S + h] = qc.norm;
+    }
+    sc.hi_at[j] = hi;
+    sc.lo_at[j] = lo;
+    sc.raw_at[j] = sc.raw.data() + j * raw_size;
+  }
+  ActiveInt8Kernel().multi_segments(
+      packed_.data(), nblocks, sd / 4, S, vectors, sc.hi_at.data(),
+      two_terms ? sc.lo_at.data() : nullptr, sc.raw_at.data());
+  for (size_t j = 0; j < vectors; ++j) {
+    SegmentScan& out = outs[j];
+    if (proof) out.bound.assign(n, 0.0f);
+    SegmentBoundsPass(sc.t.data() + j * S, sc.qnorm.data() + j * S,
+                      sc.fnorm.data() + j * S, sc.offset.data() + j * S,
+                      sc.raw_at[j], n, S, scale_.data(), seg_enorm_, seg_cnorm_,
+                      out.dots.data(), proof ? out.bound.data() : nullptr);
+  }
 }
 
 }  // namespace kvmem

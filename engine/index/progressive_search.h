@@ -63,9 +63,15 @@ class ProgressiveIndex {
   bool Remove(uint64_t id);
   std::vector<ScoredId> Search(const float* query, uint32_t k,
                                ProgressiveStats* stats = nullptr) const;
-  // Every vector's score per segment (int8 with bounds; exact fp32 when
+  // Every vector's score per segment (int8 with bounds, or without them
+  // and with a one-term query for ScanMode::kRank; exact fp32 when
   // segment_dim is not a multiple of 4).
-  void ScanSegments(const float* query, SegmentScan* out) const;
+  void ScanSegments(const float* query, SegmentScan* out,
+                    ScanMode mode = ScanMode::kProof) const;
+  // The same for `vectors` queries into out[0, vectors), the codes read
+  // once for all of them (Int8MultiSegmentKernel): the same values.
+  void ScanSegments(const float* queries, size_t vectors, SegmentScan* out,
+                    ScanMode mode = ScanMode::kProof) const;
 
   uint32_t dim() const { return dim_; }
   uint64_t size() const { return ids_.size(); }

@@ -49,6 +49,7 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
   // The mean vector's dots: the weighted mean of the vectors' (a logit is
   // linear in the query).
   s.mean.segments = static_cast<uint32_t>(H);
+  s.mean.exact = rows->exact;
   s.mean.bound.clear();
   s.mean.dots.assign(n * H, 0.0f);
   for (size_t j = 0; j < rows->scans.size(); ++j) {

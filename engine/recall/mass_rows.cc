@@ -52,7 +52,7 @@ void ClassifyRows(const RecallView& view, const ScoreRequest& req,
     rows->recallable[i] = role == CandidateRole::kRecall ? 1.0f : 0.0f;
   }
   rows->exact = true;
-  for (const SegmentScan& s : rows->scans) rows->exact &= s.bound.empty();
+  for (const SegmentScan& s : rows->scans) rows->exact &= s.exact;
 }
 
 std::vector<float> WindowLse(const RecallView& view, const float* query,

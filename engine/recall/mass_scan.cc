@@ -38,6 +38,7 @@ void PoolScans(const RecallView& view, const ScoreRequest& req, CallCost* cost,
     SegmentScan& s = (*scans)[j];
     s.segments = heads;
     s.ids = rows;
+    s.exact = true;
     s.bound.clear();
     s.dots.resize(rows.size() * heads);
     std::vector<float> one(heads);
@@ -67,8 +68,8 @@ void UnitDots(const RecallView& view, uint64_t unit, const float* query,
 }
 
 // The index's scan of every unit per query vector (or PoolScans).
-void ScanUnits(const RecallView& view, const ScoreRequest& req, CallCost* cost,
-               std::vector<SegmentScan>* scans)
+void ScanUnits(const RecallView& view, const ScoreRequest& req, ScanMode mode,
+               CallCost* cost, std::vector<SegmentScan>* scans)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
   const BlockIndex& index = view.indexes().units();
   const uint32_t dim = view.summary_dim();
@@ -77,17 +78,22 @@ void ScanUnits(const RecallView& view, const ScoreRequest& req, CallCost* cost,
   scans->resize(vectors);
   // The modelled refinement: about the units that fill the budget.
   const SearchParams params{
-      static_cast<uint32_t>(std::min<uint64_t>(index.size(), 64)), q.priority};
-  // One scan per vector, on the recall's helpers too. Not through a
-  // modelled backend: its calls queue on one modelled engine, and a
+      static_cast<uint32_t>(std::min<uint64_t>(index.size(), 64)), q.priority,
+      mode};
+  // The vectors in one pass over the codes (Accelerator::Scan of many
+  // queries), split over the recall's helpers when it has them. Not through
+  // a modelled backend: its calls queue on one modelled engine, and a
   // recall's own scans would count as waiting behind each other.
   const RecallHelpers helpers =
       req.accel->modelled() ? RecallHelpers{} : req.helpers;
-  std::vector<CallCost> costs(vectors);
-  std::vector<char> scanned(vectors, 1);
-  helpers.For(vectors, [&](size_t j) {
-    scanned[j] = req.accel->Scan(index, q.query.data() + j * dim, params,
-                                 &(*scans)[j], &costs[j]);
+  const size_t parts =
+      helpers.on() ? std::min<size_t>(vectors, helpers.pool->helpers() + 1) : 1;
+  std::vector<CallCost> costs(parts);
+  std::vector<char> scanned(parts, 1);
+  helpers.For(parts, [&](size_t p) {
+    const size_t j0 = vectors * p / parts, j1 = vectors * (p + 1) / parts;
+    scanned[p] = req.accel->Scan(index, q.query.data() + j0 * dim, j1 - j0,
+                                 params, scans->data() + j0, &costs[p]);
   });
   if (cost != nullptr) {
     for (const CallCost& c : costs) *cost += c;

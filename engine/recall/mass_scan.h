@@ -23,9 +23,10 @@ void UnitDots(const RecallView& view, uint64_t unit, const float* query,
 
 // The index's scan of every unit per query vector (or, for indexes that
 // cannot scan, the index's top results for the mean query plus the hot
-// window's units, scored exactly from their summaries), into *scans.
-void ScanUnits(const RecallView& view, const ScoreRequest& req, CallCost* cost,
-               std::vector<SegmentScan>* scans)
+// window's units, scored exactly from their summaries), into *scans; `mode`
+// what the caller needs of the int8 scan (bounds to prove by, or ranks).
+void ScanUnits(const RecallView& view, const ScoreRequest& req, ScanMode mode,
+               CallCost* cost, std::vector<SegmentScan>* scans)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu());
 
 }  // namespace kvmem

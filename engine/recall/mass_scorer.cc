@@ -293,7 +293,10 @@ absl::Status MassScorer::Score(const RecallView& view, const ScoreRequest& req,
                  1.0f,
                  config.gate_temperature};
   MassRows& rows = ThreadScratch<MassRows>();
-  ScanUnits(view, req, cost, &rows.scans);
+  // The token stage proves nothing from the scan (its tokens decide): ranks.
+  ScanUnits(view, req,
+            token_stage_ && view.grouped() ? ScanMode::kRank : ScanMode::kProof,
+            cost, &rows.scans);
   out->search_us = WholeMicrosSince(t0);
   ClassifyRows(view, req, token_stage_ && view.grouped(), &rows);
   const std::vector<float> window =

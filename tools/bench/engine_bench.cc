@@ -737,8 +737,10 @@ BENCHMARK(BM_EvalShapedRecall)
 
 // The per-head scan of a recall's query vectors over the unit index, in the
 // evaluation's shape (3,856 units of 2 layers x 4 KV heads x 64 dims: 225
-// blocks of 16 groups plus the window's), one ScanSegments per vector as a
-// recall makes them: arg 0 the vectors. The label names the int8 kernel.
+// blocks of 16 groups plus the window's): arg 0 the vectors, arg 1 the
+// ScanMode (0 proofs, as "mass_groups" scans; 1 ranks, as the token
+// stage's), arg 2 1 for one ScanSegments of all the vectors (as a recall
+// makes it), 0 for one per vector. The label names the int8 kernel.
 void BM_ScanSegments(benchmark::State& state) {
   const uint32_t dim = 512, n = 3856;
   BlockIndex index(dim, "Progressive", 64);
@@ -753,16 +755,28 @@ void BM_ScanSegments(benchmark::State& state) {
     queries.insert(queries.end(), q.begin(), q.end());
   }
   std::vector<SegmentScan> scans(vectors);
+  const ScanMode mode = static_cast<ScanMode>(state.range(1));
   for (auto _ : state) {
-    for (size_t j = 0; j < vectors; ++j) {
-      index.ScanSegments(queries.data() + j * dim, &scans[j]);
+    if (state.range(2) != 0) {
+      index.ScanSegments(queries.data(), vectors, scans.data(), mode);
+    } else {
+      for (size_t j = 0; j < vectors; ++j) {
+        index.ScanSegments(queries.data() + j * dim, &scans[j], mode);
+      }
     }
     benchmark::DoNotOptimize(scans.data());
   }
   state.SetItemsProcessed(state.iterations() * vectors * n);
   state.SetLabel(ActiveInt8Kernel().name);
 }
-BENCHMARK(BM_ScanSegments)->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ScanSegments)
+    ->Args({1, 0, 1})
+    ->Args({8, 0, 0})
+    ->Args({8, 0, 1})
+    ->Args({1, 1, 1})
+    ->Args({8, 1, 0})
+    ->Args({8, 1, 1})
+    ->Unit(benchmark::kMicrosecond);
 
 // What server metrics add to every call (ServerMetrics::OnCallDone, run by
 // the interceptor) and to every recall (ObserveRecall): compare with the

@@ -122,6 +122,53 @@ TEST(Int8KernelsTest, SegmentSumsEqualTheDefinition) {
   }
 }
 
+// The segment kernels of several queries at once: each query's sums the
+// definition's (the VNNI kernel tiles the blocks and runs the queries over
+// each tile: runs of 16 groups, tiles ending mid-way, a short last tile).
+TEST(Int8KernelsTest, MultiQuerySegmentSumsEqualTheDefinition) {
+  std::mt19937_64 rng(24);
+  for (const size_t seg_groups : {4, 16, 32}) {
+    const size_t segments = 3, vectors = 3;
+    const Packed p = RandomPacked(rng, 37, seg_groups * segments);
+    std::vector<Packed> q(vectors, p);  // The same codes, other queries.
+    for (size_t j = 1; j < vectors; ++j) {
+      const Packed other = RandomPacked(rng, 1, seg_groups * segments);
+      q[j].hi = other.hi;
+      q[j].lo = other.lo;
+    }
+    for (bool two_terms : {false, true}) {
+      std::vector<const int8_t*> hi, lo;
+      for (const Packed& x : q) {
+        hi.push_back(x.hi.data());
+        lo.push_back(x.lo.data());
+      }
+      for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
+        std::vector<std::vector<int32_t>> got(
+            vectors, std::vector<int32_t>(p.nblocks * segments * kInt8Lanes));
+        std::vector<int32_t*> out;
+        for (auto& g : got) out.push_back(g.data());
+        k.multi_segments(p.codes.data(), p.nblocks, seg_groups, segments,
+                         vectors, hi.data(), two_terms ? lo.data() : nullptr,
+                         out.data());
+        for (size_t j = 0; j < vectors; ++j) {
+          for (size_t b = 0; b < p.nblocks; ++b) {
+            for (size_t s = 0; s < segments; ++s) {
+              for (size_t l = 0; l < kInt8Lanes; ++l) {
+                ASSERT_EQ(got[j][(b * segments + s) * kInt8Lanes + l],
+                          Raw(q[j], b, l, s * seg_groups, (s + 1) * seg_groups,
+                              two_terms))
+                    << k.name << " query " << j << " block " << b << " "
+                    << seg_groups << " groups"
+                    << (two_terms ? " two terms" : "");
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The selector's contract: theta is the k-th largest lower bound, and the
 // survivors are exactly the rows whose upper bound reaches it, in order.
 TEST(Int8KernelsTest, SelectorKeepsExactlyWhatCanReachTheTopK) {

@@ -407,6 +407,63 @@ TEST(SegmentScanTest, ScoresLieWithinTheirBoundsOnEveryKernel) {
           }
         }
       }
+      // ScanMode::kRank: no bounds, a one-term query (7 bits). Its error
+      // from the two roundings: q = t d + f with |f| <= sqrt(hd) t / 2, t =
+      // max|q_h| / 63; v = s c + e with |e_h| <= sqrt(hd) s / 2, s = max|v|
+      // / 127 (the whole vector's); |q.v - t s d.c| <= |q||e| + |f||v| +
+      // |f||e|, plus float rounding.
+      SegmentScan rank;
+      index.ScanSegments(q.data(), &rank, ScanMode::kRank);
+      ASSERT_EQ(rank.ids, scan.ids);
+      EXPECT_TRUE(rank.bound.empty());
+      EXPECT_EQ(rank.exact, head_dim % 4 != 0);
+      double sum_err = 0, sum_scale = 0;
+      for (size_t r = 0; r < n; ++r) {
+        const std::vector<float>& v = vecs[scan.ids[r]];
+        double vmax = 0;
+        for (float x : v) vmax = std::max(vmax, double(std::fabs(x)));
+        for (uint32_t h = 0; h < heads; ++h) {
+          double exact = 0, qn = 0, vn = 0, qmax = 0;
+          for (uint32_t k2 = 0; k2 < head_dim; ++k2) {
+            const double a = q[h * head_dim + k2], b = v[h * head_dim + k2];
+            exact += a * b;
+            qn += a * a;
+            vn += b * b;
+            qmax = std::max(qmax, std::fabs(a));
+          }
+          qn = std::sqrt(qn);
+          vn = std::sqrt(vn);
+          const double root = std::sqrt(double(head_dim));
+          const double f = root * qmax / 63 / 2, e = root * vmax / 127 / 2;
+          const double err = std::fabs(rank.dots[h * n + r] - exact);
+          EXPECT_LE(err, qn * e + f * vn + f * e + 1e-4 * (qn * vn + 1e-6))
+              << k.name << " head_dim " << head_dim << " head " << h;
+          sum_err += err;
+          sum_scale += qn * vn;
+        }
+      }
+      // Typically far inside that: about a percent of |q_h| |v_h|.
+      if (head_dim % 4 == 0) {
+        EXPECT_LT(sum_err / sum_scale, 0.02) << k.name;
+      }
+      // Several queries in one call: each the scan of its own call.
+      std::vector<float> three = q;
+      for (int j = 0; j < 2; ++j) {
+        const std::vector<float> more = testing::RandomQuery(rng, dim);
+        three.insert(three.end(), more.begin(), more.end());
+      }
+      for (ScanMode mode : {ScanMode::kProof, ScanMode::kRank}) {
+        std::vector<SegmentScan> batch(3);
+        index.ScanSegments(three.data(), 3, batch.data(), mode);
+        for (size_t j = 0; j < 3; ++j) {
+          SegmentScan one;
+          index.ScanSegments(three.data() + j * dim, &one, mode);
+          EXPECT_EQ(batch[j].ids, one.ids);
+          EXPECT_EQ(batch[j].dots, one.dots) << k.name << " query " << j;
+          EXPECT_EQ(batch[j].bound, one.bound) << k.name << " query " << j;
+          EXPECT_EQ(batch[j].exact, one.exact);
+        }
+      }
     }
   }
   ASSERT_TRUE(SelectInt8Kernel(best));
