@@ -284,12 +284,4 @@ std::vector<uint32_t> GroupOrder::Tokens(
   return out;
 }
 
-std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
-                                       const std::vector<uint32_t>& places) {
-  if (places.empty()) return {};
-  GroupOrder& order = ThreadScratch<GroupOrder>();
-  order.Reset(token_group);
-  return order.Tokens(places);
-}
-
 }  // namespace kvmem

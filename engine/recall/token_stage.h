@@ -103,8 +103,8 @@ uint32_t TokensBeforeWindow(const RecallView& view, uint64_t block,
 
 // Every token of the pool's group units scored, into *out (its block's
 // semantic score carried over); a token unit's `token` is its place in its
-// block's group order (the codes' order: GroupOrderTokens
-// turns places into token offsets). A unit's first u.tokens places are
+// block's group order (the codes' order: GroupOrder turns places into
+// token offsets). A unit's first u.tokens places are
 // scored: all of its group's, or fewer for a group of the block straddling
 // the window (a group's places are in append order, so its tokens before
 // the window are its first). Pools of kParallelPoolTokens tokens
@@ -164,10 +164,6 @@ class GroupOrder {
  private:
   std::vector<uint32_t> token_at_;  // [place]: the token there.
 };
-
-// GroupOrder's Tokens for one list.
-std::vector<uint32_t> GroupOrderTokens(const std::vector<uint8_t>& token_group,
-                                       const std::vector<uint32_t>& places);
 
 }  // namespace kvmem
 

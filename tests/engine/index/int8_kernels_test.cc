@@ -72,21 +72,27 @@ TEST(Int8KernelsTest, ScalarIsAlwaysThereAndLast) {
   EXPECT_TRUE(SelectInt8Kernel(ActiveInt8Kernel().name));
 }
 
+// 52 dims (56 vectors), and 128 and 192 dims, whole runs of 16 groups for
+// the VNNI kernel, over enough blocks for several of its tiles.
 TEST(Int8KernelsTest, BlockSumsEqualTheDefinitionAtTheExtremes) {
   std::mt19937_64 rng(21);
-  const Packed p = RandomPacked(rng, 7, 13);  // 52 dims, 56 vectors.
-  for (bool two_terms : {false, true}) {
-    std::vector<int32_t> want(p.nblocks * kInt8Lanes);
-    for (size_t b = 0; b < p.nblocks; ++b) {
-      for (size_t l = 0; l < kInt8Lanes; ++l) {
-        want[b * kInt8Lanes + l] = Raw(p, b, l, 0, p.groups, two_terms);
+  for (const auto& [nblocks, groups] :
+       {std::pair<size_t, size_t>{7, 13}, {45, 32}, {45, 48}}) {
+    const Packed p = RandomPacked(rng, nblocks, groups);
+    for (bool two_terms : {false, true}) {
+      std::vector<int32_t> want(p.nblocks * kInt8Lanes);
+      for (size_t b = 0; b < p.nblocks; ++b) {
+        for (size_t l = 0; l < kInt8Lanes; ++l) {
+          want[b * kInt8Lanes + l] = Raw(p, b, l, 0, p.groups, two_terms);
+        }
       }
-    }
-    for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
-      std::vector<int32_t> got(want.size(), -1);
-      k.fn(p.codes.data(), p.nblocks, p.groups, p.hi.data(),
-           two_terms ? p.lo.data() : nullptr, got.data());
-      EXPECT_EQ(got, want) << k.name << (two_terms ? " two terms" : "");
+      for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
+        std::vector<int32_t> got(want.size(), -1);
+        k.fn(p.codes.data(), p.nblocks, p.groups, p.hi.data(),
+             two_terms ? p.lo.data() : nullptr, got.data());
+        EXPECT_EQ(got, want) << k.name << " " << groups << " groups"
+                             << (two_terms ? " two terms" : "");
+      }
     }
   }
 }
