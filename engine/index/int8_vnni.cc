@@ -16,7 +16,9 @@ namespace {
 // with no 16-bit step, so a 64-byte load scores two groups of the 8 vectors
 // (lanes 0-7 group g, 8-15 group g + 1) and the two query terms accumulate
 // apart: raw = 64 * sum(c . hi) + sum(c . lo), the same integer as AVX2's.
-// The query's per-pair broadcasts are built once per call.
+// Segments of whole runs of 16 groups (64, 128... dims) keep the query's pair
+// broadcasts in registers (VnniRuns); others read them from memory, built
+// once per call (BroadcastSegments).
 #define KVMEM_VNNI_TARGET "avx2,avx512f,avx512bw,avx512vl,avx512vnni"
 // GCC 12's 512-bit insert/extract and permute intrinsics pass an undefined
 // register as their unused mask source, which -W(maybe-)uninitialized
@@ -186,6 +188,32 @@ __attribute__((target(KVMEM_VNNI_TARGET))) void VnniRunKernel(
 }
 #pragma GCC diagnostic pop
 
+// One query's sums for segments that are not whole runs: the query's pair
+// broadcasts built in memory (PairBroadcasts), VnniSegmentKernelT over them.
+void BroadcastSegments(const uint8_t* packed, size_t nblocks, size_t seg_groups,
+                       size_t segments, const int8_t* hi, const int8_t* lo,
+                       int32_t* out) {
+  struct Scratch {
+    std::vector<int32_t> qh, ql;
+  };
+  Scratch& sc = ThreadScratch<Scratch>();
+  sc.qh.clear();
+  sc.ql.clear();
+  for (size_t s = 0; s < segments; ++s) {
+    PairBroadcasts(hi, s * seg_groups, (s + 1) * seg_groups, &sc.qh);
+    if (lo != nullptr) {
+      PairBroadcasts(lo, s * seg_groups, (s + 1) * seg_groups, &sc.ql);
+    }
+  }
+  if (lo == nullptr) {
+    VnniSegmentKernelT<false>(packed, nblocks, seg_groups, segments,
+                              sc.qh.data(), sc.qh.data(), out);
+  } else {
+    VnniSegmentKernelT<true>(packed, nblocks, seg_groups, segments,
+                             sc.qh.data(), sc.ql.data(), out);
+  }
+}
+
 }  // namespace
 
 void VnniMultiSegmentKernel(const uint8_t* packed, size_t nblocks,
@@ -194,7 +222,7 @@ void VnniMultiSegmentKernel(const uint8_t* packed, size_t nblocks,
                             int32_t* const* out) {
   if (seg_groups % kRunGroups != 0) {
     for (size_t j = 0; j < vectors; ++j) {
-      VnniSegmentKernel(packed, nblocks, seg_groups, segments, hi[j],
+      BroadcastSegments(packed, nblocks, seg_groups, segments, hi[j],
                         lo == nullptr ? nullptr : lo[j], out[j]);
     }
     return;
@@ -215,30 +243,8 @@ void VnniMultiSegmentKernel(const uint8_t* packed, size_t nblocks,
 void VnniSegmentKernel(const uint8_t* packed, size_t nblocks, size_t seg_groups,
                        size_t segments, const int8_t* hi, const int8_t* lo,
                        int32_t* out) {
-  if (seg_groups % kRunGroups == 0) {
-    VnniMultiSegmentKernel(packed, nblocks, seg_groups, segments, 1, &hi,
-                           lo == nullptr ? nullptr : &lo, &out);
-    return;
-  }
-  struct Scratch {
-    std::vector<int32_t> qh, ql;
-  };
-  Scratch& sc = ThreadScratch<Scratch>();
-  sc.qh.clear();
-  sc.ql.clear();
-  for (size_t s = 0; s < segments; ++s) {
-    PairBroadcasts(hi, s * seg_groups, (s + 1) * seg_groups, &sc.qh);
-    if (lo != nullptr) {
-      PairBroadcasts(lo, s * seg_groups, (s + 1) * seg_groups, &sc.ql);
-    }
-  }
-  if (lo == nullptr) {
-    VnniSegmentKernelT<false>(packed, nblocks, seg_groups, segments,
-                              sc.qh.data(), sc.qh.data(), out);
-  } else {
-    VnniSegmentKernelT<true>(packed, nblocks, seg_groups, segments,
-                             sc.qh.data(), sc.ql.data(), out);
-  }
+  VnniMultiSegmentKernel(packed, nblocks, seg_groups, segments, 1, &hi,
+                         lo == nullptr ? nullptr : &lo, &out);
 }
 
 // The whole vector is one segment.

@@ -128,7 +128,8 @@ namespace {
 
 // The first `keep` of the pool's tokens by `value` (ties to the later
 // place in the newer block), as token units of `channel`.
-void BestTokens(const TokenStageOutput& scored, std::vector<uint32_t> tokens,
+void BestTokens(const TokenStageOutput& scored,
+                const std::vector<uint32_t>& tokens,
                 const std::vector<float>& value, size_t keep,
                 RecallChannel channel, std::vector<PlanUnit>* out) {
   struct Scratch {
@@ -169,17 +170,16 @@ void IdentityUnits(const TokenStageOutput& scored,
       for (uint32_t i = 0; i < n; ++i) {
         if (scored.runs[scored.run[i]].block == a) mine.push_back(i);
       }
-      BestTokens(scored, std::move(mine), scored.density, part,
-                 RecallChannel::kTrack, &out->track_units);
+      BestTokens(scored, mine, scored.density, part, RecallChannel::kTrack,
+                 &out->track_units);
     }
   }
   std::vector<uint32_t> all(n);
   for (uint32_t i = 0; i < n; ++i) all[i] = i;
   // The share and as many again: the tracks' tokens come first, and a
   // token they took is passed over.
-  BestTokens(scored, std::move(all), scored.mean_density,
-             2 * size_t{split.identity}, RecallChannel::kQuery,
-             &out->query_units);
+  BestTokens(scored, all, scored.mean_density, 2 * size_t{split.identity},
+             RecallChannel::kQuery, &out->query_units);
 }
 
 }  // namespace kvmem
