@@ -5,9 +5,11 @@
 // Below -87.3 (and -inf) gives 0; above 88 gives exp(88) (finite). NaN in gives
 // an unspecified value: callers pass finite logits or -inf.
 //
-// Kernels: "avx2" (8 lanes with FMA) when the CPU has AVX2 and FMA, and
-// "scalar" everywhere; they run the same steps, so they agree to the last
-// bit or two (FMA rounds once where scalar rounds twice).
+// Kernels: "avx512" (16 lanes) when the CPU has AVX-512 F, AVX2 and FMA,
+// "avx2" (8 lanes with FMA) when it has AVX2 and FMA, and "scalar"
+// everywhere; they run the same steps, so they agree to the last bit or two
+// (FMA rounds once where scalar rounds twice), and "avx512" gives "avx2"'s
+// floats exactly (its sums in avx2's order).
 // Pure functions, safe from any thread.
 #ifndef KVMEM_ENGINE_RECALL_FAST_EXP_H_
 #define KVMEM_ENGINE_RECALL_FAST_EXP_H_

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <cstring>
 
-#include "engine/recall/fast_exp_poly.h"
+#include "engine/recall/fast_exp_lanes.h"
 
 namespace kvmem {
 namespace {
@@ -21,30 +21,7 @@ constexpr size_t kLanes = 16;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// fast_exp.cc's Exp8 on 16 lanes: the same steps, lane by lane.
-__attribute__((target(KVMEM_LANES_TARGET))) inline __m512 Exp16(__m512 in) {
-  using namespace fast_exp;  // NOLINT: the polynomial's constants.
-  const __m512 low = _mm512_set1_ps(kLow), high = _mm512_set1_ps(kHigh);
-  const __mmask16 keep = _mm512_cmp_ps_mask(in, low, _CMP_GE_OQ);
-  const __m512 v = _mm512_min_ps(_mm512_max_ps(in, low), high);
-  const __m512 k = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(v, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 r =
-      _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo),
-                       _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), v));
-  __m512 p = _mm512_set1_ps(kP0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
-                    _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
-}
+using fast_exp::Exp16;
 
 // a[t] holds token t's 8 dwords; afterwards a[k] holds dword k of tokens
 // 0..7.

@@ -263,6 +263,42 @@ TEST(FastExpTest, FusedKernelsMatchTheirScalarDefinitions) {
   }
 }
 
+// "avx512" gives the avx2 kernel's floats exactly (fast_exp.h): the same
+// exps lane by lane and the sums in the same order, at every length's tail.
+TEST(FastExpTest, Avx512KernelGivesTheAvx2KernelsFloats) {
+  const ExpKernelInfo *wide = nullptr, *avx2 = nullptr;
+  for (const ExpKernelInfo& k : AvailableExpKernels()) {
+    if (k.name == "avx512") wide = &k;
+    if (k.name == "avx2") avx2 = &k;
+  }
+  if (wide == nullptr || avx2 == nullptr) {
+    GTEST_SKIP() << "this CPU lacks AVX-512 F (exp kernel "
+                 << ActiveExpKernel().name << ")";
+  }
+  std::mt19937_64 rng(19);
+  std::normal_distribution<float> g(0.0f, 30.0f);
+  for (size_t n : {0u, 1u, 8u, 15u, 16u, 17u, 24u, 31u, 100u, 1003u}) {
+    std::vector<float> x(n), w(n), mask(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = i % 11 == 4 ? kNone : g(rng);
+      w[i] = std::fabs(g(rng));
+      mask[i] = i % 5 == 0 ? kNone : 0.0f;
+    }
+    std::vector<float> a = x, b = x;
+    wide->fn(a.data(), n);
+    avx2->fn(b.data(), n);
+    EXPECT_EQ(a, b) << "exp, n " << n;
+    std::vector<float> ea(n), eb(n);
+    EXPECT_EQ(wide->exp_dot(x.data(), 0.7f, 3.0f, w.data(), ea.data(), n),
+              avx2->exp_dot(x.data(), 0.7f, 3.0f, w.data(), eb.data(), n))
+        << "n " << n;
+    EXPECT_EQ(ea, eb) << "exp_dot's exps, n " << n;
+    EXPECT_EQ(wide->max_scaled(x.data(), mask.data(), 0.3f, n, -1e30f),
+              avx2->max_scaled(x.data(), mask.data(), 0.3f, n, -1e30f))
+        << "n " << n;
+  }
+}
+
 // The fused per-token densities (fast_exp.h's DensityArgs) against the
 // formula in double, on every kernel: head ranges of 8 and 16 (AVX2's
 // lanes), 3 and 1 (the scalar path), with -inf normalisers (nothing
