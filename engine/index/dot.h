@@ -17,6 +17,12 @@ float MaxAbs(const float* x, size_t n);
 int32_t DotInt8(const int8_t* a, const int8_t* b, size_t n);
 // y[i] += alpha * x[i]; x and y must not overlap.
 void Axpy(float alpha, const float* x, float* y, size_t n);
+// Axpy(alpha[r], x[r], y, n) for r = 0, ..., rows - 1, bit for bit, in one
+// pass over y (each chunk of y summed through every row in registers): the
+// mass estimate adds a vector's 8-64 heads to its densities. The rows must
+// not overlap y.
+void AxpyRows(const float* alpha, const float* const* x, size_t rows, float* y,
+              size_t n);
 // out[i * k + c] = Dot(rows + i * n, cols + c * n, n) for i < m, c < k,
 // bit for bit (each pair's eight partial sums in Dot's order), computed in
 // chunks of the n dimensions so the columns' chunk stays in cache while

@@ -44,6 +44,7 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
   struct Scratch {
     SegmentScan mean;
     std::vector<float> counted;
+    std::vector<const float*> vectors;
   };
   Scratch& s = ThreadScratch<Scratch>();
   // The mean vector's dots: the weighted mean of the vectors' (a logit is
@@ -52,10 +53,11 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
   s.mean.exact = rows->exact;
   s.mean.bound.clear();
   s.mean.dots.assign(n * H, 0.0f);
-  for (size_t j = 0; j < rows->scans.size(); ++j) {
-    Axpy(rows->est.weight[j], rows->scans[j].dots.data(), s.mean.dots.data(),
-         n * H);
-  }
+  s.vectors.clear();
+  for (const SegmentScan& scan : rows->scans)
+    s.vectors.push_back(scan.dots.data());
+  AxpyRows(rows->est.weight.data(), s.vectors.data(), s.vectors.size(),
+           s.mean.dots.data(), n * H);
   // Every row counts in its normaliser, the window's too: the front end's
   // window_lse speaks of its own vectors only.
   s.counted.resize(n);

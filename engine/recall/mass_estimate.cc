@@ -12,6 +12,8 @@ namespace kvmem {
 namespace {
 
 constexpr float kNone = -std::numeric_limits<float>::infinity();
+// The floats of exps EstimateMass keeps at once (256 KiB: within L2).
+constexpr size_t kExpBatchFloats = size_t{64} << 10;
 
 }  // namespace
 
@@ -25,42 +27,52 @@ MassEstimate EstimateMass(const MassInputs& in) {
   est.density.assign(in.ranges.size(), std::vector<float>(n, 0.0f));
   est.slack.assign(n, 0.0f);
   // An additive mask (-inf where nothing is counted), so the per-head
-  // loops have no branches.
+  // loops have no branches. A batch of heads' exps is kept (e: [head in
+  // batch][candidate]) so each range's densities take them in one pass
+  // (AxpyRows), in head order as one Axpy per head would.
+  const size_t batch = std::clamp<size_t>(
+      kExpBatchFloats / std::max<size_t>(n, 1), 1, std::max<size_t>(H, 1));
   struct Scratch {
-    std::vector<float> e, mask;
+    std::vector<float> e, mask, alpha;
+    std::vector<const float*> rows;
   };
   Scratch& scratch = ThreadScratch<Scratch>();
   std::vector<float>& e = scratch.e;
   std::vector<float>& mask = scratch.mask;
-  e.resize(n);
+  e.resize(batch * n);
   mask.resize(n);
   for (size_t c = 0; c < n; ++c) mask[c] = in.counted[c] > 0 ? 0.0f : kNone;
-  // The ranges each head is in, so per-head ranges cost heads, not heads^2.
-  std::vector<std::vector<uint32_t>> ranges_of(H);
-  for (uint32_t r = 0; r < in.ranges.size(); ++r) {
-    for (uint32_t h = in.ranges[r].first; h < in.ranges[r].second; ++h) {
-      ranges_of[h].push_back(r);
-    }
-  }
   const ExpKernelInfo& kernel = ActiveExpKernel();
+  std::vector<float> sums(H);
   for (size_t j = 0; j < J; ++j) {
     const SegmentScan& scan = *in.scans[j];
-    for (size_t h = 0; h < H; ++h) {
-      const float* dots = scan.dots.data() + h * n;
-      const float window = in.window_lse[j * H + h];
-      // The head's largest term, so the exps cannot overflow.
-      float mx =
-          kernel.max_scaled(dots, mask.data(), in.logit_scale, n, window);
-      if (mx == kNone) mx = 0;  // Nothing counted: mass 0.
-      const float sum =
-          std::exp(window - mx) +
-          kernel.exp_dot(dots, in.logit_scale, mx, in.counted, e.data(), n);
-      if (!(sum > 0)) continue;
-      est.log_norm[j * H + h] = mx + std::log(sum);
-      for (uint32_t r : ranges_of[h]) {
+    for (size_t b0 = 0; b0 < H; b0 += batch) {
+      const size_t b1 = std::min(H, b0 + batch);
+      for (size_t h = b0; h < b1; ++h) {
+        const float* dots = scan.dots.data() + h * n;
+        const float window = in.window_lse[j * H + h];
+        // The head's largest term, so the exps cannot overflow.
+        float mx =
+            kernel.max_scaled(dots, mask.data(), in.logit_scale, n, window);
+        if (mx == kNone) mx = 0;  // Nothing counted: mass 0.
+        sums[h] = std::exp(window - mx) +
+                  kernel.exp_dot(dots, in.logit_scale, mx, in.counted,
+                                 e.data() + (h - b0) * n, n);
+        if (sums[h] > 0) est.log_norm[j * H + h] = mx + std::log(sums[h]);
+      }
+      for (uint32_t r = 0; r < in.ranges.size(); ++r) {
         const auto [h0, h1] = in.ranges[r];
-        Axpy(est.weight[j] / (sum * static_cast<float>(h1 - h0)), e.data(),
-             est.density[r].data(), n);
+        scratch.alpha.clear();
+        scratch.rows.clear();
+        for (size_t h = std::max<size_t>(h0, b0); h < std::min<size_t>(h1, b1);
+             ++h) {
+          if (!(sums[h] > 0)) continue;
+          scratch.alpha.push_back(est.weight[j] /
+                                  (sums[h] * static_cast<float>(h1 - h0)));
+          scratch.rows.push_back(e.data() + (h - b0) * n);
+        }
+        AxpyRows(scratch.alpha.data(), scratch.rows.data(), scratch.rows.size(),
+                 est.density[r].data(), n);
       }
     }
     if (!scan.bound.empty()) {  // slack holds the largest bound, in logits.

@@ -37,6 +37,28 @@ TEST(DotTest, DotManyEqualsDotBitForBit) {
   }
 }
 
+// The mass estimate's densities must not move when it adds its heads in
+// one pass: AxpyRows is the Axpy sequence, bit for bit, at every tail.
+TEST(DotTest, AxpyRowsEqualsAxpyRowByRowBitForBit) {
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> x(0.0f, 1.0f);
+  for (size_t n : {0u, 1u, 7u, 31u, 32u, 33u, 100u, 3856u}) {
+    for (size_t rows : {0u, 1u, 3u, 8u}) {
+      std::vector<float> data(rows * n), alpha(rows), y(n);
+      for (float& v : data) v = x(rng);
+      for (float& v : alpha) v = x(rng);
+      for (float& v : y) v = x(rng);
+      std::vector<const float*> ptr(rows);
+      for (size_t r = 0; r < rows; ++r) ptr[r] = data.data() + r * n;
+      std::vector<float> want = y;
+      for (size_t r = 0; r < rows; ++r) Axpy(alpha[r], ptr[r], want.data(), n);
+      AxpyRows(alpha.data(), ptr.data(), rows, y.data(), n);
+      EXPECT_EQ(std::memcmp(y.data(), want.data(), n * sizeof(float)), 0)
+          << "n " << n << " rows " << rows;
+    }
+  }
+}
+
 TEST(DotTest, DotManyOfNothing) {
   std::vector<float> out(3, -1.0f);
   const std::vector<float> rows(3 * 0), cols(0);
