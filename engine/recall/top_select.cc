@@ -18,7 +18,43 @@ struct Scratch {
   std::vector<uint32_t> key;         // [candidate]
   std::vector<uint32_t> edge, next;  // The boundary bucket's candidates.
   std::vector<uint64_t> hist;
+  std::vector<uint64_t> packed, other;  // ~key << 32 | candidate: the sort.
 };
+
+// *ids in the order: larger key first, equal keys by tie_better. The ids go
+// through a stable radix sort on their keys, a byte per pass (no comparator
+// call, no branch the CPU cannot predict); only runs of equal keys, rare in
+// floats, call tie_better.
+void SortByKey(const std::vector<uint32_t>& key,
+               absl::FunctionRef<bool(uint32_t, uint32_t)> tie_better,
+               std::vector<uint32_t>* ids, std::vector<uint64_t>* packed,
+               std::vector<uint64_t>* other) {
+  const size_t n = ids->size();
+  if (n < 2) return;
+  // ~key, so ascending passes give the larger key first.
+  packed->resize(n);
+  other->resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    (*packed)[k] = uint64_t{~key[(*ids)[k]]} << 32 | (*ids)[k];
+  }
+  for (int shift = 32; shift < 64; shift += 8) {
+    size_t count[257] = {};
+    for (uint64_t v : *packed) ++count[(v >> shift & 255) + 1];
+    if (count[((*packed)[0] >> shift & 255) + 1] == n) continue;  // One byte.
+    for (size_t b = 1; b < 257; ++b) count[b] += count[b - 1];
+    for (uint64_t v : *packed) (*other)[count[v >> shift & 255]++] = v;
+    packed->swap(*other);
+  }
+  for (size_t k = 0; k < n; ++k) {
+    (*ids)[k] = static_cast<uint32_t>((*packed)[k]);
+  }
+  for (size_t a = 0; a < n;) {
+    size_t b = a + 1;
+    while (b < n && (*packed)[b] >> 32 == (*packed)[a] >> 32) ++b;
+    if (b - a > 1) std::sort(ids->begin() + a, ids->begin() + b, tie_better);
+    a = b;
+  }
+}
 
 }  // namespace
 
@@ -86,7 +122,7 @@ void SelectTop(const float* value, const uint32_t* weight, size_t n,
       held += weight == nullptr ? 1 : weight[i];
     }
   }
-  if (sorted) std::sort(out->begin(), out->end(), before);
+  if (sorted) SortByKey(key, tie_better, out, &sc.packed, &sc.other);
 }
 
 }  // namespace kvmem
