@@ -7,10 +7,10 @@
 namespace kvmem {
 namespace {
 
-// The levels: bits of the key each counts (top 12, next 12, last 8).
-constexpr int kLevels = 3;
-constexpr int kShift[kLevels] = {20, 8, 0};
-constexpr uint32_t kBuckets[kLevels] = {4096, 4096, 256};
+// A level counts the candidates' keys in at most this many buckets, over
+// the span of keys they have (a level narrows the span 2048-fold: floats of
+// a few octaves, as densities are, spread over many buckets at once).
+constexpr int kBucketBits = 11;
 // A boundary bucket this small is sorted rather than counted again.
 constexpr size_t kSortBelow = 48;
 
@@ -68,8 +68,11 @@ void SelectTop(const float* value, const uint32_t* weight, size_t n,
   std::vector<uint32_t>& key = sc.key;
   key.resize(n);
   uint64_t total = 0;
+  uint32_t lo = UINT32_MAX, hi = 0;
   for (size_t i = 0; i < n; ++i) {
     key[i] = OrderKey(value[i]);
+    lo = std::min(lo, key[i]);
+    hi = std::max(hi, key[i]);
     total += weight == nullptr ? 1 : weight[i];
   }
   const auto before = [&](uint32_t a, uint32_t b) {
@@ -80,39 +83,55 @@ void SelectTop(const float* value, const uint32_t* weight, size_t n,
     for (size_t i = 0; i < n; ++i) (*out)[i] = static_cast<uint32_t>(i);
   } else {
     // Invariant: the candidates left (all of them, then sc.edge) hold at
-    // least `need`, and every candidate before them in the order is in *out.
+    // least `need`, their keys lie in [lo, hi], and every candidate before
+    // them in the order is in *out.
     uint64_t need = budget;
     bool all = true;  // The candidates left are [0, n).
     sc.edge.clear();
-    for (int level = 0; level < kLevels; ++level) {
-      const int shift = kShift[level];
-      const uint32_t mask = kBuckets[level] - 1;
+    out->resize(n);
+    size_t taken = 0;
+    while (hi > lo) {
+      int shift = 0;
+      while (((hi - lo) >> shift) >= (1u << kBucketBits)) ++shift;
+      const uint32_t buckets = ((hi - lo) >> shift) + 1;
       std::vector<uint64_t>& hist = sc.hist;
-      hist.assign(kBuckets[level], 0);
+      hist.assign(buckets, 0);
       const size_t m = all ? n : sc.edge.size();
       for (size_t k = 0; k < m; ++k) {
         const uint32_t i = all ? static_cast<uint32_t>(k) : sc.edge[k];
-        hist[key[i] >> shift & mask] += weight == nullptr ? 1 : weight[i];
+        hist[(key[i] - lo) >> shift] += weight == nullptr ? 1 : weight[i];
       }
       // From the top bucket down to the one where `need` is reached.
       uint64_t above = 0;
-      uint32_t edge = mask;
+      uint32_t edge = buckets - 1;
       while (above + hist[edge] < need) above += hist[edge--];
       need -= above;
-      sc.next.clear();
+      // Branchless: each candidate is written to both lists, and kept in
+      // the one its bucket says.
+      sc.next.resize(m);
+      size_t kept = 0;
       for (size_t k = 0; k < m; ++k) {
         const uint32_t i = all ? static_cast<uint32_t>(k) : sc.edge[k];
-        const uint32_t b = key[i] >> shift & mask;
-        if (b > edge) {
-          out->push_back(i);
-        } else if (b == edge) {
-          sc.next.push_back(i);
-        }
+        const uint32_t b = (key[i] - lo) >> shift;
+        (*out)[taken] = i;
+        taken += b > edge;
+        sc.next[kept] = i;
+        kept += b == edge;
       }
+      sc.next.resize(kept);
       sc.edge.swap(sc.next);
       all = false;
+      // The edge bucket's keys.
+      const uint32_t base = lo + (edge << shift);
+      hi = std::min<uint64_t>(hi, uint64_t{base} + (uint64_t{1} << shift) - 1);
+      lo = base;
       if (sc.edge.size() <= kSortBelow) break;
     }
+    if (all) {  // One key: every candidate ties.
+      sc.edge.resize(n);
+      for (size_t i = 0; i < n; ++i) sc.edge[i] = static_cast<uint32_t>(i);
+    }
+    out->resize(taken);
     // The boundary's candidates in order until `need` (> 0) is held.
     std::sort(sc.edge.begin(), sc.edge.end(), before);
     uint64_t held = 0;

@@ -52,14 +52,14 @@ TEST(TopSelectTest, OrderKeyKeepsTheFloatOrder) {
 
 TEST(TopSelectTest, IsTheSortedPrefixThatHoldsTheBudget) {
   std::mt19937_64 rng(21);
-  for (int trial = 0; trial < 60; ++trial) {
+  for (int trial = 0; trial < 72; ++trial) {
     const size_t n = trial < 10 ? 1 + rng() % 40 : 100 + rng() % 20000;
     std::vector<float> value(n);
     std::vector<uint32_t> weight(n), tie(n);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     std::exponential_distribution<float> ex(1.0f);
     for (size_t i = 0; i < n; ++i) {
-      switch (trial % 4) {
+      switch (trial % 6) {
         case 0:  // Densities over many octaves.
           value[i] = std::exp(-20.0f * u(rng));
           break;
@@ -70,8 +70,15 @@ TEST(TopSelectTest, IsTheSortedPrefixThatHoldsTheBudget) {
           value[i] = (rng() % 7 == 0) ? (rng() % 2 ? 0.0f : -0.0f)
                                       : (u(rng) - 0.5f) * ex(rng);
           break;
-        default:  // Values that differ in the last bits only.
+        case 3:  // Values that differ in the last bits only.
           value[i] = 1.0f + static_cast<float>(rng() % 300) * 1.1920929e-7f;
+          break;
+        case 4:  // One value: every candidate ties.
+          value[i] = 0.25f;
+          break;
+        default:  // The whole float range at once, and its ends.
+          value[i] = rng() % 9 == 0 ? (rng() % 2 ? 3e38f : -3e38f)
+                                    : (u(rng) - 0.5f) * std::exp(80 * u(rng));
       }
       weight[i] =
           trial % 3 == 0 ? 1 + rng() % 8 : (rng() % 4 == 0 ? 0 : 1 + rng() % 3);
