@@ -22,10 +22,10 @@
 
 #include <cstdint>
 #include <limits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "engine/types.h"
 
 namespace kvmem {
@@ -145,7 +145,7 @@ class RecallPlanner {
   uint64_t used_ = 0;
   double mass_ = 0;  // MASS: sum of the taken units' density x tokens.
   std::vector<PlannedBlock> blocks_;
-  std::unordered_map<uint64_t, size_t> slot_;  // Block -> index in blocks_.
+  absl::flat_hash_map<uint64_t, size_t> slot_;  // Block -> index in blocks_.
   ChannelTokens channels_;
   // [slot] bits of the single tokens taken, once a channel other than
   // attention offered units (attention offers each token once).

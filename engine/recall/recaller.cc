@@ -27,16 +27,28 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
   std::vector<RecalledBlock> out;
   out.reserve(plan.blocks.size());
   GroupOrder& order = ThreadScratch<GroupOrder>();
-  for (const PlannedBlock& p : plan.blocks) {
+  // The summaries the scores read are cold (the scan read their int8
+  // codes): the next block's is fetched while this one is answered.
+  const auto summary = [&](size_t k) {
+    const PlannedBlock& p = plan.blocks[k];
+    return view.UnitSummary((p.block << view.unit_shift()) | p.first_group);
+  };
+  const size_t summary_bytes = view.summary_dim() * sizeof(float);
+  const auto prefetch = [&](size_t k) {
+    if (!scored.score_is_mean_dot || k >= plan.blocks.size()) return;
+    const char* s = reinterpret_cast<const char*>(summary(k));
+    for (size_t b = 0; b < summary_bytes; b += 64) __builtin_prefetch(s + b);
+  };
+  prefetch(0);
+  for (size_t k = 0; k < plan.blocks.size(); ++k) {
+    const PlannedBlock& p = plan.blocks[k];
+    prefetch(k + 1);
     const BlockEntry& e = view.blocks()[p.block];
     RecalledBlock r;
     r.block = e.rec.info;
     r.block.tier = TierOf(e);
     r.score = scored.score_is_mean_dot
-                  ? Dot(mean_query.data(),
-                        view.UnitSummary((p.block << view.unit_shift()) |
-                                         p.first_group),
-                        view.summary_dim())
+                  ? Dot(mean_query.data(), summary(k), view.summary_dim())
                   : p.score;
     r.semantic_score = p.semantic;
     r.priority = p.priority;
