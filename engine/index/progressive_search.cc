@@ -11,6 +11,10 @@
 namespace kvmem {
 namespace {
 
+// The raw sums one chunk of a multi-vector segment scan keeps (int32s over
+// all its vectors: 64 KiB, within L2 beside the codes).
+constexpr size_t kRawChunkInts = size_t{16} << 10;
+
 // Symmetric quantisation to [-levels, levels]; returns the scale (0 for a
 // zero vector), the residual's norm |x - s c| in *residual and the codes'
 // norm |c| in *code_norm (both computed in double, then rounded up a
@@ -43,61 +47,64 @@ void SegmentNorms(const float* x, const int8_t* c, float s, size_t begin,
   *code_norm = static_cast<float>(std::sqrt(c2) * (1 + 1e-6));
 }
 
-// The segment scan's scores and bounds from the kernel's raw sums
-// (raw[(block * S + h) * 8 + lane]), segment by segment: dots [h][row],
-// bound[row] the largest over segments (bound null: the dots alone). Rows come
-// in whole packed blocks of 8 (the tail apart), so each step is 8 lanes of
-// independent arrays: AVX2 where the CPU has it (no FMA: the same floats as the
-// default clone).
+// The segment scan's scores and bounds for rows [first, first + count) from
+// the kernel's raw sums of their blocks (raw[(block * S + h) * 8 + lane],
+// block 0 the one holding row `first`, a multiple of 8), segment by segment:
+// dots [h][row] of n rows, bound[row] the largest over segments (bound null:
+// the dots alone). Rows come in whole packed blocks of 8 (the tail apart), so
+// each step is 8 lanes of independent arrays: AVX2 where the CPU has it (no
+// FMA: the same floats as the default clone).
 __attribute__((target_clones("avx2", "default"))) void SegmentBoundsPass(
     const float* t, const float* qnorm, const float* fnorm,
-    const int32_t* offset, const int32_t* raw, size_t n, size_t S,
-    const float* __restrict scale,
+    const int32_t* offset, const int32_t* raw, size_t first, size_t count,
+    size_t n, size_t S, const float* __restrict scale,
     const std::vector<std::vector<float>>& seg_enorm,
     const std::vector<std::vector<float>>& seg_cnorm, float* __restrict dots,
     float* __restrict bound) {
-  const size_t full = n / kInt8Lanes;
+  const size_t full = count / kInt8Lanes;
   for (size_t h = 0; h < S; ++h) {
-    float* __restrict d = dots + h * n;
+    float* __restrict d = dots + h * n + first;
+    const float* __restrict sc = scale + first;
     const float th = t[h], qn = qnorm[h], fn = fnorm[h];
     const int32_t off = offset[h];
-    const float* __restrict enorm = seg_enorm[h].data();
-    const float* __restrict cnorm = seg_cnorm[h].data();
+    const float* __restrict enorm = seg_enorm[h].data() + first;
+    const float* __restrict cnorm = seg_cnorm[h].data() + first;
+    float* __restrict bd = bound == nullptr ? nullptr : bound + first;
     const int32_t* __restrict r = raw + h * kInt8Lanes;
-    if (bound == nullptr) {  // The dots alone.
+    if (bd == nullptr) {  // The dots alone.
       for (size_t b = 0; b <= full; ++b, r += S * kInt8Lanes) {
         const size_t i0 = b * kInt8Lanes;
         if (b < full) {
           for (size_t l = 0; l < kInt8Lanes; ++l) {
-            d[i0 + l] = th * scale[i0 + l] * static_cast<float>(r[l] - off);
+            d[i0 + l] = th * sc[i0 + l] * static_cast<float>(r[l] - off);
           }
           continue;
         }
-        for (size_t l = 0; l < n - i0; ++l) {  // The tail.
-          d[i0 + l] = th * scale[i0 + l] * static_cast<float>(r[l] - off);
+        for (size_t l = 0; l < count - i0; ++l) {  // The tail.
+          d[i0 + l] = th * sc[i0 + l] * static_cast<float>(r[l] - off);
         }
       }
       continue;
     }
     for (size_t b = 0; b <= full; ++b, r += S * kInt8Lanes) {
       const size_t i0 = b * kInt8Lanes;
-      const size_t lanes = b < full ? kInt8Lanes : n - i0;
+      const size_t lanes = b < full ? kInt8Lanes : count - i0;
       if (lanes == kInt8Lanes) {
         for (size_t l = 0; l < kInt8Lanes; ++l) {
           const size_t i = i0 + l;
-          const float approx = th * scale[i] * static_cast<float>(r[l] - off);
+          const float approx = th * sc[i] * static_cast<float>(r[l] - off);
           d[i] = approx;
-          bound[i] = std::max(bound[i], qn * enorm[i] + fn * cnorm[i] +
-                                            1e-4f * std::fabs(approx));
+          bd[i] = std::max(
+              bd[i], qn * enorm[i] + fn * cnorm[i] + 1e-4f * std::fabs(approx));
         }
         continue;
       }
       for (size_t l = 0; l < lanes; ++l) {  // The tail.
         const size_t i = i0 + l;
-        const float approx = th * scale[i] * static_cast<float>(r[l] - off);
+        const float approx = th * sc[i] * static_cast<float>(r[l] - off);
         d[i] = approx;
-        bound[i] = std::max(bound[i], qn * enorm[i] + fn * cnorm[i] +
-                                          1e-4f * std::fabs(approx));
+        bd[i] = std::max(
+            bd[i], qn * enorm[i] + fn * cnorm[i] + 1e-4f * std::fabs(approx));
       }
     }
   }
@@ -316,10 +323,15 @@ void ProgressiveIndex::ScanSegments(const float* queries, size_t vectors,
   const bool two_terms = proof && sd <= kMaxTwoTermDim;
   const size_t width = size_t{groups_} * 4;
   const size_t nblocks = (n + kInt8Lanes - 1) / kInt8Lanes;
-  const size_t raw_size = nblocks * S * kInt8Lanes;
+  // Blocks in chunks whose raw sums (over all the vectors) stay in L2, each
+  // chunk's sums made dots (and bounds) at once: the raw sums of a whole scan
+  // of 8 vectors (8 x 123 KB at the evaluation's size) did not.
+  const size_t block_raw = S * kInt8Lanes;
+  const size_t chunk =
+      std::max<size_t>(4, kRawChunkInts / (vectors * block_raw)) / 4 * 4;
   sc.hi.assign(vectors * width, 0);
   sc.lo.assign(two_terms ? vectors * width : 0, 0);
-  sc.raw.resize(vectors * raw_size);
+  sc.raw.resize(vectors * chunk * block_raw);
   for (std::vector<float>* v : {&sc.t, &sc.qnorm, &sc.fnorm}) {
     v->resize(vectors * S);
   }
@@ -341,18 +353,26 @@ void ProgressiveIndex::ScanSegments(const float* queries, size_t vectors,
     }
     sc.hi_at[j] = hi;
     sc.lo_at[j] = lo;
-    sc.raw_at[j] = sc.raw.data() + j * raw_size;
+    sc.raw_at[j] = sc.raw.data() + j * chunk * block_raw;
+    if (proof) outs[j].bound.assign(n, 0.0f);
   }
-  ActiveInt8Kernel().multi_segments(
-      packed_.data(), nblocks, sd / 4, S, vectors, sc.hi_at.data(),
-      two_terms ? sc.lo_at.data() : nullptr, sc.raw_at.data());
-  for (size_t j = 0; j < vectors; ++j) {
-    SegmentScan& out = outs[j];
-    if (proof) out.bound.assign(n, 0.0f);
-    SegmentBoundsPass(sc.t.data() + j * S, sc.qnorm.data() + j * S,
-                      sc.fnorm.data() + j * S, sc.offset.data() + j * S,
-                      sc.raw_at[j], n, S, scale_.data(), seg_enorm_, seg_cnorm_,
-                      out.dots.data(), proof ? out.bound.data() : nullptr);
+  const size_t block_bytes = size_t{groups_} * 4 * kInt8Lanes;
+  for (size_t b0 = 0; b0 < nblocks; b0 += chunk) {
+    const size_t nb = std::min(chunk, nblocks - b0);
+    ActiveInt8Kernel().multi_segments(packed_.data() + b0 * block_bytes, nb,
+                                      sd / 4, S, vectors, sc.hi_at.data(),
+                                      two_terms ? sc.lo_at.data() : nullptr,
+                                      sc.raw_at.data());
+    const size_t first = b0 * kInt8Lanes;
+    const size_t count = std::min(n - first, nb * kInt8Lanes);
+    for (size_t j = 0; j < vectors; ++j) {
+      SegmentScan& out = outs[j];
+      SegmentBoundsPass(sc.t.data() + j * S, sc.qnorm.data() + j * S,
+                        sc.fnorm.data() + j * S, sc.offset.data() + j * S,
+                        sc.raw_at[j], first, count, n, S, scale_.data(),
+                        seg_enorm_, seg_cnorm_, out.dots.data(),
+                        proof ? out.bound.data() : nullptr);
+    }
   }
 }
 

@@ -505,5 +505,60 @@ TEST(SegmentScanTest, ScoresLieWithinTheirBoundsOnEveryKernel) {
   ASSERT_TRUE(SelectInt8Kernel(best));
 }
 
+// A scan of many vectors over many rows runs in chunks of blocks (each
+// chunk's raw sums made dots at once): every chunk's rows land where they
+// belong, within their bounds of the exact dots, on every kernel, and each
+// vector's scan is its own call's.
+TEST(SegmentScanTest, ChunkedScansOfManyRowsStayWithinTheirBounds) {
+  std::mt19937_64 rng(25);
+  const uint32_t heads = 8, head_dim = 64, dim = heads * head_dim;
+  ProgressiveIndex index(dim, 0, head_dim);
+  std::vector<std::vector<float>> vecs;
+  for (uint64_t i = 0; i < 3001; ++i) {
+    vecs.push_back(testing::RandomQuery(rng, dim));
+    index.Add(i, vecs.back().data());
+  }
+  const size_t vectors = 9;
+  std::vector<float> queries;
+  for (size_t j = 0; j < vectors; ++j) {
+    const std::vector<float> q = testing::RandomQuery(rng, dim);
+    queries.insert(queries.end(), q.begin(), q.end());
+  }
+  const std::string best = ActiveInt8Kernel().name;
+  for (const Int8KernelInfo& k : AvailableInt8Kernels()) {
+    ASSERT_TRUE(SelectInt8Kernel(k.name));
+    std::vector<SegmentScan> batch(vectors);
+    index.ScanSegments(queries.data(), vectors, batch.data(), ScanMode::kProof);
+    for (size_t j = 0; j < vectors; ++j) {
+      const SegmentScan& scan = batch[j];
+      const size_t n = scan.ids.size();
+      ASSERT_EQ(n, 3001u);
+      for (size_t r = 0; r < n; ++r) {
+        const std::vector<float>& v = vecs[scan.ids[r]];
+        for (uint32_t h = 0; h < heads; ++h) {
+          double exact = 0;
+          for (uint32_t d = 0; d < head_dim; ++d) {
+            exact += double(queries[j * dim + h * head_dim + d]) *
+                     v[h * head_dim + d];
+          }
+          ASSERT_LE(std::fabs(scan.dots[h * n + r] - exact),
+                    scan.bound[r] * (1 + 1e-5))
+              << k.name << " vector " << j << " row " << r << " head " << h;
+        }
+      }
+    }
+    for (ScanMode mode : {ScanMode::kProof, ScanMode::kRank}) {
+      index.ScanSegments(queries.data(), vectors, batch.data(), mode);
+      for (size_t j = 0; j < vectors; j += 4) {
+        SegmentScan one;
+        index.ScanSegments(queries.data() + j * dim, &one, mode);
+        EXPECT_EQ(batch[j].dots, one.dots) << k.name << " vector " << j;
+        EXPECT_EQ(batch[j].bound, one.bound) << k.name << " vector " << j;
+      }
+    }
+  }
+  ASSERT_TRUE(SelectInt8Kernel(best));
+}
+
 }  // namespace
 }  // namespace kvmem
