@@ -58,7 +58,8 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
     if (scored.group_units) {
       if (!p.single_tokens.empty() || !p.query_tokens.empty() ||
           !p.track_tokens.empty()) {
-        order.Reset(e.rec.token_group);
+        order.Reset(e.rec.token_group, view.BlockUnitTokens(p.block),
+                    view.units_per_block());
       }
       r.token_offsets =
           TokenOffsets(e.rec.token_group, p.group_mask,

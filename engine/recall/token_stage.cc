@@ -261,16 +261,20 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
   };
 }
 
-void GroupOrder::Reset(const std::vector<uint8_t>& token_group) {
-  // The token at each place in group order, stably by group.
-  uint32_t count[kMaxGroupsPerBlock + 1] = {};
-  for (uint8_t g : token_group)
-    ++count[std::min<uint32_t>(g, kMaxGroupsPerBlock - 1) + 1];
-  for (size_t g = 1; g <= kMaxGroupsPerBlock; ++g) count[g] += count[g - 1];
-  token_at_.resize(token_group.size());
+void GroupOrder::Reset(const std::vector<uint8_t>& token_group,
+                       const uint32_t* group_tokens, uint32_t groups) {
+  // Each group's next place, from the group's first.
+  uint32_t next[kMaxGroupsPerBlock];
+  uint32_t places = 0;
+  groups = std::min(groups, kMaxGroupsPerBlock);
+  for (uint32_t g = 0; g < groups; ++g) {
+    next[g] = places;
+    places += group_tokens[g];
+  }
+  token_at_.resize(places);
   for (uint32_t t = 0; t < token_group.size(); ++t) {
-    token_at_[count[std::min<uint32_t>(token_group[t],
-                                       kMaxGroupsPerBlock - 1)]++] = t;
+    const uint8_t g = token_group[t];
+    if (g < groups && next[g] < places) token_at_[next[g]++] = t;
   }
 }
 

@@ -156,7 +156,11 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
 // place lists a recall answers per block.
 class GroupOrder {
  public:
-  void Reset(const std::vector<uint8_t>& token_group);
+  // group_tokens[g]: the tokens of group g < groups (the view's count,
+  // RecallView::UnitTokens, so the order needs one pass over the tokens).
+  // Tokens of groups >= groups have no place (nor codes).
+  void Reset(const std::vector<uint8_t>& token_group,
+             const uint32_t* group_tokens, uint32_t groups);
   // The token offsets of places in that order, in the order given; places
   // beyond the block are dropped.
   std::vector<uint32_t> Tokens(const std::vector<uint32_t>& places) const;

@@ -94,6 +94,11 @@ class RecallView {
       ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return unit_tokens_[(b - blocks_.first()) * units_per_block() + g];
   }
+  // ... of each of its units_per_block() groups, in group order.
+  const uint32_t* BlockUnitTokens(uint64_t b) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return unit_tokens_.data() + (b - blocks_.first()) * units_per_block();
+  }
   // The summary (summary_dim() floats) of a unit of a kept block.
   const float* UnitSummary(uint64_t unit) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   const OpenMean& open_mean() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
