@@ -58,6 +58,61 @@ void SortByKey(const std::vector<uint32_t>& key,
 
 }  // namespace
 
+namespace {
+
+// One level of the selection over m candidates (ids[k], or k when ids is
+// null) whose keys lie in [lo, hi]: counts them in buckets of the span, finds
+// the bucket holding the budget's edge (`*need` left, from the top), appends
+// those above it to out (at *taken) and those in it to *next; returns the
+// edge bucket's keys in *lo, *hi and what it still must hold in *need.
+void Level(const uint32_t* key, const uint32_t* weight, const uint32_t* ids,
+           size_t m, uint32_t* lo, uint32_t* hi, uint64_t* need,
+           std::vector<uint64_t>* hist, uint32_t* out, size_t* taken,
+           std::vector<uint32_t>* next) {
+  int shift = 0;
+  while (((*hi - *lo) >> shift) >= (1u << kBucketBits)) ++shift;
+  const uint32_t buckets = ((*hi - *lo) >> shift) + 1, base = *lo;
+  hist->assign(buckets, 0);
+  uint64_t* h = hist->data();
+  const auto id = [ids](size_t k) {
+    return ids == nullptr ? static_cast<uint32_t>(k) : ids[k];
+  };
+  if (weight == nullptr) {
+    for (size_t k = 0; k < m; ++k) ++h[(key[id(k)] - base) >> shift];
+  } else {
+    for (size_t k = 0; k < m; ++k) {
+      const uint32_t i = id(k);
+      h[(key[i] - base) >> shift] += weight[i];
+    }
+  }
+  // From the top bucket down to the one where `need` is reached.
+  uint64_t above = 0;
+  uint32_t edge = buckets - 1;
+  while (above + h[edge] < *need) above += h[edge--];
+  *need -= above;
+  const uint32_t edge_lo = base + (edge << shift);
+  const uint32_t edge_hi = static_cast<uint32_t>(
+      std::min<uint64_t>(*hi, uint64_t{edge_lo} + (uint64_t{1} << shift) - 1));
+  // Branchless: each candidate is written to both lists and kept in the one
+  // its key says.
+  next->resize(m);
+  uint32_t* nx = next->data();
+  size_t t = *taken, kept = 0;
+  for (size_t k = 0; k < m; ++k) {
+    const uint32_t i = id(k), x = key[i];
+    out[t] = i;
+    t += x > edge_hi;
+    nx[kept] = i;
+    kept += x >= edge_lo && x <= edge_hi;
+  }
+  next->resize(kept);
+  *taken = t;
+  *lo = edge_lo;
+  *hi = edge_hi;
+}
+
+}  // namespace
+
 void SelectTop(const float* value, const uint32_t* weight, size_t n,
                uint64_t budget,
                absl::FunctionRef<bool(uint32_t, uint32_t)> tie_better,
@@ -67,13 +122,17 @@ void SelectTop(const float* value, const uint32_t* weight, size_t n,
   Scratch& sc = ThreadScratch<Scratch>();
   std::vector<uint32_t>& key = sc.key;
   key.resize(n);
-  uint64_t total = 0;
+  uint64_t total = n;
+  if (weight != nullptr) {
+    total = 0;
+    for (size_t i = 0; i < n; ++i) total += weight[i];
+  }
   uint32_t lo = UINT32_MAX, hi = 0;
   for (size_t i = 0; i < n; ++i) {
-    key[i] = OrderKey(value[i]);
-    lo = std::min(lo, key[i]);
-    hi = std::max(hi, key[i]);
-    total += weight == nullptr ? 1 : weight[i];
+    const uint32_t k = OrderKey(value[i]);
+    key[i] = k;
+    lo = std::min(lo, k);
+    hi = std::max(hi, k);
   }
   const auto before = [&](uint32_t a, uint32_t b) {
     return key[a] != key[b] ? key[a] > key[b] : tie_better(a, b);
@@ -91,40 +150,11 @@ void SelectTop(const float* value, const uint32_t* weight, size_t n,
     out->resize(n);
     size_t taken = 0;
     while (hi > lo) {
-      int shift = 0;
-      while (((hi - lo) >> shift) >= (1u << kBucketBits)) ++shift;
-      const uint32_t buckets = ((hi - lo) >> shift) + 1;
-      std::vector<uint64_t>& hist = sc.hist;
-      hist.assign(buckets, 0);
-      const size_t m = all ? n : sc.edge.size();
-      for (size_t k = 0; k < m; ++k) {
-        const uint32_t i = all ? static_cast<uint32_t>(k) : sc.edge[k];
-        hist[(key[i] - lo) >> shift] += weight == nullptr ? 1 : weight[i];
-      }
-      // From the top bucket down to the one where `need` is reached.
-      uint64_t above = 0;
-      uint32_t edge = buckets - 1;
-      while (above + hist[edge] < need) above += hist[edge--];
-      need -= above;
-      // Branchless: each candidate is written to both lists, and kept in
-      // the one its bucket says.
-      sc.next.resize(m);
-      size_t kept = 0;
-      for (size_t k = 0; k < m; ++k) {
-        const uint32_t i = all ? static_cast<uint32_t>(k) : sc.edge[k];
-        const uint32_t b = (key[i] - lo) >> shift;
-        (*out)[taken] = i;
-        taken += b > edge;
-        sc.next[kept] = i;
-        kept += b == edge;
-      }
-      sc.next.resize(kept);
+      Level(key.data(), weight, all ? nullptr : sc.edge.data(),
+            all ? n : sc.edge.size(), &lo, &hi, &need, &sc.hist, out->data(),
+            &taken, &sc.next);
       sc.edge.swap(sc.next);
       all = false;
-      // The edge bucket's keys.
-      const uint32_t base = lo + (edge << shift);
-      hi = std::min<uint64_t>(hi, uint64_t{base} + (uint64_t{1} << shift) - 1);
-      lo = base;
       if (sc.edge.size() <= kSortBelow) break;
     }
     if (all) {  // One key: every candidate ties.

@@ -31,10 +31,13 @@ namespace kvmem {
 // The float's order as an unsigned key: a > b exactly when
 // OrderKey(a) > OrderKey(b) (for non-NaN values; -0 and +0 one key).
 inline uint32_t OrderKey(float v) {
-  if (v == 0) v = 0;  // -0 as +0: they compare equal.
+  v += 0.0f;  // -0 as +0 (-0 + 0 is +0; x + 0 is x otherwise).
   uint32_t u;
   std::memcpy(&u, &v, sizeof(u));
-  return (u >> 31) != 0 ? ~u : (u | 0x80000000u);
+  // Negative: all bits flipped; else the sign bit set. No branch: loops
+  // of it vectorise.
+  const uint32_t neg = static_cast<uint32_t>(static_cast<int32_t>(u) >> 31);
+  return u ^ (neg | 0x80000000u);
 }
 
 // The shortest prefix, in the order above, of the n candidates whose
