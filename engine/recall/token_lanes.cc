@@ -115,11 +115,19 @@ __attribute__((target(KVMEM_LANES_TARGET))) void VnniLanes(
         t0 + kLanes < n ? std::min(kLanes, n - t0 - kLanes) : 0;
     for (size_t k = 0; k < ahead; ++k) next[k] = rec[t0 + kLanes + k];
     const size_t fetches = ahead * lines;
+    // The prefetch cursor: record next[pf_rec], its line pf_line (no
+    // division per line: a div per prefetch cost more than the scoring).
+    size_t pf_rec = 0, pf_line = 0, issued = 0;
     __m512 total = _mm512_setzero_ps(), mean_total = _mm512_setzero_ps();
     for (uint32_t i = 0; i < t.w; ++i) {
       const uint32_t s = t.h0 + i;
-      for (size_t j = fetches * i / t.w; j < fetches * (i + 1) / t.w; ++j) {
-        __builtin_prefetch(next[j / lines] + 64 * (j % lines));
+      for (const size_t until = fetches * (i + 1) / t.w; issued < until;
+           ++issued) {
+        __builtin_prefetch(next[pf_rec] + 64 * pf_line);
+        if (++pf_line == lines) {
+          pf_line = 0;
+          ++pf_rec;
+        }
       }
       alignas(64) float key_scale[kLanes];
       for (size_t k = 0; k < kLanes; ++k) {
