@@ -110,6 +110,50 @@ __attribute__((target_clones("avx2", "default"))) void SegmentBoundsPass(
   }
 }
 
+// A multi-vector scan's per-thread scratch: each vector's query codes
+// (hi, and lo for two terms), their scales and norms, and its raw sums.
+struct ScanScratch {
+  std::vector<int8_t> hi, lo;
+  std::vector<int32_t> raw;
+  std::vector<float> t, qnorm, fnorm;
+  std::vector<int32_t> offset;
+  std::vector<const int8_t*> hi_at, lo_at;
+  std::vector<int32_t*> raw_at;
+};
+
+// Quantises each of `vectors` queries (dim floats apart) segment by
+// segment into sc, with room for raw_ints raw sums a vector.
+void PrepareScan(const float* queries, size_t vectors, size_t dim, size_t S,
+                 size_t sd, size_t width, bool two_terms, size_t raw_ints,
+                 ScanScratch* sc) {
+  sc->hi.assign(vectors * width, 0);
+  sc->lo.assign(two_terms ? vectors * width : 0, 0);
+  sc->raw.resize(vectors * raw_ints);
+  for (std::vector<float>* v : {&sc->t, &sc->qnorm, &sc->fnorm}) {
+    v->resize(vectors * S);
+  }
+  sc->offset.resize(vectors * S);
+  sc->hi_at.resize(vectors);
+  sc->lo_at.resize(vectors);
+  sc->raw_at.resize(vectors);
+  for (size_t j = 0; j < vectors; ++j) {
+    int8_t* hi = sc->hi.data() + j * width;
+    int8_t* lo = two_terms ? sc->lo.data() + j * width : nullptr;
+    for (size_t h = 0; h < S; ++h) {
+      const QueryCode qc =
+          QuantizeQuery(queries + j * dim + h * sd, sd, two_terms, hi + h * sd,
+                        two_terms ? lo + h * sd : nullptr);
+      sc->t[j * S + h] = qc.t;
+      sc->offset[j * S + h] = qc.offset;
+      sc->fnorm[j * S + h] = qc.residual;
+      sc->qnorm[j * S + h] = qc.norm;
+    }
+    sc->hi_at[j] = hi;
+    sc->lo_at[j] = lo;
+    sc->raw_at[j] = sc->raw.data() + j * raw_ints;
+  }
+}
+
 }  // namespace
 
 ProgressiveIndex::ProgressiveIndex(uint32_t dim, uint32_t max_candidates,
@@ -305,14 +349,6 @@ void ProgressiveIndex::ScanSegments(const float* queries, size_t vectors,
     }
     return;
   }
-  struct ScanScratch {
-    std::vector<int8_t> hi, lo;
-    std::vector<int32_t> raw;
-    std::vector<float> t, qnorm, fnorm;
-    std::vector<int32_t> offset;
-    std::vector<const int8_t*> hi_at, lo_at;
-    std::vector<int32_t*> raw_at;
-  };
   ScanScratch& sc = ThreadScratch<ScanScratch>();
   // 13-bit queries at every width for proofs: the mass estimate
   // exponentiates scores, so the query's rounding counts more than in a
@@ -329,33 +365,9 @@ void ProgressiveIndex::ScanSegments(const float* queries, size_t vectors,
   const size_t block_raw = S * kInt8Lanes;
   const size_t chunk =
       std::max<size_t>(4, kRawChunkInts / (vectors * block_raw)) / 4 * 4;
-  sc.hi.assign(vectors * width, 0);
-  sc.lo.assign(two_terms ? vectors * width : 0, 0);
-  sc.raw.resize(vectors * chunk * block_raw);
-  for (std::vector<float>* v : {&sc.t, &sc.qnorm, &sc.fnorm}) {
-    v->resize(vectors * S);
-  }
-  sc.offset.resize(vectors * S);
-  sc.hi_at.resize(vectors);
-  sc.lo_at.resize(vectors);
-  sc.raw_at.resize(vectors);
-  for (size_t j = 0; j < vectors; ++j) {
-    int8_t* hi = sc.hi.data() + j * width;
-    int8_t* lo = two_terms ? sc.lo.data() + j * width : nullptr;
-    for (size_t h = 0; h < S; ++h) {
-      const QueryCode qc =
-          QuantizeQuery(queries + j * dim_ + h * sd, sd, two_terms, hi + h * sd,
-                        two_terms ? lo + h * sd : nullptr);
-      sc.t[j * S + h] = qc.t;
-      sc.offset[j * S + h] = qc.offset;
-      sc.fnorm[j * S + h] = qc.residual;
-      sc.qnorm[j * S + h] = qc.norm;
-    }
-    sc.hi_at[j] = hi;
-    sc.lo_at[j] = lo;
-    sc.raw_at[j] = sc.raw.data() + j * chunk * block_raw;
-    if (proof) outs[j].bound.assign(n, 0.0f);
-  }
+  PrepareScan(queries, vectors, dim_, S, sd, width, two_terms,
+              chunk * block_raw, &sc);
+  for (size_t j = 0; proof && j < vectors; ++j) outs[j].bound.assign(n, 0.0f);
   const size_t block_bytes = size_t{groups_} * 4 * kInt8Lanes;
   for (size_t b0 = 0; b0 < nblocks; b0 += chunk) {
     const size_t nb = std::min(chunk, nblocks - b0);

@@ -17,6 +17,21 @@
 namespace kvmem {
 namespace {
 
+// The summary of a planned block's best unit (what a mean-dot score reads).
+const float* PlannedSummary(const RecallView& view, const PlannedBlock& p)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  return view.UnitSummary((p.block << view.unit_shift()) | p.first_group);
+}
+
+// Fetches that summary into the cache: the scan read its int8 codes, so it
+// is cold; the answer fetches the next block's while it answers this one.
+void PrefetchSummary(const RecallView& view, const PlannedBlock& p)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  const char* s = reinterpret_cast<const char*>(PlannedSummary(view, p));
+  const size_t bytes = view.summary_dim() * sizeof(float);
+  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(s + b);
+}
+
 // A plan's blocks as the recall answers them: block info and tier, staging,
 // token offsets for group units, and the score the scorer reports.
 std::vector<RecalledBlock> ToRecalled(const RecallView& view,
@@ -27,29 +42,20 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
   std::vector<RecalledBlock> out;
   out.reserve(plan.blocks.size());
   GroupOrder& order = ThreadScratch<GroupOrder>();
-  // The summaries the scores read are cold (the scan read their int8
-  // codes): the next block's is fetched while this one is answered.
-  const auto summary = [&](size_t k) {
-    const PlannedBlock& p = plan.blocks[k];
-    return view.UnitSummary((p.block << view.unit_shift()) | p.first_group);
-  };
-  const size_t summary_bytes = view.summary_dim() * sizeof(float);
-  const auto prefetch = [&](size_t k) {
-    if (!scored.score_is_mean_dot || k >= plan.blocks.size()) return;
-    const char* s = reinterpret_cast<const char*>(summary(k));
-    for (size_t b = 0; b < summary_bytes; b += 64) __builtin_prefetch(s + b);
-  };
-  prefetch(0);
+  const bool mean_dot = scored.score_is_mean_dot;
+  if (mean_dot && !plan.blocks.empty()) PrefetchSummary(view, plan.blocks[0]);
   for (size_t k = 0; k < plan.blocks.size(); ++k) {
     const PlannedBlock& p = plan.blocks[k];
-    prefetch(k + 1);
+    if (mean_dot && k + 1 < plan.blocks.size()) {
+      PrefetchSummary(view, plan.blocks[k + 1]);
+    }
     const BlockEntry& e = view.blocks()[p.block];
     RecalledBlock r;
     r.block = e.rec.info;
     r.block.tier = TierOf(e);
-    r.score = scored.score_is_mean_dot
-                  ? Dot(mean_query.data(), summary(k), view.summary_dim())
-                  : p.score;
+    r.score = mean_dot ? Dot(mean_query.data(), PlannedSummary(view, p),
+                             view.summary_dim())
+                       : p.score;
     r.semantic_score = p.semantic;
     r.priority = p.priority;
     r.mass = p.mass;
