@@ -435,7 +435,10 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
   // unit that fits, again and again, is one pass in rank order: a unit that
   // does not fit never will (the tokens left only shrink, and a block not
   // taken once top_k are cannot be taken later).
-  out.more = [&rows, &density, shift, set, rest_tokens](uint32_t left) {
+  // The leftovers' closure moved in, not copied (a copy copied their
+  // list of every pooled token not ranked).
+  out.more = [&rows, &density, shift, set,
+              rest_tokens = std::move(rest_tokens)](uint32_t left) {
     std::vector<PlanUnit> more = RestUnits(rows, shift, density, *set, left);
     if (rest_tokens) {
       const std::vector<PlanUnit> tokens = rest_tokens();

@@ -189,6 +189,9 @@ void StageRecall(const Geometry& g, Accelerator& accel, uint32_t priority,
                  RecallResult* r) {
   const uint64_t per_token = FramePayloadBytes(g, 1);
   std::vector<StageItem> items;
+  size_t count = r->blocks.size();
+  for (const LayerRecallSet& s : r->layer_sets) count += s.blocks.size();
+  items.reserve(count);
   auto add = [&](const RecalledBlock& b) {
     const BlockInfo& i = b.block;
     StageItem it;

@@ -169,6 +169,7 @@ void ScorePoolTokens(const RecallView& view, const TokenStageInput& in,
   pool_in.terms = &terms;
   out->run.resize(tokens);
   out->place.resize(tokens);
+  out->runs.reserve(out->runs.size() + runs.size());
   for (const PoolRun& r : runs) {
     const uint32_t run = static_cast<uint32_t>(out->runs.size());
     out->runs.push_back(*r.unit);
@@ -220,6 +221,7 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
   struct Scratch {
     std::vector<float> value;
     std::vector<uint32_t> best;
+    std::vector<uint8_t> taken;
   };
   Scratch& sc = ThreadScratch<Scratch>();
   sc.value.resize(n);
@@ -246,7 +248,8 @@ void RankScoredTokens(std::shared_ptr<const TokenStageOutput> scored,
     RecallPlanner(policy).Rank(ranked);
   }
   // The others, in token order (the planner ranks what it is given).
-  std::vector<uint8_t> taken(n, 0);
+  std::vector<uint8_t>& taken = sc.taken;
+  taken.assign(n, 0);
   for (uint32_t i : sc.best) taken[i] = 1;
   std::vector<uint32_t> order;
   order.reserve(n - keep);
