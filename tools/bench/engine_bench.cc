@@ -28,6 +28,7 @@
 #include "engine/index/int8_kernels.h"
 #include "engine/index/token_codes.h"
 #include "engine/memory_engine.h"
+#include "engine/recall/fast_exp.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/token_groups.h"
 #include "engine/recall/token_lanes.h"
@@ -875,10 +876,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::fprintf(stderr, "int8 kernel %s, token kernel %s, token lanes %s\n",
+  std::fprintf(stderr,
+               "int8 kernel %s, token kernel %s, token lanes %s, exp kernel "
+               "%s\n",
                kvmem::ActiveInt8Kernel().name.c_str(),
                kvmem::ActiveTokenKernel().name.c_str(),
-               kvmem::LaneTokenKernel().c_str());
+               kvmem::LaneTokenKernel().c_str(),
+               kvmem::ActiveExpKernel().name.c_str());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
