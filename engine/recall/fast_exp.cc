@@ -112,13 +112,12 @@ __attribute__((target("avx2,fma"))) inline __m256 Exp8(__m256 in) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
 }
 
-__attribute__((target("avx2,fma"))) float Avx2ExpDot(const float* x,
-                                                     float scale, float shift,
-                                                     const float* weight,
-                                                     float* out, size_t n) {
+// The avx2 ExpDot from element i on, its 8 partial sums in acc so far:
+// the avx2 kernel from 0, the avx512 kernel's tail (in the same order).
+__attribute__((target("avx2,fma"))) inline float Avx2ExpDotFrom(
+    __m256 acc, const float* x, float scale, float shift, const float* weight,
+    float* out, size_t i, size_t n) {
   const __m256 s = _mm256_set1_ps(scale), b = _mm256_set1_ps(shift);
-  __m256 acc = _mm256_setzero_ps();
-  size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 e = Exp8(_mm256_fmsub_ps(_mm256_loadu_ps(x + i), s, b));
     _mm256_storeu_ps(out + i, e);
@@ -133,6 +132,14 @@ __attribute__((target("avx2,fma"))) float Avx2ExpDot(const float* x,
     sum += static_cast<double>(weight[i]) * out[i];
   }
   return static_cast<float>(sum);
+}
+
+__attribute__((target("avx2,fma"))) float Avx2ExpDot(const float* x,
+                                                     float scale, float shift,
+                                                     const float* weight,
+                                                     float* out, size_t n) {
+  return Avx2ExpDotFrom(_mm256_setzero_ps(), x, scale, shift, weight, out, 0,
+                        n);
 }
 
 __attribute__((target("avx2,fma"))) float Avx2MaxScaled(const float* x,
@@ -232,22 +239,7 @@ __attribute__((target(KVMEM_AVX512_TARGET))) float Avx512ExpDot(
                           _mm256_loadu_ps(weight + i), acc);
     acc = _mm256_fmadd_ps(High8(e), _mm256_loadu_ps(weight + i + 8), acc);
   }
-  if (i + 8 <= n) {
-    const __m256 e = Exp8(_mm256_fmsub_ps(
-        _mm256_loadu_ps(x + i), _mm256_set1_ps(scale), _mm256_set1_ps(shift)));
-    _mm256_storeu_ps(out + i, e);
-    acc = _mm256_fmadd_ps(e, _mm256_loadu_ps(weight + i), acc);
-    i += 8;
-  }
-  alignas(32) float part[8];
-  _mm256_store_ps(part, acc);
-  double sum = 0;
-  for (float v : part) sum += v;
-  for (; i < n; ++i) {
-    out[i] = ExpOne(x[i] * scale - shift);
-    sum += static_cast<double>(weight[i]) * out[i];
-  }
-  return static_cast<float>(sum);
+  return Avx2ExpDotFrom(acc, x, scale, shift, weight, out, i, n);
 }
 
 __attribute__((target(KVMEM_AVX512_TARGET))) float Avx512MaxScaled(

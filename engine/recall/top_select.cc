@@ -56,10 +56,6 @@ void SortByKey(const std::vector<uint32_t>& key,
   }
 }
 
-}  // namespace
-
-namespace {
-
 // One level of the selection over m candidates (ids[k], or k when ids is
 // null) whose keys lie in [lo, hi]: counts them in buckets of the span, finds
 // the bucket holding the budget's edge (`*need` left, from the top), appends
