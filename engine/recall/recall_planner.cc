@@ -47,24 +47,8 @@ void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
   *units = std::move(sorted);
 }
 
-namespace {
-
-// A recall takes a few tokens from each of hundreds of blocks: a block's
-// lists of single tokens start with room for 8, its dedupe bits for 512
-// tokens (a 7B block's), instead of growing from empty (several allocations
-// per block).
-constexpr size_t kFirstTokens = 8;
-constexpr size_t kFirstBitWords = 512 / 64;
-
-void Push(std::vector<uint32_t>* v, uint32_t x) {
-  if (v->capacity() == 0) v->reserve(kFirstTokens);
-  v->push_back(x);
-}
-
-}  // namespace
-
 bool RecallPlanner::Taken(size_t slot, uint32_t token) const {
-  const std::vector<uint64_t>& bits = taken_[slot];
+  const auto& bits = taken_[slot];
   return token / 64 < bits.size() && (bits[token / 64] >> (token % 64) & 1);
 }
 
@@ -126,18 +110,15 @@ void RecallPlanner::Take(const std::vector<PlanUnit>& ranked, uint32_t limit) {
         b.single_groups.resize(k);
       }
     } else {
-      Push(&b.single_tokens, u.token);
-      Push(&b.single_groups, u.group);
+      b.single_tokens.push_back(u.token);
+      b.single_groups.push_back(u.group);
       if (dedupe_) {
-        std::vector<uint64_t>& bits = taken_[at];
-        if (bits.size() <= u.token / 64) {
-          bits.reserve(std::max<size_t>(kFirstBitWords, u.token / 64 + 1));
-          bits.resize(u.token / 64 + 1, 0);
-        }
+        auto& bits = taken_[at];
+        if (bits.size() <= u.token / 64) bits.resize(u.token / 64 + 1, 0);
         bits[u.token / 64] |= uint64_t{1} << (u.token % 64);
       }
-      if (u.channel == RecallChannel::kQuery) Push(&b.query_tokens, u.token);
-      if (u.channel == RecallChannel::kTrack) Push(&b.track_tokens, u.token);
+      if (u.channel == RecallChannel::kQuery) b.query_tokens.push_back(u.token);
+      if (u.channel == RecallChannel::kTrack) b.track_tokens.push_back(u.token);
     }
     (u.channel == RecallChannel::kQuery   ? channels_.query
      : u.channel == RecallChannel::kTrack ? channels_.track
@@ -215,7 +196,7 @@ void AssignGateWeights(std::vector<PlannedBlock>* blocks, float temperature,
 
 std::vector<uint32_t> TokenOffsets(const std::vector<uint8_t>& token_group,
                                    uint64_t group_mask,
-                                   const std::vector<uint32_t>& single_tokens,
+                                   absl::Span<const uint32_t> single_tokens,
                                    uint32_t token_count) {
   std::vector<uint32_t> offsets;
   if (group_mask == 0) {  // Tokens alone: their offsets, ascending, once.

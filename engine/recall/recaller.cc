@@ -42,6 +42,10 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
   std::vector<RecalledBlock> out;
   out.reserve(plan.blocks.size());
   GroupOrder& order = ThreadScratch<GroupOrder>();
+  struct Scratch {
+    std::vector<uint32_t> singles;  // A block's single tokens' offsets.
+  };
+  std::vector<uint32_t>& singles = ThreadScratch<Scratch>().singles;
   const bool mean_dot = scored.score_is_mean_dot;
   if (mean_dot && !plan.blocks.empty()) PrefetchSummary(view, plan.blocks[0]);
   for (size_t k = 0; k < plan.blocks.size(); ++k) {
@@ -67,11 +71,13 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
         order.Reset(e.rec.token_group, view.BlockUnitTokens(p.block),
                     view.units_per_block());
       }
-      r.token_offsets =
-          TokenOffsets(e.rec.token_group, p.group_mask,
-                       order.Tokens(p.single_tokens), r.block.token_count);
-      r.query_offsets = order.Tokens(p.query_tokens);
-      r.track_offsets = order.Tokens(p.track_tokens);
+      order.Tokens(p.single_tokens, &singles);
+      r.token_offsets = TokenOffsets(e.rec.token_group, p.group_mask, singles,
+                                     r.block.token_count);
+      if (!p.query_tokens.empty())
+        r.query_offsets = order.Tokens(p.query_tokens);
+      if (!p.track_tokens.empty())
+        r.track_offsets = order.Tokens(p.track_tokens);
       std::sort(r.query_offsets.begin(), r.query_offsets.end());
       std::sort(r.track_offsets.begin(), r.track_offsets.end());
     }

@@ -282,13 +282,19 @@ void GroupOrder::Reset(const std::vector<uint8_t>& token_group,
 }
 
 std::vector<uint32_t> GroupOrder::Tokens(
-    const std::vector<uint32_t>& places) const {
+    absl::Span<const uint32_t> places) const {
   std::vector<uint32_t> out;
-  out.reserve(places.size());
-  for (uint32_t p : places) {
-    if (p < token_at_.size()) out.push_back(token_at_[p]);
-  }
+  Tokens(places, &out);
   return out;
+}
+
+void GroupOrder::Tokens(absl::Span<const uint32_t> places,
+                        std::vector<uint32_t>* out) const {
+  out->clear();
+  out->reserve(places.size());
+  for (uint32_t p : places) {
+    if (p < token_at_.size()) out->push_back(token_at_[p]);
+  }
 }
 
 }  // namespace kvmem

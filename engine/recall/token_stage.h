@@ -163,7 +163,10 @@ class GroupOrder {
              const uint32_t* group_tokens, uint32_t groups);
   // The token offsets of places in that order, in the order given; places
   // beyond the block are dropped.
-  std::vector<uint32_t> Tokens(const std::vector<uint32_t>& places) const;
+  std::vector<uint32_t> Tokens(absl::Span<const uint32_t> places) const;
+  // The same into *out (its memory reused).
+  void Tokens(absl::Span<const uint32_t> places,
+              std::vector<uint32_t>* out) const;
 
  private:
   std::vector<uint32_t> token_at_;  // [place]: the token there.

@@ -60,10 +60,10 @@ TEST(IdentityPlanTest, ChannelsTakeTheirShareFirstAndEachTokenOnce) {
           << "block " << b.block << " token " << t << " twice";
     }
     if (b.block == 1) {
-      EXPECT_EQ(b.track_tokens, (std::vector<uint32_t>{0, 1}));
+      EXPECT_EQ(b.track_tokens, (PlanTokens{0, 1}));
     }
     if (b.block == 2) {
-      EXPECT_EQ(b.query_tokens, (std::vector<uint32_t>{5}));
+      EXPECT_EQ(b.query_tokens, (PlanTokens{5}));
     }
   }
   EXPECT_EQ(seen.size(), 6u);

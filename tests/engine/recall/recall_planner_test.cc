@@ -191,8 +191,8 @@ TEST(RecallPlannerTest, TokenUnitsFillTheBudgetOneTokenEach) {
   const RecallPlan plan = planner.Finish();
   EXPECT_EQ(plan.total_tokens, 3u);
   ASSERT_EQ(Ids(plan), (std::vector<uint64_t>{2, 4}));
-  EXPECT_EQ(plan.blocks[0].single_tokens, (std::vector<uint32_t>{3, 0}));
-  EXPECT_EQ(plan.blocks[1].single_tokens, (std::vector<uint32_t>{2}));
+  EXPECT_EQ(plan.blocks[0].single_tokens, (PlanTokens{3, 0}));
+  EXPECT_EQ(plan.blocks[1].single_tokens, (PlanTokens{2}));
   EXPECT_EQ(plan.blocks[0].group_mask, 0u);
   EXPECT_FLOAT_EQ(plan.blocks[0].mass, 0.6f);
 }
@@ -210,8 +210,8 @@ TEST(RecallPlannerTest, AWholeGroupAbsorbsItsTokensAndIsChargedOnce) {
   EXPECT_EQ(plan.total_tokens, 6u);
   EXPECT_EQ(b.tokens, 6u);
   EXPECT_EQ(b.group_mask, uint64_t{1} << 3);
-  EXPECT_EQ(b.single_tokens, (std::vector<uint32_t>{8, 6}));
-  EXPECT_EQ(b.single_groups, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(b.single_tokens, (PlanTokens{8, 6}));
+  EXPECT_EQ(b.single_groups, (PlanTokens{0, 1}));
 }
 
 TEST(RecallPlannerTest, GateWeightsAreTemperedSoftmax) {
