@@ -228,6 +228,9 @@ assert 1 <= len(steps) <= 2 and steps[0]["cameras"] == 1, c
 for s in steps:
     assert s["frames"] > 0 and s["append_p50_ms"] > 0, s
     assert s["kept_up"] or s["why"], s
+    # History before the step: at least a block's worth (4 frames), at
+    # most the default bound.
+    assert 4 <= s["history_frames"] <= 256 and s["history_s"] > 0, s
 # 3 s at 3 fps: recalls past the 512-token window deliver tokens.
 assert steps[0]["delivered_mib_per_recall"] > 0, steps[0]
 assert c["cameras_kept_up"] == sum(1 for s in steps if s["kept_up"]), c

@@ -92,6 +92,8 @@ struct CameraRun {
   std::vector<double> lag_ms;  // Per frame: how late it started.
   double end_lag_ms = 0, first_delivery_ms = 0;
   uint64_t frames = 0, delivered_bytes = 0, recalls_delivering = 0;
+  // Tier moves of the camera's stream during the step.
+  uint64_t promotions = 0, demotions = 0;
   absl::Status status;
 };
 
@@ -115,13 +117,56 @@ absl::Status Failed(const std::string& what, const grpc::Status& s) {
                                           " (code ", s.error_code(), ")"));
 }
 
-// One camera: n frames at o.fps from `start`, each appended and recalled
-// with its tokens delivered through shared memory on one Session.
-void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam, int n,
-               Clock::time_point start,
-               const std::vector<std::string>& payloads, CameraRun* run) {
+OutgoingFrame CameraFrame(const CamerasOptions& o, uint64_t index,
+                          const std::string& payload) {
+  OutgoingFrame f;
+  f.header.set_frame_index(index);
+  f.header.set_first_token_position(index * o.tokens_per_frame);
+  f.header.set_token_count(o.tokens_per_frame);
+  f.payload = payload;
+  return f;
+}
+
+// A camera's history (see bench_cameras.h): a fresh stream, frames
+// appended back to back until one of its blocks is out of RAM or
+// o.max_history_frames; their count into *frames, *full whether a block
+// left RAM.
+absl::Status AppendHistory(const CamerasOptions& o, KvmemClient* client,
+                           int cam, const std::vector<std::string>& payloads,
+                           uint64_t* frames, bool* full) {
   const std::string id = CameraId(cam);
   client->DeleteStream(id);
+  *frames = 0;
+  *full = false;
+  if (o.max_history_frames == 0) return absl::OkStatus();
+  std::unique_ptr<SessionClient> session;
+  const v1::StreamConfig config = CameraConfig(o);
+  grpc::Status st = client->StartSession(id, &config, &session);
+  if (!st.ok()) return Failed("StartSession (history)", st);
+  while (*frames < o.max_history_frames && !*full) {
+    v1::AppendAck ack;
+    st = session->Append(
+        CameraFrame(o, *frames, payloads[(cam + *frames) % payloads.size()]),
+        &ack);
+    if (!st.ok()) return Failed("Session append (history)", st);
+    ++*frames;
+    if (*frames % 4 != 0) continue;  // A block's worth between checks.
+    v1::StreamStats stats;
+    st = client->GetStreamStats(id, &stats);
+    if (!st.ok()) return Failed("GetStreamStats (history)", st);
+    *full = stats.cold().blocks() + stats.degraded().blocks() > 0;
+  }
+  st = session->Finish();
+  return st.ok() ? absl::OkStatus() : Failed("Session finish (history)", st);
+}
+
+// One camera: n frames at o.fps from `start`, after `first` frames of
+// history, each appended and recalled with its tokens delivered through
+// shared memory on one Session.
+void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam,
+               uint64_t first, int n, Clock::time_point start,
+               const std::vector<std::string>& payloads, CameraRun* run) {
+  const std::string id = CameraId(cam);
   std::unique_ptr<SessionClient> session;
   const v1::StreamConfig config = CameraConfig(o);
   grpc::Status st = client->StartSession(id, &config, &session);
@@ -138,6 +183,7 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam, int n,
   const size_t dim =
       std::max<size_t>(1, stats.config().index_policy().indexed_layers_size()) *
       o.kv_heads * o.head_dim;
+  const v1::PolicyStats moves0 = stats.policy();
   std::mt19937_64 rng(o.seed * 7919 + cam);
   std::normal_distribution<float> normal(0, 1);
   const double period_ms = 1e3 / o.fps;
@@ -149,11 +195,8 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam, int n,
     run->end_lag_ms = std::max(0.0, MsSince(due));
     run->lag_ms.push_back(run->end_lag_ms);
     if (run->end_lag_ms > kGiveUpLagMs) break;
-    OutgoingFrame f;
-    f.header.set_frame_index(i);
-    f.header.set_first_token_position(uint64_t(i) * o.tokens_per_frame);
-    f.header.set_token_count(o.tokens_per_frame);
-    f.payload = payloads[(cam + i) % payloads.size()];
+    const OutgoingFrame f = CameraFrame(
+        o, first + i, payloads[(cam + first + i) % payloads.size()]);
     v1::AppendAck ack;
     auto t0 = Clock::now();
     st = session->Append(f, &ack);
@@ -194,6 +237,10 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam, int n,
     d.ReleaseLater();  // With the next frame's recall, as a front end does.
     ++run->frames;
   }
+  if (client->GetStreamStats(id, &stats).ok()) {
+    run->promotions = stats.policy().promotions() - moves0.promotions();
+    run->demotions = stats.policy().demotions() - moves0.demotions();
+  }
   st = session->Finish();
   if (!st.ok()) run->status = Failed("Session finish", st);
 }
@@ -215,13 +262,38 @@ absl::StatusOr<CameraStep> Step(
     }
   }
   const int n = std::max(1, static_cast<int>(std::lround(o.fps * o.seconds)));
+  // History first, every camera at once (the warm tier is shared).
+  std::vector<uint64_t> history(cameras, 0);
+  std::vector<char> full(cameras, 0);
+  std::vector<absl::Status> history_status(cameras);
+  const auto history_start = Clock::now();
+  {
+    std::vector<std::thread> threads;
+    for (int c = 0; c < cameras; ++c) {
+      threads.emplace_back([&, c] {
+        bool f = false;
+        history_status[c] =
+            AppendHistory(o, clients[c].get(), c, payloads[c], &history[c], &f);
+        full[c] = f;
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  step.history_s = MsSince(history_start) / 1e3;
+  step.history_full = true;
+  for (int c = 0; c < cameras; ++c) {
+    if (!history_status[c].ok()) return history_status[c];
+    step.history_frames = std::max(step.history_frames, history[c]);
+    step.history_full = step.history_full && full[c] != 0;
+  }
   std::vector<CameraRun> runs(cameras);
   const ProcSample cpu0 = SampleProcess(o.server_pid);
   const auto start = Clock::now() + std::chrono::milliseconds(200);
   std::vector<std::thread> threads;
   for (int c = 0; c < cameras; ++c) {
     threads.emplace_back([&, c] {
-      RunCamera(o, clients[c].get(), c, n, start, payloads[c], &runs[c]);
+      RunCamera(o, clients[c].get(), c, history[c], n, start, payloads[c],
+                &runs[c]);
     });
   }
   for (auto& t : threads) t.join();
@@ -246,6 +318,8 @@ absl::StatusOr<CameraStep> Step(
     step.lag_growth_ms =
         std::max(step.lag_growth_ms, LagGrowthMs(runs[c].lag_ms));
     delivered += runs[c].delivered_bytes;
+    step.promotions += runs[c].promotions;
+    step.demotions += runs[c].demotions;
     delivering += runs[c].recalls_delivering;
     clients[c]->DeleteStream(CameraId(c));
   }
@@ -355,6 +429,11 @@ std::string CamerasJson(const CamerasReport& r) {
     w.Key("delivered_mib_per_recall").Num(s.delivered_mib, 2);
     w.Key("first_delivery_ms").Num(s.first_delivery_ms, 1);
     w.Key("server_cpu_cores").Num(s.server_cpu, 2);
+    w.Key("history_frames").UInt(s.history_frames);
+    w.Key("history_s").Num(s.history_s, 1);
+    w.Key("history_full").Bool(s.history_full);
+    w.Key("promotions").UInt(s.promotions);
+    w.Key("demotions").UInt(s.demotions);
     w.EndObject();
   }
   w.EndArray();
@@ -376,11 +455,14 @@ std::string CamerasText(const CamerasReport& r) {
         "  %2d camera(s): %s; %.2f frames/s, last frame %.0f ms late "
         "(lateness grew %.0f ms), "
         "append p50/p99 %.1f/%.1f ms, recall+delivery p50/p99 %.1f/%.1f ms "
-        "(%.1f MiB; first %.0f ms), server %.2f cores\n",
+        "(%.1f MiB; first %.0f ms), server %.2f cores, %d promotions and %d "
+        "demotions; after %d frames of history a camera (%.1f s%s)\n",
         s.cameras, s.kept_up ? "kept up" : "behind: " + s.why, s.frames_per_s,
         s.end_lag_ms, s.lag_growth_ms, s.append_ms.p50_us, s.append_ms.p99_us,
         s.recall_ms.p50_us, s.recall_ms.p99_us, s.delivered_mib,
-        s.first_delivery_ms, s.server_cpu);
+        s.first_delivery_ms, s.server_cpu, s.promotions, s.demotions,
+        s.history_frames, s.history_s,
+        s.history_full ? ", blocks leaving RAM" : ", warm tier not full");
   }
   absl::StrAppendFormat(
       &out, "cameras kept up: %d = %.2fx the storage's bound (goal >= 0.8x)\n",

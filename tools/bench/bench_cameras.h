@@ -8,6 +8,14 @@
 // the node falls behind; beside it, in the same run, the N that RocksDB puts of
 // the same frames alone would carry (the storage's bound).
 //
+// Each step measures the steady state: before its clock starts, every
+// camera appends history at full speed (no recalls) until a block of its
+// stream has left RAM (the engine's warm tier is full, so every later seal
+// moves a block down, as in a camera's second minute), or
+// CamerasOptions::max_history_frames. Without it a 20-s step of one camera
+// never reached the warm cap (1 GiB: 21 s of one camera) and counted a
+// camera as kept up that fell behind once blocks left RAM.
+//
 // A camera falls behind when its append backlog grows (the median lateness
 // of its last third of frames passes that of its first third by more than
 // a frame period, or a frame starts 3 s late) or its recall + delivery p99
@@ -39,6 +47,9 @@ struct CamerasOptions {
   uint32_t hot_window_tokens = 2048;  // 16 frames: 5.3 s.
   uint32_t recall_max_tokens = 614;
   std::string cold_precision = "full";  // tier_policy.cold_precision.
+  // History per camera before each step (see above): at most this many
+  // frames; 0: none (a step from an empty stream).
+  uint32_t max_history_frames = 256;
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // Phase messages.
 };
@@ -57,6 +68,15 @@ struct CameraStep {
   double first_delivery_ms = 0;
   double delivered_mib = 0;  // Mean per recall.
   double server_cpu = 0;     // Cores busy (server_pid known).
+  // The history appended before the step: frames per camera (the most of
+  // any camera), its time, and whether every camera's stream had a block
+  // out of RAM by then (false: the step may not show the steady state).
+  uint64_t history_frames = 0;
+  double history_s = 0;
+  bool history_full = false;
+  // Blocks the cameras' streams moved up to RAM after recalls and down out
+  // of it during the step.
+  uint64_t promotions = 0, demotions = 0;
   bool kept_up = false;
   std::string why;  // Why not, when not kept up.
 };

@@ -36,6 +36,10 @@ ABSL_FLAG(bool, fetch, false,
           "bytes, and recall + fetch end to end (tools/bench/bench_fetch.h).");
 ABSL_FLAG(int, fetch_calls, 25, "bench --fetch: calls per figure (median).");
 ABSL_FLAG(double, camera_seconds, 20, "bench --cameras: seconds per step.");
+ABSL_FLAG(uint32_t, camera_history_frames, 256,
+          "bench --cameras: before each step, each camera appends history "
+          "at full speed until a block of its stream has left RAM (the "
+          "steady state), at most this many frames (0: none).");
 ABSL_FLAG(std::string, cold_precision, "full",
           "bench: how the streams keep blocks that leave RAM: full (the "
           "default), int8 or int4 (tier_policy.cold_precision).");
@@ -213,6 +217,7 @@ int RunBench(const std::vector<std::string>&) {
     co.hot_window_tokens = GivenOr(FLAGS_hot_window_tokens, "hot_window_tokens",
                                    co.hot_window_tokens);
     co.seconds = absl::GetFlag(FLAGS_camera_seconds);
+    co.max_history_frames = absl::GetFlag(FLAGS_camera_history_frames);
     co.cold_precision = o.cold_precision;
     co.seed = o.seed;
     co.progress = o.progress;
