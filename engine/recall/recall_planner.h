@@ -68,8 +68,8 @@ struct PlanPolicy {
 // One block of a plan, in the order blocks were first taken.
 // A block's list of tokens in a plan. A recall takes a few tokens from each
 // of hundreds of blocks (about 4 at the default budget): eight fit in place,
-// so most blocks' lists allocate nothing (each allocation was a malloc and a
-// free per block and list, ~20 % of a recall's time in a fragmented heap).
+// so most blocks' lists allocate nothing (they were most of a recall's
+// mallocs, and malloc ~20 % of its time in the eval's fragmented heap).
 using PlanTokens = absl::InlinedVector<uint32_t, 8>;
 
 struct PlannedBlock {
