@@ -272,6 +272,7 @@ struct PolicyCounters {
   uint64_t degradations = 0;
   uint64_t evictions = 0;
   uint64_t promotions = 0;
+  uint64_t promotions_declined = 0;  // Hits that did not earn a promotion.
   uint64_t staged = 0;
   uint64_t stage_hits = 0;
   uint64_t stage_misses = 0;

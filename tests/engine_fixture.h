@@ -33,6 +33,11 @@ class StreamTestPeer {
     kvmem::MutexLock lock(&t.mu_);
     return t.Evict(id);
   }
+  // Applies recall hits as the stream's maintenance does after recalls.
+  static absl::Status ApplyHits(const StreamHandle& h,
+                                const std::vector<RecallHit>& hits) {
+    return h.stream_->tiers_.ApplyHits(hits);
+  }
   // Whether block `id` is still in RAM's table and, if so, the bytes its
   // record holds for token codes (their string's capacity).
   static std::optional<size_t> CodeCapacity(const StreamHandle& h,

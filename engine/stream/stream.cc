@@ -238,14 +238,20 @@ absl::Status Stream::Reopen() {
 
 void Stream::MarkDeleted(bool deleted) {
   kvmem::MutexLock append_lock(&append_mu_);
-  kvmem::MutexLock lock(&view_.mu());
-  view_.SetDeleted(deleted);
+  // Maintenance moves blocks without the append lock: none may be writing
+  // a record while the stream's records are removed.
+  tiers_.WithoutMoves([&] {
+    kvmem::MutexLock lock(&view_.mu());
+    view_.SetDeleted(deleted);
+  });
 }
 
 void Stream::MarkGone(absl::Status why) {
   kvmem::MutexLock append_lock(&append_mu_);
-  kvmem::MutexLock lock(&view_.mu());
-  view_.SetGone(std::move(why));
+  tiers_.WithoutMoves([&] {
+    kvmem::MutexLock lock(&view_.mu());
+    view_.SetGone(std::move(why));
+  });
 }
 
 absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
@@ -278,7 +284,9 @@ void Stream::WarnIfBelowRecallFloor() {
 }
 
 absl::Status Stream::RunMaintenance() {
-  kvmem::MutexLock append_lock(&append_mu_);
+  // Not under the append lock: tier moves of sealed blocks touch nothing an
+  // append writes (the tier manager serialises the moves themselves), so a
+  // promotion's reads and a demotion's writes never hold up a frame.
   KVMEM_RETURN_IF_ERROR(tiers_.ApplyHits(feedback_.Drain()));
   return tiers_.EnforceBudgets();
 }

@@ -19,13 +19,18 @@
 // Thread safety: all public methods are safe to call concurrently. Locks,
 // always taken in this order:
 //   append_mu_        serialises appends, Close, Reopen, recovery and
-//                     maintenance; held across their commits;
+//                     deletion; held across their commits;
 //   TierManager's     serialises tier moves; held across their commits;
+//                     maintenance takes it alone, one recall hit at a time
+//                     (deletion takes it after append_mu_, so no move
+//                     writes a record of a stream being removed);
 //   RecallView's      taken shared by recalls, reads and stats, exclusively
 //                     only for short in-memory updates, never across I/O;
-//   the leaf locks of RecallFeedback, AccelLedger and RebuildSchedule.
+//   the leaf locks of RecallFeedback, AccelLedger, RebuildSchedule and the
+//                     tier manager's latest signals.
 // Recall never waits for a commit; the tier moves it causes (promotion,
-// stage hits) run on the engine's background executor.
+// stage hits) run on the engine's background executor, and an append
+// waits for at most one hit's moves (its own budget moves aside).
 #ifndef KVMEM_ENGINE_STREAM_STREAM_H_
 #define KVMEM_ENGINE_STREAM_STREAM_H_
 
@@ -148,10 +153,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   Stream(const std::string& id, const StreamConfig& config,
          const StreamEnv& env, const StreamState& state);
 
-  // Applies recall feedback (hits, stage hits, promotions) and the budgets.
-  // Runs on the background executor after recalls (MemoryEngine::
-  // RunMaintenance runs it now).
-  absl::Status RunMaintenance() ABSL_LOCKS_EXCLUDED(append_mu_);
+  // Applies recall feedback (hits, stage hits, promotions) and the budgets,
+  // without the append lock. Runs on the background executor after recalls
+  // (MemoryEngine::RunMaintenance runs it now).
+  absl::Status RunMaintenance();
   void ScheduleMaintenance();
   // Rebuilds the indexes from the live summaries without blocking Recall,
   // then swaps them in. Returns the number of blocks indexed.

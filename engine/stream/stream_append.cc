@@ -116,10 +116,10 @@ void Stream::InstallCommitted(const StreamState& next,
     if (e.warm) warm_bytes += e.warm->allocated_bytes();
   }
   OpenMean open = OpenBlockMean();
-  // Counted before the blocks enter the view: a move that takes one out
-  // again never subtracts bytes that were not added.
-  if (warm_bytes > 0) tiers_.NoteInstalledWarm(warm_bytes);
   kvmem::MutexLock lock(&view_.mu());
+  // Counted with the blocks, before they enter the view: a move sees both
+  // or neither, and never subtracts bytes that were not added.
+  if (warm_bytes > 0) tiers_.NoteInstalledWarm(warm_bytes);
   view_.SetState(next);
   if (shot_cut) view_.CountShotCut();
   for (BlockEntry& e : sealed) view_.Install(std::move(e));

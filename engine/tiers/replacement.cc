@@ -19,6 +19,7 @@ class LruPolicy final : public ReplacementPolicy {
     return Recency(b, ctx.now_frame);
   }
   const char* name() const override { return "lru"; }
+  double promotion_margin() const override { return 0; }
 };
 
 class HeatPolicy final : public ReplacementPolicy {
@@ -49,6 +50,7 @@ class HeatPolicy final : public ReplacementPolicy {
            0.01 * Recency(b, ctx.now_frame);
   }
   const char* name() const override { return "heat"; }
+  double promotion_margin() const override { return 0.5; }
 };
 
 }  // namespace

@@ -19,6 +19,7 @@ struct ReplacementContext {
   uint32_t half_life_frames = 300;
   const std::map<uint64_t, TrackHistory>* tracks = nullptr;
   const FrameSignals* latest = nullptr;  // Newest frame's signals, if any.
+  std::shared_ptr<const FrameSignals> latest_owner;  // Keeps *latest alive.
 };
 
 class ReplacementPolicy {
@@ -28,10 +29,13 @@ class ReplacementPolicy {
   virtual double KeepScore(const BlockRecord& block,
                            const ReplacementContext& ctx) const = 0;
   virtual const char* name() const = 0;
+  // How much higher a recalled block's score must be than the warm block
+  // it would push out for a promotion to replace one with the other.
+  virtual double promotion_margin() const = 0;
 };
 
 // Least recently used: the frame at which the block was sealed or last
-// recalled.
+// recalled. Promotion margin 0 (a block just recalled is the most recent).
 std::unique_ptr<ReplacementPolicy> NewLruPolicy();
 
 // Heat: an estimate of revisit probability in [0, ~4.01]:
@@ -41,6 +45,9 @@ std::unique_ptr<ReplacementPolicy> NewLruPolicy();
 //                    cosine of its scene with the newest frame's)
 // + history      min(1, recall hits decayed by 2^(-age / half_life) / 4)
 // + 0.01 * recency (last access / now) to break ties as LRU would.
+// Promotion margin 0.5: a recalled block replaces a warm one only if it is
+// half a component hotter, so blocks of similar heat do not swap places
+// (each swap moves a whole block down and another up).
 std::unique_ptr<ReplacementPolicy> NewHeatPolicy();
 
 // Decayed recall hits of a block at frame `now`.

@@ -33,13 +33,23 @@ void TierManager::AddWarm(int64_t bytes, bool staged) {
 }
 
 void TierManager::NoteInstalledWarm(uint64_t bytes) {
-  kvmem::MutexLock lock(&mu_);
   AddWarm(static_cast<int64_t>(bytes), false);
 }
 
 void TierManager::NoteSignals(FrameSignals signals) {
+  auto latest = std::make_shared<const FrameSignals>(std::move(signals));
+  kvmem::MutexLock lock(&signals_mu_);
+  latest_signals_.swap(latest);
+}  // The old signals are freed here, outside the lock.
+
+std::shared_ptr<const FrameSignals> TierManager::LatestSignals() const {
+  kvmem::MutexLock lock(&signals_mu_);
+  return latest_signals_;
+}
+
+void TierManager::WithoutMoves(const std::function<void()>& f) {
   kvmem::MutexLock lock(&mu_);
-  latest_signals_ = std::move(signals);
+  f();
 }
 
 void TierManager::FillStats(PolicyCounters* c) const {
@@ -47,6 +57,8 @@ void TierManager::FillStats(PolicyCounters* c) const {
   c->degradations = moves_.degradations.load(std::memory_order_relaxed);
   c->evictions = moves_.evictions.load(std::memory_order_relaxed);
   c->promotions = moves_.promotions.load(std::memory_order_relaxed);
+  c->promotions_declined =
+      moves_.promotions_declined.load(std::memory_order_relaxed);
   c->staged = moves_.staged.load(std::memory_order_relaxed);
   c->stage_hits = moves_.stage_hits.load(std::memory_order_relaxed);
   c->stage_misses = moves_.stage_misses.load(std::memory_order_relaxed);
@@ -59,7 +71,8 @@ ReplacementContext TierManager::PolicyContext() const {
   ctx.now_frame = state.last_frame < 0 ? 0 : state.last_frame;
   ctx.half_life_frames = config_.tiers.heat_half_life_frames;
   ctx.tracks = &view_->tracks();
-  ctx.latest = &latest_signals_;
+  ctx.latest_owner = LatestSignals();
+  ctx.latest = ctx.latest_owner.get();
   return ctx;
 }
 

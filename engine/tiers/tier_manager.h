@@ -4,16 +4,18 @@
 // move one atomic commit of the block's new durable form. Budgets drive the
 // moves (the stream's warm, cold and storage budgets and the engine's
 // global warm cap), the replacement policy chooses the victims; recall
-// feedback promotes recalled blocks back to warm; two-phase prefetch
-// stages likely blocks in RAM ahead of a query (a staged copy only becomes
-// warm once a query confirms it).
+// feedback promotes recalled blocks back to warm when they earn it (see
+// ApplyHits); two-phase prefetch stages likely blocks in RAM ahead of a
+// query (a staged copy only becomes warm once a query confirms it).
 //
 // Thread safety: all public methods are safe to call concurrently; moves
-// are serialised by mu_, which is held across their store commits (the
-// stream calls them under its append lock, which it acquires first). Moves
-// change the view in short exclusive sections of the view's lock, so
-// recalls and reads never wait for a commit. FillStats and the byte counts
-// read atomics and never wait.
+// are serialised by mu_, which is held across their store commits (appends
+// take it after the stream's append lock; a recall's maintenance takes it
+// without that lock, one hit at a time, so an append never waits for more
+// than one hit's moves). Moves change the view in short exclusive sections
+// of the view's lock, so recalls and reads never wait for a commit.
+// FillStats, the byte counts, NoteSignals and NoteInstalledWarm never wait
+// for a move.
 #ifndef KVMEM_ENGINE_TIERS_TIER_MANAGER_H_
 #define KVMEM_ENGINE_TIERS_TIER_MANAGER_H_
 
@@ -68,8 +70,12 @@ class TierManager {
   absl::Status EnforceBudgets(uint64_t incoming_warm = 0, int64_t exclude = -1)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Applies recall hits: each block's heat history, then a promotion to
-  // warm (or, for a staged copy, a confirmation). Goes on after an error and
-  // returns the first.
+  // warm (or, for a staged copy, a confirmation) if the block earns it: it
+  // was recalled before within the heat half-life, and either the warm tier
+  // has room for it or its keep score beats the warm block it would
+  // push out by the policy's promotion_margin(), at most one such
+  // displacing promotion per call. Takes mu_ per hit. Goes on after an
+  // error and returns the first.
   absl::Status ApplyHits(const std::vector<RecallHit>& hits)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Stages up to prefetch_blocks likely blocks (SUMMED's best for the
@@ -78,11 +84,16 @@ class TierManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The newest frame's signals, which the heat policy and staging score
   // against.
-  void NoteSignals(FrameSignals signals) ABSL_LOCKS_EXCLUDED(mu_);
-  // Counts a warm copy of `bytes` the view is about to install: call it
-  // before RecallView::Install, so a move that takes the block out again
-  // never subtracts bytes that were not added.
-  void NoteInstalledWarm(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteSignals(FrameSignals signals) ABSL_LOCKS_EXCLUDED(signals_mu_);
+  // Counts a warm copy of `bytes` the view is about to install: call it in
+  // the same exclusive section of the view's lock as RecallView::Install
+  // and before it (or before any move can run, at recovery), so a move sees
+  // the block and its bytes together and never subtracts bytes that were
+  // not added.
+  void NoteInstalledWarm(uint64_t bytes);
+  // Runs f with no tier move in flight and none starting until it returns
+  // (the stream marks itself deleted or gone in it: moves check that).
+  void WithoutMoves(const std::function<void()>& f) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The moves so far and the stage buffer's bytes into *c (PolicyCounters'
   // tier fields; shot cuts, rebuilds and latencies are the view's and
@@ -126,6 +137,15 @@ class TierManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ReplacementContext PolicyContext() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
       ABSL_SHARED_LOCKS_REQUIRED(view_->mu());
+  std::shared_ptr<const FrameSignals> LatestSignals() const
+      ABSL_LOCKS_EXCLUDED(signals_mu_);
+  // Whether recalled block `id` (its record before this hit: prior_hits,
+  // prior_hit_frame) earns a promotion at frame `now` (see ApplyHits);
+  // *displaces: it needs another warm block moved out first.
+  bool AdmitPromotion(uint64_t id, float prior_hits, uint64_t prior_hit_frame,
+                      uint64_t now, bool* displaces) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+          ABSL_SHARED_LOCKS_REQUIRED(view_->mu());
   // The lowest-keep-score block matching pred, or -1.
   int64_t PickVictim(const std::function<bool(const BlockEntry&)>& pred,
                      const ReplacementContext& ctx) const
@@ -141,15 +161,17 @@ class TierManager {
 
   kvmem::Mutex mu_;
   std::deque<uint64_t> staged_order_ ABSL_GUARDED_BY(mu_);  // FIFO.
-  FrameSignals latest_signals_ ABSL_GUARDED_BY(mu_);
-  // Written under mu_ (a move's change in the same exclusive section of the
-  // view's lock as the block's; an install's before the block enters the
-  // view); read anywhere.
+  mutable kvmem::Mutex signals_mu_;  // A leaf: held only to swap a pointer.
+  std::shared_ptr<const FrameSignals> latest_signals_
+      ABSL_GUARDED_BY(signals_mu_);
+  // Written in the same exclusive section of the view's lock as the
+  // block's change (a move's under mu_ too); read anywhere.
   std::atomic<uint64_t> warm_bytes_{0};
   std::atomic<uint64_t> stage_bytes_{0};
   struct Moves {
     std::atomic<uint64_t> demotions{0}, degradations{0}, evictions{0},
-        promotions{0}, staged{0}, stage_hits{0}, stage_misses{0};
+        promotions{0}, promotions_declined{0}, staged{0}, stage_hits{0},
+        stage_misses{0};
   } moves_;
 };
 

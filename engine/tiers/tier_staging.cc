@@ -34,7 +34,9 @@ std::vector<uint64_t> TierManager::PickStaged(
     CandidateQuery q;
     q.vector = pseudo_query.data();
     q.dim = view_->summary_dim();
-    q.signals = &latest_signals_;
+    const std::shared_ptr<const FrameSignals> latest = LatestSignals();
+    const FrameSignals none;
+    q.signals = latest != nullptr ? latest.get() : &none;
     q.eligible = view_->EligibleBlocks(view_->state().next_token_position);
     q.top_k = 2 * t.prefetch_blocks;
     std::vector<PlanUnit> units =
@@ -115,16 +117,59 @@ absl::Status TierManager::ConfirmStaged(uint64_t id, uint64_t bytes) {
   return absl::OkStatus();
 }
 
+bool TierManager::AdmitPromotion(uint64_t id, float prior_hits,
+                                 uint64_t prior_hit_frame, uint64_t now,
+                                 bool* displaces) const {
+  *displaces = false;
+  const TierConfig& t = config_.tiers;
+  // Recalled once is not evidence of a revisit: the block is read from the
+  // store for that recall (a few of its tokens with token delivery), which
+  // costs less than moving its whole payload up and another one down.
+  if (prior_hits <= 0 || now < prior_hit_frame ||
+      now - prior_hit_frame > t.heat_half_life_frames) {
+    return false;
+  }
+  const BlockEntry& e = view_->blocks()[id];
+  const uint64_t bytes =
+      WarmBlock::AllocatedBytes(config_.geometry, e.rec.info.token_count);
+  const bool stream_room =
+      t.warm_budget_bytes == 0 ||
+      warm_bytes_.load(std::memory_order_relaxed) + bytes <=
+          t.warm_budget_bytes;
+  const bool global_room =
+      env_.global_warm_budget == 0 || env_.global_warm_bytes == nullptr ||
+      env_.global_warm_bytes->load(std::memory_order_relaxed) + bytes <=
+          env_.global_warm_budget;
+  if (stream_room && global_room) return true;
+  // Room is made from this stream's warm blocks only: never by taking
+  // another stream's RAM, never for a block hotter than the coldest one.
+  const ReplacementContext ctx = PolicyContext();
+  const int64_t victim = PickVictim(
+      [id](const BlockEntry& w) {
+        return w.warm && !w.staged && w.rec.info.id != id;
+      },
+      ctx);
+  if (victim < 0) return false;
+  *displaces = true;
+  return policy_->KeepScore(e.rec, ctx) >
+         policy_->KeepScore(view_->blocks()[victim].rec, ctx) +
+             policy_->promotion_margin();
+}
+
 absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
-  kvmem::MutexLock moves(&mu_);
   absl::Status first_error;
+  bool displaced = false;  // At most one displacing promotion per call.
   for (const RecallHit& hit : hits) {
+    // Per hit, so an append waits for at most one hit's moves.
+    kvmem::MutexLock moves(&mu_);
     bool promote = false;
     uint64_t staged_bytes = 0;
     {
       kvmem::MutexLock lock(&view_->mu());
       if (view_->deleted() || !view_->blocks().Has(hit.block)) continue;
       BlockEntry& e = view_->entry(hit.block);
+      const float prior_hits = e.rec.hits;
+      const uint64_t prior_hit_frame = e.rec.last_hit_frame;
       e.rec.hits = static_cast<float>(
           DecayedHits(e.rec, hit.frame, config_.tiers.heat_half_life_frames) +
           1);
@@ -133,7 +178,12 @@ absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
       if (e.staged) {
         staged_bytes = e.warm->allocated_bytes();
       } else if (!e.warm && e.rec.disk != DiskForm::kNone) {
-        promote = true;
+        bool displaces = false;
+        promote = AdmitPromotion(hit.block, prior_hits, prior_hit_frame,
+                                 hit.frame, &displaces) &&
+                  !(displaces && displaced);
+        displaced = displaced || (promote && displaces);
+        if (!promote) moves_.promotions_declined += 1;
       }
     }
     absl::Status s = promote ? Promote(hit.block, /*staged=*/false)

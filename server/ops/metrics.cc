@@ -59,6 +59,10 @@ constexpr CounterDef kCounters[kStreamCounterCount] = {
      [](const StreamStats& s) { return double(s.policy.degradations); }},
     {"promotions", "Blocks promoted back to warm after a recall.",
      [](const StreamStats& s) { return double(s.policy.promotions); }},
+    {"promotions_declined",
+     "Recalled blocks out of RAM not promoted (not recalled again within the "
+     "half-life, or not hotter than the warm block they would displace).",
+     [](const StreamStats& s) { return double(s.policy.promotions_declined); }},
     {"evictions", "Blocks evicted (payload dropped, summary kept).",
      [](const StreamStats& s) { return double(s.policy.evictions); }},
     {"index_rebuilds", "Index rebuilds swapped in.",

@@ -41,7 +41,7 @@ class ShmArenas;           // server/service/shm_arenas.h
 struct ReadCacheCounters;  // storage/read_cache_store.h
 
 // The per-stream counters the scrape reads (index into StreamCounters).
-inline constexpr int kStreamCounterCount = 17;
+inline constexpr int kStreamCounterCount = 18;
 using StreamCounters = std::array<double, kStreamCounterCount>;
 
 class MetricsCollector;

@@ -168,6 +168,7 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   ps->set_degradations(c.degradations);
   ps->set_evictions(c.evictions);
   ps->set_promotions(c.promotions);
+  ps->set_promotions_declined(c.promotions_declined);
   ps->set_staged(c.staged);
   ps->set_stage_hits(c.stage_hits);
   ps->set_stage_misses(c.stage_misses);

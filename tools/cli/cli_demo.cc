@@ -158,6 +158,7 @@ void StreamJson(const v1::StreamStats& s, JsonWriter* w) {
   w->Key("demotions").UInt(p.demotions());
   w->Key("degradations").UInt(p.degradations());
   w->Key("promotions").UInt(p.promotions());
+  w->Key("promotions_declined").UInt(p.promotions_declined());
   w->Key("staged").UInt(p.staged());
   w->Key("stage_hits").UInt(p.stage_hits());
   w->Key("stage_misses").UInt(p.stage_misses());
@@ -284,6 +285,8 @@ grpc::Status CollectStats(KvmemClient* client, DemoFigures* f) {
     p->set_demotions(p->demotions() + q.demotions());
     p->set_degradations(p->degradations() + q.degradations());
     p->set_promotions(p->promotions() + q.promotions());
+    p->set_promotions_declined(p->promotions_declined() +
+                               q.promotions_declined());
     p->set_staged(p->staged() + q.staged());
     p->set_stage_hits(p->stage_hits() + q.stage_hits());
     p->set_shot_cuts(p->shot_cuts() + q.shot_cuts());

@@ -81,7 +81,8 @@ void PrintStatsHuman(const v1::StreamStats& s) {
   const v1::PolicyStats& p = s.policy();
   std::printf(
       "  policy          %s: %llu demoted, %llu degraded, %llu evicted, %llu "
-      "promoted; %llu staged, %llu stage hits; %llu rebuilds; recall p50 %u "
+      "promoted (%llu declined); %llu staged, %llu stage hits; %llu rebuilds; "
+      "recall p50 %u "
       "us, p99 %u us\n",
       v1::ReplacementPolicy_Name(s.config().tier_policy().replacement())
           .c_str(),
@@ -89,6 +90,7 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       static_cast<unsigned long long>(p.degradations()),
       static_cast<unsigned long long>(p.evictions()),
       static_cast<unsigned long long>(p.promotions()),
+      static_cast<unsigned long long>(p.promotions_declined()),
       static_cast<unsigned long long>(p.staged()),
       static_cast<unsigned long long>(p.stage_hits()),
       static_cast<unsigned long long>(p.rebuilds()), p.recall_us_p50(),

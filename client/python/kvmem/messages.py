@@ -342,6 +342,7 @@ class PolicyStats:
     degradations: int = 0
     evictions: int = 0
     promotions: int = 0
+    promotions_declined: int = 0
     staged: int = 0
     stage_hits: int = 0
     stage_misses: int = 0

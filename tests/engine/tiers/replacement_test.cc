@@ -32,6 +32,11 @@ TEST(ReplacementPolicyTest, LruIsRecencyAndPicksTheName) {
   ctx.now_frame = 0;  // Nothing appended yet: 0, not a division by 0.
   EXPECT_EQ(lru->KeepScore(Block(0), ctx), 0.0);
   EXPECT_STREQ(NewReplacementPolicy(Replacement::kHeat)->name(), "heat");
+  // A block just recalled is the most recent: LRU promotes it in place of
+  // any other; heat asks for half a component more than the block it
+  // would push out.
+  EXPECT_EQ(lru->promotion_margin(), 0.0);
+  EXPECT_EQ(NewHeatPolicy()->promotion_margin(), 0.5);
 }
 
 TEST(ReplacementPolicyTest, HeatTermsOneAtATime) {
