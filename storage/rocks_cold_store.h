@@ -68,16 +68,17 @@ struct RocksColdStoreOptions {
   // rocks_disk_guard.cc is still held, for deletions on a full disk).
   static constexpr uint64_t kAutoReserve = UINT64_MAX;
   uint64_t reserve_bytes = kAutoReserve;
-  // Block layer records (the cold and degraded tiers' form) carry a CRC32C
-  // of their own (base/crc32c.h: SSE4.2 where the CPU has it) in an 8-byte
-  // trailer, and are read with RocksDB's checksum off: Debian's RocksDB
-  // checks blobs in software at ~1.6 GB/s. A record without the trailer
-  // (written before, or with this false) is read with RocksDB's check. A
-  // mismatch is DATA_LOSS either way. false: write records as before (tests
-  // of stores written by older builds).
+  // Frames and block layer records (the cold and degraded tiers' forms)
+  // carry a CRC32C of their own (base/crc32c.h: SSE4.2 where the CPU has
+  // it) in an 8-byte trailer, and are read with RocksDB's checksum off:
+  // Debian's RocksDB checks blobs in software at ~1.6 GB/s. A record without
+  // the trailer (written before, or with this false) is read with RocksDB's
+  // check. A mismatch is DATA_LOSS either way. false: write records as before
+  // (tests of stores written by older builds).
   bool layer_checksums = true;
-  // Read layer records with RocksDB's own check only (one verified Get):
-  // the reference `kvmem bench --fetch` measures the trailer against.
+  // Read frames and layer records with RocksDB's own check only (one
+  // verified Get): the reference `kvmem bench --fetch` measures the
+  // trailer against.
   bool verify_layers_with_rocksdb = false;
 };
 

@@ -96,11 +96,13 @@ class RocksColdStore final : public ColdStore {
  private:
   explicit RocksColdStore(const RocksColdStoreOptions& options);
 
-  // A layer record read with RocksDB's check, its trailer stripped when it
-  // has one that checks (GetBlockLayer's second read).
-  absl::StatusOr<std::string> VerifiedLayer(const std::string& key,
-                                            const std::string& what)
-      ABSL_LOCKS_EXCLUDED(db_mu_);
+  // A record written with a trailer (a layer record or a frame): read with
+  // RocksDB's check off and checked by its trailer; one without a trailer
+  // that checks is read again with RocksDB's check (older records, or
+  // damaged ones: DATA_LOSS). what() names it in errors.
+  absl::StatusOr<std::string> GetChecked(
+      rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,
+      const std::function<std::string()>& what) ABSL_LOCKS_EXCLUDED(db_mu_);
   // cf names the handle member: read under the lock, a reopen replaces it.
   absl::StatusOr<std::string> Get(
       rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,

@@ -63,29 +63,44 @@ class BlockReader {
 
  private:
   // A block as one read sees it: in RAM, or (BLOCK_LAYER_MAJOR of a block
-  // stored as layers) only the wanted layers' records, straight from the
+  // stored as layers) only the wanted layers' records, or (tokens of a
+  // block stored as frames) only the frames holding them, straight from the
   // store; either way consistent with one generation of the block.
   struct Snapshot {
     BlockRecord rec;
     BlockInfo info;                         // Tier as of the read.
     std::shared_ptr<const WarmBlock> warm;  // Set, or
-    std::vector<std::string> records;       // one per wanted layer.
+    std::vector<std::string> records;       // one per wanted layer, or
+    std::vector<std::string> frames;        // the block's frames from
+    uint32_t first_frame = 0;               // this one (0: its first).
   };
+  // `tokens`, when given, are the offsets a token read wants (a block kept
+  // as frames is then read as the frames holding them).
   absl::StatusOr<Snapshot> SnapshotBlock(
       uint64_t block_id, PayloadLayout layout,
-      const std::vector<uint32_t>& wanted) const
+      const std::vector<uint32_t>& wanted,
+      const std::vector<uint32_t>* tokens = nullptr) const
       ABSL_LOCKS_EXCLUDED(view_.mu());
+  // Fills snap->frames with the frames of snap->rec (kept as frames) that
+  // hold `tokens` (all of them when empty).
+  absl::Status LoadTokenFrames(const std::vector<uint32_t>& tokens,
+                               Snapshot* snap) const;
   // K and V (slice bytes each) of the snapshot's layer wanted[i]: from the
   // warm block, or the halves of records[i].
   static std::pair<absl::string_view, absl::string_view> LayerSlices(
       const Snapshot& snap, const std::vector<uint32_t>& wanted, size_t i,
       size_t slice);
   // The rows of `tokens` (checked) of the snapshot's `wanted` layers into
-  // dst (capacity bytes, else OUT_OF_RANGE), with streaming stores.
+  // dst (capacity bytes, else OUT_OF_RANGE), with streaming stores; from
+  // snap.frames when the snapshot holds frames.
   absl::StatusOr<uint64_t> GatherTokens(const Snapshot& snap,
                                         const std::vector<uint32_t>& tokens,
                                         const std::vector<uint32_t>& wanted,
                                         uint8_t* dst, uint64_t capacity) const;
+  absl::Status GatherFromFrames(const Snapshot& snap,
+                                const std::vector<uint32_t>& tokens,
+                                const std::vector<uint32_t>& wanted,
+                                uint8_t* dst) const;
   // layers, or every layer when empty; INVALID_ARGUMENT for one out of range.
   absl::StatusOr<std::vector<uint32_t>> WantedLayers(
       const std::vector<uint32_t>& layers) const;

@@ -168,11 +168,13 @@ void WriteLayers(const std::string& path, bool checksums, uint64_t blocks) {
     for (uint32_t l = 0; l < 4; ++l) {
       w.block_layers.push_back({b, l, LayerBytes(b, l)});
     }
+    const std::string frame = LayerBytes(b, 99);  // Frame b.
+    w.frame.emplace(b, frame);
     ASSERT_TRUE((*store)->Commit(w).ok());
   }
 }
 
-TEST(RocksColdStoreTest, LayerRecordsCarryTheirOwnChecksum) {
+TEST(RocksColdStoreTest, LayerRecordsAndFramesCarryTheirOwnChecksum) {
   for (bool written_with_trailer : {true, false}) {
     for (bool rocksdb_check : {false, true}) {
       testing::TempDir dir;
@@ -198,6 +200,16 @@ TEST(RocksColdStoreTest, LayerRecordsCarryTheirOwnChecksum) {
           ASSERT_EQ((*all)[i], LayerBytes(b, order[i]))
               << written_with_trailer << rocksdb_check << b << " batched " << i;
         }
+        auto frame = (*store)->GetFrame("cam", b);
+        ASSERT_TRUE(frame.ok()) << frame.status();
+        ASSERT_EQ(*frame, LayerBytes(b, 99))
+            << written_with_trailer << rocksdb_check << " frame " << b;
+      }
+      auto frames = (*store)->GetFrames("cam", 1, 4);
+      ASSERT_TRUE(frames.ok()) << frames.status();
+      ASSERT_EQ(frames->size(), 4u);
+      for (uint64_t f = 1; f <= 4; ++f) {
+        ASSERT_EQ((*frames)[f - 1], LayerBytes(f, 99)) << "frames " << f;
       }
     }
   }
@@ -245,6 +257,14 @@ TEST(RocksColdStoreTest, DamagedLayerRecordsAreDataLossNeverWrongBytes) {
     for (uint32_t l = 0; l < 4; ++l) {
       EXPECT_EQ((*all)[l], LayerBytes(b, l)) << "batched block " << b;
     }
+    auto frame = (*store)->GetFrame("cam", b);
+    if (!frame.ok()) {
+      EXPECT_EQ(frame.status().code(), absl::StatusCode::kDataLoss)
+          << frame.status();
+      ++lost;
+      continue;
+    }
+    EXPECT_EQ(*frame, LayerBytes(b, 99)) << "frame " << b;
   }
   EXPECT_GE(lost, 1);
 }

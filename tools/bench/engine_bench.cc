@@ -367,12 +367,14 @@ bool AppendRandomFrames(benchmark::State& state, MemoryEngine* engine,
 // An engine on a fresh RocksDB store in dir (emptied first), default
 // store options.
 std::unique_ptr<MemoryEngine> FreshEngine(const std::filesystem::path& dir,
-                                          int recall_threads = 1) {
+                                          int recall_threads = 1,
+                                          bool keep_frames = false) {
   std::filesystem::remove_all(dir);
   RocksColdStoreOptions so;
   so.path = dir.string();
   EngineOptions options;
   options.recall_threads = recall_threads;
+  options.demote_keeps_frames = keep_frames;
   return *MemoryEngine::Open(*OpenRocksColdStore(so), options);
 }
 
@@ -575,6 +577,54 @@ void BM_ReadTokens(benchmark::State& state) {
   std::filesystem::remove_all(dir);
 }
 BENCHMARK(BM_ReadTokens)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+
+// The same read from blocks out of RAM (the warm budget holds none): arg 0
+// = 1 the blocks keep their frames (--cold_form=frames), 0 they were
+// rewritten per layer; arg 1 = tokens read per 64-token block (spread
+// evenly over its 4 frames). The store's files are in the page cache.
+void BM_ReadColdTokens(benchmark::State& state) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "kvmem-engine-bench-cold";
+  const bool frames = state.range(0) == 1;
+  const uint32_t per_block = static_cast<uint32_t>(state.range(1));
+  std::unique_ptr<MemoryEngine> engine = FreshEngine(dir, 1, frames);
+  StreamConfig c;
+  c.geometry = {32, 8, 128, DType::kFp16, 16};
+  c.hot_window_tokens = 64;
+  c.frames_per_block = 4;
+  c.tiers.warm_budget_bytes = 1;
+  std::mt19937_64 rng(9);
+  if (!engine->OpenStream("cam", c).ok() ||
+      !AppendRandomFrames(state, engine.get(), 13 * 4, 16,
+                          size_t{32} * 2 * 8 * 128 * 16, rng)) {
+    state.SkipWithError("setup failed");
+    return;
+  }
+  engine->WaitForBackground();
+  const StreamHandle stream = *engine->Find("cam");
+  std::vector<uint32_t> tokens;
+  for (uint32_t j = 0; j < per_block; ++j) tokens.push_back(j * 64 / per_block);
+  const uint64_t n = BlockPayloadBytes(c.geometry, tokens.size(),
+                                       PayloadLayout::kBlockLayerMajor, 0);
+  std::vector<uint8_t> buffer(12 * n);
+  for (auto _ : state) {
+    for (uint64_t b = 0; b < 12; ++b) {
+      if (!stream.ReadBlockTokensInto(b, tokens, {}, buffer.data() + b * n, n)
+               .ok()) {
+        state.SkipWithError("read failed");
+        break;
+      }
+    }
+    benchmark::DoNotOptimize(buffer.data());
+  }
+  state.SetBytesProcessed(state.iterations() * 12 * n);
+  state.SetLabel(frames ? "cold, frames" : "cold, layers");
+  engine.reset();
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_ReadColdTokens)
+    ->ArgsProduct({{0, 1}, {8, 51}})
+    ->Unit(benchmark::kMillisecond);
 
 // kvmem bench's token-resolution figure in process: a camera-hour of
 // one-frame blocks (10,800 frames of 16 tokens in 4 token groups, 2 KV
