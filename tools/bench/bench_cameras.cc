@@ -47,6 +47,9 @@ v1::StreamConfig CameraConfig(const CamerasOptions& o) {
   g->set_max_tokens_per_frame(o.tokens_per_frame);
   c.mutable_tier_policy()->set_cold_precision(
       ColdPrecisionOf(o.cold_precision));
+  for (uint32_t l = 0; l < o.indexed_layers && l < o.layers; ++l) {
+    c.mutable_index_policy()->add_indexed_layers(l);
+  }
   return c;
 }
 

@@ -50,6 +50,8 @@ struct CamerasOptions {
   // History per camera before each step (see above): at most this many
   // frames; 0: none (a step from an empty stream).
   uint32_t max_history_frames = 256;
+  // Index the first this many layers (0: the stream default, all).
+  uint32_t indexed_layers = 0;
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // Phase messages.
 };

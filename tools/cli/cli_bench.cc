@@ -40,6 +40,10 @@ ABSL_FLAG(uint32_t, camera_history_frames, 256,
           "bench --cameras: before each step, each camera appends history "
           "at full speed until a block of its stream has left RAM (the "
           "steady state), at most this many frames (0: none).");
+ABSL_FLAG(uint32_t, camera_indexed_layers, 0,
+          "bench --cameras: index the first N layers of each camera "
+          "(index_policy.indexed_layers; 0: the stream default, every "
+          "layer).");
 ABSL_FLAG(std::string, cold_precision, "full",
           "bench: how the streams keep blocks that leave RAM: full (the "
           "default), int8 or int4 (tier_policy.cold_precision).");
@@ -218,6 +222,7 @@ int RunBench(const std::vector<std::string>&) {
                                    co.hot_window_tokens);
     co.seconds = absl::GetFlag(FLAGS_camera_seconds);
     co.max_history_frames = absl::GetFlag(FLAGS_camera_history_frames);
+    co.indexed_layers = absl::GetFlag(FLAGS_camera_indexed_layers);
     co.cold_precision = o.cold_precision;
     co.seed = o.seed;
     co.progress = o.progress;
