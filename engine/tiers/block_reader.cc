@@ -291,9 +291,18 @@ absl::StatusOr<uint64_t> BlockReader::GatherTokens(
 absl::Status BlockReader::LoadTokenFrames(const std::vector<uint32_t>& tokens,
                                           Snapshot* snap) const {
   const std::vector<uint32_t>& per_frame = snap->rec.frame_tokens;
+  const BlockInfo& info = snap->rec.info;
+  if (per_frame.empty() ||
+      per_frame.size() != info.last_frame - info.first_frame + 1) {
+    return absl::DataLossError(
+        absl::StrCat("block ", info.id, " records ", per_frame.size(),
+                     " frames' token counts for frames ", info.first_frame,
+                     "..", info.last_frame));
+  }
   // The frames holding the first and the last token (offsets ascend; a bad
   // list is refused after the read, by the gather's check).
-  uint32_t first = 0, last = per_frame.empty() ? 0 : per_frame.size() - 1;
+  uint32_t first = 0;
+  uint32_t last = static_cast<uint32_t>(per_frame.size() - 1);
   if (!tokens.empty()) {
     uint32_t end = 0;
     bool found_first = false;
@@ -313,6 +322,11 @@ absl::Status BlockReader::LoadTokenFrames(const std::vector<uint32_t>& tokens,
   KVMEM_ASSIGN_OR_RETURN(
       snap->frames,
       store_->GetFrames(view_.stream_id(), base + first, base + last));
+  if (snap->frames.size() != last - first + 1) {
+    return absl::DataLossError(
+        absl::StrCat("frames ", base + first, "..", base + last, " of block ",
+                     info.id, " read as ", snap->frames.size(), " frames"));
+  }
   snap->first_frame = first;
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 // frames as the test appended them, for blocks in RAM, on disk and
 // degraded; every token chosen is BLOCK_LAYER_MAJOR byte for byte; bad
 // token lists and a wrong destination size are refused.
+#include <atomic>
 #include <optional>
 #include <random>
 
@@ -173,6 +174,66 @@ TEST_P(ColdFormTokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
       EXPECT_EQ(frame.status().code(), absl::StatusCode::kNotFound);
       EXPECT_TRUE(layer.ok()) << "block " << b.id << ": " << layer.status();
     }
+  }
+}
+
+// Counts the frames a reader gets from the store.
+class FrameCountingStore final : public ForwardingColdStore {
+ public:
+  using ForwardingColdStore::ForwardingColdStore;
+  absl::StatusOr<std::vector<std::string>> GetFrames(absl::string_view id,
+                                                     uint64_t first,
+                                                     uint64_t last) override {
+    auto r = ForwardingColdStore::GetFrames(id, first, last);
+    if (r.ok()) frames_read += r->size();
+    return r;
+  }
+  absl::StatusOr<std::string> GetFrame(absl::string_view id,
+                                       uint64_t f) override {
+    frames_read += 1;
+    return ForwardingColdStore::GetFrame(id, f);
+  }
+  std::atomic<uint64_t> frames_read{0};
+};
+
+// A block kept as frames (--cold_form=frames) reads, for a token read, only
+// the frames holding the tokens.
+TEST(TokenReadTest, AColdFramesBlockReadsOnlyTheFramesHoldingTheTokens) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = testing::TestConfig(g, 8, 2);
+  c.tiers.warm_budget_bytes = 1;  // Every block leaves RAM as it seals.
+  testing::StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(13);
+  auto counting = std::make_shared<FrameCountingStore>(
+      std::shared_ptr<ColdStore>(testing::OpenTestStore(dir.path())));
+  EngineOptions options;
+  options.demote_keeps_frames = true;
+  auto e = MemoryEngine::Open(std::make_unique<ForwardingColdStore>(counting),
+                              options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->OpenStream("s", c).ok());
+  for (uint64_t f = 0; f < 12; ++f) {
+    ASSERT_TRUE(
+        (*e)->Append("s", testing::ToFrame(m.AddFrame(rng, kTokens), f)).ok());
+  }
+  (*e)->WaitForBackground();
+  const StreamHandle stream = *(*e)->Find("s");
+  ASSERT_EQ(stream.GetBlock(1)->tier, Tier::kCold);
+  // Tokens 0-3 are block 1's first frame, 4-7 its second.
+  const std::vector<std::pair<std::vector<uint32_t>, uint64_t>> cases = {
+      {{0}, 1}, {{7}, 1}, {{1, 2, 3}, 1}, {{3, 4}, 2}, {{}, 2}};
+  for (const auto& [tokens, frames] : cases) {
+    const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+    const std::string want = FromFrames(
+        m.BlockBytes(1), g, tokens.empty() ? all : tokens, {0, 1, 2});
+    std::string got(want.size(), '\0');
+    const uint64_t before = counting->frames_read;
+    auto n = stream.ReadBlockTokensInto(
+        1, tokens, {}, reinterpret_cast<uint8_t*>(got.data()), got.size());
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(got, want) << tokens.size() << " tokens";
+    EXPECT_EQ(counting->frames_read - before, frames) << tokens.size();
   }
 }
 
