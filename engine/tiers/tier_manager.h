@@ -141,11 +141,13 @@ class TierManager {
       ABSL_LOCKS_EXCLUDED(signals_mu_);
   // Whether recalled block `id` (its record before this hit: prior_hits,
   // prior_hit_frame) earns a promotion at frame `now` (see ApplyHits);
-  // *displaces: it needs another warm block moved out first.
+  // *displaces: it needs another warm block moved out first, which only
+  // may_displace allows; *coldest_keep caches the keep score of the warm
+  // block it would displace (NaN: not found yet; HUGE_VAL: none).
   bool AdmitPromotion(uint64_t id, float prior_hits, uint64_t prior_hit_frame,
-                      uint64_t now, bool* displaces) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
-          ABSL_SHARED_LOCKS_REQUIRED(view_->mu());
+                      uint64_t now, bool may_displace, double* coldest_keep,
+                      bool* displaces) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_SHARED_LOCKS_REQUIRED(view_->mu());
   // The lowest-keep-score block matching pred, or -1.
   int64_t PickVictim(const std::function<bool(const BlockEntry&)>& pred,
                      const ReplacementContext& ctx) const

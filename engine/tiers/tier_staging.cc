@@ -119,6 +119,7 @@ absl::Status TierManager::ConfirmStaged(uint64_t id, uint64_t bytes) {
 
 bool TierManager::AdmitPromotion(uint64_t id, float prior_hits,
                                  uint64_t prior_hit_frame, uint64_t now,
+                                 bool may_displace, double* coldest_keep,
                                  bool* displaces) const {
   *displaces = false;
   const TierConfig& t = config_.tiers;
@@ -141,35 +142,44 @@ bool TierManager::AdmitPromotion(uint64_t id, float prior_hits,
       env_.global_warm_bytes->load(std::memory_order_relaxed) + bytes <=
           env_.global_warm_budget;
   if (stream_room && global_room) return true;
+  *displaces = true;
+  if (!may_displace) return false;  // Without the scan below.
   // Room is made from this stream's warm blocks only: never by taking
   // another stream's RAM, never for a block hotter than the coldest one.
   const ReplacementContext ctx = PolicyContext();
-  const int64_t victim = PickVictim(
-      [id](const BlockEntry& w) {
-        return w.warm && !w.staged && w.rec.info.id != id;
-      },
-      ctx);
-  if (victim < 0) return false;
-  *displaces = true;
+  if (std::isnan(*coldest_keep)) {  // One scan of the blocks per pass.
+    const int64_t victim = PickVictim(
+        [id](const BlockEntry& w) {
+          return w.warm && !w.staged && w.rec.info.id != id;
+        },
+        ctx);
+    *coldest_keep = victim < 0
+                        ? HUGE_VAL
+                        : policy_->KeepScore(view_->blocks()[victim].rec, ctx);
+  }
   return policy_->KeepScore(e.rec, ctx) >
-         policy_->KeepScore(view_->blocks()[victim].rec, ctx) +
-             policy_->promotion_margin();
+         *coldest_keep + policy_->promotion_margin();
 }
 
 absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
   absl::Status first_error;
   bool displaced = false;  // At most one displacing promotion per call.
+  // The coldest warm block's keep score, found once per call (NaN: not
+  // yet); the demotion itself picks the coldest again.
+  double coldest_keep = std::nan("");
   for (const RecallHit& hit : hits) {
     // Per hit, so an append waits for at most one hit's moves.
     kvmem::MutexLock moves(&mu_);
-    bool promote = false;
+    bool candidate = false;
+    float prior_hits = 0;
+    uint64_t prior_hit_frame = 0;
     uint64_t staged_bytes = 0;
     {
       kvmem::MutexLock lock(&view_->mu());
       if (view_->deleted() || !view_->blocks().Has(hit.block)) continue;
       BlockEntry& e = view_->entry(hit.block);
-      const float prior_hits = e.rec.hits;
-      const uint64_t prior_hit_frame = e.rec.last_hit_frame;
+      prior_hits = e.rec.hits;
+      prior_hit_frame = e.rec.last_hit_frame;
       e.rec.hits = static_cast<float>(
           DecayedHits(e.rec, hit.frame, config_.tiers.heat_half_life_frames) +
           1);
@@ -177,14 +187,21 @@ absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
       e.rec.last_access_frame = std::max(e.rec.last_access_frame, hit.frame);
       if (e.staged) {
         staged_bytes = e.warm->allocated_bytes();
-      } else if (!e.warm && e.rec.disk != DiskForm::kNone) {
-        bool displaces = false;
-        promote = AdmitPromotion(hit.block, prior_hits, prior_hit_frame,
-                                 hit.frame, &displaces) &&
-                  !(displaces && displaced);
-        displaced = displaced || (promote && displaces);
-        if (!promote) moves_.promotions_declined += 1;
+      } else {
+        candidate = !e.warm && e.rec.disk != DiskForm::kNone;
       }
+    }
+    bool promote = false;
+    if (candidate) {
+      // Shared: the victim scan reads every block and must not hold up
+      // recalls (moves cannot interleave: mu_ is held).
+      kvmem::ReaderMutexLock lock(&view_->mu());
+      bool displaces = false;
+      promote =
+          AdmitPromotion(hit.block, prior_hits, prior_hit_frame, hit.frame,
+                         !displaced, &coldest_keep, &displaces);
+      displaced = displaced || (promote && displaces);
+      if (!promote) moves_.promotions_declined += 1;
     }
     absl::Status s = promote ? Promote(hit.block, /*staged=*/false)
                              : ConfirmStaged(hit.block, staged_bytes);
