@@ -35,7 +35,8 @@ class PromotionTest : public ::testing::Test {
     StreamModel m(g_, 1, tokens, {2, 0});
     std::mt19937_64 rng(5);
     for (uint64_t f = 0; f < 10; ++f) {
-      ASSERT_TRUE(engine_->Append("s", ToFrame(m.AddFrame(rng, tokens), f)).ok());
+      ASSERT_TRUE(
+          engine_->Append("s", ToFrame(m.AddFrame(rng, tokens), f)).ok());
     }
     ASSERT_EQ(Warm(), (std::vector<uint64_t>{8, 9}));
   }
