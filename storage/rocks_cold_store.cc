@@ -96,6 +96,21 @@ std::unique_ptr<rocksdb::WriteBatch> TakeBatch(size_t bytes) {
   return std::make_unique<rocksdb::WriteBatch>(bytes);
 }
 
+// Puts value under key in cf, followed by its trailer (layer_trailer.h)
+// when `trailer` (one copy into the batch either way).
+void PutRecord(rocksdb::WriteBatch* batch, rocksdb::ColumnFamilyHandle* cf,
+               const std::string& key, absl::string_view value, bool trailer) {
+  const rocksdb::Slice v(value.data(), value.size());
+  if (!trailer) {
+    batch->Put(cf, key, v);
+    return;
+  }
+  const std::string t = LayerTrailer(key, value);
+  const rocksdb::Slice key_part(key), parts[2] = {v, t};
+  batch->Put(cf, rocksdb::SliceParts(&key_part, 1),
+             rocksdb::SliceParts(parts, 2));
+}
+
 void GiveBackBatch(std::unique_ptr<rocksdb::WriteBatch> b) {
   b->Clear();
   const size_t bytes = b->Data().capacity();
@@ -135,35 +150,21 @@ absl::Status RocksColdStore::Commit(const StreamWrite& write) {
     batch.Put(streams_, MetaKey(write.stream_id, 'S'), *write.state);
   }
   if (write.frame) {
-    const absl::string_view p = write.frame->second;
-    const std::string key = NumberedKey(write.stream_id, write.frame->first);
-    if (options_.layer_checksums) {
-      // A frame is a block's durable copy until it leaves RAM, and with
-      // --cold_form=frames after: read back unchecked by RocksDB, like
-      // layer records (one pass over the bytes here, at SSE4.2 speed).
-      const std::string trailer = LayerTrailer(key, p);
-      const rocksdb::Slice key_part(key),
-          parts[2] = {rocksdb::Slice(p.data(), p.size()), trailer};
-      batch.Put(payloads_, rocksdb::SliceParts(&key_part, 1),
-                rocksdb::SliceParts(parts, 2));
-    } else {
-      batch.Put(payloads_, key, rocksdb::Slice(p.data(), p.size()));
-    }
+    // A frame is a block's durable copy until it leaves RAM, and with
+    // --cold_form=frames after: read back unchecked by RocksDB, like layer
+    // records (one pass over the bytes here, at SSE4.2 speed).
+    PutRecord(&batch, payloads_,
+              NumberedKey(write.stream_id, write.frame->first),
+              write.frame->second, options_.layer_checksums);
     if (write.frame_meta) {
       batch.Put(frame_meta_, NumberedKey(write.stream_id, write.frame->first),
                 *write.frame_meta);
     }
   }
   for (const auto& l : write.block_layers) {
-    const std::string key = LayerKey(write.stream_id, l.block_id, l.layer);
-    if (!options_.layer_checksums) {
-      batch.Put(block_layers_, key, l.bytes);
-      continue;
-    }
-    const std::string trailer = LayerTrailer(key, l.bytes);
-    const rocksdb::Slice key_part(key), parts[2] = {l.bytes, trailer};
-    batch.Put(block_layers_, rocksdb::SliceParts(&key_part, 1),
-              rocksdb::SliceParts(parts, 2));
+    PutRecord(&batch, block_layers_,
+              LayerKey(write.stream_id, l.block_id, l.layer), l.bytes,
+              options_.layer_checksums);
   }
   for (const auto& [id, record] : write.blocks) {
     batch.Put(blocks_, NumberedKey(write.stream_id, id), record);
