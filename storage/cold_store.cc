@@ -1,6 +1,7 @@
 #include "storage/cold_store.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvmem {
 
@@ -26,6 +27,46 @@ absl::StatusOr<std::vector<std::string>> ColdStore::GetFrames(
     out.push_back(*std::move(v));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ColdStore::GetFrameParts(
+    absl::string_view stream_id, uint64_t part_bytes,
+    const std::vector<FramePart>& parts) {
+  if (part_bytes == 0) {
+    return absl::InvalidArgumentError("frame parts of 0 bytes");
+  }
+  std::vector<std::string> out;
+  out.reserve(parts.size());
+  std::string whole;
+  uint64_t held = 0;
+  bool holding = false;
+  for (const FramePart& p : parts) {
+    if (!holding || held != p.frame) {
+      absl::StatusOr<std::string> v = GetFrame(stream_id, p.frame);
+      if (!v.ok()) return v.status();
+      whole = *std::move(v);
+      held = p.frame;
+      holding = true;
+    }
+    KVMEM_ASSIGN_OR_RETURN(absl::string_view slice,
+                           FramePartOf(whole, part_bytes, p, stream_id));
+    out.emplace_back(slice);
+  }
+  return out;
+}
+
+absl::StatusOr<absl::string_view> FramePartOf(absl::string_view payload,
+                                              uint64_t part_bytes,
+                                              const ColdStore::FramePart& p,
+                                              absl::string_view stream_id) {
+  const uint64_t at = uint64_t{p.part} * part_bytes;
+  if (at >= payload.size()) {
+    return absl::DataLossError(
+        absl::StrCat("part ", p.part, " of frame ", p.frame, " of stream ",
+                     stream_id, " (parts of ", part_bytes,
+                     " bytes) is past its ", payload.size(), " stored bytes"));
+  }
+  return payload.substr(at, part_bytes);
 }
 
 absl::Status ColdStore::ClaimStream(absl::string_view, uint64_t) {

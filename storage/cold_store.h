@@ -87,6 +87,11 @@ struct StreamWrite {
   std::optional<std::pair<uint64_t, absl::string_view>> frame;
   // Small per-frame record stored beside that frame (its signals).
   std::optional<std::string> frame_meta;
+  // Above 0: the frame's payload is read in parts of this many bytes (the
+  // last may be shorter; GetFrameParts). A store may keep the parts as
+  // separate records so a part is read alone; GetFrame returns the whole
+  // payload either way. 0: read whole.
+  uint64_t frame_part_bytes = 0;
   std::vector<std::pair<uint64_t, std::string>> blocks;  // Block records.
   std::vector<BlockLayerWrite> block_layers;
   // Removes every layer record of these blocks.
@@ -122,6 +127,22 @@ class ColdStore {
   // status. The default reads them one by one.
   virtual absl::StatusOr<std::vector<std::string>> GetFrames(
       absl::string_view stream_id, uint64_t first, uint64_t last);
+
+  // Parts of frames in one call, in the order asked: for each (frame,
+  // part) the payload's bytes [part * part_bytes, (part + 1) * part_bytes)
+  // (to its end for the last part). part_bytes is the frame_part_bytes the
+  // frames were written with, or any size for a frame written whole. A part
+  // past the payload's end is DATA_LOSS (its frame has fewer bytes than the
+  // caller knows it has); a missing frame NOT_FOUND. The default reads each
+  // distinct frame whole and slices it; a store keeping parts reads only
+  // those asked for.
+  struct FramePart {
+    uint64_t frame = 0;
+    uint32_t part = 0;
+  };
+  virtual absl::StatusOr<std::vector<std::string>> GetFrameParts(
+      absl::string_view stream_id, uint64_t part_bytes,
+      const std::vector<FramePart>& parts);
 
   // The meta record stored with a frame, or NOT_FOUND.
   virtual absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
@@ -192,6 +213,13 @@ class ColdStore {
   virtual absl::StatusOr<StreamRecord> ReadStream(absl::string_view stream_id,
                                                   uint64_t* acknowledged);
 };
+
+// Part p.part of a frame's whole payload (parts of part_bytes); DATA_LOSS
+// when it starts past the end.
+absl::StatusOr<absl::string_view> FramePartOf(absl::string_view payload,
+                                              uint64_t part_bytes,
+                                              const ColdStore::FramePart& p,
+                                              absl::string_view stream_id);
 
 // An in-memory ColdStore for engine tests. Not durable.
 std::unique_ptr<ColdStore> NewMemColdStore();

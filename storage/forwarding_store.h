@@ -31,6 +31,11 @@ class ForwardingColdStore : public ColdStore {
                                                      uint64_t last) override {
     return inner_->GetFrames(id, first, last);
   }
+  absl::StatusOr<std::vector<std::string>> GetFrameParts(
+      absl::string_view id, uint64_t part_bytes,
+      const std::vector<FramePart>& parts) override {
+    return inner_->GetFrameParts(id, part_bytes, parts);
+  }
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view id,
                                            uint64_t f) override {
     return inner_->GetFrameMeta(id, f);

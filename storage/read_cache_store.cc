@@ -117,6 +117,13 @@ class ReadCacheStore final : public ForwardingColdStore {
     return v;
   }
 
+  // Through GetFrame (cached whole frames), not the inner store's parts.
+  absl::StatusOr<std::vector<std::string>> GetFrameParts(
+      absl::string_view stream_id, uint64_t part_bytes,
+      const std::vector<FramePart>& parts) override {
+    return ColdStore::GetFrameParts(stream_id, part_bytes, parts);
+  }
+
   absl::StatusOr<std::vector<std::string>> GetFrames(
       absl::string_view stream_id, uint64_t first, uint64_t last) override {
     if (first > last || last - first >= kMaxLocalRange) {

@@ -78,7 +78,15 @@ size_t BatchBytes(const StreamWrite& w) {
   };
   size_t n =
       64 + size(w.config) + size(w.state) + size(w.frame_meta) + 4 * kEntry;
-  if (w.frame) n += w.frame->second.size() + kTrailerBytes + kEntry;
+  if (w.frame) {
+    const uint64_t bytes = w.frame->second.size();
+    const uint64_t parts =
+        w.frame_part_bytes > 0
+            ? std::max<uint64_t>(
+                  1, (bytes + w.frame_part_bytes - 1) / w.frame_part_bytes)
+            : 1;
+    n += bytes + parts * (kTrailerBytes + kEntry);
+  }
   for (const auto& [id, record] : w.blocks) n += record.size() + kEntry;
   for (const BlockLayerWrite& l : w.block_layers) {
     n += l.bytes.size() + kTrailerBytes + kEntry;
@@ -153,9 +161,20 @@ absl::Status RocksColdStore::Commit(const StreamWrite& write) {
     // A frame is a block's durable copy until it leaves RAM, and with
     // --cold_form=frames after: read back unchecked by RocksDB, like layer
     // records (one pass over the bytes here, at SSE4.2 speed).
-    PutRecord(&batch, payloads_,
-              NumberedKey(write.stream_id, write.frame->first),
-              write.frame->second, options_.layer_checksums);
+    const auto& [index, payload] = *write.frame;
+    const uint64_t part = write.frame_part_bytes;
+    if (part > 0 && !payload.empty()) {
+      // Parts under (frame, part) keys, each with its own trailer: a read
+      // of a few tokens reads their parts alone (GetFrameParts).
+      for (uint64_t at = 0, p = 0; at < payload.size(); at += part, ++p) {
+        PutRecord(&batch, payloads_,
+                  LayerKey(write.stream_id, index, static_cast<uint32_t>(p)),
+                  payload.substr(at, part), options_.layer_checksums);
+      }
+    } else {
+      PutRecord(&batch, payloads_, NumberedKey(write.stream_id, index), payload,
+                options_.layer_checksums);
+    }
     if (write.frame_meta) {
       batch.Put(frame_meta_, NumberedKey(write.stream_id, write.frame->first),
                 *write.frame_meta);
@@ -175,9 +194,12 @@ absl::Status RocksColdStore::Commit(const StreamWrite& write) {
 absl::StatusOr<std::string> RocksColdStore::GetFrame(
     absl::string_view stream_id, uint64_t frame_index) {
   const std::string key = NumberedKey(stream_id, frame_index);
-  return GetChecked(&RocksColdStore::payloads_, key, [&] {
-    return absl::StrCat("frame ", frame_index, " of stream ", stream_id);
-  });
+  absl::StatusOr<std::string> whole =
+      GetChecked(&RocksColdStore::payloads_, key, [&] {
+        return absl::StrCat("frame ", frame_index, " of stream ", stream_id);
+      });
+  if (!absl::IsNotFound(whole.status())) return whole;
+  return GetPartedFrame(stream_id, frame_index);
 }
 
 absl::StatusOr<std::string> RocksColdStore::GetFrameMeta(

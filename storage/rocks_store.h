@@ -67,6 +67,10 @@ class RocksColdStore final : public ColdStore {
   absl::StatusOr<std::string> GetFrame(absl::string_view stream_id,
                                        uint64_t frame_index) override
       ABSL_LOCKS_EXCLUDED(db_mu_);
+  // Frames written in parts: each part's own Get (rocks_frame_parts.cc).
+  absl::StatusOr<std::vector<std::string>> GetFrameParts(
+      absl::string_view stream_id, uint64_t part_bytes,
+      const std::vector<FramePart>& parts) override ABSL_LOCKS_EXCLUDED(db_mu_);
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
                                            uint64_t frame_index) override
       ABSL_LOCKS_EXCLUDED(db_mu_);
@@ -103,6 +107,10 @@ class RocksColdStore final : public ColdStore {
   absl::StatusOr<std::string> GetChecked(
       rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,
       const std::function<std::string()>& what) ABSL_LOCKS_EXCLUDED(db_mu_);
+  // A frame written in parts, joined; NOT_FOUND when it has none.
+  absl::StatusOr<std::string> GetPartedFrame(absl::string_view stream_id,
+                                             uint64_t frame_index)
+      ABSL_LOCKS_EXCLUDED(db_mu_);
   // cf names the handle member: read under the lock, a reopen replaces it.
   absl::StatusOr<std::string> Get(
       rocksdb::ColumnFamilyHandle* RocksColdStore::*cf, const std::string& key,

@@ -427,6 +427,54 @@ TYPED_TEST(ColdStoreConformance, BatchedFrameReadsEqualSingleReads) {
             absl::StatusCode::kNotFound);
 }
 
+// A frame written in parts reads back whole (alone and in a range), and
+// its parts, in any order, equal the slices of its payload; a part past
+// the end is DATA_LOSS; a frame written whole reads in parts of any size;
+// a frame's deletion removes its parts.
+TYPED_TEST(ColdStoreConformance, FramesWrittenInPartsReadWholeAndInParts) {
+  ColdStore& s = this->store();
+  std::string payload(1000, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) {
+    payload[i] = static_cast<char>(i * 7 + i / 251);
+  }
+  StreamWrite w;
+  w.stream_id = "cam";
+  w.frame.emplace(5, payload);
+  w.frame_meta = "m5";
+  w.frame_part_bytes = 300;  // 300, 300, 300, 100.
+  this->Commit(w);
+  this->CommitFrame(6, "whole frame six");
+  ASSERT_EQ(*s.GetFrame("cam", 5), payload);
+  auto range = s.GetFrames("cam", 5, 6);
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->at(0), payload);
+  EXPECT_EQ(range->at(1), "whole frame six");
+  EXPECT_EQ(*s.GetFrameMeta("cam", 5), "m5");
+  auto parts = s.GetFrameParts("cam", 300, {{5, 3}, {5, 0}, {6, 0}, {5, 1}});
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 4u);
+  EXPECT_EQ(parts->at(0), payload.substr(900));
+  EXPECT_EQ(parts->at(1), payload.substr(0, 300));
+  EXPECT_EQ(parts->at(2), "whole frame six");  // One part of 300.
+  EXPECT_EQ(parts->at(3), payload.substr(300, 300));
+  auto small = s.GetFrameParts("cam", 4, {{6, 1}, {6, 3}});
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->at(0), "e fr");
+  EXPECT_EQ(small->at(1), "six");
+  EXPECT_EQ(s.GetFrameParts("cam", 300, {{5, 4}}).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.GetFrameParts("cam", 300, {{7, 0}}).status().code(),
+            absl::StatusCode::kNotFound);
+  StreamWrite d;
+  d.stream_id = "cam";
+  d.delete_frames = {{5, 5}};
+  this->Commit(d);
+  EXPECT_EQ(s.GetFrame("cam", 5).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.GetFrameParts("cam", 300, {{5, 0}}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(*s.GetFrame("cam", 6), "whole frame six");
+}
+
 TYPED_TEST(ColdStoreConformance, TheAcknowledgementRecordIsReplacedWhole) {
   ColdStore& s = this->store();
   ASSERT_TRUE(s.RecordAcknowledged({{"cam", 10}, {"cam2", 3}}).ok());
