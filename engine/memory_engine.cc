@@ -74,6 +74,8 @@ StreamEnv MemoryEngine::Env() {
   env.global_warm_bytes = &global_warm_bytes_;
   env.global_warm_budget = options_.global_warm_budget_bytes;
   env.demote_keeps_frames = options_.demote_keeps_frames;
+  env.frame_parts = options_.frame_parts;
+  env.frame_part_tokens = options_.frame_part_tokens;
   env.accel = accel_.get();
   env.warn = options_.warn;
   if (recall_helpers_ != nullptr) {

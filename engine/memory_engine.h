@@ -151,6 +151,16 @@ struct EngineOptions {
   // either setting reads both, and false rewrites a block kept as frames
   // the next time it demotes it.
   bool demote_keeps_frames = false;
+  // New streams store each frame in parts of consecutive tokens
+  // (engine/codec/frame_parts.h: a part per token at 7B), so a cold read of
+  // a few tokens reads their parts, not whole frames; the store keeps them
+  // as separate records where it can (RocksDB; others read whole frames and
+  // slice). Costs a copy of each frame at append. A stream keeps the form
+  // it was created with.
+  bool frame_parts = true;
+  // Tokens per part when above 0 (tests, tuning); 0: FramePartTokens of
+  // the stream's geometry.
+  uint32_t frame_part_tokens = 0;
 };
 
 // The threads a recall uses for EngineOptions::recall_threads = `option`

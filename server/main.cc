@@ -172,6 +172,11 @@ ABSL_FLAG(std::string, cold_form, "auto",
           "layers reads only those; appended bytes written twice). auto "
           "(the default): frames with a shared store (--store=rados:...), "
           "layers otherwise.");
+ABSL_FLAG(bool, frame_parts, true,
+          "New streams store each frame in parts of consecutive tokens (a "
+          "part per token at 7B), so a cold read of a few tokens reads "
+          "their parts, not whole frames; a stream keeps the form it was "
+          "created with.");
 ABSL_FLAG(int32_t, recall_threads, 1,
           "Threads one recall may use for its scan and token scoring: the "
           "calling thread plus helpers shared by all recalls (1: the caller "
@@ -279,6 +284,7 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
                      kvmem::kMaxRecallThreads, " (0: the hardware threads)"));
   }
   o.engine.recall_threads = recall_threads;
+  o.engine.frame_parts = absl::GetFlag(FLAGS_frame_parts);
   KVMEM_ASSIGN_OR_RETURN(o.api_keys, ApiKeysFromFlags());
   o.limits.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
   o.limits.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);

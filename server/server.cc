@@ -293,11 +293,12 @@ absl::Status Server::OpenEngine() {
   }
   spdlog::info(
       "opened {} with {} streams ({} quarantined) in {:.1f} ms ({}, "
-      "recovery: {}, cold blocks kept as {}, recall threads {})",
+      "recovery: {}, cold blocks kept as {}{}, recall threads {})",
       spec.ToString(), engine_->stream_count(), engine_->Quarantined().size(),
       recover_ms, DurabilityNote(spec, options_.store),
       engine_options.strict_recovery ? "strict" : "salvage",
       engine_options.demote_keeps_frames ? "frames" : "layers",
+      engine_options.frame_parts ? ", new streams' frames in parts" : "",
       RecallThreads(engine_options.recall_threads));
   return absl::OkStatus();
 }

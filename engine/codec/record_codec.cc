@@ -215,6 +215,7 @@ std::string EncodeState(const StreamState& s) {
   w.U32(s.open_block_tokens);
   w.U64(s.open_block_payload_bytes);
   w.U32(s.scene_dim);
+  w.U32(s.frame_part_tokens);
   return w.Take();
 }
 
@@ -230,7 +231,8 @@ absl::StatusOr<StreamState> DecodeState(absl::string_view bytes) {
       r.U64(&s.open_block_first_frame) && r.U32(&s.open_block_frames) &&
       r.U64(&s.open_block_first_position) && r.U32(&s.open_block_tokens) &&
       r.U64(&s.open_block_payload_bytes) &&
-      (r.Done() || (r.U32(&s.scene_dim) && r.Done()));
+      (r.Done() || (r.U32(&s.scene_dim) &&
+                    (r.Done() || (r.U32(&s.frame_part_tokens) && r.Done()))));
   if (!ok) return Corrupt("state", bytes.size());
   s.closed = closed != 0;
   s.last_frame = static_cast<int64_t>(last);

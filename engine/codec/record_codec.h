@@ -32,6 +32,11 @@ struct StreamState {
   // Length of the stream's scene embeddings (0: none yet). Written last;
   // records without it (older versions) read as 0.
   uint32_t scene_dim = 0;
+  // Tokens per part of the stream's stored frames (engine/codec/
+  // frame_parts.h), fixed when the stream is created; 0: frames stored
+  // whole, as appended (streams from before parts). Written after
+  // scene_dim; records without it read as 0.
+  uint32_t frame_part_tokens = 0;
 };
 
 // Where a block's KV lives on disk.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/timing.h"
+#include "engine/codec/frame_parts.h"
 #include "engine/recall/recaller.h"
 #include "engine/signals/frame_signals.h"
 #include "engine/stream_config.h"
@@ -66,6 +67,11 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(
     const std::string& id, const StreamConfig& config, const StreamEnv& env) {
   KVMEM_RETURN_IF_ERROR(HasScorer(id, config));
   StreamState state;
+  if (env.frame_parts) {
+    state.frame_part_tokens = env.frame_part_tokens > 0
+                                  ? env.frame_part_tokens
+                                  : FramePartTokens(config.geometry);
+  }
   StreamWrite write;
   write.stream_id = id;
   write.config = EncodeConfig(config);
@@ -122,6 +128,10 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
     KVMEM_ASSIGN_OR_RETURN(
         frame.token_count,
         StoredFrameTokens(config_.geometry, id_, f, frame.payload.size()));
+    if (const uint32_t part = view_.frame_part_tokens(); part > 0) {
+      frame.payload =
+          JoinFrame(config_.geometry, frame.token_count, part, frame.payload);
+    }
     absl::StatusOr<std::string> meta = env_.store->GetFrameMeta(id_, f);
     if (meta.ok()) {
       KVMEM_ASSIGN_OR_RETURN(frame.signals, DecodeSignals(*meta));

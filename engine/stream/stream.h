@@ -67,6 +67,9 @@ struct StreamEnv {
   uint64_t global_warm_budget = 0;
   // EngineOptions::demote_keeps_frames.
   bool demote_keeps_frames = false;
+  // EngineOptions::frame_parts (for streams created).
+  bool frame_parts = false;
+  uint32_t frame_part_tokens = 0;  // EngineOptions::frame_part_tokens.
   // The retrieval backend searches and staging go through; null: the
   // shared cpu backend.
   Accelerator* accel = nullptr;

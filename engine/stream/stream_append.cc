@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/codec/frame_parts.h"
 #include "engine/signals/frame_signals.h"
 #include "engine/stream/stream.h"
 #include "engine/stream_config.h"
@@ -169,7 +170,17 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   const bool full = open_.FullAfter(next.open_block_frames);
   if (full) sealed.push_back(SealOpenBlock(&next, &write, frame.index));
 
-  write.frame.emplace(frame.index, open_.last_payload());
+  if (const uint32_t part = view_.frame_part_tokens(); part > 0) {
+    // Stored in parts of consecutive tokens (engine/codec/frame_parts.h);
+    // the open block keeps the frame as appended. One buffer per thread.
+    thread_local std::string parted;
+    SplitFrame(config_.geometry, frame.token_count, part, open_.last_payload(),
+               &parted);
+    write.frame.emplace(frame.index, parted);
+    write.frame_part_bytes = FramePartBytes(config_.geometry, part);
+  } else {
+    write.frame.emplace(frame.index, open_.last_payload());
+  }
   write.frame_meta = EncodeSignals(frame.signals);
   write.state = EncodeState(next);
   if (absl::Status committed = env_.store->Commit(write); !committed.ok()) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/stream_copy.h"
+#include "engine/codec/frame_parts.h"
 #include "engine/codec/quantize.h"
 #include "engine/stream_config.h"
 
@@ -105,7 +106,9 @@ absl::StatusOr<BlockReader::Snapshot> BlockReader::SnapshotBlock(
     }
     if ((unchanged && generation % 2 == 0) || attempt == 10000) return loaded;
     snap.records.clear();
-    snap.frames.clear();
+    snap.pieces.clear();
+    snap.piece_first.clear();
+    snap.piece_tokens.clear();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   // Had the stream been deleted (and its id reused) during the read, the
@@ -272,7 +275,7 @@ absl::StatusOr<uint64_t> BlockReader::GatherTokens(
         tokens.size(), " tokens of block ", block_id, " have ", bytes,
         " payload bytes; the destination holds ", capacity));
   }
-  if (!snap.frames.empty()) {
+  if (!snap.pieces.empty()) {
     KVMEM_RETURN_IF_ERROR(GatherFromFrames(snap, tokens, wanted, dst));
     return bytes;
   }
@@ -286,116 +289,6 @@ absl::StatusOr<uint64_t> BlockReader::GatherTokens(
   }
   StreamFence();
   return bytes;
-}
-
-absl::Status BlockReader::LoadTokenFrames(const std::vector<uint32_t>& tokens,
-                                          Snapshot* snap) const {
-  const std::vector<uint32_t>& per_frame = snap->rec.frame_tokens;
-  const BlockInfo& info = snap->rec.info;
-  if (per_frame.empty() ||
-      per_frame.size() != info.last_frame - info.first_frame + 1) {
-    return absl::DataLossError(
-        absl::StrCat("block ", info.id, " records ", per_frame.size(),
-                     " frames' token counts for frames ", info.first_frame,
-                     "..", info.last_frame));
-  }
-  // The frames holding the first and the last token (offsets ascend; a bad
-  // list is refused after the read, by the gather's check).
-  uint32_t first = 0;
-  uint32_t last = static_cast<uint32_t>(per_frame.size() - 1);
-  if (!tokens.empty()) {
-    uint32_t end = 0;
-    bool found_first = false;
-    for (uint32_t f = 0; f < per_frame.size(); ++f) {
-      end += per_frame[f];
-      if (!found_first && tokens.front() < end) {
-        first = f;
-        found_first = true;
-      }
-      if (tokens.back() < end) {
-        last = f;
-        break;
-      }
-    }
-  }
-  const uint64_t base = snap->rec.info.first_frame;
-  KVMEM_ASSIGN_OR_RETURN(
-      snap->frames,
-      store_->GetFrames(view_.stream_id(), base + first, base + last));
-  if (snap->frames.size() != last - first + 1) {
-    return absl::DataLossError(
-        absl::StrCat("frames ", base + first, "..", base + last, " of block ",
-                     info.id, " read as ", snap->frames.size(), " frames"));
-  }
-  snap->first_frame = first;
-  return absl::OkStatus();
-}
-
-absl::Status BlockReader::GatherFromFrames(const Snapshot& snap,
-                                           const std::vector<uint32_t>& tokens,
-                                           const std::vector<uint32_t>& wanted,
-                                           uint8_t* dst) const {
-  const Geometry& g = view_.config().geometry;
-  const std::vector<uint32_t>& per_frame = snap.rec.frame_tokens;
-  const size_t row = static_cast<size_t>(g.head_dim) * DTypeBytes(g.dtype);
-  // Runs of consecutive tokens within one frame: (frame in snap.frames,
-  // first token in it, count).
-  struct Run {
-    size_t frame;
-    uint32_t first, count;
-  };
-  std::vector<Run> runs;
-  uint32_t start = 0;  // Block offset of snap.frames[0]'s first token.
-  for (uint32_t f = 0; f < snap.first_frame; ++f) start += per_frame[f];
-  size_t f = 0;
-  uint32_t frame_start = start;
-  for (uint32_t tok : tokens) {
-    while (f < snap.frames.size() &&
-           tok >= frame_start + per_frame[snap.first_frame + f]) {
-      frame_start += per_frame[snap.first_frame + f];
-      ++f;
-    }
-    if (f == snap.frames.size() || tok < frame_start) {
-      return absl::DataLossError(
-          absl::StrCat("token ", tok, " of block ", snap.rec.info.id,
-                       " is outside the frames read for it"));
-    }
-    const uint32_t local = tok - frame_start;
-    if (!runs.empty() && runs.back().frame == f &&
-        runs.back().first + runs.back().count == local) {
-      ++runs.back().count;
-    } else {
-      runs.push_back({f, local, 1});
-    }
-  }
-  for (size_t i = 0; i < snap.frames.size(); ++i) {
-    const uint32_t t = per_frame[snap.first_frame + i];
-    if (snap.frames[i].size() != FramePayloadBytes(g, t)) {
-      return absl::DataLossError(absl::StrCat(
-          "frame ", snap.rec.info.first_frame + snap.first_frame + i,
-          " of block ", snap.rec.info.id, " has ", snap.frames[i].size(),
-          " bytes; its ", t, " tokens need ", FramePayloadBytes(g, t)));
-    }
-  }
-  // A frame is [layer][K, V][kv_head][token][dim]; the destination per
-  // wanted layer K then V, each [kv_head][token][dim].
-  for (uint32_t l : wanted) {
-    for (int kv = 0; kv < 2; ++kv) {
-      for (uint32_t h = 0; h < g.kv_heads; ++h) {
-        for (const Run& r : runs) {
-          const uint32_t t = per_frame[snap.first_frame + r.frame];
-          const size_t head_rows =
-              ((static_cast<size_t>(l) * 2 + kv) * g.kv_heads + h) * t;
-          const char* src =
-              snap.frames[r.frame].data() + (head_rows + r.first) * row;
-          StreamCopy(dst, src, r.count * row);
-          dst += r.count * row;
-        }
-      }
-    }
-  }
-  StreamFence();
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<PayloadPiece>> BlockReader::ReadBlockTokens(
@@ -445,6 +338,12 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(
           std::vector<std::string> frames,
           store_->GetFrames(view_.stream_id(), rec.info.first_frame,
                             rec.info.last_frame));
+      KVMEM_RETURN_IF_ERROR(CheckFrameSizes(rec, frames, g));
+      if (const uint32_t part = view_.frame_part_tokens(); part > 0) {
+        for (size_t i = 0; i < frames.size(); ++i) {
+          frames[i] = JoinFrame(g, rec.frame_tokens[i], part, frames[i]);
+        }
+      }
       std::vector<absl::string_view> views(frames.begin(), frames.end());
       return WarmBlock::FromFrames(g, views, rec.frame_tokens);
     }

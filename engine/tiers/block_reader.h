@@ -71,8 +71,11 @@ class BlockReader {
     BlockInfo info;                         // Tier as of the read.
     std::shared_ptr<const WarmBlock> warm;  // Set, or
     std::vector<std::string> records;       // one per wanted layer, or
-    std::vector<std::string> frames;        // the block's frames from
-    uint32_t first_frame = 0;               // this one (0: its first).
+    // pieces of the block's frames (whole frames, or parts of them: frame
+    // layout, each of piece_tokens[i] tokens from block offset
+    // piece_first[i]), ascending and apart.
+    std::vector<std::string> pieces;
+    std::vector<uint32_t> piece_first, piece_tokens;
   };
   // `tokens`, when given, are the offsets a token read wants (a block kept
   // as frames is then read as the frames holding them).
@@ -81,10 +84,15 @@ class BlockReader {
       const std::vector<uint32_t>& wanted,
       const std::vector<uint32_t>* tokens = nullptr) const
       ABSL_LOCKS_EXCLUDED(view_.mu());
-  // Fills snap->frames with the frames of snap->rec (kept as frames) that
-  // hold `tokens` (all of them when empty).
+  // Fills snap->pieces with what of snap->rec (kept as frames) holds
+  // `tokens` (all of them when empty): the frames holding them, or with
+  // frames stored in parts only the parts (block_reader_frames.cc).
   absl::Status LoadTokenFrames(const std::vector<uint32_t>& tokens,
                                Snapshot* snap) const;
+  // DATA_LOSS unless the frames read for rec have its frames' sizes.
+  static absl::Status CheckFrameSizes(const BlockRecord& rec,
+                                      const std::vector<std::string>& frames,
+                                      const Geometry& g);
   // K and V (slice bytes each) of the snapshot's layer wanted[i]: from the
   // warm block, or the halves of records[i].
   static std::pair<absl::string_view, absl::string_view> LayerSlices(
@@ -92,7 +100,7 @@ class BlockReader {
       size_t slice);
   // The rows of `tokens` (checked) of the snapshot's `wanted` layers into
   // dst (capacity bytes, else OUT_OF_RANGE), with streaming stores; from
-  // snap.frames when the snapshot holds frames.
+  // snap.pieces when the snapshot holds frames.
   absl::StatusOr<uint64_t> GatherTokens(const Snapshot& snap,
                                         const std::vector<uint32_t>& tokens,
                                         const std::vector<uint32_t>& wanted,

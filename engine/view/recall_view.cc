@@ -14,6 +14,7 @@ RecallView::RecallView(const std::string& stream_id, const StreamConfig& config,
       summary_dim_(SummaryDim(config)),
       layer_dim_(config.geometry.kv_heads * config.geometry.head_dim),
       state_(state),
+      frame_part_tokens_(state.frame_part_tokens),
       indexes_(config) {}
 
 absl::Status RecallView::DeletedError() const { return gone_; }

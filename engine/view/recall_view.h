@@ -71,6 +71,12 @@ class RecallView {
   // or why it left this server (SetGone).
   absl::Status DeletedError() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
+  // Tokens per part of the stream's stored frames (StreamState::
+  // frame_part_tokens; 0: whole). Fixed for a stream's life: no lock.
+  uint32_t frame_part_tokens() const {
+    return frame_part_tokens_.load(std::memory_order_relaxed);
+  }
+
   // --- Reads: mu() held, shared or exclusive. ---
   const StreamState& state() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return state_;
@@ -127,6 +133,8 @@ class RecallView {
   // --- Writes: mu() held exclusively. ---
   void SetState(const StreamState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     state_ = state;
+    frame_part_tokens_.store(state.frame_part_tokens,
+                             std::memory_order_relaxed);
   }
   void SetDeleted(bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stream left this server (another owns it now): calls answer why.
@@ -182,6 +190,7 @@ class RecallView {
   kvmem::Mutex rebuild_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable kvmem::Mutex mu_;
   StreamState state_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint32_t> frame_part_tokens_{0};
   absl::Status gone_ ABSL_GUARDED_BY(mu_);  // OK: live.
   BlockTable blocks_ ABSL_GUARDED_BY(mu_);  // blocks_[i].rec.info.id == i
   StreamIndexes indexes_ ABSL_GUARDED_BY(mu_);

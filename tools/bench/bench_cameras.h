@@ -67,6 +67,7 @@ struct CameraStep {
   // (its arena's pages mapped and faulted in) apart: first_delivery_ms, the
   // slowest camera's.
   Latency append_ms, recall_ms;
+  Latency select_ms;  // The engine's selection alone (RecallTiming).
   double first_delivery_ms = 0;
   double delivered_mib = 0;  // Mean per recall.
   double server_cpu = 0;     // Cores busy (server_pid known).

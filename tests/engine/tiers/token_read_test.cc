@@ -177,10 +177,17 @@ TEST_P(ColdFormTokenReadTest, ChosenTokensAreTheAppendedRowsInEveryTier) {
   }
 }
 
-// Counts the frames a reader gets from the store.
+// Counts the frames, and the frame parts, a reader gets from the store.
 class FrameCountingStore final : public ForwardingColdStore {
  public:
   using ForwardingColdStore::ForwardingColdStore;
+  absl::StatusOr<std::vector<std::string>> GetFrameParts(
+      absl::string_view id, uint64_t part_bytes,
+      const std::vector<FramePart>& parts) override {
+    auto r = ForwardingColdStore::GetFrameParts(id, part_bytes, parts);
+    if (r.ok()) parts_read += r->size();
+    return r;
+  }
   absl::StatusOr<std::vector<std::string>> GetFrames(absl::string_view id,
                                                      uint64_t first,
                                                      uint64_t last) override {
@@ -193,12 +200,15 @@ class FrameCountingStore final : public ForwardingColdStore {
     frames_read += 1;
     return ForwardingColdStore::GetFrame(id, f);
   }
-  std::atomic<uint64_t> frames_read{0};
+  std::atomic<uint64_t> frames_read{0}, parts_read{0};
 };
 
 // A block kept as frames (--cold_form=frames) reads, for a token read, only
-// the frames holding the tokens.
-TEST(TokenReadTest, AColdFramesBlockReadsOnlyTheFramesHoldingTheTokens) {
+// the frames holding the tokens, and with frames stored in parts only the
+// parts holding them (the parameter: tokens per part; 0 whole frames).
+class ColdFramesReadTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(ColdFramesReadTest, ReadsOnlyWhatHoldsTheTokens) {
   testing::TempDir dir;
   TestGeometry g;
   StreamConfig c = testing::TestConfig(g, 8, 2);
@@ -209,6 +219,8 @@ TEST(TokenReadTest, AColdFramesBlockReadsOnlyTheFramesHoldingTheTokens) {
       std::shared_ptr<ColdStore>(testing::OpenTestStore(dir.path())));
   EngineOptions options;
   options.demote_keeps_frames = true;
+  options.frame_parts = GetParam() > 0;
+  options.frame_part_tokens = GetParam();
   auto e = MemoryEngine::Open(std::make_unique<ForwardingColdStore>(counting),
                               options);
   ASSERT_TRUE(e.ok()) << e.status();
@@ -218,24 +230,63 @@ TEST(TokenReadTest, AColdFramesBlockReadsOnlyTheFramesHoldingTheTokens) {
         (*e)->Append("s", testing::ToFrame(m.AddFrame(rng, kTokens), f)).ok());
   }
   (*e)->WaitForBackground();
-  const StreamHandle stream = *(*e)->Find("s");
-  ASSERT_EQ(stream.GetBlock(1)->tier, Tier::kCold);
-  // Tokens 0-3 are block 1's first frame, 4-7 its second.
-  const std::vector<std::pair<std::vector<uint32_t>, uint64_t>> cases = {
-      {{0}, 1}, {{7}, 1}, {{1, 2, 3}, 1}, {{3, 4}, 2}, {{}, 2}};
-  for (const auto& [tokens, frames] : cases) {
-    const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
-    const std::string want = FromFrames(
-        m.BlockBytes(1), g, tokens.empty() ? all : tokens, {0, 1, 2});
-    std::string got(want.size(), '\0');
-    const uint64_t before = counting->frames_read;
-    auto n = stream.ReadBlockTokensInto(
-        1, tokens, {}, reinterpret_cast<uint8_t*>(got.data()), got.size());
-    ASSERT_TRUE(n.ok()) << n.status();
-    EXPECT_EQ(got, want) << tokens.size() << " tokens";
-    EXPECT_EQ(counting->frames_read - before, frames) << tokens.size();
+  {
+    const StreamHandle stream = *(*e)->Find("s");
+    ASSERT_EQ(stream.GetBlock(1)->tier, Tier::kCold);
+    // Tokens 0-3 are block 1's first frame, 4-7 its second; what each read
+    // gets: whole frames, parts of 1 token, parts of 3 (0-2, 3; 4-6, 7).
+    struct Case {
+      std::vector<uint32_t> tokens;
+      uint64_t frames, parts1, parts3;
+    };
+    const std::vector<Case> cases = {{{0}, 1, 1, 1},       {{7}, 1, 1, 1},
+                                     {{1, 2, 3}, 1, 3, 2}, {{3, 4}, 2, 2, 2},
+                                     {{2, 6}, 2, 2, 2},    {{}, 2, 8, 4}};
+    for (const auto& [tokens, frames, parts1, parts3] : cases) {
+      const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+      const std::string want = FromFrames(
+          m.BlockBytes(1), g, tokens.empty() ? all : tokens, {0, 1, 2});
+      std::string got(want.size(), '\0');
+      const uint64_t frames0 = counting->frames_read;
+      const uint64_t parts0 = counting->parts_read;
+      auto n = stream.ReadBlockTokensInto(
+          1, tokens, {}, reinterpret_cast<uint8_t*>(got.data()), got.size());
+      ASSERT_TRUE(n.ok()) << n.status();
+      EXPECT_EQ(got, want) << tokens.size() << " tokens";
+      const uint64_t parts = GetParam() == 1 ? parts1 : parts3;
+      if (GetParam() == 0) {
+        EXPECT_EQ(counting->frames_read - frames0, frames) << tokens.size();
+        EXPECT_EQ(counting->parts_read - parts0, 0u);
+      } else {
+        EXPECT_EQ(counting->parts_read - parts0, parts) << tokens.size();
+        EXPECT_EQ(counting->frames_read - frames0, 0u) << tokens.size();
+      }
+    }
+    // The whole block (a promotion, a layer read) reads back byte-exact.
+    auto whole = stream.ReadBlockPayload(1, PayloadLayout::kFrameMajor, {});
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(Joined(*whole), m.BlockBytes(1));
   }
+  // An open block's frames replay from their parts after a restart.
+  ASSERT_TRUE(
+      (*e)->Append("s", testing::ToFrame(m.AddFrame(rng, kTokens), 12)).ok());
+  e->reset();
+  // (The same store: the test keeps it open through `counting`.)
+  auto again = MemoryEngine::Open(
+      std::make_unique<ForwardingColdStore>(counting), options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*again)
+                  ->Append("s", testing::ToFrame(m.AddFrame(rng, kTokens), 13))
+                  .ok());
+  (*again)->WaitForBackground();
+  const StreamHandle reopened = *(*again)->Find("s");
+  auto block6 = reopened.ReadBlockPayload(6, PayloadLayout::kFrameMajor, {});
+  ASSERT_TRUE(block6.ok()) << block6.status();
+  EXPECT_EQ(Joined(*block6), m.BlockBytes(6));
 }
+
+INSTANTIATE_TEST_SUITE_P(TokensPerPart, ColdFramesReadTest,
+                         ::testing::Values(0u, 1u, 3u));
 
 TEST(TokenReadTest, BadTokenListsAndSizesAreRefused) {
   testing::TempDir dir;
