@@ -170,8 +170,7 @@ ABSL_FLAG(std::string, cold_form, "auto",
           "as appended (every byte written once; a cold read reads whole "
           "frames). layers: its KV rewritten per layer (a read of a few "
           "layers reads only those; appended bytes written twice). auto "
-          "(the default): frames with a shared store (--store=rados:...), "
-          "layers otherwise.");
+          "(the default): frames.");
 ABSL_FLAG(bool, frame_parts, true,
           "New streams store each frame in parts of consecutive tokens (a "
           "part per token at 7B), so a cold read of a few tokens reads "

@@ -265,9 +265,10 @@ absl::Status Server::OpenEngine() {
     KVMEM_ASSIGN_OR_RETURN(store, WithStoreCache(spec, std::move(store)));
   }
   KVMEM_RETURN_IF_ERROR(StartOwnership(*store, &engine_options));
-  engine_options.demote_keeps_frames =
-      options_.cold_form == "frames" ||
-      (options_.cold_form == "auto" && store->shared());
+  // auto: frames on every store since frames are stored in parts
+  // (docs/benchmarks.md#cameras-per-node-kvmem-bench---cameras): the
+  // layers form's rewrite of each demoted block held appends back.
+  engine_options.demote_keeps_frames = options_.cold_form != "layers";
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<MemoryEngine>> engine =
       MemoryEngine::Open(std::move(store), engine_options);

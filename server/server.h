@@ -63,9 +63,10 @@ struct ServerOptions {
   std::string advertise;
   absl::Duration ownership_ttl = absl::Seconds(10);
   // A block's durable copy once it leaves RAM (EngineOptions::
-  // demote_keeps_frames): "frames", "layers", or "auto" (frames where the
-  // store is shared, whose write bandwidth carries every camera; layers on
-  // a local store, where reads of a few layers stay cheap).
+  // demote_keeps_frames): "frames", "layers", or "auto" (frames: every
+  // appended byte written once, and with frames in parts a cold token read
+  // reads its tokens' parts; layers only where reads of a few layers of
+  // whole cold blocks matter more than ingest).
   std::string cold_form = "auto";  // Sets engine.demote_keeps_frames.
   // The engine (budgets, stream defaults, recovery); its warn and error
   // callbacks default to the server's log.

@@ -67,7 +67,7 @@ class BlockReader {
   // block stored as frames) only the frames holding them, straight from the
   // store; either way consistent with one generation of the block.
   struct Snapshot {
-    BlockRecord rec;
+    BlockRecord rec;  // Its card: info, disk form, frame_tokens; no more.
     BlockInfo info;                         // Tier as of the read.
     std::shared_ptr<const WarmBlock> warm;  // Set, or
     std::vector<std::string> records;       // one per wanted layer, or

@@ -252,7 +252,7 @@ TEST_F(ConfigTest, HugePagesStartTheServerAgainUnderItsOwnName) {
               HasSubstr("--huge_pages is \"yes\"; use auto, on or off"));
 }
 
-// --cold_form: auto is layers on the local store; the log says which form
+// --cold_form: auto is frames (on every store); the log says which form
 // the server keeps; a value it does not know stops it (exit 2) naming it.
 TEST_F(ConfigTest, ColdFormIsLoggedAndCheckedAtStart) {
   for (const std::string value : {"auto", "frames", "layers"}) {
@@ -260,7 +260,7 @@ TEST_F(ConfigTest, ColdFormIsLoggedAndCheckedAtStart) {
     EXPECT_THAT(
         StartupLog("cold-" + value, "--cold_form=" + value),
         HasSubstr(absl::StrCat("cold blocks kept as ",
-                               value == "frames" ? "frames" : "layers", ", ")));
+                               value == "layers" ? "layers" : "frames")));
   }
   ServerRun bad = RunRefused("--cold_form=sometimes");
   EXPECT_EQ(bad.exit_code, 2);
