@@ -155,6 +155,8 @@ std::string LayerBytes(uint64_t b, uint32_t l) {
   return s;
 }
 
+constexpr uint64_t kPartBytes = 100000;
+
 void WriteLayers(const std::string& path, bool checksums, uint64_t blocks) {
   RocksColdStoreOptions o;
   o.path = path;
@@ -171,6 +173,13 @@ void WriteLayers(const std::string& path, bool checksums, uint64_t blocks) {
     const std::string frame = LayerBytes(b, 99);  // Frame b.
     w.frame.emplace(b, frame);
     ASSERT_TRUE((*store)->Commit(w).ok());
+    // Frame 100 + b in parts of 100,000 bytes (three, the last shorter).
+    StreamWrite parted;
+    parted.stream_id = "cam";
+    const std::string bytes = LayerBytes(b, 98);
+    parted.frame.emplace(100 + b, bytes);
+    parted.frame_part_bytes = kPartBytes;
+    ASSERT_TRUE((*store)->Commit(parted).ok());
   }
 }
 
@@ -204,6 +213,14 @@ TEST(RocksColdStoreTest, LayerRecordsAndFramesCarryTheirOwnChecksum) {
         ASSERT_TRUE(frame.ok()) << frame.status();
         ASSERT_EQ(*frame, LayerBytes(b, 99))
             << written_with_trailer << rocksdb_check << " frame " << b;
+        auto parted = (*store)->GetFrame("cam", 100 + b);
+        ASSERT_TRUE(parted.ok()) << parted.status();
+        ASSERT_EQ(*parted, LayerBytes(b, 98)) << "parted frame " << b;
+        auto parts = (*store)->GetFrameParts("cam", kPartBytes,
+                                             {{100 + b, 2}, {100 + b, 0}});
+        ASSERT_TRUE(parts.ok()) << parts.status();
+        ASSERT_EQ(parts->at(0), LayerBytes(b, 98).substr(2 * kPartBytes));
+        ASSERT_EQ(parts->at(1), LayerBytes(b, 98).substr(0, kPartBytes));
       }
       auto frames = (*store)->GetFrames("cam", 1, 4);
       ASSERT_TRUE(frames.ok()) << frames.status();
@@ -265,6 +282,19 @@ TEST(RocksColdStoreTest, DamagedLayerRecordsAreDataLossNeverWrongBytes) {
       continue;
     }
     EXPECT_EQ(*frame, LayerBytes(b, 99)) << "frame " << b;
+    // A frame in parts: each part checks alone.
+    for (uint32_t p = 0; p < 3; ++p) {
+      auto part = (*store)->GetFrameParts("cam", kPartBytes, {{100 + b, p}});
+      if (!part.ok()) {
+        EXPECT_EQ(part.status().code(), absl::StatusCode::kDataLoss)
+            << part.status();
+        ++lost;
+        continue;
+      }
+      EXPECT_EQ(part->at(0),
+                LayerBytes(b, 98).substr(p * kPartBytes, kPartBytes))
+          << "part " << p << " of frame " << 100 + b;
+    }
   }
   EXPECT_GE(lost, 1);
 }
