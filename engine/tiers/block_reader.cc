@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/stream_copy.h"
-#include "engine/codec/frame_parts.h"
 #include "engine/codec/quantize.h"
 #include "engine/stream_config.h"
 
@@ -338,17 +337,24 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(
   const Geometry& g = view_.config().geometry;
   switch (rec.disk) {
     case DiskForm::kFrames: {
+      if (view_.frame_part_tokens() > 0) {
+        // Every part, each a frame of its tokens: the warm copy is built
+        // from them as from frames (no joined frames in between).
+        Snapshot snap;
+        snap.rec.info = rec.info;
+        snap.rec.frame_tokens = rec.frame_tokens;
+        KVMEM_RETURN_IF_ERROR(LoadTokenFrames({}, &snap));
+        KVMEM_RETURN_IF_ERROR(CheckPieceSizes(snap));
+        std::vector<absl::string_view> views(snap.pieces.begin(),
+                                             snap.pieces.end());
+        return WarmBlock::FromFrames(g, views, snap.piece_tokens);
+      }
       // One call for the block's frames (one round trip where remote).
       KVMEM_ASSIGN_OR_RETURN(
           std::vector<std::string> frames,
           store_->GetFrames(view_.stream_id(), rec.info.first_frame,
                             rec.info.last_frame));
       KVMEM_RETURN_IF_ERROR(CheckFrameSizes(rec, frames, g));
-      if (const uint32_t part = view_.frame_part_tokens(); part > 0) {
-        for (size_t i = 0; i < frames.size(); ++i) {
-          frames[i] = JoinFrame(g, rec.frame_tokens[i], part, frames[i]);
-        }
-      }
       std::vector<absl::string_view> views(frames.begin(), frames.end());
       return WarmBlock::FromFrames(g, views, rec.frame_tokens);
     }

@@ -89,6 +89,8 @@ class BlockReader {
   // frames stored in parts only the parts (block_reader_frames.cc).
   absl::Status LoadTokenFrames(const std::vector<uint32_t>& tokens,
                                Snapshot* snap) const;
+  // DATA_LOSS unless each of snap.pieces has its tokens' bytes.
+  absl::Status CheckPieceSizes(const Snapshot& snap) const;
   // DATA_LOSS unless the frames read for rec have its frames' sizes.
   static absl::Status CheckFrameSizes(const BlockRecord& rec,
                                       const std::vector<std::string>& frames,

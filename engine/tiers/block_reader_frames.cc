@@ -114,12 +114,8 @@ absl::Status BlockReader::LoadTokenFrames(const std::vector<uint32_t>& tokens,
   return absl::OkStatus();
 }
 
-absl::Status BlockReader::GatherFromFrames(const Snapshot& snap,
-                                           const std::vector<uint32_t>& tokens,
-                                           const std::vector<uint32_t>& wanted,
-                                           uint8_t* dst) const {
+absl::Status BlockReader::CheckPieceSizes(const Snapshot& snap) const {
   const Geometry& g = view_.config().geometry;
-  const size_t row = static_cast<size_t>(g.head_dim) * DTypeBytes(g.dtype);
   for (size_t i = 0; i < snap.pieces.size(); ++i) {
     const uint32_t t = snap.piece_tokens[i];
     if (snap.pieces[i].size() != FramePayloadBytes(g, t)) {
@@ -130,6 +126,16 @@ absl::Status BlockReader::GatherFromFrames(const Snapshot& snap,
           FramePayloadBytes(g, t)));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status BlockReader::GatherFromFrames(const Snapshot& snap,
+                                           const std::vector<uint32_t>& tokens,
+                                           const std::vector<uint32_t>& wanted,
+                                           uint8_t* dst) const {
+  const Geometry& g = view_.config().geometry;
+  const size_t row = static_cast<size_t>(g.head_dim) * DTypeBytes(g.dtype);
+  KVMEM_RETURN_IF_ERROR(CheckPieceSizes(snap));
   // Runs of consecutive tokens within one piece: (piece, first token in
   // it, count).
   struct Run {
