@@ -85,12 +85,13 @@ ABSL_FLAG(int32_t, disk_reserve_mib, -1,
           "RESOURCE_EXHAUSTED naming the dir while reads, recalls, fetches "
           "and deletes keep working, and appends resume by themselves when "
           "space returns; if a write fails on a full disk anyway, the store "
-          "stops writing and reopens once this much is free. -1: twice the "
-          "memtable sizes plus 64 MiB (256 MiB with the defaults); 0: no "
+          "stops writing and reopens once this much is free. -1: what the "
+          "memtables hold plus 64 MiB (304 MiB with the defaults); 0: no "
           "guard.");
 ABSL_FLAG(int32_t, rocksdb_write_buffer_mib, 64,
-          "RocksDB memtable size per payload column family, MiB (RAM held "
-          "before a flush to disk; metadata families use at most 16).");
+          "RocksDB memtable size per payload column family (frames, layer "
+          "records, block records), MiB (RAM held before a flush to disk; "
+          "the other families use at most 16).");
 ABSL_FLAG(int32_t, rocksdb_block_cache_mib, 64,
           "RocksDB block cache for metadata and small payloads, MiB.");
 ABSL_FLAG(std::string, api_keys_file, "",

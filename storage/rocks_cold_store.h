@@ -63,9 +63,10 @@ struct RocksColdStoreOptions {
   // RESOURCE_EXHAUSTED naming the dir (deletes and reads still work), so
   // RocksDB never meets a full disk in normal operation; a store whose
   // writes failed anyway (another process filled the disk) stops writing
-  // and reopens by itself once this much is free. kAutoReserve: twice the
-  // memtable sizes plus 64 MiB; 0: no threshold (the 8 MiB spare file of
-  // rocks_disk_guard.cc is still held, for deletions on a full disk).
+  // and reopens by itself once this much is free. kAutoReserve: what the
+  // memtables hold plus 64 MiB (rocks_db.cc AutoReserve); 0: no threshold (the
+  // 8 MiB spare file of rocks_disk_guard.cc is still held, for deletions on a
+  // full disk).
   static constexpr uint64_t kAutoReserve = UINT64_MAX;
   uint64_t reserve_bytes = kAutoReserve;
   // Frames and block layer records (the cold and degraded tiers' forms)

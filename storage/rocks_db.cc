@@ -73,6 +73,10 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   return absl::InternalError(msg);
 }
 
+// Block records at least this large go to blob files (a 7B record is ~13
+// MB; a small model's, a few KiB, stays in the SST files).
+constexpr uint64_t kMinBlockRecordBlob = 256 << 10;
+
 rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
                        std::shared_ptr<rocksdb::EventListener> listener,
                        bool read_only, Db* out) {
@@ -80,6 +84,12 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   db_options.max_background_jobs = 2;
+  // Two flush threads, so a payload column family's flush does not wait
+  // behind another's (at two 7B cameras the single flush thread that two
+  // jobs give made RocksDB stop writes while memtables waited); one
+  // compaction thread.
+  db_options.max_background_flushes = 2;
+  db_options.max_background_compactions = 1;
   db_options.manual_wal_flush = false;
   // Opening never writes the WAL's contents into new files (they stay in
   // the memtables and flush as usual): a reopen on a nearly full disk needs
@@ -108,11 +118,21 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   payload_cf.blob_file_size = 256ull << 20;
   payload_cf.enable_blob_garbage_collection = true;
   payload_cf.write_buffer_size = options.write_buffer_bytes;
+  // Block records are small for small models and ~13 MB at 7B (summaries
+  // and token codes of 32 indexed layers), written at each seal and each
+  // tier move. In 16 MiB memtables with their values in SST files, each
+  // record or two filled a memtable and RocksDB stopped every write while
+  // two waited for their flush ("Stopping writes because we have 2
+  // immutable memtables"): two 7B cameras' appends waited seconds. Large
+  // records now go to blob files like payloads (compactions move their
+  // index entries, not the records), in memtables the payloads' size.
+  rocksdb::ColumnFamilyOptions blocks_cf = payload_cf;
+  blocks_cf.min_blob_size = kMinBlockRecordBlob;
 
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
       {rocksdb::kDefaultColumnFamilyName, meta_cf},
       {kStreamsCf, meta_cf},
-      {kBlocksCf, meta_cf},
+      {kBlocksCf, blocks_cf},
       {kPayloadsCf, payload_cf},
       {kFrameMetaCf, meta_cf},
       {kBlockLayersCf, payload_cf}};
@@ -140,9 +160,11 @@ uint64_t FreeBytes(const std::string& path) {
 
 uint64_t AutoReserve(const RocksColdStoreOptions& o) {
   // What the memtables can hold (flushed to files while their WAL still
-  // exists), and a margin for compaction and the acknowledgement record.
-  return 2 * o.write_buffer_bytes +
-         4 * std::min<uint64_t>(o.write_buffer_bytes, 16ull << 20) +
+  // exists: payloads, layer records, block records, and three small
+  // column families), and a margin for compaction and the acknowledgement
+  // record.
+  return 3 * o.write_buffer_bytes +
+         3 * std::min<uint64_t>(o.write_buffer_bytes, 16ull << 20) +
          (64ull << 20);
 }
 
