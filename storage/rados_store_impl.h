@@ -85,6 +85,11 @@ class RadosColdStore final : public ColdStore {
                                        uint64_t frame_index) override;
   absl::StatusOr<std::vector<std::string>> GetFrames(
       absl::string_view stream_id, uint64_t first, uint64_t last) override;
+  // Byte ranges of the frames' records (a frame is written whole): only
+  // the parts asked for are read, all in flight at once.
+  absl::StatusOr<std::vector<std::string>> GetFrameParts(
+      absl::string_view stream_id, uint64_t part_bytes,
+      const std::vector<FramePart>& parts) override;
   absl::StatusOr<std::string> GetFrameMeta(absl::string_view stream_id,
                                            uint64_t frame_index) override;
   absl::StatusOr<std::string> GetBlockLayer(absl::string_view stream_id,

@@ -69,6 +69,36 @@ absl::StatusOr<std::vector<std::string>> RadosColdStore::GetFrames(
   });
 }
 
+absl::StatusOr<std::vector<std::string>> RadosColdStore::GetFrameParts(
+    absl::string_view stream_id, uint64_t part_bytes,
+    const std::vector<FramePart>& parts) {
+  if (part_bytes == 0) {
+    return absl::InvalidArgumentError("frame parts of 0 bytes");
+  }
+  return ReadRecords(stream_id, [&](const Manifest& m, std::vector<Ref>* refs) {
+    for (const FramePart& p : parts) {
+      auto it = m.frames.find(p.frame);
+      if (it == m.frames.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("frame ", p.frame, " not stored"));
+      }
+      const Ref& whole = it->second;
+      const uint64_t at = uint64_t{p.part} * part_bytes;
+      if (whole.trailer || at >= whole.length) {
+        return absl::DataLossError(absl::StrCat(
+            "part ", p.part, " of frame ", p.frame, " of stream ", stream_id,
+            " (parts of ", part_bytes, " bytes) is not within its ",
+            whole.length, " stored bytes"));
+      }
+      Ref part = whole;
+      part.offset += at;
+      part.length = std::min(part_bytes, whole.length - at);
+      refs->push_back(std::move(part));
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<std::string> RadosColdStore::GetFrameMeta(
     absl::string_view stream_id, uint64_t frame_index) {
   std::shared_ptr<StreamEntry> e = Entry(stream_id);
