@@ -64,7 +64,7 @@ absl::StatusOr<BlockReader::Snapshot> BlockReader::SnapshotBlock(
       generation = e.generation;
       // The card only: a read needs the block's ids, form and frames, not
       // its summaries and token codes (13 MB a block at 7B: copied per
-      // block read, they were a third of a 7B recall's delivery).
+      // block read, 5-6 % of the server's samples in a 7B camera step).
       snap.rec.info = e.rec.info;
       snap.rec.disk = e.rec.disk;
       snap.rec.frame_tokens = e.rec.frame_tokens;
