@@ -32,41 +32,42 @@ absl::StatusOr<std::vector<std::string>> ColdStore::GetFrames(
 absl::StatusOr<std::vector<std::string>> ColdStore::GetFrameParts(
     absl::string_view stream_id, uint64_t part_bytes,
     const std::vector<FramePart>& parts) {
-  if (part_bytes == 0) {
-    return absl::InvalidArgumentError("frame parts of 0 bytes");
-  }
+  KVMEM_RETURN_IF_ERROR(CheckFramePartBytes(part_bytes));
+  WholeFrameSlicer slicer(stream_id, part_bytes, [&](uint64_t frame) {
+    return GetFrame(stream_id, frame);
+  });
   std::vector<std::string> out;
   out.reserve(parts.size());
-  std::string whole;
-  uint64_t held = 0;
-  bool holding = false;
   for (const FramePart& p : parts) {
-    if (!holding || held != p.frame) {
-      absl::StatusOr<std::string> v = GetFrame(stream_id, p.frame);
-      if (!v.ok()) return v.status();
-      whole = *std::move(v);
-      held = p.frame;
-      holding = true;
-    }
-    KVMEM_ASSIGN_OR_RETURN(absl::string_view slice,
-                           FramePartOf(whole, part_bytes, p, stream_id));
-    out.emplace_back(slice);
+    KVMEM_ASSIGN_OR_RETURN(std::string part, slicer.Part(p));
+    out.push_back(std::move(part));
   }
   return out;
 }
 
-absl::StatusOr<absl::string_view> FramePartOf(absl::string_view payload,
-                                              uint64_t part_bytes,
-                                              const ColdStore::FramePart& p,
-                                              absl::string_view stream_id) {
-  const uint64_t at = uint64_t{p.part} * part_bytes;
-  if (at >= payload.size()) {
+absl::Status CheckFramePartBytes(uint64_t part_bytes) {
+  if (part_bytes == 0) {
+    return absl::InvalidArgumentError("frame parts of 0 bytes");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> WholeFrameSlicer::Part(
+    const ColdStore::FramePart& p) {
+  if (held_ != p.frame) {
+    absl::StatusOr<std::string> v = read_(p.frame);
+    if (!v.ok()) return v.status();
+    whole_ = *std::move(v);
+    held_ = p.frame;
+  }
+  const uint64_t at = uint64_t{p.part} * part_bytes_;
+  if (at >= whole_.size()) {
     return absl::DataLossError(
         absl::StrCat("part ", p.part, " of frame ", p.frame, " of stream ",
-                     stream_id, " (parts of ", part_bytes,
-                     " bytes) is past its ", payload.size(), " stored bytes"));
+                     stream_id_, " (parts of ", part_bytes_,
+                     " bytes) is past its ", whole_.size(), " stored bytes"));
   }
-  return payload.substr(at, part_bytes);
+  return whole_.substr(at, part_bytes_);
 }
 
 absl::Status ColdStore::ClaimStream(absl::string_view, uint64_t) {

@@ -214,12 +214,29 @@ class ColdStore {
                                                   uint64_t* acknowledged);
 };
 
-// Part p.part of a frame's whole payload (parts of part_bytes); DATA_LOSS
-// when it starts past the end.
-absl::StatusOr<absl::string_view> FramePartOf(absl::string_view payload,
-                                              uint64_t part_bytes,
-                                              const ColdStore::FramePart& p,
-                                              absl::string_view stream_id);
+// INVALID_ARGUMENT for frame parts of 0 bytes (GetFrameParts).
+absl::Status CheckFramePartBytes(uint64_t part_bytes);
+
+// Parts sliced out of whole frames, each frame read once (parts of one
+// frame come together) through the `read` a store gives; the default
+// GetFrameParts and a store's reads of frames written whole use it.
+class WholeFrameSlicer {
+ public:
+  using Read = std::function<absl::StatusOr<std::string>(uint64_t frame)>;
+  WholeFrameSlicer(absl::string_view stream_id, uint64_t part_bytes, Read read)
+      : stream_id_(stream_id),
+        part_bytes_(part_bytes),
+        read_(std::move(read)) {}
+  // Part p of its frame's payload; DATA_LOSS when it starts past the end.
+  absl::StatusOr<std::string> Part(const ColdStore::FramePart& p);
+
+ private:
+  absl::string_view stream_id_;
+  uint64_t part_bytes_;
+  Read read_;
+  std::string whole_;  // The frame held, whole.
+  std::optional<uint64_t> held_;
+};
 
 // An in-memory ColdStore for engine tests. Not durable.
 std::unique_ptr<ColdStore> NewMemColdStore();

@@ -72,9 +72,7 @@ absl::StatusOr<std::vector<std::string>> RadosColdStore::GetFrames(
 absl::StatusOr<std::vector<std::string>> RadosColdStore::GetFrameParts(
     absl::string_view stream_id, uint64_t part_bytes,
     const std::vector<FramePart>& parts) {
-  if (part_bytes == 0) {
-    return absl::InvalidArgumentError("frame parts of 0 bytes");
-  }
+  KVMEM_RETURN_IF_ERROR(CheckFramePartBytes(part_bytes));
   return ReadRecords(stream_id, [&](const Manifest& m, std::vector<Ref>* refs) {
     for (const FramePart& p : parts) {
       auto it = m.frames.find(p.frame);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "storage/rocks_keys.h"
 #include "storage/rocks_store.h"
 
@@ -44,52 +45,43 @@ absl::StatusOr<std::string> RocksColdStore::GetPartedFrame(
 absl::StatusOr<std::vector<std::string>> RocksColdStore::GetFrameParts(
     absl::string_view stream_id, uint64_t part_bytes,
     const std::vector<FramePart>& parts) {
-  if (part_bytes == 0) {
-    return absl::InvalidArgumentError("frame parts of 0 bytes");
-  }
-  std::vector<std::string> out;
-  out.reserve(parts.size());
+  KVMEM_RETURN_IF_ERROR(CheckFramePartBytes(part_bytes));
   // A frame written whole (before parts, or by a writer that did not ask
   // for them) is read once and sliced.
-  std::string whole;
-  uint64_t whole_frame = 0;
-  bool have_whole = false;
+  const FramePart* asked = nullptr;  // The part the slicer reads for.
+  WholeFrameSlicer slicer(
+      stream_id, part_bytes,
+      [&](uint64_t frame) -> absl::StatusOr<std::string> {
+        absl::StatusOr<std::string> w = GetChecked(
+            &RocksColdStore::payloads_, NumberedKey(stream_id, frame), [&] {
+              return absl::StrCat("frame ", frame, " of stream ", stream_id);
+            });
+        if (absl::IsNotFound(w.status()) && asked->part > 0 &&
+            GetChecked(&RocksColdStore::payloads_,
+                       LayerKey(stream_id, frame, 0),
+                       [&] { return std::string("part 0"); })
+                .ok()) {
+          // Stored in parts, but fewer than the caller knows it has.
+          return absl::DataLossError(absl::StrCat(
+              "part ", asked->part, " of frame ", frame, " of stream ",
+              stream_id, " is not stored, though part 0 is"));
+        }
+        return w;
+      });
+  std::vector<std::string> out;
+  out.reserve(parts.size());
   for (const FramePart& p : parts) {
     absl::StatusOr<std::string> v = GetChecked(
         &RocksColdStore::payloads_, LayerKey(stream_id, p.frame, p.part), [&] {
           return absl::StrCat("part ", p.part, " of frame ", p.frame,
                               " of stream ", stream_id);
         });
-    if (v.ok()) {
-      out.push_back(*std::move(v));
-      continue;
+    if (absl::IsNotFound(v.status())) {
+      asked = &p;
+      v = slicer.Part(p);
     }
-    if (!absl::IsNotFound(v.status())) return v.status();
-    if (!have_whole || whole_frame != p.frame) {
-      absl::StatusOr<std::string> w = GetChecked(
-          &RocksColdStore::payloads_, NumberedKey(stream_id, p.frame), [&] {
-            return absl::StrCat("frame ", p.frame, " of stream ", stream_id);
-          });
-      if (absl::IsNotFound(w.status()) && p.part > 0) {
-        // Stored in parts, but fewer than the caller knows it has.
-        absl::StatusOr<std::string> first = GetChecked(
-            &RocksColdStore::payloads_, LayerKey(stream_id, p.frame, 0),
-            [&] { return std::string("part 0"); });
-        if (first.ok()) {
-          return absl::DataLossError(absl::StrCat(
-              "part ", p.part, " of frame ", p.frame, " of stream ", stream_id,
-              " is not stored, though part 0 is"));
-        }
-      }
-      if (!w.ok()) return w.status();
-      whole = *std::move(w);
-      whole_frame = p.frame;
-      have_whole = true;
-    }
-    absl::StatusOr<absl::string_view> slice =
-        FramePartOf(whole, part_bytes, p, stream_id);
-    if (!slice.ok()) return slice.status();
-    out.emplace_back(*slice);
+    if (!v.ok()) return v.status();
+    out.push_back(*std::move(v));
   }
   return out;
 }

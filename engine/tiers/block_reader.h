@@ -68,7 +68,7 @@ class BlockReader {
   // store; either way consistent with one generation of the block.
   struct Snapshot {
     BlockRecord rec;  // Its card: info, disk form, frame_tokens; no more.
-    BlockInfo info;                         // Tier as of the read.
+    BlockInfo info;   // Tier as of the read.
     std::shared_ptr<const WarmBlock> warm;  // Set, or
     std::vector<std::string> records;       // one per wanted layer, or
     // pieces of the block's frames (whole frames, or parts of them: frame

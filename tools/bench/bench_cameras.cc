@@ -93,7 +93,7 @@ absl::StatusOr<double> StoragePutMbPerS(
 struct CameraRun {
   std::vector<double> append_ms, recall_ms;
   std::vector<double> select_ms;  // The engine's part of each recall.
-  std::vector<double> lag_ms;  // Per frame: how late it started.
+  std::vector<double> lag_ms;     // Per frame: how late it started.
   double end_lag_ms = 0, first_delivery_ms = 0;
   uint64_t frames = 0, delivered_bytes = 0, recalls_delivering = 0;
   // Tier moves of the camera's stream during the step.

@@ -9,11 +9,11 @@
 namespace kvmem {
 namespace {
 
-Geometry Small() {
+Geometry Fp16(uint32_t layers, uint32_t kv_heads, uint32_t head_dim) {
   Geometry g;
-  g.layers = 3;
-  g.kv_heads = 2;
-  g.head_dim = 4;
+  g.layers = layers;
+  g.kv_heads = kv_heads;
+  g.head_dim = head_dim;
   g.dtype = DType::kFp16;
   return g;
 }
@@ -22,7 +22,7 @@ Geometry Small() {
 // alone would be laid out, and Join undoes Split, for every P (shorter last
 // parts, a part larger than the frame).
 TEST(FramePartsTest, PartsAreFramesOfTheirTokensAndJoinUndoesSplit) {
-  const Geometry g = Small();
+  const Geometry g = Fp16(3, 2, 4);
   const size_t row = g.head_dim * 2;
   std::mt19937 rng(3);
   for (uint32_t t : {1u, 5u, 8u}) {
@@ -52,18 +52,10 @@ TEST(FramePartsTest, PartsAreFramesOfTheirTokensAndJoinUndoesSplit) {
 }
 
 TEST(FramePartsTest, PartsHoldAtLeastTheTargetBytes) {
-  Geometry g7b;
-  g7b.layers = 32;
-  g7b.kv_heads = 8;
-  g7b.head_dim = 128;
-  g7b.dtype = DType::kFp16;
+  const Geometry g7b = Fp16(32, 8, 128);
   EXPECT_EQ(FramePartTokens(g7b), 1u);  // 128 KiB a token.
   EXPECT_EQ(FramePartBytes(g7b, 1), 128u << 10);
-  Geometry eval;
-  eval.layers = 2;
-  eval.kv_heads = 4;
-  eval.head_dim = 64;
-  eval.dtype = DType::kFp16;
+  const Geometry eval = Fp16(2, 4, 64);
   EXPECT_EQ(FramePartTokens(eval), 32u);  // 2 KiB a token.
   EXPECT_EQ(FramePartBytes(eval, 32), 64u << 10);
 }
