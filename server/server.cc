@@ -181,6 +181,7 @@ absl::Status Server::StartOwnership(const ColdStore& store,
   o.etcd.endpoint = options_.etcd;
   o.key_prefix = options_.etcd_prefix;
   o.ttl = options_.ownership_ttl;
+  o.probe_timeout = options_.ownership_probe;
   o.advertise = options_.advertise;
   if (o.advertise.empty()) {
     const size_t colon = options_.listen.rfind(':');

@@ -62,6 +62,10 @@ struct ServerOptions {
   // host and a port.
   std::string advertise;
   absl::Duration ownership_ttl = absl::Seconds(10);
+  // How long a server waits for a stream's owner to refuse a connection
+  // before leaving the stream to the owner's lease (zero: never probes;
+  // EtcdOwnershipOptions::probe_timeout).
+  absl::Duration ownership_probe = absl::Milliseconds(250);
   // A block's durable copy once it leaves RAM (EngineOptions::
   // demote_keeps_frames): "frames", "layers", or "auto" (frames: every
   // appended byte written once, and with frames in parts a cold token read

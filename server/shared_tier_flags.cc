@@ -55,6 +55,13 @@ ABSL_FLAG(int32_t, ownership_ttl_s, 10,
           "stops serving before it can expire; another server takes its "
           "streams over once it has.");
 
+ABSL_FLAG(int32_t, ownership_probe_ms, 250,
+          "With --etcd: asked for a stream another server holds, this server "
+          "first connects to that owner's address for at most this long; "
+          "when it refuses (nothing listens: the process died), its lease is "
+          "revoked and the stream taken over at once instead of after the "
+          "lease's TTL. 0: never probe (wait for the lease). 0..5000.");
+
 namespace kvmem {
 
 absl::Status SharedTierOptionsFromFlags(ServerOptions* o) {
@@ -84,6 +91,12 @@ absl::Status SharedTierOptionsFromFlags(ServerOptions* o) {
         absl::StrCat("--ownership_ttl_s is ", ttl_s, "; must be in 2..300"));
   }
   o->ownership_ttl = absl::Seconds(ttl_s);
+  const int32_t probe_ms = absl::GetFlag(FLAGS_ownership_probe_ms);
+  if (probe_ms < 0 || probe_ms > 5000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ownership_probe_ms is ", probe_ms, "; must be in 0..5000"));
+  }
+  o->ownership_probe = absl::Milliseconds(probe_ms);
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "server/ownership/peer_probe.h"
 
 namespace kvmem {
 
@@ -187,9 +188,8 @@ absl::Status EtcdOwnership::CheckServing() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> EtcdOwnership::Acquire(const std::string& id) {
-  KVMEM_RETURN_IF_ERROR(CheckServing());
-  const int64_t lease = this->lease();
+absl::StatusOr<EtcdHolder> EtcdOwnership::Claim(const std::string& id,
+                                                int64_t lease) {
   absl::StatusOr<EtcdHolder> h =
       etcd_->CreateIfAbsent(Key(id), options_.advertise, lease);
   if (!h.ok()) {
@@ -197,18 +197,62 @@ absl::StatusOr<uint64_t> EtcdOwnership::Acquire(const std::string& id) {
         absl::StrCat("cannot take ownership of stream \"", id,
                      "\" in etcd: ", h.status().message()));
   }
-  if (h->lease == lease) return static_cast<uint64_t>(h->create_revision);
-  if (h->value == options_.advertise) {
+  return h;
+}
+
+bool EtcdOwnership::OwnerGone(const std::string& address) {
+  if (options_.probe_timeout <= absl::ZeroDuration()) return false;
+  // Another host's loopback is only seen from that host.
+  if (IsHostLocalAddress(address) && !IsHostLocalAddress(options_.advertise)) {
+    return false;
+  }
+  const SteadyClock::time_point now = SteadyClock::now();
+  {
+    kvmem::MutexLock lock(&probe_mu_);
+    auto it = probed_.find(address);
+    if (it != probed_.end() && now < it->second) return false;
+  }
+  const PeerState state = ProbePeer(address, options_.probe_timeout);
+  if (state == PeerState::kRefused) return true;
+  kvmem::MutexLock lock(&probe_mu_);
+  if (probed_.size() >= 1024) probed_.clear();  // Owners are few.
+  probed_[address] = SteadyClock::now() + std::chrono::milliseconds(250);
+  return false;
+}
+
+absl::StatusOr<uint64_t> EtcdOwnership::Acquire(const std::string& id) {
+  KVMEM_RETURN_IF_ERROR(CheckServing());
+  const int64_t lease = this->lease();
+  KVMEM_ASSIGN_OR_RETURN(EtcdHolder h, Claim(id, lease));
+  if (h.lease != lease && h.value != options_.advertise && OwnerGone(h.value)) {
+    // Its lease goes, and with it every stream the dead server held.
+    const absl::Status revoked = etcd_->RevokeLease(h.lease);
+    if (!revoked.ok() && !absl::IsNotFound(revoked)) {
+      return absl::UnavailableError(
+          absl::StrCat("stream \"", id, "\": its owner at ", h.value,
+                       " refuses connections, and its etcd lease ", h.lease,
+                       " could not be revoked: ", revoked.message()));
+    }
+    if (options_.warn) {
+      options_.warn(
+          absl::StrCat("stream \"", id, "\": its owner at ", h.value,
+                       " refuses connections (gone); revoked its etcd lease ",
+                       h.lease, ", which frees every stream it held"));
+    }
+    KVMEM_ASSIGN_OR_RETURN(h, Claim(id, lease));
+  }
+  if (h.lease == lease) return static_cast<uint64_t>(h.create_revision);
+  if (h.value == options_.advertise) {
     return absl::UnavailableError(absl::StrCat(
         "stream \"", id, "\" is held by an earlier instance of this server (",
-        options_.advertise, ", etcd lease ", h->lease,
+        options_.advertise, ", etcd lease ", h.lease,
         ") until that lease expires (at most ",
         absl::FormatDuration(options_.ttl), ")"));
   }
   return WithOwner(
       absl::UnavailableError(absl::StrCat(
-          "stream \"", id, "\" is owned by the kvmem-server at ", h->value)),
-      h->value);
+          "stream \"", id, "\" is owned by the kvmem-server at ", h.value)),
+      h.value);
 }
 
 void EtcdOwnership::Release(const std::string& id) {

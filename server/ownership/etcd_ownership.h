@@ -21,6 +21,17 @@
 // - Acquire on a key held by another lease answers UNAVAILABLE naming the
 //   holder's address (WithOwner), which the service puts in the call's
 //   trailing metadata (kvmem-owner) for clients to follow.
+// - An owner that is gone does not hold its streams until its lease
+//   expires: Acquire on a key held by another server's lease first probes
+//   that server's address (ProbePeer, `probe_timeout`); when every address
+//   refuses the connection (nothing listens there: the process was killed
+//   or crashed) it revokes that lease, which frees every stream the dead
+//   server held, and takes the stream. A paused, slow or unreachable owner
+//   does not refuse, and keeps its streams until its lease expires. An
+//   owner on another host's loopback is not probed (only a server that is
+//   itself on loopback can see it), nor one probed in the last 250 ms that
+//   did not refuse. Safety does not rest on the probe: a stream taken from
+//   an owner that was alive after all is fenced by the store.
 // - The destructor revokes the lease: a stopped server hands its streams
 //   over at once instead of after the TTL.
 #ifndef KVMEM_SERVER_OWNERSHIP_ETCD_OWNERSHIP_H_
@@ -33,6 +44,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/sync.h"
@@ -49,6 +61,9 @@ struct EtcdOwnershipOptions {
   // every key it holds.
   std::string advertise;
   absl::Duration ttl = absl::Seconds(10);
+  // How long Acquire waits for an owner's address to refuse a connection
+  // before leaving its streams to its lease; zero: never probe.
+  absl::Duration probe_timeout = absl::Milliseconds(250);
   // Told when the lease lapses, renews again, or a call to etcd fails.
   std::function<void(const std::string&)> warn;
 };
@@ -85,6 +100,11 @@ class EtcdOwnership final : public StreamOwnership {
   void Lose(const absl::Status& why, bool again = false)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration Margin() const;
+  // The key's holder after creating it under `lease` if absent.
+  absl::StatusOr<EtcdHolder> Claim(const std::string& id, int64_t lease);
+  // True when the server at `address` is gone (refuses connections) and
+  // may have its lease revoked (see above).
+  bool OwnerGone(const std::string& address) ABSL_LOCKS_EXCLUDED(probe_mu_);
 
   mutable kvmem::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
@@ -95,6 +115,10 @@ class EtcdOwnership final : public StreamOwnership {
   kvmem::Mutex lost_mu_;  // Held while the OnLost callback runs.
   std::function<void(const absl::Status&)> on_lost_ ABSL_GUARDED_BY(lost_mu_);
   std::thread renewer_;
+  kvmem::Mutex probe_mu_;
+  // Owners that did not refuse a probe, and until when that answer stands.
+  absl::flat_hash_map<std::string, SteadyClock::time_point> probed_
+      ABSL_GUARDED_BY(probe_mu_);
 };
 
 }  // namespace kvmem

@@ -8,8 +8,9 @@
 // ingest. With ownership through etcd (OwnershipTest: an etcd the test
 // starts, servers on TCP with --etcd): a client at the wrong server ends up
 // at the owner, a killed owner's streams are taken over once its lease
-// expires, a paused owner stops serving before its lease can expire and
-// is fenced, and an etcd restart leaves owners their streams.
+// expires (at once when its address refuses connections), a paused owner
+// is not taken over before its lease expires, stops serving before its lease
+// can expire and is fenced, and an etcd restart leaves owners their streams.
 #include <signal.h>
 #include <unistd.h>
 
@@ -94,7 +95,7 @@ class TakeoverTest : public ::testing::Test {
       o.listen = Address(i);
       o.extra_args.push_back("--etcd=" + etcd_->endpoint());
       o.extra_args.push_back("--etcd_prefix=" + prefix_ + "/");
-      o.extra_args.push_back("--ownership_ttl_s=" + std::to_string(kTtlS));
+      o.extra_args.push_back("--ownership_ttl_s=" + std::to_string(ttl_s_));
     } else {
       o.unix_socket = Dir(i) + "/kvmem.sock";
     }
@@ -164,6 +165,7 @@ class TakeoverTest : public ::testing::Test {
 
   static constexpr uint64_t kFrames = 120;
   static constexpr int kTtlS = 3;  // The servers' ownership lease TTL.
+  int ttl_s_ = kTtlS;              // A test may lengthen it.
   testing::TempDir dir_;
   std::unique_ptr<testing::EtcdProcess> etcd_;
   int ports_[2] = {0, 0};
@@ -261,30 +263,39 @@ TEST_F(OwnershipTest, AClientAtTheWrongServerEndsUpAtTheOwner) {
   ASSERT_TRUE(session->Finish().ok());
 }
 
-// (a) with etcd: the owner killed; the other server answers the stream's
-// calls once the dead owner's lease has expired (at most its TTL), with
-// every frame and the same recall sets.
+// Polls b's view of the stream until it answers (at most `limit`); the
+// time that took.
+std::chrono::milliseconds AnsweredWithin(KvmemClient& b,
+                                         std::chrono::seconds limit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::StreamStats st;
+  grpc::Status s;
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    s = b.GetStreamStats("cam", &st);
+  } while (!s.ok() && std::chrono::steady_clock::now() - t0 < limit);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - t0);
+}
+
+// (a) with etcd, the probe off (--ownership_probe_ms=0): the owner killed;
+// the other server answers the stream's calls once the dead owner's lease
+// has expired (at most its TTL, at least two thirds of it after its last
+// renewal), with every frame and the same recall sets.
 TEST_F(OwnershipTest, AKilledOwnersStreamIsTakenOverAfterItsLease) {
+  extra_args_.push_back("--ownership_probe_ms=0");
   std::unique_ptr<KvmemClient> a, b;
   ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 80));
   v1::AppendFramesResponse resp;
   const auto before = Recalls(*a);
   servers_[0]->Kill();
   servers_[0].reset();
-  const auto t0 = std::chrono::steady_clock::now();
-  v1::StreamStats st;
-  grpc::Status s;
-  do {
-    absl::SleepFor(absl::Milliseconds(100));
-    s = b->GetStreamStats("cam", &st);
-  } while (!s.ok() && std::chrono::steady_clock::now() - t0 <
-                          std::chrono::seconds(4 * kTtlS));
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  std::cout << "stream answered by the other server "
-            << std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::steady_clock::now() - t0)
-                   .count()
-            << " ms after the owner's kill (lease TTL " << kTtlS << " s)\n";
+  const auto took = AnsweredWithin(*b, std::chrono::seconds(4 * kTtlS));
+  std::cout << "stream answered by the other server " << took.count()
+            << " ms after the owner's kill (lease TTL " << kTtlS
+            << " s, no probe)\n";
+  EXPECT_GE(took.count(), 2 * kTtlS * 1000 / 3 - 200);
   EXPECT_EQ(b->RouteOf("cam"), servers_[1]->target());
   ExpectFrames(*b, 80);
   EXPECT_EQ(Recalls(*b), before);
@@ -292,6 +303,63 @@ TEST_F(OwnershipTest, AKilledOwnersStreamIsTakenOverAfterItsLease) {
       b->AppendFrames("cam", {frames_.begin() + 80, frames_.end()}, &resp)
           .ok());
   ExpectFrames(*b, kFrames);
+}
+
+// (a) with etcd and the default probe: a killed owner's address refuses
+// connections, so the server asked revokes its lease and takes the stream
+// over at once, long before the lease (30 s here) could expire, with every
+// frame and the same recall sets.
+TEST_F(OwnershipTest, AKilledOwnersStreamIsTakenOverAtOnce) {
+  ttl_s_ = 30;
+  std::unique_ptr<KvmemClient> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 80));
+  const auto before = Recalls(*a);
+  servers_[0]->Kill();
+  servers_[0].reset();
+  const auto took = AnsweredWithin(*b, std::chrono::seconds(2 * ttl_s_));
+  std::cout << "stream answered by the other server " << took.count()
+            << " ms after the owner's kill (lease TTL " << ttl_s_
+            << " s, the owner's address probed)\n";
+  EXPECT_LT(took.count(), 10'000);
+  EXPECT_EQ(b->RouteOf("cam"), servers_[1]->target());
+  ExpectFrames(*b, 80);
+  EXPECT_EQ(Recalls(*b), before);
+  v1::AppendFramesResponse resp;
+  ASSERT_TRUE(
+      b->AppendFrames("cam", {frames_.begin() + 80, frames_.end()}, &resp)
+          .ok());
+  ExpectFrames(*b, kFrames);
+  EXPECT_NE(testing::ReadFile(Dir(1) + "/server.log")
+                .find("refuses connections (gone)"),
+            std::string::npos);
+}
+
+// A paused owner (SIGSTOP) still completes connections from its listening
+// socket's backlog: the probe does not find it gone, and the other server
+// goes on redirecting to it until its lease expires (30 s here). Resumed
+// within the lease, it still owns the stream.
+TEST_F(OwnershipTest, APausedOwnerIsNotTakenOverBeforeItsLease) {
+  ttl_s_ = 30;
+  std::unique_ptr<KvmemClient> a, b;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 40));
+  ASSERT_EQ(::kill(servers_[0]->pid(), SIGSTOP), 0);
+  ClientOptions stay;
+  stay.max_redirects = 0;
+  auto at_b = KvmemClient::Connect(servers_[1]->target(), stay);
+  for (int i = 0; i < 3; ++i) {  // Each past the probe's 250 ms memory.
+    v1::StreamStats st;
+    const grpc::Status s = at_b->GetStreamStats("cam", &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_NE(s.error_message().find(Address(0)), std::string::npos)
+        << s.error_message();
+    absl::SleepFor(absl::Milliseconds(1200));
+  }
+  ASSERT_EQ(::kill(servers_[0]->pid(), SIGCONT), 0);
+  ExpectFrames(*a, 40);
+  EXPECT_EQ(a->RouteOf("cam"), servers_[0]->target());
+  EXPECT_EQ(testing::ReadFile(Dir(1) + "/server.log")
+                .find("refuses connections (gone)"),
+            std::string::npos);
 }
 
 // (b) with etcd: the owner paused past its lease; the other server takes

@@ -9,9 +9,12 @@
 # kvmem-server on the same pool, timed from its start to its first answered
 # Recall. KVMEM_TAKEOVER_FRAMES changes the length. Then, where etcd is
 # installed, the same stream under ownership through etcd: two servers
-# with --etcd (lease TTL KVMEM_OWNERSHIP_TTL_S, default 10), the first takes
-# the stream up, is killed -9, and the second is timed from the kill to its
-# first answered Recall (lease expiry + taking the stream up).
+# with --etcd (lease TTL KVMEM_OWNERSHIP_TTL_S, default 10; owner probe
+# KVMEM_OWNERSHIP_PROBE_MS, default 250), the first takes the stream up, is
+# killed -9, and the second is timed from the kill to its first answered
+# Recall (the probe finds the dead owner's address refusing and its lease is
+# revoked, or with the probe at 0 the lease expires; then the stream is
+# taken up).
 #
 #   bash tools/bench/rados_figures.sh [WORK_DIR]   (default /tmp/kvmem-rados-figures)
 #   KVMEM_TAKEOVER_ONLY=1 ...: only the takeover.
@@ -120,7 +123,8 @@ etcd --name=bench --data-dir="$dir/etcd" --listen-client-urls="http://$ep" \
 pids=$!
 server() {  # server NAME PORT
   "$bin/kvmem-server" --store=rados:kvmem --ceph_conf="$CEPH_CONF" --data_dir="$dir/$1" \
-    --listen="127.0.0.1:$2" --etcd="$ep" --ownership_ttl_s="$ttl" >"$dir/$1.log" 2>&1 &
+    --listen="127.0.0.1:$2" --etcd="$ep" --ownership_ttl_s="$ttl" \
+    --ownership_probe_ms="${KVMEM_OWNERSHIP_PROBE_MS:-250}" >"$dir/$1.log" 2>&1 &
   pids="$pids $!"
 }
 pa=$(port); pb=$(port)
@@ -136,4 +140,4 @@ kill -9 "$a"
 start=$(date +%s.%N)
 answered "127.0.0.1:$pb"
 end=$(date +%s.%N)
-echo "with etcd (TTL $ttl s): owner killed -9, the other server answered Recall $(python3 -c "print(f'{$end-$start:.2f}')") s after the kill"
+echo "with etcd (TTL $ttl s, probe ${KVMEM_OWNERSHIP_PROBE_MS:-250} ms): owner killed -9, the other server answered Recall $(python3 -c "print(f'{$end-$start:.2f}')") s after the kill"
