@@ -2,6 +2,7 @@
 // background work (maintenance, index rebuilds) it schedules.
 #include "engine/stream/stream.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -148,6 +149,34 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
   return absl::OkStatus();
 }
 
+void Stream::ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const {
+  // Recorded warm: blocks a promotion recorded (they have hits), and blocks
+  // whose seal's record still stands, warm or demoted since (a demotion
+  // that keeps the frames leaves that record; the heat policy demotes
+  // never-hit blocks oldest first). Promoted ones first, then the newest.
+  std::vector<BlockRecord*> warm;
+  for (BlockRecord& rec : *records) {
+    if (rec.info.tier == Tier::kWarm) warm.push_back(&rec);
+  }
+  std::stable_sort(warm.begin(), warm.end(),
+                   [](const BlockRecord* a, const BlockRecord* b) {
+                     if ((a->hits > 0) != (b->hits > 0)) return a->hits > 0;
+                     return a->info.id > b->info.id;
+                   });
+  uint64_t room = tiers_.WarmRoomAtRecovery();
+  for (BlockRecord* rec : warm) {
+    const uint64_t bytes =
+        WarmBlock::AllocatedBytes(config_.geometry, rec->info.token_count);
+    if (bytes <= room) {
+      room -= bytes;
+      continue;
+    }
+    BlockEntry stays;  // Where its durable copy is.
+    stays.rec.disk = rec->disk;
+    rec->info.tier = TierOf(stays);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
     const std::string& id, const StreamConfig& config, const StreamState& state,
     const StreamEnv& env) {
@@ -159,9 +188,12 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Recover(
     kvmem::MutexLock lock(&s->view_.mu());
     s->view_.ReserveIndexes(records);
   }
+  s->ChooseWarmAtRecovery(&records);
   for (BlockRecord& rec : records) {
     BlockEntry entry;
     uint64_t warm_bytes = 0;
+    // A record its seal wrote: warm and never hit (see ChooseWarm...).
+    entry.sealed_record = rec.info.tier == Tier::kWarm && rec.hits == 0;
     if (rec.info.tier == Tier::kWarm) {
       KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<WarmBlock> warm,
                              s->reader_.Load(rec));

@@ -205,6 +205,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // Recovery (stream.cc): the stored block records, checked.
   absl::StatusOr<std::vector<BlockRecord>> LoadRecords(
       const StreamState& state) const;
+  // Which blocks recorded warm come back warm: as many as the warm budgets
+  // hold (TierManager::WarmRoomAtRecovery), promoted ones first, then the
+  // newest; the others' tier becomes their durable copy's.
+  void ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const;
   void WarnIfBelowRecallFloor();
   Accelerator& accel() const {
     return env_.accel != nullptr ? *env_.accel : SharedCpuAccelerator();

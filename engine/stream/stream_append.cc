@@ -95,6 +95,7 @@ BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
   e.warm = open_.Seal(&rec);
   rec.last_access_frame = now_frame;
   write->blocks.emplace_back(rec.info.id, EncodeBlock(rec));
+  e.sealed_record = true;
   state->next_block_id += 1;
   state->open_block_frames = 0;
   state->open_block_tokens = 0;

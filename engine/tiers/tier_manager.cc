@@ -94,13 +94,14 @@ int64_t TierManager::PickVictim(
 
 absl::Status TierManager::CommitMove(
     uint64_t id, BlockRecord rec, StreamWrite write,
-    const std::function<void(BlockEntry&)>& apply) {
+    const std::function<void(BlockEntry&)>& apply, bool with_record) {
   {
     kvmem::MutexLock lock(&view_->mu());
     // Odd: readers retry until the move is over.
     view_->entry(id).generation += 1;
   }
-  const absl::Status committed = CommitRecord(rec, std::move(write));
+  const absl::Status committed =
+      CommitRecord(rec, std::move(write), with_record);
   kvmem::MutexLock lock(&view_->mu());
   BlockEntry& e = view_->entry(id);
   e.generation += 1;  // Even again.
@@ -110,15 +111,29 @@ absl::Status TierManager::CommitMove(
   // entry kept the capacity of its token codes (9 KiB a block in the soak:
   // its RSS grew ~200 KiB/s). The old record dies with `rec`.
   std::swap(e.rec, rec);
+  if (with_record) e.sealed_record = false;
   apply(e);
   return absl::OkStatus();
 }
 
 absl::Status TierManager::CommitRecord(const BlockRecord& rec,
-                                       StreamWrite write) {
+                                       StreamWrite write, bool with_record) {
   write.stream_id = view_->stream_id();
-  write.blocks.emplace_back(rec.info.id, EncodeBlock(rec));
+  if (with_record) write.blocks.emplace_back(rec.info.id, EncodeBlock(rec));
   return env_.store->Commit(write);
+}
+
+uint64_t TierManager::WarmRoomAtRecovery() const {
+  uint64_t room = config_.tiers.warm_budget_bytes > 0
+                      ? config_.tiers.warm_budget_bytes
+                      : UINT64_MAX;
+  if (env_.global_warm_budget > 0 && env_.global_warm_bytes != nullptr) {
+    const uint64_t used = env_.global_warm_bytes->load();
+    room = std::min(room, env_.global_warm_budget > used
+                              ? env_.global_warm_budget - used
+                              : 0);
+  }
+  return room;
 }
 
 absl::Status TierManager::EnforceBudgets(uint64_t incoming_warm,
@@ -218,12 +233,15 @@ TierManager::TierMove TierManager::NextTierMove(uint64_t incoming_warm,
 absl::Status TierManager::Demote(uint64_t id) {
   BlockRecord rec;
   std::shared_ptr<const WarmBlock> warm;
+  bool sealed_record;
   {
     kvmem::ReaderMutexLock lock(&view_->mu());
     rec = view_->blocks()[id].rec;
     warm = view_->blocks()[id].warm;
+    sealed_record = view_->blocks()[id].sealed_record;
   }
   StreamWrite write;
+  bool keeps_record = false;
   const ColdPrecision precision = config_.tiers.cold_precision;
   if (rec.disk == DiskForm::kFrames && precision != ColdPrecision::kFull) {
     // A stream kept compressed on disk: its first demotion writes the
@@ -242,9 +260,13 @@ absl::Status TierManager::Demote(uint64_t id) {
     rec.info.degraded = true;
   } else if (rec.disk == DiskForm::kFrames && env_.demote_keeps_frames) {
     // The frames stay its durable copy; their signals (only an open
-    // block's are read back) are in the block's record.
+    // block's are read back) are in the block's record. No durable form
+    // changes: a record its seal wrote is not rewritten (13 MB at 7B; see
+    // WarmRoomAtRecovery), one a promotion wrote is (recovery would take
+    // it for warm).
     write.delete_frame_metas.emplace_back(rec.info.first_frame,
                                           rec.info.last_frame);
+    keeps_record = sealed_record;
   } else if (rec.disk == DiskForm::kFrames) {
     // First demotion: the block's durable copy changes from its frames to
     // per-layer records, written from the warm copy in the same batch.
@@ -263,7 +285,8 @@ absl::Status TierManager::Demote(uint64_t id) {
         AddWarm(-static_cast<int64_t>(e.warm->allocated_bytes()), false);
         e.warm.reset();
         moves_.demotions += 1;
-      });
+      },
+      /*with_record=*/!keeps_record);
 }
 
 absl::Status TierManager::Degrade(uint64_t id) {
@@ -370,6 +393,7 @@ absl::Status TierManager::Promote(uint64_t id, bool staged) {
   e.warm = std::move(warm);
   e.staged = staged;
   e.rec = std::move(rec);
+  if (!staged) e.sealed_record = false;
   if (staged) {
     moves_.staged += 1;
   } else {

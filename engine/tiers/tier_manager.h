@@ -91,6 +91,14 @@ class TierManager {
   // the block and its bytes together and never subtracts bytes that were
   // not added.
   void NoteInstalledWarm(uint64_t bytes);
+  // The RAM a recovery may fill with blocks recorded warm: the stream's
+  // warm budget and what the global one has left (UINT64_MAX: no cap). A
+  // block's recorded tier is a hint, not its state: a demotion that keeps
+  // the block's frames does not rewrite its record (13 MB at 7B, for a
+  // tier that only recovery reads), so older blocks may still be recorded
+  // warm; recovery loads the newest of them that fit and keeps the rest
+  // cold (Stream::Recover).
+  uint64_t WarmRoomAtRecovery() const;
   // Runs f with no tier move in flight and none starting until it returns
   // (the stream marks itself deleted or gone in it: moves check that).
   void WithoutMoves(const std::function<void()>& f) ABSL_LOCKS_EXCLUDED(mu_);
@@ -125,15 +133,21 @@ class TierManager {
   // The blocks staging picks for the pseudo query.
   std::vector<uint64_t> PickStaged(const std::vector<float>& pseudo_query) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CommitRecord(const BlockRecord& rec, StreamWrite write)
+  // Commits `write` with rec's encoding added to it (unless !with_record:
+  // the durable record stays as it was).
+  absl::Status CommitRecord(const BlockRecord& rec, StreamWrite write,
+                            bool with_record = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits a change of block id's durable form (its new record and the
   // storage changes in `write`) with the block's generation odd meanwhile;
   // on success installs rec and runs apply on the entry, under the view's
   // lock held exclusively (apply is annotated so; clang does not check a
-  // lock across the std::function call itself).
+  // lock across the std::function call itself). !with_record: a move that
+  // changes no durable form (a demotion that keeps the block's frames)
+  // leaves the stored record as it was (see WarmRoomAtRecovery).
   absl::Status CommitMove(uint64_t id, BlockRecord rec, StreamWrite write,
-                          const std::function<void(BlockEntry&)>& apply)
+                          const std::function<void(BlockEntry&)>& apply,
+                          bool with_record = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ReplacementContext PolicyContext() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
       ABSL_SHARED_LOCKS_REQUIRED(view_->mu());

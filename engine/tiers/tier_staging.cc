@@ -108,6 +108,7 @@ absl::Status TierManager::ConfirmStaged(uint64_t id, uint64_t bytes) {
     AddWarm(-static_cast<int64_t>(bytes), true);
     AddWarm(bytes, false);
     e.staged = false;
+    e.sealed_record = false;
     e.rec = std::move(rec);
     moves_.stage_hits += 1;
   }

@@ -22,6 +22,10 @@ struct BlockEntry {
   BlockRecord rec;
   std::shared_ptr<const WarmBlock> warm;  // Set while in RAM.
   bool staged = false;                    // In RAM only because staged.
+  // Its stored record is the one its seal wrote (warm, no hits): a
+  // demotion that keeps its frames need not rewrite it, since recovery
+  // tells such records from promotions' (Stream::Recover).
+  bool sealed_record = false;
   // Odd while a move of its durable form is being committed; bumped before
   // and after, so readers outside append_mu_ can tell a torn read.
   uint64_t generation = 0;

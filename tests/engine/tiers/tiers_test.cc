@@ -1,12 +1,15 @@
 // The dynamic memory: shot segmentation, tiers and replacement, dual-signal
 // and per-layer recall, staged prefetch, index rebuilds. Real RocksDB.
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "engine/codec/block_layout.h"
 #include "engine/codec/quantize.h"
 #include "engine/stream_config.h"
 #include "gmock/gmock.h"
+#include "storage/forwarding_store.h"
 #include "tests/engine_fixture.h"
 
 namespace kvmem {
@@ -185,6 +188,7 @@ TEST_P(ColdFormTiersTest, DemoteDegradeEvictFetchAndRecover) {
   std::vector<RecallResult> before;
   std::vector<std::vector<float>> queries;
   StreamStats st;
+  std::map<uint64_t, Tier> tiers_before;
   {
     auto e = OpenTestEngine(dir.path(), options);
     ASSERT_TRUE(e->OpenStream("s", c).ok());
@@ -238,6 +242,7 @@ TEST_P(ColdFormTiersTest, DemoteDegradeEvictFetchAndRecover) {
     auto stream = *e->Find("s");
     for (uint64_t b = 0; b < 30; ++b) {
       auto info = stream.GetBlock(b);
+      tiers_before[b] = info.ok() ? info->tier : Tier::kEvicted;
       if (!info.ok()) {
         EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound);
         EXPECT_THAT(std::string(info.status().message()),
@@ -267,6 +272,15 @@ TEST_P(ColdFormTiersTest, DemoteDegradeEvictFetchAndRecover) {
   EXPECT_EQ(again.degraded.blocks, st.degraded.blocks);
   EXPECT_EQ(again.cold.blocks + again.warm.blocks,
             st.cold.blocks + st.warm.blocks);
+  {
+    // Each block where it was (a demotion that kept the frames did not
+    // rewrite the record, so recovery chose the same warm blocks).
+    const StreamHandle stream = *e->Find("s");
+    for (const auto& [b, tier] : tiers_before) {
+      auto info = stream.GetBlock(b);
+      EXPECT_EQ(info.ok() ? info->tier : Tier::kEvicted, tier) << "block " << b;
+    }
+  }
   for (size_t i = 0; i < queries.size(); ++i) {
     RecallQuery q;
     q.query = queries[i];
@@ -690,6 +704,83 @@ TEST(TiersTest, GlobalWarmBudgetHoldsAcrossStreams) {
   uint64_t cold = 0;
   for (const auto& s : e->ListStreams()) cold += s.cold.blocks;
   EXPECT_EQ(cold, 3u * 20 - 5);
+}
+
+// Counts the block records each commit writes, per block.
+class RecordCountingStore final : public ForwardingColdStore {
+ public:
+  using ForwardingColdStore::ForwardingColdStore;
+  absl::Status Commit(const StreamWrite& w) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [id, record] : w.blocks) writes[id] += 1;
+    }
+    return ForwardingColdStore::Commit(w);
+  }
+  std::map<uint64_t, int> Writes() {
+    std::lock_guard<std::mutex> lock(mu);
+    return writes;
+  }
+  std::mutex mu;
+  std::map<uint64_t, int> writes;
+};
+
+// A demotion that keeps the block's frames changes no durable form, so it
+// does not rewrite the block's record (13 MB at 7B): each block's record is
+// written once, at its seal. The recorded tier then says warm for blocks
+// that left RAM; a restart brings back warm the newest blocks the warm
+// budgets hold (the stream's, then what the engine-wide cap leaves) and
+// keeps the others cold, every byte as appended.
+TEST(TiersTest, ADemotionThatKeepsFramesLeavesTheRecordAlone) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = TestConfig(g, 8, 2);
+  const Geometry geo = WithDefaults(c).geometry;
+  const uint64_t block = WarmBlock::AllocatedBytes(geo, 8);
+  c.tiers.warm_budget_bytes = 3 * block;
+  auto counting = std::make_shared<RecordCountingStore>(
+      std::shared_ptr<ColdStore>(testing::OpenTestStore(dir.path())));
+  EngineOptions options;
+  options.demote_keeps_frames = true;
+  StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(21);
+  {
+    auto e = MemoryEngine::Open(std::make_unique<ForwardingColdStore>(counting),
+                                options);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE((*e)->OpenStream("s", c).ok());
+    for (uint64_t f = 0; f < 20; ++f) {
+      ASSERT_TRUE((*e)->Append("s", ToFrame(m.AddFrame(rng, 4), f)).ok());
+    }
+    (*e)->WaitForBackground();
+    const StreamStats st = *(*e)->GetStats("s");
+    EXPECT_EQ(st.warm.blocks, 3u);
+    EXPECT_EQ(st.cold.blocks, 7u);
+    EXPECT_GE(st.policy.demotions, 7u);
+  }
+  const std::map<uint64_t, int> writes = counting->Writes();
+  ASSERT_EQ(writes.size(), 10u);
+  for (const auto& [id, n] : writes) EXPECT_EQ(n, 1) << "block " << id;
+  // Restarts: the stream's budget (3 blocks), then an engine-wide cap of 2.
+  for (const uint64_t warm : {3, 2}) {
+    EngineOptions again = options;
+    if (warm == 2) again.global_warm_budget_bytes = 2 * block;
+    auto e = MemoryEngine::Open(std::make_unique<ForwardingColdStore>(counting),
+                                again);
+    ASSERT_TRUE(e.ok()) << e.status();
+    const StreamStats st = *(*e)->GetStats("s");
+    EXPECT_EQ(st.warm.blocks, warm);
+    EXPECT_EQ(st.cold.blocks, 10 - warm);
+    const StreamHandle stream = *(*e)->Find("s");
+    for (uint64_t b = 0; b < 10; ++b) {
+      EXPECT_EQ(stream.GetBlock(b)->tier,
+                b >= 10 - warm ? Tier::kWarm : Tier::kCold)
+          << "block " << b;
+      absl::StatusOr<std::string> got = FrameMajor(stream, b);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, m.BlockBytes(b)) << "block " << b;
+    }
+  }
 }
 
 // Fetches racing tier moves: every read is exact for full-precision blocks,
