@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -81,11 +82,20 @@ bool NumericEndpoint(const std::string& host, uint16_t port, Endpoint* e) {
   return false;
 }
 
+// Resolver threads still running (a resolver that hangs keeps its thread
+// until it gives up); past kMaxResolving a probe of a name is kUnknown.
+std::atomic<int> resolving{0};
+constexpr int kMaxResolving = 4;
+
 // getaddrinfo on a helper thread, waited for until `deadline`: a resolver
 // that does not answer must not hold the caller past its probe timeout.
 // The helper owns its state (shared) and ends when the resolver does.
 bool Resolve(const std::string& host, const std::string& port,
              Clock::time_point deadline, std::vector<Endpoint>* out) {
+  if (resolving.fetch_add(1) >= kMaxResolving) {
+    resolving.fetch_sub(1);
+    return false;
+  }
   struct State {
     std::mutex mu;
     std::condition_variable cv;
@@ -110,10 +120,13 @@ bool Resolve(const std::string& host, const std::string& port,
       }
       freeaddrinfo(list);
     }
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->found = std::move(found);
-    state->done = true;
-    state->cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->found = std::move(found);
+      state->done = true;
+      state->cv.notify_all();
+    }
+    resolving.fetch_sub(1);
   }).detach();
   std::unique_lock<std::mutex> lock(state->mu);
   if (!state->cv.wait_until(lock, deadline, [&] { return state->done; })) {

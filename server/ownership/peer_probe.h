@@ -5,10 +5,13 @@
 // The only answer that counts as "gone" is a refusal: every address the
 // name resolves to answers the TCP handshake with a reset (ECONNREFUSED:
 // the host is up and nothing listens on the port; a process killed or
-// crashed closes its listening socket at once). A paused process (SIGSTOP)
-// still completes handshakes from its listening socket's backlog, and a
-// host that is down, partitioned or filtered does not answer in time: both
-// are kUnknown, as is a name that does not resolve within the timeout.
+// crashed loses its listening socket once the kernel has torn it down,
+// after freeing its memory: a moment for a large heap). A paused process
+// (SIGSTOP) still completes handshakes from its listening socket's
+// backlog, and a host that is down, partitioned or filtered does not
+// answer in time: both are kUnknown, as is a name that does not resolve
+// within the timeout (resolved on a helper thread; at most 4 run at once,
+// past that kUnknown).
 // Nothing here decides safety: a stream taken from an owner that was alive
 // after all is fenced by the store (its next commit is refused).
 //
