@@ -152,8 +152,10 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
 void Stream::ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const {
   // Recorded warm: blocks a promotion recorded (they have hits), and blocks
   // whose seal's record still stands, warm or demoted since (a demotion
-  // that keeps the frames leaves that record; the heat policy demotes
-  // never-hit blocks oldest first). Promoted ones first, then the newest.
+  // that keeps the frames leaves that record; the heat policy mostly
+  // demotes never-hit blocks oldest first, and where it did not, a warm and
+  // a cold block of the same form trade places). Promoted ones first, then
+  // the newest.
   std::vector<BlockRecord*> warm;
   for (BlockRecord& rec : *records) {
     if (rec.info.tier == Tier::kWarm) warm.push_back(&rec);

@@ -96,8 +96,8 @@ class TierManager {
   // block's recorded tier is a hint, not its state: a demotion that keeps
   // the block's frames does not rewrite its record (13 MB at 7B, for a
   // tier that only recovery reads), so older blocks may still be recorded
-  // warm; recovery loads the newest of them that fit and keeps the rest
-  // cold (Stream::Recover).
+  // warm; recovery loads those that fit, promoted ones first, then the
+  // newest, and keeps the rest cold (Stream::ChooseWarmAtRecovery).
   uint64_t WarmRoomAtRecovery() const;
   // Runs f with no tier move in flight and none starting until it returns
   // (the stream marks itself deleted or gone in it: moves check that).
