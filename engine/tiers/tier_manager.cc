@@ -393,10 +393,10 @@ absl::Status TierManager::Promote(uint64_t id, bool staged) {
   e.warm = std::move(warm);
   e.staged = staged;
   e.rec = std::move(rec);
-  if (!staged) e.sealed_record = false;
   if (staged) {
     moves_.staged += 1;
   } else {
+    e.sealed_record = false;  // The promotion wrote its record.
     moves_.promotions += 1;
   }
   return absl::OkStatus();

@@ -169,18 +169,6 @@ PeerState Connect(const Endpoint& e, Clock::time_point deadline) {
 
 }  // namespace
 
-const char* PeerStateName(PeerState s) {
-  switch (s) {
-    case PeerState::kListening:
-      return "listening";
-    case PeerState::kRefused:
-      return "refused";
-    case PeerState::kUnknown:
-      break;
-  }
-  return "unknown";
-}
-
 PeerState ProbePeer(const std::string& address, absl::Duration timeout) {
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(

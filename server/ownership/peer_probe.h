@@ -31,8 +31,6 @@ enum class PeerState {
   kUnknown,    // No answer in time, unresolvable, or not an address.
 };
 
-const char* PeerStateName(PeerState s);
-
 // Probes "host:port", "[v6]:port" or "unix:/path" (a unix socket: a path
 // that does not exist, or refuses, is kRefused) within `timeout` in all,
 // name resolution included.

@@ -163,6 +163,10 @@ class TakeoverTest : public ::testing::Test {
     }
   }
 
+  std::chrono::milliseconds KillOwnerAndServeAtB(
+      KvmemClient& b, const std::vector<std::vector<uint64_t>>& before,
+      uint64_t frames, std::chrono::seconds limit);
+
   static constexpr uint64_t kFrames = 120;
   static constexpr int kTtlS = 3;  // The servers' ownership lease TTL.
   int ttl_s_ = kTtlS;              // A test may lengthen it.
@@ -263,10 +267,15 @@ TEST_F(OwnershipTest, AClientAtTheWrongServerEndsUpAtTheOwner) {
   ASSERT_TRUE(session->Finish().ok());
 }
 
-// Polls b's view of the stream until it answers (at most `limit`); the
-// time that took.
-std::chrono::milliseconds AnsweredWithin(KvmemClient& b,
-                                         std::chrono::seconds limit) {
+// Kills server 0, which owns the stream (its recall sets before are `before`),
+// and polls b until the other server answers for it (at most `limit`); then
+// b serves every frame, the same recall sets, and the rest of the frames.
+// The time from the kill to the answer.
+std::chrono::milliseconds TakeoverTest::KillOwnerAndServeAtB(
+    KvmemClient& b, const std::vector<std::vector<uint64_t>>& before,
+    uint64_t frames, std::chrono::seconds limit) {
+  servers_[0]->Kill();
+  servers_[0].reset();
   const auto t0 = std::chrono::steady_clock::now();
   v1::StreamStats st;
   grpc::Status s;
@@ -275,8 +284,17 @@ std::chrono::milliseconds AnsweredWithin(KvmemClient& b,
     s = b.GetStreamStats("cam", &st);
   } while (!s.ok() && std::chrono::steady_clock::now() - t0 < limit);
   EXPECT_TRUE(s.ok()) << s.error_message();
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - t0);
+  EXPECT_EQ(b.RouteOf("cam"), servers_[1]->target());
+  ExpectFrames(b, frames);
+  EXPECT_EQ(Recalls(b), before);
+  v1::AppendFramesResponse resp;
+  EXPECT_TRUE(
+      b.AppendFrames("cam", {frames_.begin() + frames, frames_.end()}, &resp)
+          .ok());
+  ExpectFrames(b, kFrames);
+  return took;
 }
 
 // (a) with etcd, the probe off (--ownership_probe_ms=0): the owner killed;
@@ -287,22 +305,12 @@ TEST_F(OwnershipTest, AKilledOwnersStreamIsTakenOverAfterItsLease) {
   extra_args_.push_back("--ownership_probe_ms=0");
   std::unique_ptr<KvmemClient> a, b;
   ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 80));
-  v1::AppendFramesResponse resp;
-  const auto before = Recalls(*a);
-  servers_[0]->Kill();
-  servers_[0].reset();
-  const auto took = AnsweredWithin(*b, std::chrono::seconds(4 * kTtlS));
+  const auto took = KillOwnerAndServeAtB(*b, Recalls(*a), 80,
+                                         std::chrono::seconds(4 * kTtlS));
   std::cout << "stream answered by the other server " << took.count()
             << " ms after the owner's kill (lease TTL " << kTtlS
             << " s, no probe)\n";
   EXPECT_GE(took.count(), 2 * kTtlS * 1000 / 3 - 200);
-  EXPECT_EQ(b->RouteOf("cam"), servers_[1]->target());
-  ExpectFrames(*b, 80);
-  EXPECT_EQ(Recalls(*b), before);
-  ASSERT_TRUE(
-      b->AppendFrames("cam", {frames_.begin() + 80, frames_.end()}, &resp)
-          .ok());
-  ExpectFrames(*b, kFrames);
 }
 
 // (a) with etcd and the default probe: a killed owner's address refuses
@@ -313,22 +321,12 @@ TEST_F(OwnershipTest, AKilledOwnersStreamIsTakenOverAtOnce) {
   ttl_s_ = 30;
   std::unique_ptr<KvmemClient> a, b;
   ASSERT_NO_FATAL_FAILURE(StartPair(&a, &b, 80));
-  const auto before = Recalls(*a);
-  servers_[0]->Kill();
-  servers_[0].reset();
-  const auto took = AnsweredWithin(*b, std::chrono::seconds(2 * ttl_s_));
+  const auto took = KillOwnerAndServeAtB(*b, Recalls(*a), 80,
+                                         std::chrono::seconds(2 * ttl_s_));
   std::cout << "stream answered by the other server " << took.count()
             << " ms after the owner's kill (lease TTL " << ttl_s_
             << " s, the owner's address probed)\n";
   EXPECT_LT(took.count(), 10'000);
-  EXPECT_EQ(b->RouteOf("cam"), servers_[1]->target());
-  ExpectFrames(*b, 80);
-  EXPECT_EQ(Recalls(*b), before);
-  v1::AppendFramesResponse resp;
-  ASSERT_TRUE(
-      b->AppendFrames("cam", {frames_.begin() + 80, frames_.end()}, &resp)
-          .ok());
-  ExpectFrames(*b, kFrames);
   EXPECT_NE(testing::ReadFile(Dir(1) + "/server.log")
                 .find("refuses connections (gone)"),
             std::string::npos);
