@@ -297,6 +297,10 @@ struct StreamStats {
   uint64_t payload_bytes = 0;
   uint64_t summary_bytes = 0;
   uint64_t token_code_bytes = 0;  // Token codes in RAM, besides summaries.
+  // Index vectors copied by appends that outgrew the index's arrays under
+  // the stream's writer lock (0 with "Progressive": it grows beside
+  // recalls, StreamIndexes::Grow).
+  uint64_t index_copied_in_place = 0;
   uint32_t summary_dim = 0;
   uint64_t recalls = 0;
   uint64_t recalled_blocks = 0;

@@ -108,6 +108,21 @@ class BlockIndex {
   void Reserve(size_t n);
   // Removes id; false when it was not there.
   bool Remove(uint64_t id);
+  // Room for `extra` more vectors made beside searches (under a reader's
+  // lock) and adopted under the writer's in O(1) ("Progressive":
+  // ProgressiveIndex::Grow). Null when there is room already or the kind
+  // grows in place ("Flat", FAISS kinds).
+  class Growth {
+   public:
+    virtual ~Growth() = default;
+  };
+  std::unique_ptr<Growth> Grow(size_t extra) const;
+  // True when g, from this index's Grow with nothing changed since, was
+  // swapped in: g then holds the old arrays, to be freed off the lock.
+  bool Adopt(Growth* g);
+  // Vectors copied by adds that outgrew their arrays under the writer's
+  // lock (ProgressiveIndex::copied_in_place; 0 for the other kinds).
+  uint64_t copied_in_place() const;
 
   // Returns up to k ids with the highest inner product with query (dim()
   // floats), best first.

@@ -168,6 +168,8 @@ ProgressiveIndex::ProgressiveIndex(uint32_t dim, uint32_t max_candidates,
 
 void ProgressiveIndex::Add(uint64_t id, const float* vec) {
   const size_t r = ids_.size();
+  ++version_;
+  if (full_.size() + dim_ > full_.capacity()) copied_in_place_ += r;
   row_[id] = r;
   ids_.push_back(id);
   full_.insert(full_.end(), vec, vec + dim_);
@@ -198,6 +200,7 @@ void ProgressiveIndex::Add(uint64_t id, const float* vec) {
 }
 
 void ProgressiveIndex::Reserve(size_t n) {
+  ++version_;
   const size_t lanes = (n + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
   row_.reserve(n);
   ids_.reserve(n);
@@ -212,9 +215,67 @@ void ProgressiveIndex::Reserve(size_t n) {
   }
 }
 
+namespace {
+
+// A copy of v with room for `cap` elements.
+template <typename T>
+std::vector<T> Roomier(const std::vector<T>& v, size_t cap) {
+  std::vector<T> out;
+  out.reserve(std::max(cap, v.size()));
+  out.assign(v.begin(), v.end());
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<ProgressiveIndex::Growth> ProgressiveIndex::Grow(
+    size_t extra) const {
+  const size_t n = ids_.size() + extra;
+  const size_t lanes = (n + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
+  const bool room = ids_.capacity() >= n && full_.capacity() >= n * dim_ &&
+                    packed_.capacity() >= lanes * groups_ * 4 &&
+                    scale_.capacity() >= lanes;
+  if (extra == 0 || room) return nullptr;
+  // Twice the size at least, as a vector's own growth: the next adds find
+  // room too.
+  const size_t want = std::max(n, 2 * ids_.size());
+  const size_t want_lanes = (want + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
+  auto g = std::make_unique<Growth>();
+  g->version = version_;
+  g->ids = Roomier(ids_, want);
+  g->full = Roomier(full_, want * dim_);
+  g->packed = Roomier(packed_, want_lanes * groups_ * 4);
+  g->scale = Roomier(scale_, want_lanes);
+  g->enorm = Roomier(enorm_, want_lanes);
+  g->cnorm = Roomier(cnorm_, want_lanes);
+  for (uint32_t h = 0; h < segments_; ++h) {
+    g->seg_enorm.push_back(Roomier(seg_enorm_[h], want));
+    g->seg_cnorm.push_back(Roomier(seg_cnorm_[h], want));
+  }
+  g->row.reserve(want);
+  g->row.insert(row_.begin(), row_.end());
+  return g;
+}
+
+bool ProgressiveIndex::Adopt(Growth* g) {
+  if (g == nullptr || g->version != version_) return false;
+  ids_.swap(g->ids);
+  full_.swap(g->full);
+  packed_.swap(g->packed);
+  scale_.swap(g->scale);
+  enorm_.swap(g->enorm);
+  cnorm_.swap(g->cnorm);
+  seg_enorm_.swap(g->seg_enorm);
+  seg_cnorm_.swap(g->seg_cnorm);
+  row_.swap(g->row);
+  ++version_;
+  return true;
+}
+
 bool ProgressiveIndex::Remove(uint64_t id) {
   auto it = row_.find(id);
   if (it == row_.end()) return false;
+  ++version_;
   const size_t r = it->second, last = ids_.size() - 1;
   row_.erase(it);
   if (r != last) {  // Move the last row into the hole.

@@ -23,11 +23,14 @@
 // (ActiveInt8Kernel), every kernel giving the same integers.
 //
 // Thread safety: Search may run concurrently with other Search calls; Add
-// and Remove need exclusive access.
+// and Remove need exclusive access. Grow only reads (it may run beside
+// searches, under a reader's lock); Adopt needs exclusive access.
 #ifndef KVMEM_ENGINE_INDEX_PROGRESSIVE_SEARCH_H_
 #define KVMEM_ENGINE_INDEX_PROGRESSIVE_SEARCH_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -61,6 +64,26 @@ class ProgressiveIndex {
   // (a recovery adds every block's summaries at once).
   void Reserve(size_t n);
   bool Remove(uint64_t id);
+
+  // Growth without a copy under the writer's lock. Adding past the arrays'
+  // capacity copies every vector held (a vector's doubling: at 7B's
+  // summary width a long stream's index is gigabytes), and adds run under
+  // the stream's exclusive lock, which every recall of it waits for. Grow
+  // makes the bigger arrays, copies of these with room for `extra` more
+  // vectors (at least twice the size, as a vector grows), while searches go
+  // on; Adopt swaps them in, O(1), unless the index changed in between
+  // (then adds grow in place as before). Null when the room is there
+  // already.
+  struct Growth;
+  std::unique_ptr<Growth> Grow(size_t extra) const;
+  // True when *g was made by Grow of this index in its present state: the
+  // arrays are swapped, and *g holds the old ones, for the caller to free
+  // once it has let go of its lock. False, nothing changed, otherwise.
+  bool Adopt(Growth* g);
+  // Vectors copied by adds that outgrew the arrays (not by Adopt's grown
+  // ones): what a writer's lock was held for beyond the adds themselves.
+  uint64_t copied_in_place() const { return copied_in_place_; }
+
   std::vector<ScoredId> Search(const float* query, uint32_t k,
                                ProgressiveStats* stats = nullptr) const;
   // Every vector's score per segment (int8 with bounds, or without them
@@ -96,6 +119,19 @@ class ProgressiveIndex {
   std::vector<std::vector<float>> seg_enorm_;  // [segment][row] |e_ih|
   std::vector<std::vector<float>> seg_cnorm_;  // [segment][row] s_i |c_ih|
   std::unordered_map<uint64_t, size_t> row_;   // id -> row
+  // Bumped by every change of the arrays (Add, Remove, Reserve, Adopt).
+  uint64_t version_ = 0;
+  uint64_t copied_in_place_ = 0;
+};
+
+struct ProgressiveIndex::Growth {
+  uint64_t version = 0;  // The index's when grown.
+  std::vector<uint64_t> ids;
+  std::vector<float> full;
+  std::vector<uint8_t> packed;
+  std::vector<float> scale, enorm, cnorm;
+  std::vector<std::vector<float>> seg_enorm, seg_cnorm;
+  std::unordered_map<uint64_t, size_t> row;
 };
 
 }  // namespace kvmem

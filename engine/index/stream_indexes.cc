@@ -1,11 +1,19 @@
 #include "engine/index/stream_indexes.h"
 
+#include <atomic>
+
 #include "engine/stream_config.h"
 
 namespace kvmem {
+namespace {
+
+std::atomic<uint64_t> next_serial{1};
+
+}  // namespace
 
 StreamIndexes::StreamIndexes(const StreamConfig& config)
-    : summary_dim_(SummaryDim(config)),
+    : serial_(next_serial.fetch_add(1, std::memory_order_relaxed)),
+      summary_dim_(SummaryDim(config)),
       layer_dim_(config.geometry.kv_heads * config.geometry.head_dim) {
   // Segments of head_dim: score MASS scans them per KV head.
   const uint32_t hd = config.geometry.head_dim;
@@ -48,6 +56,41 @@ void StreamIndexes::Reserve(const std::vector<BlockRecord>& records) {
   all_->Reserve(blocks);
   for (auto& layer : layers_) layer->Reserve(blocks);
   if (groups_ != nullptr) groups_->Reserve(groups);
+}
+
+std::vector<BlockIndex*> StreamIndexes::Parts() const {
+  std::vector<BlockIndex*> out = {all_.get()};
+  for (const auto& layer : layers_) out.push_back(layer.get());
+  out.push_back(groups_.get());  // May be null.
+  return out;
+}
+
+StreamIndexes::Growth StreamIndexes::Grow(size_t blocks, size_t groups) const {
+  Growth g;
+  g.serial = serial_;
+  const std::vector<BlockIndex*> parts = Parts();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t extra = i + 1 == parts.size() ? groups : blocks;
+    g.parts.push_back(parts[i] == nullptr ? nullptr : parts[i]->Grow(extra));
+  }
+  return g;
+}
+
+void StreamIndexes::Adopt(Growth* g) {
+  if (g->serial != serial_) return;
+  const std::vector<BlockIndex*> parts = Parts();
+  for (size_t i = 0; i < parts.size() && i < g->parts.size(); ++i) {
+    if (parts[i] != nullptr && g->parts[i] != nullptr) {
+      parts[i]->Adopt(g->parts[i].get());
+    }
+  }
+}
+
+uint64_t StreamIndexes::copied_in_place() const {
+  uint64_t n = 0;
+  for (const BlockIndex* b : Parts())
+    n += b == nullptr ? 0 : b->copied_in_place();
+  return n;
 }
 
 void StreamIndexes::Remove(uint64_t id, size_t groups) {

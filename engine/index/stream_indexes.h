@@ -43,6 +43,24 @@ class StreamIndexes {
   // indexes as they grow.
   void Reserve(const std::vector<BlockRecord>& records);
 
+  // Room for `blocks` more blocks' summaries and `groups` more groups',
+  // made beside searches (the view's reader lock) and adopted under its
+  // writer's lock by Adopt: an append never copies the indexes under the
+  // lock recalls wait for (BlockIndex::Grow). Indexes replaced in between
+  // (a rebuild) or changed leave a growth unused.
+  struct Growth {
+    uint64_t serial = 0;  // Of the StreamIndexes that made it.
+    // all, each layer's, groups': null where there is room (or the kind
+    // grows in place).
+    std::vector<std::unique_ptr<BlockIndex::Growth>> parts;
+  };
+  Growth Grow(size_t blocks, size_t groups) const;
+  // The parts made by this object's Grow, its indexes unchanged since, are
+  // swapped in; g keeps the old arrays, for the caller to free off the lock.
+  void Adopt(Growth* g);
+  // BlockIndex::copied_in_place over the indexes.
+  uint64_t copied_in_place() const;
+
   const BlockIndex& all() const { return *all_; }
   // Indexed layer li's index: its own, or `all` with one indexed layer.
   const BlockIndex& layer(size_t li) const {
@@ -58,6 +76,10 @@ class StreamIndexes {
   IndexQuality Quality(const IndexQuality& so_far) const;
 
  private:
+  // The indexes in Growth::parts' order.
+  std::vector<BlockIndex*> Parts() const;
+
+  uint64_t serial_ = 0;  // Unique per object (Growth::serial).
   uint32_t summary_dim_ = 0;
   uint32_t layer_dim_ = 0;  // kv_heads * head_dim.
   std::unique_ptr<BlockIndex> all_;

@@ -118,7 +118,17 @@ void Stream::InstallCommitted(const StreamState& next,
     if (e.warm) warm_bytes += e.warm->allocated_bytes();
   }
   OpenMean open = OpenBlockMean();
+  // Grown beside recalls (this append is the only writer of the indexes
+  // but a rebuild's or a move's, which the growth notices), adopted under
+  // the writer's lock, the old arrays freed after it: recalls never wait for
+  // a copy of the indexes.
+  StreamIndexes::Growth growth;
+  if (!sealed.empty()) {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    growth = view_.GrowIndexesFor(sealed);
+  }
   kvmem::MutexLock lock(&view_.mu());
+  view_.AdoptIndexGrowth(&growth);
   // Counted with the blocks, before they enter the view: a move sees both
   // or neither, and never subtracts bytes that were not added.
   if (warm_bytes > 0) tiers_.NoteInstalledWarm(warm_bytes);

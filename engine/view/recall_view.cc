@@ -90,6 +90,17 @@ void RecallView::Install(BlockEntry entry) {
   blocks_.push_back(std::move(entry));
 }
 
+StreamIndexes::Growth RecallView::GrowIndexesFor(
+    const std::vector<BlockEntry>& sealed) const {
+  size_t blocks = 0, groups = 0;
+  for (const BlockEntry& e : sealed) {
+    if (e.rec.disk == DiskForm::kNone || e.rec.summary.empty()) continue;
+    blocks += 1;
+    groups += e.rec.group_summaries.size() / summary_dim();
+  }
+  return indexes_.Grow(blocks, groups);
+}
+
 void RecallView::DropEvictedRun() {
   const size_t dropped = blocks_.DropLeading([](const BlockEntry& e) {
     return e.rec.disk == DiskForm::kNone && !e.warm && !e.staged &&
@@ -165,6 +176,7 @@ void RecallView::FillStats(StreamStats* s) const {
   s->evicted.blocks = blocks_.first();  // The dropped run (BlockTable).
   s->open_block_frames = state_.open_block_frames;
   s->payload_bytes = state_.payload_bytes;
+  s->index_copied_in_place = indexes_.copied_in_place();
   for (const BlockEntry& e : blocks_) {
     if (e.rec.disk != DiskForm::kNone) {
       s->summary_bytes +=

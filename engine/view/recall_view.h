@@ -150,6 +150,16 @@ class RecallView {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     indexes_.Reserve(records);
   }
+  // Room in the indexes for `sealed`, made beside recalls (the reader's
+  // lock) and adopted under the writer's before installing them, so the
+  // writer's section never copies the indexes (StreamIndexes::Grow). The
+  // growth keeps the old arrays: free it after unlocking.
+  StreamIndexes::Growth GrowIndexesFor(const std::vector<BlockEntry>& sealed)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void AdoptIndexGrowth(StreamIndexes::Growth* g)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    indexes_.Adopt(g);
+  }
   // Drops the leading run of wholly evicted blocks from RAM (BlockTable),
   // with their units and track entries.
   void DropEvictedRun() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -72,6 +72,9 @@ TEST(MemoryEngineTest, RecallMatchesOracleAndSurvivesRestart) {
       EXPECT_EQ(r->sealed_block, (i + 1) % kFpb == 0);
     }
     ExpectMatchesOracle(*e, "cam", model, rng, 30);
+    // 13 blocks went in one at a time, past several of the index arrays'
+    // doublings: each grown beside recalls, none copied under the lock.
+    EXPECT_EQ(e->GetStats("cam")->index_copied_in_place, 0u);
   }
   // Reopen: 40 frames = 13 sealed blocks + 1 frame in the open block.
   auto e = OpenEngine(dir.path());
@@ -240,6 +243,8 @@ TEST(MemoryEngineTest, ConcurrentAppendsAndRecallsOnManyStreams) {
   std::mt19937_64 rng(9);
   for (int s = 0; s < kStreams; ++s) {
     EXPECT_EQ(e->GetStats("s" + std::to_string(s))->frames, kFrames + 0u);
+    // Grown beside the racing recalls, never in place under the lock.
+    EXPECT_EQ(e->GetStats("s" + std::to_string(s))->index_copied_in_place, 0u);
     ExpectMatchesOracle(*e, "s" + std::to_string(s), *models[s], rng, 5);
   }
 }

@@ -939,6 +939,54 @@ BENCHMARK(BM_StoreGet)
     ->Arg(1024)
     ->Unit(benchmark::kMicrosecond);
 
+// What an append holds the stream's writer lock for while its block's
+// summaries enter the index (every recall of the stream waits for it), at
+// 7B's summary width (32 layers x 8 KV heads x 128 = 32,768 floats a unit,
+// "Progressive", scanned per head): arg 0 blocks of arg 1 units (token
+// groups) added one block at a time; arg 2 0 adds in place (the arrays
+// double and copy every unit under the lock), 1 grows them beside recalls
+// first (StreamIndexes::Grow, under the reader's lock) and adopts them
+// under the writer's, as Stream::InstallCommitted does. Counters: the
+// writer's section per block, max and total, and the time grown beside.
+void BM_IndexGrowthUnderLock(benchmark::State& state) {
+  const uint32_t dim = 32 * 8 * 128;
+  const int64_t blocks = state.range(0), units = state.range(1);
+  const bool beside = state.range(2) == 1;
+  std::mt19937_64 rng(3);
+  const std::vector<float> unit = testing::RandomQuery(rng, dim);
+  double max_us = 0, lock_ms = 0, beside_ms = 0;
+  for (auto _ : state) {
+    BlockIndex index(dim, "Progressive", 128);
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::unique_ptr<BlockIndex::Growth> g;
+      if (beside) {
+        const auto t0 = SteadyClock::now();
+        g = index.Grow(static_cast<size_t>(units));
+        beside_ms += MicrosSince(t0) / 1e3;
+      }
+      const auto t0 = SteadyClock::now();
+      if (g != nullptr) index.Adopt(g.get());
+      for (int64_t u = 0; u < units; ++u) {
+        index.Add(static_cast<uint64_t>(b * units + u), unit.data());
+      }
+      const double us = MicrosSince(t0);
+      g.reset();  // The old arrays, freed after the lock.
+      max_us = std::max(max_us, us);
+      lock_ms += us / 1e3;
+    }
+    benchmark::DoNotOptimize(index.size());
+  }
+  state.counters["lock_max_us"] = max_us;
+  state.counters["lock_total_ms"] = lock_ms;
+  state.counters["beside_total_ms"] = beside_ms;
+  state.SetLabel(beside ? "grown beside" : "in place");
+}
+BENCHMARK(BM_IndexGrowthUnderLock)
+    ->Args({64, 32, 0})
+    ->Args({64, 32, 1})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace kvmem
 

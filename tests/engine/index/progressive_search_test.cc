@@ -117,5 +117,64 @@ TEST(ProgressiveSearchTest, EveryKernelGivesFlatsResults) {
   ASSERT_TRUE(SelectInt8Kernel(best));
 }
 
+// Grown off the writer's lock: adds after an adopted growth copy no vector
+// in place, and the index answers as one grown in place; a growth made
+// before any change (an add, a removal) is refused and changes nothing.
+TEST(ProgressiveSearchTest, GrowthAdoptedOffTheLockCopiesNothingInPlace) {
+  const uint32_t dim = 64, k = 8;
+  std::mt19937_64 rng(21);
+  const std::vector<float> data = testing::RandomQuery(rng, 600 * dim);
+  ProgressiveIndex grown(dim, 0, 16), in_place(dim, 0, 16);
+  for (uint32_t i = 0; i < 600; ++i) {
+    if (i % 50 == 0) {
+      std::unique_ptr<ProgressiveIndex::Growth> g = grown.Grow(50);
+      if (g != nullptr) {
+        EXPECT_TRUE(grown.Adopt(g.get())) << i;
+      }
+    }
+    grown.Add(i, data.data() + size_t{i} * dim);
+    in_place.Add(i, data.data() + size_t{i} * dim);
+  }
+  EXPECT_EQ(grown.copied_in_place(), 0u);
+  EXPECT_GT(in_place.copied_in_place(), 0u) << "a vector's doubling copies";
+  // Removals and a scan of every segment: the same in both.
+  for (uint64_t id : {7u, 599u, 300u}) {
+    EXPECT_TRUE(grown.Remove(id));
+    EXPECT_TRUE(in_place.Remove(id));
+  }
+  for (int trial = 0; trial < 10; ++trial) {
+    const std::vector<float> q = testing::RandomQuery(rng, dim);
+    const auto a = grown.Search(q.data(), k), b = in_place.Search(q.data(), k);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].id, b[i].id);
+      EXPECT_EQ(a[i].score, b[i].score);
+    }
+    SegmentScan sa, sb;
+    grown.ScanSegments(q.data(), &sa);
+    in_place.ScanSegments(q.data(), &sb);
+    EXPECT_EQ(sa.ids, sb.ids);
+    EXPECT_EQ(sa.dots, sb.dots);
+  }
+  // Stale: an add or a removal after Grow.
+  for (int change = 0; change < 2; ++change) {
+    std::unique_ptr<ProgressiveIndex::Growth> g = grown.Grow(grown.size());
+    ASSERT_NE(g, nullptr);
+    if (change == 0) {
+      grown.Add(1000, data.data());
+    } else {
+      EXPECT_TRUE(grown.Remove(1000));
+    }
+    const uint64_t size = grown.size();
+    EXPECT_FALSE(grown.Adopt(g.get()));
+    EXPECT_EQ(grown.size(), size);
+  }
+  // Room already: nothing to grow.
+  std::unique_ptr<ProgressiveIndex::Growth> g = grown.Grow(grown.size() + 8);
+  ASSERT_NE(g, nullptr);
+  ASSERT_TRUE(grown.Adopt(g.get()));
+  EXPECT_EQ(grown.Grow(1), nullptr);
+}
+
 }  // namespace
 }  // namespace kvmem
