@@ -1,6 +1,7 @@
 #include "engine/view/recall_view.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/stream_config.h"
@@ -160,7 +161,9 @@ size_t RecallView::RebuildIndexes() {
     }
   }
   retired_quality_ = indexes_.Quality(retired_quality_);
-  indexes_ = std::move(fresh);
+  // Swapped, not assigned: the old indexes are freed with `fresh`, after
+  // the lock is let go (gigabytes at 7B's summary width).
+  std::swap(indexes_, fresh);
   rebuilds_ += 1;
   return indexes_.all().size();
 }
