@@ -301,6 +301,8 @@ struct StreamStats {
   // the stream's writer lock (0 with "Progressive": it grows beside
   // recalls, StreamIndexes::Grow).
   uint64_t index_copied_in_place = 0;
+  // RAM the indexes hold besides summary_bytes (StreamIndexes::memory_bytes).
+  uint64_t index_bytes = 0;
   uint32_t summary_dim = 0;
   uint64_t recalls = 0;
   uint64_t recalled_blocks = 0;

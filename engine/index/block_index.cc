@@ -47,6 +47,7 @@ class BlockIndex::Impl {
   }
   virtual bool Adopt(BlockIndex::Growth* /*g*/) { return false; }
   virtual uint64_t copied_in_place() const { return 0; }
+  virtual uint64_t memory_bytes() const = 0;
   // BlockIndex::ScanSegments of `vectors` queries; false: cannot scan.
   virtual bool ScanSegments(const float* /*q*/, size_t /*vectors*/,
                             uint32_t /*segment_dim*/, ScanMode /*mode*/,
@@ -90,6 +91,11 @@ class FlatImpl : public BlockIndex::Impl {
     return out;
   }
   uint64_t size() const override { return index_->ntotal; }
+  uint64_t memory_bytes() const override {
+    const auto n = static_cast<uint64_t>(index_->ntotal);
+    // Vectors, the id map, and IDMap2's reverse map (a node a vector).
+    return n * index_->d * sizeof(float) + n * sizeof(int64_t) + n * 32;
+  }
   bool ScanSegments(const float* queries, size_t vectors, uint32_t segment_dim,
                     ScanMode /*mode*/, SegmentScan* outs) const override {
     for (size_t j = 0; j < vectors; ++j) {
@@ -151,6 +157,7 @@ class ProgressiveImpl : public BlockIndex::Impl {
            index_.Adopt(grown->arrays.get());
   }
   uint64_t copied_in_place() const override { return index_.copied_in_place(); }
+  uint64_t memory_bytes() const override { return index_.memory_bytes(); }
 
  private:
   struct Grown : BlockIndex::Growth {
@@ -225,6 +232,11 @@ class FaissImpl : public BlockIndex::Impl {
     return out;
   }
   uint64_t size() const override { return ids_.size(); }
+  uint64_t memory_bytes() const override {
+    return vecs_.capacity() * sizeof(float) +
+           (ids_.capacity() + built_ids_.capacity()) * sizeof(uint64_t) +
+           row_.size() * 32;
+  }
   IndexQuality quality() const override {
     IndexQuality q;
     q.samples = samples_.load();
@@ -320,6 +332,7 @@ bool BlockIndex::Adopt(Growth* g) { return g != nullptr && impl_->Adopt(g); }
 uint64_t BlockIndex::copied_in_place() const {
   return impl_->copied_in_place();
 }
+uint64_t BlockIndex::memory_bytes() const { return impl_->memory_bytes(); }
 std::vector<ScoredId> BlockIndex::Search(const float* query, uint32_t k) const {
   return impl_->Search(query, k);
 }

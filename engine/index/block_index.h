@@ -123,6 +123,9 @@ class BlockIndex {
   // Vectors copied by adds that outgrew their arrays under the writer's
   // lock (ProgressiveIndex::copied_in_place; 0 for the other kinds).
   uint64_t copied_in_place() const;
+  // RAM the index holds: its vectors (and codes), ids; FAISS's built
+  // structures beyond its vectors are not counted.
+  uint64_t memory_bytes() const;
 
   // Returns up to k ids with the highest inner product with query (dim()
   // floats), best first.

@@ -284,6 +284,18 @@ std::unique_ptr<ProgressiveIndex::Growth> ProgressiveIndex::Grow(
   return g;
 }
 
+uint64_t ProgressiveIndex::memory_bytes() const {
+  uint64_t n = ids_.capacity() * sizeof(uint64_t) +
+               full_.capacity() * sizeof(float) + packed_.capacity() +
+               (scale_.capacity() + enorm_.capacity() + cnorm_.capacity()) *
+                   sizeof(float);
+  for (uint32_t h = 0; h < segments_; ++h) {
+    n += (seg_enorm_[h].capacity() + seg_cnorm_[h].capacity()) * sizeof(float);
+  }
+  // A node (key, value, next) and a bucket pointer per entry.
+  return n + row_.size() * 32 + row_.bucket_count() * sizeof(void*);
+}
+
 bool ProgressiveIndex::Adopt(Growth* g) {
   if (g == nullptr || g->version != version_) return false;
   ids_.swap(g->ids);

@@ -84,6 +84,8 @@ class ProgressiveIndex {
   // Vectors copied by adds that outgrew the arrays (not by Adopt's grown
   // ones): what a writer's lock was held for beyond the adds themselves.
   uint64_t copied_in_place() const { return copied_in_place_; }
+  // RAM the arrays hold (their capacity) and the id map, roughly.
+  uint64_t memory_bytes() const;
 
   std::vector<ScoredId> Search(const float* query, uint32_t k,
                                ProgressiveStats* stats = nullptr) const;

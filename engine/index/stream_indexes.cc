@@ -86,6 +86,12 @@ void StreamIndexes::Adopt(Growth* g) {
   }
 }
 
+uint64_t StreamIndexes::memory_bytes() const {
+  uint64_t n = 0;
+  for (const BlockIndex* b : Parts()) n += b == nullptr ? 0 : b->memory_bytes();
+  return n;
+}
+
 uint64_t StreamIndexes::copied_in_place() const {
   uint64_t n = 0;
   for (const BlockIndex* b : Parts())

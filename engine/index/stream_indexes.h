@@ -60,6 +60,8 @@ class StreamIndexes {
   void Adopt(Growth* g);
   // BlockIndex::copied_in_place over the indexes.
   uint64_t copied_in_place() const;
+  // BlockIndex::memory_bytes over the indexes.
+  uint64_t memory_bytes() const;
 
   const BlockIndex& all() const { return *all_; }
   // Indexed layer li's index: its own, or `all` with one indexed layer.

@@ -180,6 +180,7 @@ void RecallView::FillStats(StreamStats* s) const {
   s->open_block_frames = state_.open_block_frames;
   s->payload_bytes = state_.payload_bytes;
   s->index_copied_in_place = indexes_.copied_in_place();
+  s->index_bytes = indexes_.memory_bytes();
   for (const BlockEntry& e : blocks_) {
     if (e.rec.disk != DiskForm::kNone) {
       s->summary_bytes +=

@@ -181,6 +181,8 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   p->mutable_index()->set_factory(s.config.index_factory);
   p->mutable_index()->set_recall_samples(s.index_recall_samples);
   p->mutable_index()->set_recall_at_k(s.index_recall_at_k);
+  p->mutable_index()->set_bytes(s.index_bytes);
+  p->mutable_index()->set_copied_in_place(s.index_copied_in_place);
   v1::AcceleratorStats* a = p->mutable_accelerator();
   a->set_backend(s.accel.backend);
   a->set_searches(s.accel.cost.searches);

@@ -75,6 +75,10 @@ TEST(MemoryEngineTest, RecallMatchesOracleAndSurvivesRestart) {
     // 13 blocks went in one at a time, past several of the index arrays'
     // doublings: each grown beside recalls, none copied under the lock.
     EXPECT_EQ(e->GetStats("cam")->index_copied_in_place, 0u);
+    // Their RAM: a fp32 copy of each block's summary at least, besides the
+    // records' own (summary_bytes).
+    const StreamStats st = *e->GetStats("cam");
+    EXPECT_GE(st.index_bytes, st.sealed_blocks * st.summary_dim * 4);
   }
   // Reopen: 40 frames = 13 sealed blocks + 1 frame in the open block.
   auto e = OpenEngine(dir.path());

@@ -220,6 +220,11 @@ TEST_F(ServerTest, TwoStreamsOverBothTransportsMatchOracleAndSurviveKill) {
   ASSERT_TRUE(unix_->GetStreamStats("cam-a", &stats).ok());
   EXPECT_EQ(stats.last_durable_frame(), 299);
   EXPECT_EQ(stats.sealed_blocks(), 75u);
+  // The indexes' RAM beside the records' summaries: a fp32 copy of each
+  // block's summary at least; none copied under the writer's lock.
+  EXPECT_GE(stats.index().bytes(),
+            stats.sealed_blocks() * stats.summary_dim() * sizeof(float));
+  EXPECT_EQ(stats.index().copied_in_place(), 0u);
   ASSERT_TRUE(tcp_->GetStreamStats("cam-b", &stats).ok());
   EXPECT_EQ(stats.last_durable_frame(), 201);
   EXPECT_EQ(stats.open_block_frames(), 2u);

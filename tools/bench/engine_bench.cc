@@ -778,6 +778,14 @@ void EvalShapedRecall(benchmark::State& state, bool cold) {
     return;
   }
   engine->WaitForBackground();
+  // RAM per sealed block (x 2,700 blocks = a camera-hour of this shape):
+  // the records' summaries, the token codes, the indexes.
+  if (auto st = engine->GetStats("cam"); st.ok() && st->sealed_blocks > 0) {
+    const double b = static_cast<double>(st->sealed_blocks) * 1024;
+    state.counters["summary_kib_per_block"] = st->summary_bytes / b;
+    state.counters["code_kib_per_block"] = st->token_code_bytes / b;
+    state.counters["index_kib_per_block"] = st->index_bytes / b;
+  }
   const size_t vectors = static_cast<size_t>(state.range(3));
   std::vector<std::vector<float>> queries;
   for (int i = 0; i < 64; ++i) {

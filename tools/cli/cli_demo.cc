@@ -360,6 +360,8 @@ void PrintDemoJson(DemoFigures& f) {
   w.Key("hot_window_mib").Num(d.window_mib, 3);
   w.Key("recall_budget_mib").Num(d.budget_mib, 3);
   w.Key("summary_kib_per_stream").Num(s0.summary_bytes() / 1024.0, 2);
+  w.Key("token_code_kib_per_stream").Num(s0.token_code_bytes() / 1024.0, 2);
+  w.Key("index_kib_per_stream").Num(s0.index().bytes() / 1024.0, 2);
   w.Key("server_rss_mib").Num(f.rss / 1048576.0, 1);
   w.Key("fetched_bytes").UInt(f.fetched_bytes);
   w.Key("fetched_expected_bytes").UInt(f.expected_bytes);
@@ -420,9 +422,11 @@ void PrintDemoText(DemoFigures& f) {
   std::printf(
       "  memory         per camera: %.2f MiB of KV appended, kept in the "
       "tiers below, vs a %.2f MiB hot window + %.2f MiB recall budget on "
-      "the accelerator; %.1f KiB of summaries in RAM\n",
+      "the accelerator; in RAM %.1f KiB of summaries, %.1f KiB of token "
+      "codes, %.1f KiB of indexes\n",
       s0.payload_bytes() / 1048576.0, window_mib, budget_mib,
-      s0.summary_bytes() / 1024.0);
+      s0.summary_bytes() / 1024.0, s0.token_code_bytes() / 1024.0,
+      s0.index().bytes() / 1024.0);
   std::printf(
       "  tiers          %llu blocks (shots of up to %u frames; %llu cut at "
       "a scene change), over all cameras:\n",
