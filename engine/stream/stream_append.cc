@@ -120,8 +120,11 @@ void Stream::InstallCommitted(const StreamState& next,
   OpenMean open = OpenBlockMean();
   // Grown beside recalls (this append is the only writer of the indexes
   // but a rebuild's or a move's, which the growth notices), adopted under
-  // the writer's lock, the old arrays freed after it: recalls never wait for
-  // a copy of the indexes.
+  // the writer's lock, the old arrays freed after it: recalls do not wait
+  // for a copy of the indexes. (One caveat: abseil's mutex queues new
+  // readers behind a waiting writer, so a tier move that asks for the lock
+  // during the copy holds recalls until the copy ends: no longer than the
+  // copy held them before.)
   StreamIndexes::Growth growth;
   if (!sealed.empty()) {
     kvmem::ReaderMutexLock lock(&view_.mu());
