@@ -121,9 +121,9 @@ void Stream::InstallCommitted(const StreamState& next,
   // Grown beside recalls (this append is the only writer of the indexes
   // but a rebuild's or a move's, which the growth notices), adopted under
   // the writer's lock, the old arrays freed after it: recalls do not wait
-  // for a copy of the indexes. (One caveat: abseil's mutex queues new
-  // readers behind a waiting writer, so a tier move that asks for the lock
-  // during the copy holds recalls until the copy ends: no longer than the
+  // for a copy of the indexes. (One caveat: abseil's mutex is starvation-free:
+  // a reader may wait behind a waiting writer, so a tier move that asks for the
+  // lock during the copy holds recalls until the copy ends: no longer than the
   // copy held them before.)
   StreamIndexes::Growth growth;
   if (!sealed.empty()) {
