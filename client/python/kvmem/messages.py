@@ -359,6 +359,8 @@ class IndexStats:
     factory: str = ""
     recall_samples: int = 0
     recall_at_k: float = 0.0
+    bytes: int = 0  # RAM the indexes hold, besides summary_bytes.
+    copied_in_place: int = 0  # Vectors copied under the writer's lock.
 
 
 @dataclass
