@@ -18,6 +18,11 @@ namespace {
 // all its vectors: 64 KiB, within L2 beside the codes).
 constexpr size_t kRawChunkInts = size_t{16} << 10;
 
+// n rows rounded up to whole blocks of kInt8Lanes (the packed codes' unit).
+size_t LaneRows(size_t n) {
+  return (n + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
+}
+
 // Symmetric quantisation to [-levels, levels]; returns the scale (0 for a
 // zero vector), the residual's norm |x - s c| in *residual and the codes'
 // norm |c| in *code_norm (both computed in double, then rounded up a
@@ -204,7 +209,7 @@ void ProgressiveIndex::Add(uint64_t id, const float* vec) {
 
 void ProgressiveIndex::Reserve(size_t n) {
   ++version_;
-  const size_t lanes = (n + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
+  const size_t lanes = LaneRows(n);
   row_.reserve(n);
   ids_.reserve(n);
   full_.reserve(n * dim_);
@@ -247,15 +252,15 @@ std::vector<T> Roomier(const std::vector<T>& v, size_t cap) {
 
 std::unique_ptr<ProgressiveIndex::Growth> ProgressiveIndex::Grow(
     size_t extra) const {
+  if (extra == 0) return nullptr;
   const size_t n = ids_.size() + extra;
-  const size_t lanes = (n + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
+  const size_t lanes = LaneRows(n);
   const bool room = ids_.capacity() >= n && full_.capacity() >= n * dim_ &&
                     packed_.capacity() >= lanes * groups_ * 4 &&
                     scale_.capacity() >= lanes;
   // The room the adds will write, faulted in here rather than under the
   // writer's lock (the summaries and their codes: the rest is small).
   const size_t extra_codes = (extra + kInt8Lanes) * groups_ * 4;
-  if (extra == 0) return nullptr;
   if (room) {
     FaultInRoom(full_, extra * dim_);
     FaultInRoom(packed_, extra_codes);
@@ -264,7 +269,7 @@ std::unique_ptr<ProgressiveIndex::Growth> ProgressiveIndex::Grow(
   // Twice the size at least, as a vector's own growth: the next adds find
   // room too.
   const size_t want = std::max(n, 2 * ids_.size());
-  const size_t want_lanes = (want + kInt8Lanes - 1) / kInt8Lanes * kInt8Lanes;
+  const size_t want_lanes = LaneRows(want);
   auto g = std::make_unique<Growth>();
   g->version = version_;
   g->ids = Roomier(ids_, want);

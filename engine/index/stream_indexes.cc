@@ -86,17 +86,18 @@ void StreamIndexes::Adopt(Growth* g) {
   }
 }
 
-uint64_t StreamIndexes::memory_bytes() const {
+uint64_t StreamIndexes::Sum(uint64_t (BlockIndex::*of)() const) const {
   uint64_t n = 0;
-  for (const BlockIndex* b : Parts()) n += b == nullptr ? 0 : b->memory_bytes();
+  for (const BlockIndex* b : Parts()) n += b == nullptr ? 0 : (b->*of)();
   return n;
 }
 
+uint64_t StreamIndexes::memory_bytes() const {
+  return Sum(&BlockIndex::memory_bytes);
+}
+
 uint64_t StreamIndexes::copied_in_place() const {
-  uint64_t n = 0;
-  for (const BlockIndex* b : Parts())
-    n += b == nullptr ? 0 : b->copied_in_place();
-  return n;
+  return Sum(&BlockIndex::copied_in_place);
 }
 
 void StreamIndexes::Remove(uint64_t id, size_t groups) {

@@ -80,6 +80,8 @@ class StreamIndexes {
  private:
   // The indexes in Growth::parts' order.
   std::vector<BlockIndex*> Parts() const;
+  // `of` summed over the indexes.
+  uint64_t Sum(uint64_t (BlockIndex::*of)() const) const;
 
   uint64_t serial_ = 0;  // Unique per object (Growth::serial).
   uint32_t summary_dim_ = 0;
