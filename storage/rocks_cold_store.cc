@@ -188,7 +188,9 @@ absl::Status RocksColdStore::Commit(const StreamWrite& write) {
   for (const auto& [id, record] : write.blocks) {
     batch.Put(blocks_, NumberedKey(write.stream_id, id), record);
   }
-  return Written(DbWrite(write_options_, &batch), "commit");
+  absl::Status written = Written(DbWrite(write_options_, &batch), "commit");
+  if (written.ok()) TuneBlobGc();  // At most once a second.
+  return written;
 }
 
 absl::StatusOr<std::string> RocksColdStore::GetFrame(

@@ -77,6 +77,26 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
 // MB; a small model's, a few KiB, stays in the SST files).
 constexpr uint64_t kMinBlockRecordBlob = 256 << 10;
 
+// cf with values of at least min_blob_size in blob files.
+static rocksdb::ColumnFamilyOptions WithBlobFiles(
+    rocksdb::ColumnFamilyOptions cf, uint64_t min_blob_size) {
+  cf.enable_blob_files = true;
+  cf.min_blob_size = min_blob_size;
+  cf.blob_file_size = 256ull << 20;
+  // Garbage collection off until garbage pays for it (WantBlobGc,
+  // RocksColdStore::TuneBlobGc). Then every blob file is old enough (cutoff
+  // 1): RocksDB's forced collection compacts the SSTs keeping the oldest
+  // batch of blob files alive only if the whole batch is within the cutoff,
+  // and a stream's keys in one SST keep all its blob files alive in one
+  // batch (at 0.25 a deleted stream's garbage was never collected). The
+  // force threshold: the batch's garbage share that schedules those
+  // compactions.
+  cf.enable_blob_garbage_collection = false;
+  cf.blob_garbage_collection_age_cutoff = 1.0;
+  cf.blob_garbage_collection_force_threshold = kBlobGcOnShare;
+  return cf;
+}
+
 rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
                        std::shared_ptr<rocksdb::EventListener> listener,
                        bool read_only, Db* out) {
@@ -112,11 +132,8 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   meta_cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   meta_cf.write_buffer_size =
       std::min<uint64_t>(options.write_buffer_bytes, 16ull << 20);
-  rocksdb::ColumnFamilyOptions payload_cf = meta_cf;
-  payload_cf.enable_blob_files = true;
-  payload_cf.min_blob_size = options.min_blob_size;
-  payload_cf.blob_file_size = 256ull << 20;
-  payload_cf.enable_blob_garbage_collection = true;
+  rocksdb::ColumnFamilyOptions payload_cf =
+      WithBlobFiles(meta_cf, options.min_blob_size);
   payload_cf.write_buffer_size = options.write_buffer_bytes;
   // Block records are small for small models and ~13 MB at 7B (summaries
   // and token codes of 32 indexed layers), written at each seal and each
@@ -150,6 +167,12 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   out->handles = std::move(handles);
   out->read_only = read_only;
   return s;
+}
+
+bool WantBlobGc(bool on, uint64_t blob_bytes, uint64_t garbage_bytes) {
+  if (blob_bytes == 0) return false;
+  const double share = static_cast<double>(garbage_bytes) / blob_bytes;
+  return on ? share > kBlobGcOffShare : share >= kBlobGcOnShare;
 }
 
 uint64_t FreeBytes(const std::string& path) {

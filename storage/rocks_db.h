@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "rocksdb/db.h"
 #include "rocksdb/listener.h"
 #include "storage/rocks_cold_store.h"
@@ -25,7 +26,9 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what);
 // Told of RocksDB's background errors (a WAL or flush write that hit a full
 // disk): the store stops writing and recovers by reopening, never by
 // RocksDB's own recovery, which in 7.8 can write through a failed WAL
-// writer and abort.
+// writer and abort. Also counts the blob bytes compactions wrote: blobs
+// that blob garbage collection relocated (a compaction writes blob files
+// for nothing else here: values reach blob files at their flush).
 class ErrorListener final : public rocksdb::EventListener {
  public:
   explicit ErrorListener(std::atomic<bool>* failed) : failed_(failed) {}
@@ -37,10 +40,37 @@ class ErrorListener final : public rocksdb::EventListener {
                             bool* auto_recovery) override {
     *auto_recovery = false;
   }
+  void OnCompactionCompleted(rocksdb::DB*,
+                             const rocksdb::CompactionJobInfo& ci) override {
+    uint64_t bytes = 0;
+    for (const auto& b : ci.blob_file_addition_infos) {
+      bytes += b.total_blob_bytes;
+    }
+    relocated_blob_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t relocated_blob_bytes() const {
+    return relocated_blob_bytes_.load(std::memory_order_relaxed);
+  }
 
  private:
   std::atomic<bool>* const failed_;
+  std::atomic<uint64_t> relocated_blob_bytes_{0};
 };
+
+// Blob garbage collection (relocating a blob file's live blobs so the file
+// can go) pays off only once the files hold enough garbage: always on, as
+// RocksDB's option is, every compaction rewrote the live blobs of the
+// oldest quarter of the blob files, and kvmem's frames are written once
+// and deleted oldest first (files empty by themselves). On for a column
+// family from this share of garbage in its blob files, off again below
+// kBlobGcOffShare.
+constexpr double kBlobGcOnShare = 0.5;
+constexpr double kBlobGcOffShare = 0.2;
+constexpr absl::Duration kBlobGcCheckEvery = absl::Seconds(1);
+// Whether collection should be on, given whether it is and the column
+// family's live blob bytes and garbage bytes (RocksDB's
+// "rocksdb.live-blob-file-size" and "rocksdb.live-blob-file-garbage-size").
+bool WantBlobGc(bool on, uint64_t blob_bytes, uint64_t garbage_bytes);
 
 // An open database and its column family handles (default, streams,
 // blocks, payloads, frame_meta, block_layers).

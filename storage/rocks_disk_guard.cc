@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "rocksdb/convenience.h"
 #include "storage/rocks_store.h"
 
@@ -189,6 +190,9 @@ void RocksColdStore::Reclaim(const std::string& begin, const std::string& end) {
   for (auto* cf : {payloads_, block_layers_, frame_meta_, blocks_, streams_}) {
     if (!db_.db->CompactRange(co, cf, &b, &e).ok()) return;
   }
+  // The compaction counted the range's blobs as garbage: files shared with
+  // other streams keep it until collection relocates their live blobs.
+  TuneBlobGc();
 }
 
 std::string RocksColdStore::ResumeWhen() const {
@@ -247,6 +251,52 @@ void RocksColdStore::Install() {
   payloads_ = db_.handles[3];
   frame_meta_ = db_.handles[4];
   block_layers_ = db_.handles[5];
+  // A database opens with collection off (rocks_db.cc).
+  for (auto& on : blob_gc_on_) on.store(false);
+  for (auto& wanted : blob_gc_wanted_) wanted.store(false);
+}
+
+bool RocksColdStore::blob_gc_on() const {
+  for (const auto& on : blob_gc_on_) {
+    if (on.load()) return true;
+  }
+  return false;
+}
+
+void RocksColdStore::TuneBlobGc() {
+  if (db_.db == nullptr || db_.read_only) return;
+  const int64_t t = absl::GetCurrentTimeNanos();
+  int64_t due = next_gc_tune_ns_.load(std::memory_order_relaxed);
+  if (t < due || !next_gc_tune_ns_.compare_exchange_strong(
+                     due, t + absl::ToInt64Nanoseconds(kBlobGcCheckEvery))) {
+    return;
+  }
+  rocksdb::ColumnFamilyHandle* const cfs[] = {blocks_, payloads_,
+                                              block_layers_};
+  for (int i = 0; i < 3; ++i) {
+    uint64_t bytes = 0, garbage = 0;
+    if (!db_.db->GetIntProperty(cfs[i], "rocksdb.live-blob-file-size",
+                                &bytes) ||
+        !db_.db->GetIntProperty(cfs[i], "rocksdb.live-blob-file-garbage-size",
+                                &garbage)) {
+      continue;
+    }
+    const bool on = blob_gc_on_[i].load();
+    const bool want = WantBlobGc(on, bytes, garbage);
+    // On only when two checks in a row want it: streams deleted one after
+    // another (their frames share blob files) would otherwise have the
+    // next one's blobs relocated just before it goes too.
+    const bool seen = blob_gc_wanted_[i].exchange(want);
+    if (want == on || (want && !seen)) continue;
+    // A mutable option: SetOptions also recomputes which SSTs the forced
+    // collection compacts (rocks_db.cc).
+    if (db_.db
+            ->SetOptions(cfs[i], {{"enable_blob_garbage_collection",
+                                   want ? "true" : "false"}})
+            .ok()) {
+      blob_gc_on_[i].store(want);
+    }
+  }
 }
 
 // kInterval: fsyncs the WAL every interval until the store closes.

@@ -97,6 +97,14 @@ class RocksColdStore final : public ColdStore {
       override ABSL_LOCKS_EXCLUDED(db_mu_, reopen_mu_, ack_mu_);
   absl::StatusOr<std::map<std::string, uint64_t>> Acknowledged() override;
 
+  // Blob garbage collection (rocks_disk_guard.cc, rocks_db.h's WantBlobGc):
+  // whether it is on for any blob column family, and the blob bytes
+  // compactions have relocated since the store opened.
+  bool blob_gc_on() const;
+  uint64_t relocated_blob_bytes() const {
+    return listener_->relocated_blob_bytes();
+  }
+
  private:
   explicit RocksColdStore(const RocksColdStoreOptions& options);
 
@@ -156,6 +164,11 @@ class RocksColdStore final : public ColdStore {
   // (no write needed) and, when there is room for it, compacts the range.
   void Reclaim(const std::string& begin, const std::string& end)
       ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // Turns blob garbage collection on or off per blob column family by its
+  // garbage (WantBlobGc; on after two checks in a row want it). Checks at
+  // most every kBlobGcCheckEvery; called after each commit and deletion (a
+  // store that writes nothing collects nothing).
+  void TuneBlobGc() ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   void Reopen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   void CloseDb() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   void SetError(std::string e) ABSL_LOCKS_EXCLUDED(error_mu_);
@@ -168,7 +181,11 @@ class RocksColdStore final : public ColdStore {
   const std::string path_;
   // A write failed on I/O, or RocksDB raised a background error.
   std::atomic<bool> failed_{false};
-  const std::shared_ptr<rocksdb::EventListener> listener_;
+  const std::shared_ptr<ErrorListener> listener_;
+  // Per blob column family (blocks, payloads, block_layers): collection on.
+  std::atomic<bool> blob_gc_on_[3] = {false, false, false};
+  std::atomic<bool> blob_gc_wanted_[3] = {false, false, false};  // Last check.
+  std::atomic<int64_t> next_gc_tune_ns_{0};
   kvmem::Mutex reopen_mu_ ABSL_ACQUIRED_BEFORE(db_mu_);
   absl::Time next_reopen_ ABSL_GUARDED_BY(reopen_mu_) = absl::InfinitePast();
   kvmem::Mutex db_mu_;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "storage/rocks_store.h"
 #include "tests/test_util.h"
 
 namespace kvmem {
@@ -120,6 +121,87 @@ TEST(RocksColdStoreTest, EveryWalSyncPolicyCommitsAndReopens) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("wal_sync_interval_ms is 0"),
             std::string::npos);
+}
+
+// The bytes of the blob files under dir (files RocksDB deletes meanwhile
+// count as gone).
+uint64_t BlobFileBytes(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".blob") continue;
+    const uint64_t size = std::filesystem::file_size(e.path(), ec);
+    if (!ec) n += size;
+  }
+  return n;
+}
+
+// Blob garbage collection relocates live blobs only once a column family's
+// blob files are mostly garbage: appends alone, compactions and all,
+// relocate nothing (always on, each compaction rewrote the oldest quarter
+// of the files' live blobs); deleting the stream that held two thirds of
+// every file turns it on, its files go, the other stream's frames stay
+// intact; and it turns off again once the garbage is gone.
+TEST(RocksColdStoreTest, BlobsAreRelocatedOnlyOnceGarbagePaysForIt) {
+  testing::TempDir dir;
+  RocksColdStoreOptions o;
+  o.path = dir.path() + "/db";
+  o.write_buffer_bytes = 1 << 20;  // A flush, and a blob file, per ~1 MiB.
+  auto opened = OpenRocksColdStore(o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto* store = dynamic_cast<RocksColdStore*>(opened->get());
+  ASSERT_NE(store, nullptr);
+  auto frame = [](const std::string& id, uint64_t f) {
+    return std::string(64 << 10, static_cast<char>('a' + (f * 7 + id[0]) % 26));
+  };
+  auto put = [&](const std::string& id, uint64_t f) {
+    const std::string payload = frame(id, f);
+    StreamWrite w;
+    w.stream_id = id;
+    w.frame.emplace(f, payload);
+    return store->Commit(w);
+  };
+  // Frames of "a" and "b" interleaved, two of a's for one of b's: every
+  // blob file holds both.
+  for (uint64_t f = 0; f < 120; ++f) {
+    ASSERT_TRUE(put("a", 2 * f).ok());
+    ASSERT_TRUE(put("a", 2 * f + 1).ok());
+    ASSERT_TRUE(put("b", f).ok());
+  }
+  const uint64_t before = BlobFileBytes(o.path);
+  EXPECT_GT(before, 16u << 20);
+  EXPECT_FALSE(store->blob_gc_on());
+  EXPECT_EQ(store->relocated_blob_bytes(), 0u);
+
+  ASSERT_TRUE(store->DeleteStream("a").ok());
+  // Two checks a second apart see two thirds of the blob bytes garbage:
+  // collection turns on, RocksDB's forced collection compacts b's SSTs,
+  // relocating b's blobs out of the shared files, which then go with a's
+  // frames. b goes on appending meanwhile (the checks ride on commits).
+  uint64_t next = 120, now = before;
+  for (int i = 0; i < 100 && now > before / 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(put("b", next++).ok());
+    now = BlobFileBytes(o.path);
+  }
+  EXPECT_LE(now, before / 2) << "blob files did not shrink";
+  const uint64_t relocated = store->relocated_blob_bytes();
+  EXPECT_GT(relocated, 0u);
+  EXPECT_LT(relocated, next * (64u << 10) * 3 / 2) << "relocated beyond b's";
+  for (uint64_t f = 0; f < next; ++f) {
+    auto got = store->GetFrame("b", f);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == frame("b", f)) << "frame " << f;
+  }
+  // The garbage gone, collection turns off again.
+  bool off = false;
+  for (int i = 0; i < 40 && !off; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(put("b", next++).ok());
+    off = !store->blob_gc_on();
+  }
+  EXPECT_TRUE(off);
+  EXPECT_EQ(store->relocated_blob_bytes(), relocated);
 }
 
 TEST(RocksColdStoreTest, ScanStopsOnCallbackError) {
