@@ -96,6 +96,7 @@ struct CameraRun {
   std::vector<double> lag_ms;     // Per frame: how late it started.
   double end_lag_ms = 0, first_delivery_ms = 0;
   uint64_t frames = 0, delivered_bytes = 0, recalls_delivering = 0;
+  uint64_t set_bytes = 0, recalls = 0;  // The recalled tokens' bytes.
   // Tier moves of the camera's stream during the step.
   uint64_t promotions = 0, demotions = 0;
   absl::Status status;
@@ -191,6 +192,13 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam,
   std::mt19937_64 rng(o.seed * 7919 + cam);
   std::normal_distribution<float> normal(0, 1);
   const double period_ms = 1e3 / o.fps;
+  const uint64_t token_bytes =
+      uint64_t{o.layers} * 2 * o.kv_heads * o.head_dim * 2;  // fp16 K and V
+  const double turn = std::clamp(o.query_turn, 0.0, 1.0);
+  const double keep = std::sqrt(1 - turn * turn);
+  std::vector<float> query(dim);
+  for (float& x : query) x = normal(rng);
+  std::vector<v1::BlockTokens> held;  // What the front end holds.
   for (int i = 0; i < n; ++i) {
     const auto due =
         start + std::chrono::microseconds(static_cast<int64_t>(
@@ -210,10 +218,14 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam,
       return;
     }
     v1::RecallRequest req;
-    for (size_t j = 0; j < dim; ++j) req.add_query(normal(rng));
+    for (float& x : query) x = keep * x + turn * normal(rng);
+    req.mutable_query()->Assign(query.begin(), query.end());
     req.mutable_budget()->set_max_tokens(o.recall_max_tokens);
     req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
     req.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR);
+    for (const v1::BlockTokens& t : held) {
+      *req.mutable_delivery()->add_held_tokens() = t;
+    }
     v1::RecallResponse resp;
     Delivery d;
     t0 = Clock::now();
@@ -238,7 +250,11 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam,
       run->select_ms.push_back(resp.timing().total_us() / 1e3);
     }
     run->delivered_bytes += d.bytes();
+    std::vector<v1::BlockTokens> set = RecalledTokens(resp);
+    run->set_bytes += TokenCount(set) * token_bytes;
+    if (o.held_tokens) held = std::move(set);
     if (d.bytes() > 0) ++run->recalls_delivering;
+    ++run->recalls;
     d.ReleaseLater();  // With the next frame's recall, as a front end does.
     ++run->frames;
   }
@@ -309,7 +325,7 @@ absl::StatusOr<CameraStep> Step(
         (SampleProcess(o.server_pid).cpu_s - cpu0.cpu_s) / seconds;
   }
   std::vector<double> append, recall, select;
-  uint64_t delivered = 0, delivering = 0;
+  uint64_t delivered = 0, set_bytes = 0, recalls = 0;
   for (int c = 0; c < cameras; ++c) {
     if (!runs[c].status.ok()) return runs[c].status;
     append.insert(append.end(), runs[c].append_ms.begin(),
@@ -325,9 +341,10 @@ absl::StatusOr<CameraStep> Step(
     step.lag_growth_ms =
         std::max(step.lag_growth_ms, LagGrowthMs(runs[c].lag_ms));
     delivered += runs[c].delivered_bytes;
+    set_bytes += runs[c].set_bytes;
+    recalls += runs[c].recalls;
     step.promotions += runs[c].promotions;
     step.demotions += runs[c].demotions;
-    delivering += runs[c].recalls_delivering;
     clients[c]->DeleteStream(CameraId(c));
   }
   step.frames_per_s = step.frames / seconds;
@@ -335,8 +352,10 @@ absl::StatusOr<CameraStep> Step(
   step.append_ms = Summarize(&append);
   step.recall_ms = Summarize(&recall);
   step.select_ms = Summarize(&select);
+  // Per recall, those delivering nothing (all held) included.
   step.delivered_mib =
-      delivering > 0 ? delivered / double(delivering) / 1048576.0 : 0;
+      recalls > 0 ? delivered / double(recalls) / 1048576.0 : 0;
+  step.set_mib = recalls > 0 ? set_bytes / double(recalls) / 1048576.0 : 0;
   const double period_ms = 1e3 / o.fps;
   if (step.frames < uint64_t(n) * cameras) {
     step.why =
@@ -369,6 +388,8 @@ absl::StatusOr<CamerasReport> RunCamerasBench(const CamerasOptions& o) {
   CamerasReport r;
   r.cpu = CpuModel();
   r.cold_precision = o.cold_precision;
+  r.query_turn = o.query_turn;
+  r.held_tokens = o.held_tokens;
   r.fps = o.fps;
   auto say = [&](const std::string& m) {
     if (o.progress) o.progress(m);
@@ -411,6 +432,8 @@ std::string CamerasJson(const CamerasReport& r) {
   w.Key("cpu").Str(r.cpu);
   w.Key("frame_bytes").UInt(r.frame_bytes);
   w.Key("cold_precision").Str(r.cold_precision);
+  w.Key("query_turn").Num(r.query_turn, 3);
+  w.Key("held_tokens").Bool(r.held_tokens);
   w.Key("fps").Num(r.fps, 2);
   w.Key("camera_mb_per_s").Num(r.camera_mb_per_s, 2);
   w.Key("storage_put_mb_per_s").Num(r.storage_put_mb_per_s, 1);
@@ -437,6 +460,7 @@ std::string CamerasJson(const CamerasReport& r) {
     w.Key("selection_p50_ms").Num(s.select_ms.p50_us, 2);
     w.Key("selection_p99_ms").Num(s.select_ms.p99_us, 2);
     w.Key("delivered_mib_per_recall").Num(s.delivered_mib, 2);
+    w.Key("recalled_mib_per_recall").Num(s.set_mib, 2);
     w.Key("first_delivery_ms").Num(s.first_delivery_ms, 1);
     w.Key("server_cpu_cores").Num(s.server_cpu, 2);
     w.Key("history_frames").UInt(s.history_frames);
@@ -454,23 +478,28 @@ std::string CamerasJson(const CamerasReport& r) {
 std::string CamerasText(const CamerasReport& r) {
   std::string out = absl::StrFormat(
       "cpu: %s\n"
-      "camera: %.1f MiB frames at %.1f fps = %.1f MB/s; cold tier %s\n"
+      "camera: %.1f MiB frames at %.1f fps = %.1f MB/s; cold tier %s; query "
+      "turning %.2f a frame, %s\n"
       "RocksDB puts of the same frames: %.1f MB/s = %.2f cameras (the "
       "storage's bound)\n",
       r.cpu, r.frame_bytes / 1048576.0, r.fps, r.camera_mb_per_s,
-      r.cold_precision, r.storage_put_mb_per_s, r.storage_bound_cameras);
+      r.cold_precision, r.query_turn,
+      r.held_tokens ? "recalls name the tokens held"
+                    : "every recall delivers its whole set",
+      r.storage_put_mb_per_s, r.storage_bound_cameras);
   for (const CameraStep& s : r.steps) {
     absl::StrAppendFormat(
         &out,
         "  %2d camera(s): %s; %.2f frames/s, last frame %.0f ms late "
         "(lateness grew %.0f ms), "
         "append p50/p99 %.1f/%.1f ms, recall+delivery p50/p99 %.1f/%.1f ms "
-        "(%.1f MiB; first %.0f ms; selection p50/p99 %.1f/%.1f ms), server "
+        "(%.1f MiB delivered of %.1f MiB recalled; first %.0f ms; selection "
+        "p50/p99 %.1f/%.1f ms), server "
         "%.2f cores, %d promotions and %d "
         "demotions; after %d frames of history a camera (%.1f s%s)\n",
         s.cameras, s.kept_up ? "kept up" : "behind: " + s.why, s.frames_per_s,
         s.end_lag_ms, s.lag_growth_ms, s.append_ms.p50_us, s.append_ms.p99_us,
-        s.recall_ms.p50_us, s.recall_ms.p99_us, s.delivered_mib,
+        s.recall_ms.p50_us, s.recall_ms.p99_us, s.delivered_mib, s.set_mib,
         s.first_delivery_ms, s.select_ms.p50_us, s.select_ms.p99_us,
         s.server_cpu, s.promotions, s.demotions, s.history_frames, s.history_s,
         s.history_full ? ", blocks leaving RAM" : ", warm tier not full");

@@ -4,9 +4,12 @@
 // each open a Session with every stream setting but the geometry and the
 // hot window (2,048 tokens) left at its default, and per frame, at the camera's
 // pace, append the frame and recall (614-token budget) with the recalled tokens
-// delivered through shared memory, as a front end does. N rises from 1 until
-// the node falls behind; beside it, in the same run, the N that RocksDB puts of
-// the same frames alone would carry (the storage's bound).
+// delivered through shared memory, as a front end does: its query turns
+// slowly from frame to frame, and it names the tokens it holds from the
+// frame before (RecallDelivery.held_tokens), so a recall delivers what is
+// new to it (options below; both off: a fresh set every frame). N rises from 1
+// until the node falls behind; beside it, in the same run, the N that RocksDB
+// puts of the same frames alone would carry (the storage's bound).
 //
 // Each step measures the steady state: before its clock starts, every
 // camera appends history at full speed (no recalls) until a block of its
@@ -52,6 +55,14 @@ struct CamerasOptions {
   uint32_t max_history_frames = 256;
   // Index the first this many layers (0: the stream default, all).
   uint32_t indexed_layers = 0;
+  // Each frame's query is sqrt(1 - t^2) x the last + t x fresh noise, t =
+  // query_turn (0.31: 0.95 x the last, as bench --fetch's deltas); 1: an
+  // unrelated query every frame.
+  double query_turn = 0.31;
+  // Each recall names the tokens the previous recall delivered or named
+  // (a front end that keeps its recalled KV between frames) and receives
+  // only the others; false: every recall delivers its whole set.
+  bool held_tokens = true;
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // Phase messages.
 };
@@ -70,6 +81,7 @@ struct CameraStep {
   Latency select_ms;  // The engine's selection alone (RecallTiming).
   double first_delivery_ms = 0;
   double delivered_mib = 0;  // Mean per recall.
+  double set_mib = 0;        // The recalled tokens' bytes, mean per recall.
   double server_cpu = 0;     // Cores busy (server_pid known).
   // The history appended before the step: frames per camera (the most of
   // any camera), its time, and whether every camera's stream had a block
@@ -87,6 +99,8 @@ struct CameraStep {
 struct CamerasReport {
   std::string cpu;
   std::string cold_precision;
+  double query_turn = 0;
+  bool held_tokens = false;
   uint64_t frame_bytes = 0;
   double fps = 0;
   double camera_mb_per_s = 0;  // frame_bytes x fps, MB/s.

@@ -11,9 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -432,36 +430,6 @@ v1::RecallRequest RecallQuery(const std::string& id, size_t dim,
   for (size_t j = 0; j < dim; ++j) req.add_query(q[j]);
   req.mutable_budget()->set_max_tokens(614);
   return req;
-}
-
-// Each recalled block's tokens over the response's sets (all its tokens
-// where a set takes it whole), as BlockTokens.
-std::vector<v1::BlockTokens> RecalledTokens(const v1::RecallResponse& resp) {
-  std::map<uint64_t, std::set<uint32_t>> tokens;
-  auto add = [&](const v1::RecalledBlock& b) {
-    std::set<uint32_t>& t = tokens[b.block_id()];
-    if (b.token_offsets().empty()) {
-      for (uint32_t j = 0; j < b.token_count(); ++j) t.insert(j);
-    }
-    t.insert(b.token_offsets().begin(), b.token_offsets().end());
-  };
-  for (const v1::RecalledBlock& b : resp.blocks()) add(b);
-  for (const v1::LayerRecallSet& set : resp.layer_sets()) {
-    for (const v1::RecalledBlock& b : set.blocks()) add(b);
-  }
-  std::vector<v1::BlockTokens> out;
-  for (const auto& [id, t] : tokens) {
-    v1::BlockTokens& b = out.emplace_back();
-    b.set_block_id(id);
-    b.mutable_token_offsets()->Assign(t.begin(), t.end());
-  }
-  return out;
-}
-
-uint64_t TokenCount(const std::vector<v1::BlockTokens>& tokens) {
-  uint64_t n = 0;
-  for (const v1::BlockTokens& b : tokens) n += b.token_offsets_size();
-  return n;
 }
 
 // A camera's recalls frame after frame, its query turning slowly (each

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -48,6 +50,36 @@ std::string RandomFp16(size_t n, uint64_t seed) {
   EncodeFromFloat(f.data(), n, DType::kFp16,
                   reinterpret_cast<uint8_t*>(out.data()));
   return out;
+}
+
+// The response's sets' tokens per block (all of a block's tokens where a
+// set takes it whole), sorted by block.
+std::vector<v1::BlockTokens> RecalledTokens(const v1::RecallResponse& resp) {
+  std::map<uint64_t, std::set<uint32_t>> tokens;
+  auto add = [&](const v1::RecalledBlock& b) {
+    std::set<uint32_t>& t = tokens[b.block_id()];
+    if (b.token_offsets().empty()) {
+      for (uint32_t j = 0; j < b.token_count(); ++j) t.insert(j);
+    }
+    t.insert(b.token_offsets().begin(), b.token_offsets().end());
+  };
+  for (const v1::RecalledBlock& b : resp.blocks()) add(b);
+  for (const v1::LayerRecallSet& set : resp.layer_sets()) {
+    for (const v1::RecalledBlock& b : set.blocks()) add(b);
+  }
+  std::vector<v1::BlockTokens> out;
+  for (const auto& [id, t] : tokens) {
+    v1::BlockTokens& b = out.emplace_back();
+    b.set_block_id(id);
+    b.mutable_token_offsets()->Assign(t.begin(), t.end());
+  }
+  return out;
+}
+
+uint64_t TokenCount(const std::vector<v1::BlockTokens>& tokens) {
+  uint64_t n = 0;
+  for (const v1::BlockTokens& b : tokens) n += b.token_offsets_size();
+  return n;
 }
 
 }  // namespace kvmem

@@ -1,11 +1,14 @@
 // Helpers the bench programs share: a process's CPU time and RSS from /proc,
-// and random fp16 payloads.
+// random fp16 payloads, and the tokens a recall response names.
 #ifndef KVMEM_TOOLS_BENCH_BENCH_UTIL_H_
 #define KVMEM_TOOLS_BENCH_BENCH_UTIL_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "kvmem/v1/service.pb.h"
 
 namespace kvmem {
 
@@ -19,6 +22,13 @@ ProcSample SampleProcess(int pid);
 
 // n fp16 values in [-1, 1].
 std::string RandomFp16(size_t n, uint64_t seed);
+
+// The tokens of every set of a recall response, per block (a block a set
+// takes whole: all its tokens), sorted by block: what a front end holds
+// after the recall's delivery (RecallDelivery.held_tokens).
+std::vector<v1::BlockTokens> RecalledTokens(const v1::RecallResponse& resp);
+// The tokens in such a list.
+uint64_t TokenCount(const std::vector<v1::BlockTokens>& tokens);
 
 }  // namespace kvmem
 

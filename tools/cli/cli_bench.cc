@@ -44,6 +44,14 @@ ABSL_FLAG(uint32_t, camera_indexed_layers, 0,
           "bench --cameras: index the first N layers of each camera "
           "(index_policy.indexed_layers; 0: the stream default, every "
           "layer).");
+ABSL_FLAG(double, camera_query_turn, 0.31,
+          "bench --cameras: how far each camera's query turns per frame (its "
+          "fresh-noise share: 0.31 keeps 0.95 of the last; 1: an unrelated "
+          "query every frame).");
+ABSL_FLAG(bool, camera_held_tokens, true,
+          "bench --cameras: each recall names the tokens the camera holds "
+          "from the frame before and receives only the others (false: "
+          "every recall delivers its whole set).");
 ABSL_FLAG(std::string, cold_precision, "full",
           "bench: how the streams keep blocks that leave RAM: full (the "
           "default), int8 or int4 (tier_policy.cold_precision).");
@@ -146,12 +154,15 @@ int RunBench(const std::vector<std::string>&) {
   const bool cameras = absl::flags_internal::WasPresentOnCommandLine("cameras");
   if (cameras &&
       (absl::GetFlag(FLAGS_cameras) < 1 || absl::GetFlag(FLAGS_cameras) > 256 ||
-       !(absl::GetFlag(FLAGS_camera_seconds) > 0))) {
+       !(absl::GetFlag(FLAGS_camera_seconds) > 0) ||
+       !(absl::GetFlag(FLAGS_camera_query_turn) >= 0 &&
+         absl::GetFlag(FLAGS_camera_query_turn) <= 1))) {
     std::fprintf(stderr,
-                 "kvmem bench: --cameras must be 1..256 and --camera_seconds "
-                 "> 0 (got %d, %g)\n",
+                 "kvmem bench: --cameras must be 1..256, --camera_seconds "
+                 "> 0 and --camera_query_turn 0..1 (got %d, %g, %g)\n",
                  absl::GetFlag(FLAGS_cameras),
-                 absl::GetFlag(FLAGS_camera_seconds));
+                 absl::GetFlag(FLAGS_camera_seconds),
+                 absl::GetFlag(FLAGS_camera_query_turn));
     return 2;
   }
   const bool json = absl::GetFlag(FLAGS_json);
@@ -223,6 +234,8 @@ int RunBench(const std::vector<std::string>&) {
     co.seconds = absl::GetFlag(FLAGS_camera_seconds);
     co.max_history_frames = absl::GetFlag(FLAGS_camera_history_frames);
     co.indexed_layers = absl::GetFlag(FLAGS_camera_indexed_layers);
+    co.query_turn = absl::GetFlag(FLAGS_camera_query_turn);
+    co.held_tokens = absl::GetFlag(FLAGS_camera_held_tokens);
     co.cold_precision = o.cold_precision;
     co.seed = o.seed;
     co.progress = o.progress;
