@@ -84,16 +84,17 @@ static rocksdb::ColumnFamilyOptions WithBlobFiles(
   cf.min_blob_size = min_blob_size;
   cf.blob_file_size = 256ull << 20;
   // Garbage collection off until garbage pays for it (WantBlobGc,
-  // RocksColdStore::TuneBlobGc). Then every blob file is old enough (cutoff
-  // 1): RocksDB's forced collection compacts the SSTs keeping the oldest
-  // batch of blob files alive only if the whole batch is within the cutoff,
-  // and a stream's keys in one SST keep all its blob files alive in one
-  // batch (at 0.25 a deleted stream's garbage was never collected). The
-  // force threshold: the batch's garbage share that schedules those
-  // compactions.
+  // RocksColdStore::TuneBlobGc); then every blob file counts as old enough
+  // (cutoff 1): a compaction relocates every live blob its SSTs point to,
+  // and the files left with garbage alone go. Interleaved streams' keys
+  // overlap, so their compactions reach the old SSTs. RocksDB's forced
+  // collection (a force threshold below 1) is not used: in 7.8 it asserts
+  // that the oldest blob file has an SST naming it as its oldest, which
+  // fails once compactions have moved past it (it aborted the server in
+  // the cameras bench).
   cf.enable_blob_garbage_collection = false;
   cf.blob_garbage_collection_age_cutoff = 1.0;
-  cf.blob_garbage_collection_force_threshold = kBlobGcOnShare;
+  cf.blob_garbage_collection_force_threshold = 1.0;
   return cf;
 }
 
