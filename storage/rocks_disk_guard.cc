@@ -288,8 +288,7 @@ void RocksColdStore::TuneBlobGc() {
     // next one's blobs relocated just before it goes too.
     const bool seen = blob_gc_wanted_[i].exchange(want);
     if (want == on || (want && !seen)) continue;
-    // A mutable option: SetOptions also recomputes which SSTs the forced
-    // collection compacts (rocks_db.cc).
+    // A mutable option; the compactions after it relocate (rocks_db.cc).
     if (db_.db
             ->SetOptions(cfs[i], {{"enable_blob_garbage_collection",
                                    want ? "true" : "false"}})
