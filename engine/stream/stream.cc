@@ -151,14 +151,24 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
 
 void Stream::ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const {
   // Recorded warm: blocks a promotion recorded (they have hits), and blocks
-  // whose seal's record still stands, warm or demoted since (a demotion
-  // that keeps the frames leaves that record; the heat policy mostly
-  // demotes never-hit blocks oldest first, and where it did not, a warm and
-  // a cold block of the same form trade places). Promoted ones first, then
-  // the newest.
+  // whose seal's record still stands, warm or demoted since: a demotion
+  // that keeps the frames leaves that record but deletes the frames'
+  // signals, so a sealed record whose first frame has no signals left was
+  // demoted (one Get each; the heat policy demotes by heat kept in RAM, so
+  // the order alone could trade a warm block for a cold one). Promoted
+  // ones first, then the newest, while the warm tier has room.
   std::vector<BlockRecord*> warm;
   for (BlockRecord& rec : *records) {
-    if (rec.info.tier == Tier::kWarm) warm.push_back(&rec);
+    if (rec.info.tier != Tier::kWarm) continue;
+    if (rec.hits == 0 && rec.disk == DiskForm::kFrames &&
+        absl::IsNotFound(
+            env_.store->GetFrameMeta(id_, rec.info.first_frame).status())) {
+      BlockEntry stays;  // Its frames are its durable copy.
+      stays.rec.disk = rec.disk;
+      rec.info.tier = TierOf(stays);
+      continue;
+    }
+    warm.push_back(&rec);
   }
   std::stable_sort(warm.begin(), warm.end(),
                    [](const BlockRecord* a, const BlockRecord* b) {
