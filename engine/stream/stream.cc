@@ -157,15 +157,19 @@ void Stream::ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const {
   // demoted (one Get each; the heat policy demotes by heat kept in RAM, so
   // the order alone could trade a warm block for a cold one). Promoted
   // ones first, then the newest, while the warm tier has room.
+  // Out of RAM: the tier of where its durable copy is.
+  auto leave_ram = [](BlockRecord* rec) {
+    BlockEntry stays;
+    stays.rec.disk = rec->disk;
+    rec->info.tier = TierOf(stays);
+  };
   std::vector<BlockRecord*> warm;
   for (BlockRecord& rec : *records) {
     if (rec.info.tier != Tier::kWarm) continue;
     if (rec.hits == 0 && rec.disk == DiskForm::kFrames &&
         absl::IsNotFound(
             env_.store->GetFrameMeta(id_, rec.info.first_frame).status())) {
-      BlockEntry stays;  // Its frames are its durable copy.
-      stays.rec.disk = rec.disk;
-      rec.info.tier = TierOf(stays);
+      leave_ram(&rec);
       continue;
     }
     warm.push_back(&rec);
@@ -183,9 +187,7 @@ void Stream::ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const {
       room -= bytes;
       continue;
     }
-    BlockEntry stays;  // Where its durable copy is.
-    stays.rec.disk = rec->disk;
-    rec->info.tier = TierOf(stays);
+    leave_ram(rec);
   }
 }
 

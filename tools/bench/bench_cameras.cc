@@ -54,7 +54,8 @@ v1::StreamConfig CameraConfig(const CamerasOptions& o) {
 }
 
 size_t FrameValues(const CamerasOptions& o) {
-  return size_t{o.layers} * 2 * o.kv_heads * o.head_dim * o.tokens_per_frame;
+  return KvValuesPerToken(o.layers, o.kv_heads, o.head_dim) *
+         o.tokens_per_frame;
 }
 
 // RocksDB alone, the server's store options: each of `threads` puts
@@ -193,7 +194,7 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam,
   std::normal_distribution<float> normal(0, 1);
   const double period_ms = 1e3 / o.fps;
   const uint64_t token_bytes =
-      uint64_t{o.layers} * 2 * o.kv_heads * o.head_dim * 2;  // fp16 K and V
+      KvValuesPerToken(o.layers, o.kv_heads, o.head_dim) * 2;  // fp16
   const double turn = std::clamp(o.query_turn, 0.0, 1.0);
   const double keep = std::sqrt(1 - turn * turn);
   std::vector<float> query(dim);

@@ -71,7 +71,7 @@ absl::Status LoadStream(KvmemClient* client, const std::string& id,
   grpc::Status s = client->OpenStream(id, FetchConfig(g, tier), &opened);
   if (!s.ok()) return absl::InternalError("OpenStream: " + s.error_message());
   const size_t values =
-      size_t{g.layers} * 2 * g.kv_heads * g.head_dim * g.tokens_per_frame;
+      KvValuesPerToken(g.layers, g.kv_heads, g.head_dim) * g.tokens_per_frame;
   std::vector<OutgoingFrame> frames;
   for (uint32_t f = 0; f < blocks * g.frames_per_block; ++f) {
     OutgoingFrame fr;
@@ -502,7 +502,7 @@ absl::Status RecallFetch(KvmemClient* client, const FetchGeometry& g, int calls,
   std::vector<double> shm_ms, grpc_ms, recall_ms, token_ms, engine_ms,
       token_stage_ms;
   const uint64_t token_bytes =
-      uint64_t{g.layers} * 2 * g.kv_heads * g.head_dim * 2;  // fp16
+      KvValuesPerToken(g.layers, g.kv_heads, g.head_dim) * 2;  // fp16
   std::mt19937_64 rng(11);
   std::normal_distribution<float> n(0, 1);
   std::vector<uint8_t> buffer;

@@ -20,6 +20,12 @@ struct ProcSample {
 };
 ProcSample SampleProcess(int pid);
 
+// The K and V values of one token over every layer.
+inline uint64_t KvValuesPerToken(uint32_t layers, uint32_t kv_heads,
+                                 uint32_t head_dim) {
+  return uint64_t{layers} * 2 * kv_heads * head_dim;
+}
+
 // n fp16 values in [-1, 1].
 std::string RandomFp16(size_t n, uint64_t seed);
 
