@@ -1,8 +1,5 @@
 #include "engine/index/progressive_search.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -171,16 +168,23 @@ ProgressiveIndex::ProgressiveIndex(uint32_t dim, uint32_t max_candidates,
       max_candidates_(max_candidates),
       segment_dim_(segment_dim == 0 ? dim : segment_dim),
       segments_(dim / (segment_dim == 0 ? dim : segment_dim)),
+      full_(dim),
       seg_enorm_(segments_),
       seg_cnorm_(segments_) {}
 
 void ProgressiveIndex::Add(uint64_t id, const float* vec) {
   const size_t r = ids_.size();
   ++version_;
-  if (full_.size() + dim_ > full_.capacity()) copied_in_place_ += r;
+  // The codes' arrays reallocate (the fp32 rows take a chunk, no copy).
+  if (r == ids_.capacity() ||
+      (r % kInt8Lanes == 0 &&
+       packed_.size() + groups_ * 4 * kInt8Lanes > packed_.capacity())) {
+    copied_in_place_ += r;
+  }
+  if (r >= full_.capacity()) full_.Reserve(r + 1);
   row_[id] = r;
   ids_.push_back(id);
-  full_.insert(full_.end(), vec, vec + dim_);
+  std::copy_n(vec, dim_, full_.row(r));
   if (r % kInt8Lanes == 0) {  // A new block; unused lanes hold code 0.
     packed_.resize(packed_.size() + groups_ * 4 * kInt8Lanes, 128);
     scale_.resize(scale_.size() + kInt8Lanes, 0.0f);
@@ -212,7 +216,7 @@ void ProgressiveIndex::Reserve(size_t n) {
   const size_t lanes = LaneRows(n);
   row_.reserve(n);
   ids_.reserve(n);
-  full_.reserve(n * dim_);
+  full_.Reserve(n);
   packed_.reserve(lanes * groups_ * 4);
   scale_.reserve(lanes);
   enorm_.reserve(lanes);
@@ -225,18 +229,12 @@ void ProgressiveIndex::Reserve(size_t n) {
 
 namespace {
 
-// Faults in the pages of v's room for `more` elements past its size
-// (MADV_POPULATE_WRITE, Linux 5.14; elsewhere the adds fault them as
-// before): no element is written, so readers of the live ones go on.
+// Faults in the pages of v's room for `more` elements past its size: no
+// element is written, so readers of the live ones go on.
 template <typename T>
 void FaultInRoom(const std::vector<T>& v, size_t more) {
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const size_t n = std::min(v.capacity() - v.size(), more);
-  if (n == 0) return;
-  const auto from = reinterpret_cast<uintptr_t>(v.data() + v.size());
-  const uintptr_t start = from & ~(page - 1);
-  (void)madvise(reinterpret_cast<void*>(start), from + n * sizeof(T) - start,
-                MADV_POPULATE_WRITE);
+  if (n > 0) FaultInBytes(v.data() + v.size(), n * sizeof(T));
 }
 
 // A copy of v with room for `cap` elements.
@@ -255,25 +253,29 @@ std::unique_ptr<ProgressiveIndex::Growth> ProgressiveIndex::Grow(
   if (extra == 0) return nullptr;
   const size_t n = ids_.size() + extra;
   const size_t lanes = LaneRows(n);
-  const bool room = ids_.capacity() >= n && full_.capacity() >= n * dim_ &&
+  const bool room = ids_.capacity() >= n &&
                     packed_.capacity() >= lanes * groups_ * 4 &&
                     scale_.capacity() >= lanes;
   // The room the adds will write, faulted in here rather than under the
-  // writer's lock (the summaries and their codes: the rest is small).
+  // writer's lock (the summaries and their codes: the rest is small); new
+  // chunks come faulted in.
   const size_t extra_codes = (extra + kInt8Lanes) * groups_ * 4;
+  full_.FaultIn(ids_.size(), extra);
+  std::vector<RowChunks::Chunk> chunks = full_.MakeRoom(n);
   if (room) {
-    FaultInRoom(full_, extra * dim_);
     FaultInRoom(packed_, extra_codes);
-    return nullptr;
+    if (chunks.empty()) return nullptr;
   }
+  auto g = std::make_unique<Growth>();
+  g->version = version_;
+  g->full = std::move(chunks);
+  if (room) return g;
   // Twice the size at least, as a vector's own growth: the next adds find
   // room too.
   const size_t want = std::max(n, 2 * ids_.size());
   const size_t want_lanes = LaneRows(want);
-  auto g = std::make_unique<Growth>();
-  g->version = version_;
+  g->arrays = true;
   g->ids = Roomier(ids_, want);
-  g->full = Roomier(full_, want * dim_);
   g->packed = Roomier(packed_, want_lanes * groups_ * 4);
   g->scale = Roomier(scale_, want_lanes);
   g->enorm = Roomier(enorm_, want_lanes);
@@ -284,14 +286,13 @@ std::unique_ptr<ProgressiveIndex::Growth> ProgressiveIndex::Grow(
   }
   g->row.reserve(want);
   g->row.insert(row_.begin(), row_.end());
-  FaultInRoom(g->full, extra * dim_);
   FaultInRoom(g->packed, extra_codes);
   return g;
 }
 
 uint64_t ProgressiveIndex::memory_bytes() const {
-  uint64_t n = ids_.capacity() * sizeof(uint64_t) +
-               full_.capacity() * sizeof(float) + packed_.capacity() +
+  uint64_t n = ids_.capacity() * sizeof(uint64_t) + full_.bytes() +
+               packed_.capacity() +
                (scale_.capacity() + enorm_.capacity() + cnorm_.capacity()) *
                    sizeof(float);
   for (uint32_t h = 0; h < segments_; ++h) {
@@ -303,15 +304,17 @@ uint64_t ProgressiveIndex::memory_bytes() const {
 
 bool ProgressiveIndex::Adopt(Growth* g) {
   if (g == nullptr || g->version != version_) return false;
-  ids_.swap(g->ids);
-  full_.swap(g->full);
-  packed_.swap(g->packed);
-  scale_.swap(g->scale);
-  enorm_.swap(g->enorm);
-  cnorm_.swap(g->cnorm);
-  seg_enorm_.swap(g->seg_enorm);
-  seg_cnorm_.swap(g->seg_cnorm);
-  row_.swap(g->row);
+  full_.Adopt(&g->full);
+  if (g->arrays) {
+    ids_.swap(g->ids);
+    packed_.swap(g->packed);
+    scale_.swap(g->scale);
+    enorm_.swap(g->enorm);
+    cnorm_.swap(g->cnorm);
+    seg_enorm_.swap(g->seg_enorm);
+    seg_cnorm_.swap(g->seg_cnorm);
+    row_.swap(g->row);
+  }
   ++version_;
   return true;
 }
@@ -324,7 +327,7 @@ bool ProgressiveIndex::Remove(uint64_t id) {
   row_.erase(it);
   if (r != last) {  // Move the last row into the hole.
     ids_[r] = ids_[last];
-    std::copy_n(full_.begin() + last * dim_, dim_, full_.begin() + r * dim_);
+    std::copy_n(full_.row(last), dim_, full_.row(r));
     for (uint32_t g = 0; g < groups_; ++g)
       std::copy_n(Lane(last, g), 4, Lane(r, g));
     scale_[r] = scale_[last];
@@ -345,7 +348,7 @@ bool ProgressiveIndex::Remove(uint64_t id) {
   enorm_[last] = 0;
   cnorm_[last] = 0;
   ids_.pop_back();
-  full_.resize(last * dim_);
+  full_.Trim(last);
   if (last % kInt8Lanes == 0) {  // The last block is empty now.
     packed_.resize(packed_.size() - groups_ * 4 * kInt8Lanes);
     scale_.resize(scale_.size() - kInt8Lanes);
@@ -404,16 +407,14 @@ std::vector<ScoredId> ProgressiveIndex::Search(const float* query, uint32_t k,
   // Stage 2: exact scores of the survivors; their rows are scattered over
   // the fp32 copy, so ask for all of them before reading any.
   for (const Survivor& c : sc.cand) {
-    const char* row =
-        reinterpret_cast<const char*>(full_.data() + size_t{c.row} * dim_);
+    const char* row = reinterpret_cast<const char*>(full_.row(c.row));
     for (size_t b = 0; b < dim_ * sizeof(float); b += 64) {
       __builtin_prefetch(row + b);
     }
   }
   out.reserve(sc.cand.size());
   for (const Survivor& c : sc.cand) {
-    out.push_back(
-        {ids_[c.row], Dot(query, full_.data() + size_t{c.row} * dim_, dim_)});
+    out.push_back({ids_[c.row], Dot(query, full_.row(c.row), dim_)});
   }
   const size_t keep = std::min<size_t>(k, out.size());
   std::partial_sort(out.begin(), out.begin() + keep, out.end(),
@@ -448,7 +449,7 @@ void ProgressiveIndex::ScanSegments(const float* queries, size_t vectors,
       for (size_t i = 0; i < n; ++i) {
         for (size_t h = 0; h < S; ++h) {
           outs[j].dots[h * n + i] =
-              Dot(query + h * sd, full_.data() + i * dim_ + h * sd, sd);
+              Dot(query + h * sd, full_.row(i) + h * sd, sd);
         }
       }
     }

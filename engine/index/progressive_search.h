@@ -36,6 +36,7 @@
 
 #include "engine/index/block_index.h"
 #include "engine/index/int8_kernels.h"
+#include "engine/index/row_chunks.h"
 
 namespace kvmem {
 
@@ -66,12 +67,14 @@ class ProgressiveIndex {
   bool Remove(uint64_t id);
 
   // Growth without a copy under the writer's lock. Adding past the arrays'
-  // capacity copies every vector held (a vector's doubling: at 7B's
-  // summary width a long stream's index is gigabytes), and adds run under
-  // the stream's exclusive lock, which every recall of it waits for. Grow
-  // makes the bigger arrays, copies of these with room for `extra` more
-  // vectors (at least twice the size, as a vector grows), while searches go
-  // on; Adopt swaps them in, O(1), unless the index changed in between
+  // capacity copies every code held (a vector's doubling), and adds run
+  // under the stream's exclusive lock, which every recall of it waits for.
+  // Grow makes the room for `extra` more vectors while searches go on: new
+  // chunks for the fp32 rows (which never move: at 7B's summary width they
+  // are four fifths of the index, and copying them at every doubling was a
+  // tenth of a two-camera server's time) and, when the codes' arrays are
+  // full, copies of them with room (at least twice the size, as a vector
+  // grows); Adopt takes them in, O(1), unless the index changed in between
   // (then adds grow in place as before). Null when the room is there
   // already. Either way the pages the next `extra` adds write are faulted
   // in here, not under the lock (a 7B unit is 160 KiB of fresh pages).
@@ -114,7 +117,7 @@ class ProgressiveIndex {
   uint32_t max_candidates_;
   uint32_t segment_dim_, segments_;
   std::vector<uint64_t> ids_;
-  std::vector<float> full_;      // [n][dim]
+  RowChunks full_;               // [n][dim], rows that never move
   std::vector<uint8_t> packed_;  // Codes + 128, packed (int8_kernels.h).
   std::vector<float> scale_;     // s_i
   std::vector<float> enorm_;     // |e_i|, the rounding residual's norm
@@ -129,8 +132,11 @@ class ProgressiveIndex {
 
 struct ProgressiveIndex::Growth {
   uint64_t version = 0;  // The index's when grown.
+  // The fp32 rows' new chunks (the rows held are not copied).
+  std::vector<RowChunks::Chunk> full;
+  // The other arrays, copied with room, when `arrays`.
+  bool arrays = false;
   std::vector<uint64_t> ids;
-  std::vector<float> full;
   std::vector<uint8_t> packed;
   std::vector<float> scale, enorm, cnorm;
   std::vector<std::vector<float>> seg_enorm, seg_cnorm;

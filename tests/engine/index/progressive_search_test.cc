@@ -2,8 +2,10 @@
 // as FAISS's exact flat index (BlockIndex), on planted and on random data.
 #include "engine/index/progressive_search.h"
 
+#include <algorithm>
 #include <random>
 
+#include "engine/index/dot.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -174,6 +176,65 @@ TEST(ProgressiveSearchTest, GrowthAdoptedOffTheLockCopiesNothingInPlace) {
   ASSERT_NE(g, nullptr);
   ASSERT_TRUE(grown.Adopt(g.get()));
   EXPECT_EQ(grown.Grow(1), nullptr);
+}
+
+// At 7B's summary width (32,768 dims: 128 KiB a row, two rows a chunk) the
+// fp32 rows live in chunks: a growth brings new chunks for the rows to come
+// only (no copy of the rows held), removals move rows across chunks, and
+// the answers are a flat exact search's, as an index grown in place gives.
+TEST(ProgressiveSearchTest, WideRowsGrowInChunksWithoutCopies) {
+  const uint32_t dim = 32768, n = 40, k = 5;
+  std::mt19937_64 rng(31);
+  const std::vector<float> data = testing::RandomQuery(rng, size_t{n} * dim);
+  ProgressiveIndex grown(dim, 0, 128), in_place(dim, 0, 128);
+  const uint64_t row_bytes = uint64_t{dim} * sizeof(float);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (i % 5 == 0) {
+      const uint64_t before = grown.memory_bytes();
+      std::unique_ptr<ProgressiveIndex::Growth> g = grown.Grow(5);
+      ASSERT_NE(g, nullptr) << i;
+      // New chunks for the five rows to come, at most one more.
+      EXPECT_LE(g->full.size() * kRowChunkBytes, 5 * row_bytes + kRowChunkBytes)
+          << i;
+      EXPECT_TRUE(grown.Adopt(g.get())) << i;
+      EXPECT_GE(grown.memory_bytes() - before, 4 * row_bytes) << i;
+    }
+    grown.Add(i, data.data() + size_t{i} * dim);
+    in_place.Add(i, data.data() + size_t{i} * dim);
+  }
+  for (uint64_t id : {0u, 39u, 17u, 1u}) {  // The last row moves into holes.
+    EXPECT_TRUE(grown.Remove(id));
+    EXPECT_TRUE(in_place.Remove(id));
+  }
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::vector<float> q = testing::RandomQuery(rng, dim);
+    std::vector<ScoredId> exact;
+    for (uint64_t i = 0; i < n; ++i) {
+      if (i == 0 || i == 39 || i == 17 || i == 1) continue;
+      exact.push_back({i, Dot(q.data(), data.data() + i * dim, dim)});
+    }
+    std::sort(
+        exact.begin(), exact.end(),
+        [](const ScoredId& a, const ScoredId& b) { return a.score > b.score; });
+    const auto a = grown.Search(q.data(), k), b = in_place.Search(q.data(), k);
+    ASSERT_EQ(a.size(), k);
+    ASSERT_EQ(b.size(), k);
+    for (size_t r = 0; r < k; ++r) {
+      EXPECT_EQ(a[r].id, exact[r].id) << r;
+      EXPECT_EQ(a[r].score, exact[r].score) << r;
+      EXPECT_EQ(b[r].id, exact[r].id) << r;
+    }
+    SegmentScan sa, sb;
+    grown.ScanSegments(q.data(), &sa);
+    in_place.ScanSegments(q.data(), &sb);
+    EXPECT_EQ(sa.ids, sb.ids);
+    EXPECT_EQ(sa.dots, sb.dots);
+  }
+  // Emptied, an index keeps one spare chunk of the 18 its 36 rows held.
+  const uint64_t held = grown.memory_bytes();
+  for (uint64_t i = 0; i < n; ++i) grown.Remove(i);
+  EXPECT_EQ(grown.size(), 0u);
+  EXPECT_GE(held - grown.memory_bytes(), 17 * kRowChunkBytes);
 }
 
 }  // namespace
