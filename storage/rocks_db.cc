@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/table.h"
+#include "storage/rocks_crc32c.h"
 #include "storage/rocks_keys.h"
 
 namespace kvmem {
@@ -164,6 +165,9 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
                                          &handles, &raw)
           : rocksdb::DB::Open(db_options, options.path, cfs, &handles, &raw);
   if (!s.ok()) return s;
+  // The DB's LOG says whose CRC32C its checksums ran (rocks_crc32c.h).
+  rocksdb::Log(rocksdb::InfoLogLevel::INFO_LEVEL, db_options.info_log,
+               "kvmem: RocksDB's CRC32C runs %s", RocksCrc32cKernel().c_str());
   out->db.reset(raw);
   out->handles = std::move(handles);
   out->read_only = read_only;

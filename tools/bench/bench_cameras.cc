@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cpp/kvmem_client.h"
 #include "storage/rocks_cold_store.h"
+#include "storage/rocks_crc32c.h"
 #include "tools/bench/bench.h"
 #include "tools/bench/bench_inproc.h"
 #include "tools/bench/bench_util.h"
@@ -388,6 +389,7 @@ absl::StatusOr<CamerasReport> RunCamerasBench(const CamerasOptions& o) {
   }
   CamerasReport r;
   r.cpu = CpuModel();
+  r.rocksdb_crc32c = RocksCrc32cKernel();
   r.cold_precision = o.cold_precision;
   r.query_turn = o.query_turn;
   r.held_tokens = o.held_tokens;
@@ -431,6 +433,7 @@ std::string CamerasJson(const CamerasReport& r) {
   JsonWriter w;
   w.Object(/*multiline=*/true);
   w.Key("cpu").Str(r.cpu);
+  w.Key("rocksdb_crc32c").Str(r.rocksdb_crc32c);
   w.Key("frame_bytes").UInt(r.frame_bytes);
   w.Key("cold_precision").Str(r.cold_precision);
   w.Key("query_turn").Num(r.query_turn, 3);
@@ -478,12 +481,12 @@ std::string CamerasJson(const CamerasReport& r) {
 
 std::string CamerasText(const CamerasReport& r) {
   std::string out = absl::StrFormat(
-      "cpu: %s\n"
+      "cpu: %s; RocksDB's CRC32C: %s\n"
       "camera: %.1f MiB frames at %.1f fps = %.1f MB/s; cold tier %s; query "
       "turning %.2f a frame, %s\n"
       "RocksDB puts of the same frames: %.1f MB/s = %.2f cameras (the "
       "storage's bound)\n",
-      r.cpu, r.frame_bytes / 1048576.0, r.fps, r.camera_mb_per_s,
+      r.cpu, r.rocksdb_crc32c, r.frame_bytes / 1048576.0, r.fps, r.camera_mb_per_s,
       r.cold_precision, r.query_turn,
       r.held_tokens ? "recalls name the tokens held"
                     : "every recall delivers its whole set",

@@ -98,6 +98,7 @@ struct CameraStep {
 
 struct CamerasReport {
   std::string cpu;
+  std::string rocksdb_crc32c;  // storage/rocks_crc32c.h
   std::string cold_precision;
   double query_turn = 0;
   bool held_tokens = false;
