@@ -7,7 +7,9 @@
 // ("Not supported on x86" from its IsFastCrc32Supported) and checks every
 // blob it reads at ~1.6 GB/s in software, which bounded cold reads. The
 // cold tier's layer records carry this checksum instead (storage/
-// rocks_cold_store.cc), read with RocksDB's own check off.
+// rocks_cold_store.cc), read with RocksDB's own check off. Since
+// 2026-12-06 RocksDB's own CRC32C calls run this one too
+// (storage/rocks_crc32c.h).
 #ifndef KVMEM_BASE_CRC32C_H_
 #define KVMEM_BASE_CRC32C_H_
 
