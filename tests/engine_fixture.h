@@ -4,6 +4,7 @@
 #define KVMEM_TESTS_ENGINE_FIXTURE_H_
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,11 @@ class StreamTestPeer {
     TierManager& t = h.stream_->tiers_;
     kvmem::MutexLock lock(&t.mu_);
     return t.Evict(id);
+  }
+  // Runs f while the stream's tier manager holds its moves' lock (as a
+  // promotion reading a block does).
+  static void HoldMoves(const StreamHandle& h, const std::function<void()>& f) {
+    h.stream_->tiers_.WithoutMoves(f);
   }
   // Applies recall hits as the stream's maintenance does after recalls.
   static absl::Status ApplyHits(const StreamHandle& h,

@@ -3,6 +3,8 @@
 // half-life, hotter than the warm block it would push out by the policy's
 // margin, and at most one such displacing promotion per maintenance pass.
 // Hits are applied as the stream's maintenance applies a recall's.
+#include <chrono>
+#include <future>
 #include <random>
 #include <vector>
 
@@ -121,6 +123,48 @@ TEST_F(PromotionTest, AHitBeyondTheHalfLifeIsAFirstHitAgain) {
   ASSERT_TRUE(StreamTestPeer::ApplyHits(stream, {{3, 9 + 101}}).ok());
   EXPECT_EQ(Warm(), (std::vector<uint64_t>{8, 9}));
   EXPECT_EQ(Moves().promotions_declined, 2u);
+}
+
+// An append that seals no block changes nothing the budgets count, so it
+// does not wait for a tier move (a promotion holds the moves' lock while it
+// reads a block); an append that seals one still enforces the budgets.
+TEST(TierMovesTest, AnAppendThatSealsNothingDoesNotWaitForAMove) {
+  testing::TempDir dir;
+  TestGeometry g;
+  auto engine = OpenTestEngine(dir.path());
+  const uint32_t tokens = 4;
+  StreamConfig c = TestConfig(g, tokens, 4);  // 4-frame blocks.
+  const uint64_t block =
+      WarmBlock::AllocatedBytes(WithDefaults(c).geometry, 4 * tokens);
+  c.tiers.warm_budget_bytes = block;  // One warm block.
+  ASSERT_TRUE(engine->OpenStream("s", c).ok());
+  StreamModel m(g, 4, tokens, {2, 0});
+  std::mt19937_64 rng(9);
+  for (uint64_t f = 0; f < 5; ++f) {  // Block 0 sealed, frame 4 open.
+    ASSERT_TRUE(engine->Append("s", ToFrame(m.AddFrame(rng, tokens), f)).ok());
+  }
+  const StreamHandle stream = *engine->Find("s");
+  // The future outlives the held lock: a failure here must not wait for
+  // the append it failed on while holding what that append waits for.
+  std::future<absl::StatusOr<AppendResult>> appended;
+  bool waited = false;
+  StreamTestPeer::HoldMoves(stream, [&] {
+    appended = std::async(std::launch::async, [&] {
+      return engine->Append("s", ToFrame(m.AddFrame(rng, tokens), 5));
+    });
+    waited = appended.wait_for(std::chrono::seconds(20)) !=
+             std::future_status::ready;
+  });
+  EXPECT_FALSE(waited)
+      << "a frame that seals nothing waited for the tier manager's moves";
+  EXPECT_TRUE(appended.get().ok());
+  // Frames 6 and 7: block 1 sealed, block 0 demoted to stay in budget.
+  for (uint64_t f = 6; f < 8; ++f) {
+    ASSERT_TRUE(engine->Append("s", ToFrame(m.AddFrame(rng, tokens), f)).ok());
+  }
+  EXPECT_EQ(stream.GetBlock(0)->tier, Tier::kCold);
+  EXPECT_EQ(stream.GetBlock(1)->tier, Tier::kWarm);
+  EXPECT_LE(engine->GetStats("s")->warm.bytes, block);
 }
 
 }  // namespace
