@@ -88,7 +88,13 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(const uint8_t* p,
   return ~c32;
 }
 
-bool HasSse42() { return __builtin_cpu_supports("sse4.2"); }
+// __builtin_cpu_init first: RocksDB's calls reach Crc32c too
+// (storage/rocks_crc32c.h), possibly from a library's static constructors,
+// which run before libgcc's CPU model is filled in for the program.
+bool HasSse42() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2");
+}
 
 }  // namespace
 
