@@ -39,11 +39,13 @@ RowChunks::Chunk RowChunks::NewChunk() const {
 std::vector<RowChunks::Chunk> RowChunks::MakeRoom(size_t rows) const {
   std::vector<Chunk> out;
   const size_t want = (rows + mask_) >> shift_;
-  const size_t bytes = (size_t{dim_} << shift_) * sizeof(float);
   for (size_t c = chunks_.size(); c < want; ++c) {
     Chunk chunk = NewChunk();
     if (chunk == nullptr) return {};
-    FaultInBytes(chunk.get(), bytes);
+    // Only the rows asked for: a small index's one chunk stays mostly
+    // untouched (no RSS) until rows come.
+    const size_t used = std::min(rows - (c << shift_), mask_ + 1);
+    FaultInBytes(chunk.get(), used * size_t{dim_} * sizeof(float));
     out.push_back(std::move(chunk));
   }
   return out;

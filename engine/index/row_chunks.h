@@ -49,9 +49,9 @@ class RowChunks {
   // RAM the chunks hold.
   uint64_t bytes() const;
 
-  // New chunks, pages faulted in, that bring the room to `rows` rows;
-  // empty when the room is there (or an allocation failed: Reserve then
-  // allocates as it goes).
+  // New chunks that bring the room to `rows` rows, the pages of the rows
+  // up to `rows` faulted in; empty when the room is there (or an
+  // allocation failed: Reserve then allocates as it goes).
   std::vector<Chunk> MakeRoom(size_t rows) const;
   // Faults in the pages of rows [from, from + n) that the chunks hold (no
   // row is written: readers of the others go on).
