@@ -32,8 +32,8 @@ RowChunks::Chunk RowChunks::NewChunk() const {
   const size_t bytes = (size_t{dim_} << shift_) * sizeof(float);
   // 64-byte rows for the kernels' loads (bytes is a multiple of 64 from
   // dim 16; aligned_alloc wants a multiple of the alignment).
-  return Chunk(static_cast<float*>(
-      std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+  return Chunk(
+      static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
 }
 
 std::vector<RowChunks::Chunk> RowChunks::MakeRoom(size_t rows) const {

@@ -486,8 +486,8 @@ std::string CamerasText(const CamerasReport& r) {
       "turning %.2f a frame, %s\n"
       "RocksDB puts of the same frames: %.1f MB/s = %.2f cameras (the "
       "storage's bound)\n",
-      r.cpu, r.rocksdb_crc32c, r.frame_bytes / 1048576.0, r.fps, r.camera_mb_per_s,
-      r.cold_precision, r.query_turn,
+      r.cpu, r.rocksdb_crc32c, r.frame_bytes / 1048576.0, r.fps,
+      r.camera_mb_per_s, r.cold_precision, r.query_turn,
       r.held_tokens ? "recalls name the tokens held"
                     : "every recall delivers its whole set",
       r.storage_put_mb_per_s, r.storage_bound_cameras);
