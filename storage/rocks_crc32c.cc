@@ -28,7 +28,7 @@ namespace kvmem {
 std::string RocksCrc32cKernel() {
   // The definition the dynamic linker finds first in the global scope is
   // the one librocksdb's PLT slots are bound to.
-  void* bound = dlsym(RTLD_DEFAULT, "_ZN7rocksdb6crc32c6ExtendEjPKcm");
+  void* bound = dlsym(RTLD_DEFAULT, kRocksCrc32cExtendSymbol);
   if (bound != reinterpret_cast<void*>(&rocksdb::crc32c::Extend)) {
     return "rocksdb";
   }

@@ -21,6 +21,11 @@
 
 namespace kvmem {
 
+// rocksdb::crc32c::Extend(uint32_t, const char*, size_t), mangled: the
+// name the dynamic linker binds librocksdb's calls by.
+inline constexpr char kRocksCrc32cExtendSymbol[] =
+    "_ZN7rocksdb6crc32c6ExtendEjPKcm";
+
 // Whose CRC32C RocksDB's calls run here: "kvmem-sse4.2" or "kvmem-scalar"
 // when the program's rocksdb::crc32c::Extend is the one the dynamic linker
 // binds (kvmem's, on the kernel Crc32cKernel names), "rocksdb" when

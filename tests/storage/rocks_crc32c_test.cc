@@ -24,13 +24,12 @@ namespace kvmem {
 namespace {
 
 using ExtendFn = uint32_t (*)(uint32_t, const char*, size_t);
-constexpr char kExtend[] = "_ZN7rocksdb6crc32c6ExtendEjPKcm";
 
 TEST(RocksCrc32cTest, RocksDbsCallsReachKvmemsCrc32c) {
   // The definition the global lookup finds (the one librocksdb's PLT slots
   // bind to) is this program's.
   EXPECT_EQ(RocksCrc32cKernel(), std::string("kvmem-") + Crc32cKernel());
-  EXPECT_EQ(dlsym(RTLD_DEFAULT, kExtend),
+  EXPECT_EQ(dlsym(RTLD_DEFAULT, kRocksCrc32cExtendSymbol),
             reinterpret_cast<void*>(&rocksdb::crc32c::Extend));
   // A store opens with it (its manifest and WAL records checked); every
   // other RocksDB test of this binary writes and reads through it too.
@@ -43,7 +42,8 @@ TEST(RocksCrc32cTest, RocksDbsCallsReachKvmemsCrc32c) {
 
 TEST(RocksCrc32cTest, EqualsLibrocksdbsOwnDefinition) {
   // librocksdb's own Extend: the next definition after this program's.
-  auto own = reinterpret_cast<ExtendFn>(dlsym(RTLD_NEXT, kExtend));
+  auto own =
+      reinterpret_cast<ExtendFn>(dlsym(RTLD_NEXT, kRocksCrc32cExtendSymbol));
   ASSERT_NE(own, nullptr) << dlerror();
   ASSERT_NE(reinterpret_cast<void*>(own),
             reinterpret_cast<void*>(&rocksdb::crc32c::Extend));
