@@ -75,6 +75,7 @@ StreamEnv MemoryEngine::Env() {
   env.global_warm_budget = options_.global_warm_budget_bytes;
   env.demote_keeps_frames = options_.demote_keeps_frames;
   env.frame_parts = options_.frame_parts;
+  env.seal_after_ack = options_.seal_after_ack;
   env.frame_part_tokens = options_.frame_part_tokens;
   env.accel = accel_.get();
   env.warn = options_.warn;

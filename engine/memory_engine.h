@@ -161,6 +161,17 @@ struct EngineOptions {
   // Tokens per part when above 0 (tests, tuning); 0: FramePartTokens of
   // the stream's geometry.
   uint32_t frame_part_tokens = 0;
+  // An append that fills its block returns once the frame is durable; the
+  // seal (summaries, token groups and codes, the record, the warm copy)
+  // follows on the background executor, or at the start of the stream's
+  // next append or Close if that comes first. A block is recallable once
+  // sealed, so until then its tokens are neither in the index nor in the
+  // window's tokens a recall would skip (with the default hot window, a
+  // block is inside the window for several blocks after its seal).
+  // false: the append seals (its ack waits for it). kvmem-server's default
+  // is true (--seal_after_ack): at 7B a seal is ~100-200 ms of CPU, which a
+  // camera's append and the recall behind it on its Session waited for.
+  bool seal_after_ack = false;
 };
 
 // The threads a recall uses for EngineOptions::recall_threads = `option`

@@ -24,7 +24,9 @@ void MemoryEngine::Install(const std::string& id, uint64_t want,
     quarantined_acks_[id] = want;
     return;
   }
-  streams_[id] = *std::move(stream);
+  std::shared_ptr<Stream>& s = streams_[id] = *std::move(stream);
+  // A block its last server filled but had not sealed yet (seal_after_ack).
+  s->ScheduleSeal();
 }
 
 absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Held(

@@ -139,6 +139,8 @@ struct BlockInfo {
 
 struct AppendResult {
   int64_t last_durable_frame = -1;
+  // This frame completed a block (EngineOptions::seal_after_ack: its
+  // seal may follow the append) or its shot cut sealed the one before.
   bool sealed_block = false;
 };
 

@@ -39,6 +39,10 @@ class StreamTestPeer {
   static void HoldMoves(const StreamHandle& h, const std::function<void()>& f) {
     h.stream_->tiers_.WithoutMoves(f);
   }
+  // Queues f on the engine's background executor, behind what is queued.
+  static void SubmitBackground(const StreamHandle& h, std::function<void()> f) {
+    h.stream_->env_.background->Submit(std::move(f));
+  }
   // Applies recall hits as the stream's maintenance does after recalls.
   static absl::Status ApplyHits(const StreamHandle& h,
                                 const std::vector<RecallHit>& hits) {

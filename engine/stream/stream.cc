@@ -120,6 +120,7 @@ absl::StatusOr<std::vector<BlockRecord>> Stream::LoadRecords(
 
 absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
   open_.Reset();
+  open_stale_ = true;  // Until every frame is back.
   std::optional<FrameSignals> latest;
   for (uint64_t f = state.open_block_first_frame;
        f < state.open_block_first_frame + state.open_block_frames; ++f) {
@@ -143,10 +144,15 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
     latest = std::move(frame.signals);
   }
   if (latest) tiers_.NoteSignals(*std::move(latest));
+  open_stale_ = false;
   OpenMean open = OpenBlockMean();
   kvmem::MutexLock lock(&view_.mu());
   view_.PublishOpenMean(std::move(open));
   return absl::OkStatus();
+}
+
+absl::Status Stream::FreshOpenBlock(const StreamState& state) {
+  return open_stale_ ? ReplayOpenBlock(state) : absl::OkStatus();
 }
 
 void Stream::ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const {
@@ -258,6 +264,7 @@ absl::Status Stream::Close() {
     if (view_.state().closed) return absl::OkStatus();
     next = view_.state();
   }
+  KVMEM_RETURN_IF_ERROR(FreshOpenBlock(next));
   StreamWrite write;
   write.stream_id = id_;
   std::vector<BlockEntry> sealed;

@@ -6,7 +6,11 @@
 // its semantic signals (tracks, boxes, scene), and a warm copy in RAM in
 // layer-major, DMA-aligned form. Every frame and every tier move is one
 // atomic ColdStore commit, so a restart recovers exactly what was
-// acknowledged. The parts, each with its own header, lock and tests:
+// acknowledged. With EngineOptions::seal_after_ack the seal of a block an
+// append filled is a commit of its own after that append's, on the
+// background executor (or at the start of the next append or Close); a
+// restart between the two finds a full open block and seals it. The parts, each
+// with its own header, lock and tests:
 //   RecallView    (engine/view/)    what recall, reads and stats see;
 //   RecallScorer  (engine/recall/)  how recall scores, chosen by name;
 //   RecallFeedback (engine/recall/) hits, counts and latencies of recalls;
@@ -43,6 +47,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "base/executor.h"
+#include "base/status_macros.h"
 #include "base/sync.h"
 #include "engine/accel/accel_ledger.h"
 #include "engine/accel/accelerator.h"
@@ -70,6 +75,8 @@ struct StreamEnv {
   // EngineOptions::frame_parts (for streams created).
   bool frame_parts = false;
   uint32_t frame_part_tokens = 0;  // EngineOptions::frame_part_tokens.
+  // EngineOptions::seal_after_ack (needs background).
+  bool seal_after_ack = false;
   // The retrieval backend searches and staging go through; null: the
   // shared cpu backend.
   Accelerator* accel = nullptr;
@@ -114,30 +121,35 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // What StreamHandle (engine/memory_engine.h) lends: stats, block
   // metadata, payload reads and the bytes quotas count, documented there.
   StreamStats Stats() const;
-  absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) const {
+  absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) {
+    KVMEM_RETURN_IF_ERROR(SealBeforeRead(block_id));
     return reader_.GetBlock(block_id);
   }
   absl::StatusOr<std::vector<PayloadPiece>> ReadBlockPayload(
       uint64_t block_id, PayloadLayout layout,
-      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const {
+      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) {
+    KVMEM_RETURN_IF_ERROR(SealBeforeRead(block_id));
     return reader_.ReadBlockPayload(block_id, layout, layers, info);
   }
   absl::StatusOr<uint64_t> ReadBlockPayloadInto(
       uint64_t block_id, PayloadLayout layout,
       const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
-      BlockInfo* info = nullptr) const {
+      BlockInfo* info = nullptr) {
+    KVMEM_RETURN_IF_ERROR(SealBeforeRead(block_id));
     return reader_.ReadBlockPayloadInto(block_id, layout, layers, dst, capacity,
                                         info);
   }
   absl::StatusOr<std::vector<PayloadPiece>> ReadBlockTokens(
       uint64_t block_id, const std::vector<uint32_t>& tokens,
-      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) const {
+      const std::vector<uint32_t>& layers, BlockInfo* info = nullptr) {
+    KVMEM_RETURN_IF_ERROR(SealBeforeRead(block_id));
     return reader_.ReadBlockTokens(block_id, tokens, layers, info);
   }
   absl::StatusOr<uint64_t> ReadBlockTokensInto(
       uint64_t block_id, const std::vector<uint32_t>& tokens,
       const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
-      BlockInfo* info = nullptr) const {
+      BlockInfo* info = nullptr) {
+    KVMEM_RETURN_IF_ERROR(SealBeforeRead(block_id));
     return reader_.ReadBlockTokensInto(block_id, tokens, layers, dst, capacity,
                                        info);
   }
@@ -195,9 +207,27 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // After a commit: budgets, staging and rebuilds.
   absl::Status AfterCommit(uint64_t frame_index, size_t sealed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Whether the open block of `state` is full and waits for its seal
+  // (EngineOptions::seal_after_ack).
+  bool SealPending(const StreamState& state) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Seals a full open block in a commit of its own (the background task
+  // ScheduleSeal queues; recovery too); nothing when none is pending.
+  absl::Status SealPendingBlock() ABSL_LOCKS_EXCLUDED(append_mu_);
+  void ScheduleSeal();
+  // A read of block_id, the block an acknowledged frame completed, finds it
+  // sealed: its seal runs now if it has not run yet (the seal's error if it
+  // fails). Nothing for any other block.
+  absl::Status SealBeforeRead(uint64_t block_id)
+      ABSL_LOCKS_EXCLUDED(append_mu_);
   // Loads the unsealed block of `state` from the store into the open block
   // (recovery, and after a failed commit).
   absl::Status ReplayOpenBlock(const StreamState& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // Replays the open block when a failed replay left it stale (a store
+  // that could not be read after a failed commit): what uses the open
+  // block must see every frame the state says it holds.
+  absl::Status FreshOpenBlock(const StreamState& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // The open block's mean key and tokens, when the scorer asks for them.
   OpenMean OpenBlockMean() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
@@ -222,6 +252,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   kvmem::Mutex append_mu_;
   OpenBlock open_ ABSL_GUARDED_BY(append_mu_);
+  // open_ lacks frames the state says it holds (see FreshOpenBlock).
+  bool open_stale_ ABSL_GUARDED_BY(append_mu_) = false;
 
   RecallView view_;
   BlockReader reader_;

@@ -153,16 +153,24 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   }
   KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
   KVMEM_RETURN_IF_ERROR(TakeSceneDim(frame, &next));
+  KVMEM_RETURN_IF_ERROR(FreshOpenBlock(next));
+  // Work on copies of the open block's state, applied only once committed.
+  StreamWrite write;
+  write.stream_id = id_;
+  std::vector<BlockEntry> sealed;
+  // A full block whose seal has not run yet is sealed first, in this commit
+  // (the frame that filled it reported it).
+  const bool pending = SealPending(next);
+  if (pending) {
+    sealed.push_back(
+        SealOpenBlock(&next, &write, static_cast<uint64_t>(next.last_frame)));
+    open_.Reset();  // Replayed from the store if the commit fails.
+  }
   const std::vector<float> signature =
       open_.shot_mode() ? open_.Signature(frame) : std::vector<float>();
   const Segmenter::Cut cut =
       open_.CutBefore(signature, frame.token_count, next.open_block_frames,
                       next.open_block_tokens);
-
-  // Work on copies of the open block's state, applied only once committed.
-  StreamWrite write;
-  write.stream_id = id_;
-  std::vector<BlockEntry> sealed;
   if (cut != Segmenter::Cut::kNone) {
     sealed.push_back(SealOpenBlock(&next, &write, frame.index));
     open_.Reset();  // Replayed from the store if the commit fails.
@@ -181,7 +189,10 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   next.payload_bytes += frame.payload.size();
 
   open_.Add(&frame, signature);
-  const bool full = open_.FullAfter(next.open_block_frames);
+  // With seal_after_ack a full block is sealed after this append's commit.
+  const bool defer = env_.seal_after_ack && env_.background != nullptr;
+  const bool filled = open_.FullAfter(next.open_block_frames);
+  const bool full = filled && !defer;
   if (full) sealed.push_back(SealOpenBlock(&next, &write, frame.index));
 
   if (const uint32_t part = view_.frame_part_tokens(); part > 0) {
@@ -204,8 +215,62 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   const size_t sealed_blocks = sealed.size();
   InstallCommitted(next, std::move(sealed), cut == Segmenter::Cut::kShot);
   tiers_.NoteSignals(std::move(frame.signals));
+  if (filled && defer) ScheduleSeal();
   KVMEM_RETURN_IF_ERROR(AfterCommit(frame.index, sealed_blocks));
-  return AppendResult{next.last_frame, sealed_blocks > 0};
+  // Whether this frame completed a block (sealed now or soon), or cut one.
+  return AppendResult{next.last_frame,
+                      sealed_blocks > (pending ? 1u : 0u) || filled};
+}
+
+bool Stream::SealPending(const StreamState& state) const {
+  return state.open_block_frames > 0 && !state.closed &&
+         open_.FullAfter(state.open_block_frames);
+}
+
+void Stream::ScheduleSeal() {
+  if (env_.background == nullptr) return;  // The next append or Close seals.
+  std::weak_ptr<Stream> weak = weak_from_this();
+  env_.background->Submit([weak] {
+    if (auto s = weak.lock()) s->SealPendingBlock().IgnoreError();
+  });
+}
+
+absl::Status Stream::SealBeforeRead(uint64_t block_id) {
+  {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    const StreamState& s = view_.state();
+    if (block_id != s.next_block_id || s.closed ||
+        config_.segment_mode == SegmentMode::kShot ||
+        s.open_block_frames < config_.frames_per_block) {
+      return absl::OkStatus();
+    }
+  }
+  return SealPendingBlock();
+}
+
+absl::Status Stream::SealPendingBlock() {
+  kvmem::MutexLock append_lock(&append_mu_);
+  StreamState next;
+  {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    if (view_.deleted()) return view_.DeletedError();
+    next = view_.state();
+  }
+  // Sealed already (by the next append, or Close), or nothing to seal.
+  if (!SealPending(next)) return absl::OkStatus();
+  KVMEM_RETURN_IF_ERROR(FreshOpenBlock(next));
+  const auto last = static_cast<uint64_t>(next.last_frame);
+  StreamWrite write;
+  write.stream_id = id_;
+  std::vector<BlockEntry> sealed;
+  sealed.push_back(SealOpenBlock(&next, &write, last));
+  write.state = EncodeState(next);
+  if (absl::Status committed = env_.store->Commit(write); !committed.ok()) {
+    return AfterFailedCommit(committed);
+  }
+  open_.Reset();
+  InstallCommitted(next, std::move(sealed), /*shot_cut=*/false);
+  return AfterCommit(last, 1);
 }
 
 absl::Status Stream::TakeSceneDim(const Frame& frame, StreamState* next) const {
