@@ -177,6 +177,11 @@ ABSL_FLAG(bool, frame_parts, true,
           "part per token at 7B), so a cold read of a few tokens reads "
           "their parts, not whole frames; a stream keeps the form it was "
           "created with.");
+ABSL_FLAG(bool, seal_after_ack, true,
+          "An append that fills its block is acknowledged once the frame is "
+          "durable; the block's seal (summaries, token codes, its record) "
+          "follows in the background, or at the stream's next append. "
+          "false: the append seals before its ack.");
 ABSL_FLAG(int32_t, recall_threads, 1,
           "Threads one recall may use for its scan and token scoring: the "
           "calling thread plus helpers shared by all recalls (1: the caller "
@@ -285,6 +290,7 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   }
   o.engine.recall_threads = recall_threads;
   o.engine.frame_parts = absl::GetFlag(FLAGS_frame_parts);
+  o.engine.seal_after_ack = absl::GetFlag(FLAGS_seal_after_ack);
   KVMEM_ASSIGN_OR_RETURN(o.api_keys, ApiKeysFromFlags());
   o.limits.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
   o.limits.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
