@@ -245,11 +245,31 @@ class MetricsCollector final : public prometheus::Collectable {
       AddValue(&gy, {{"tier", kTiers[t].name}}, global.bytes[t]);
     }
     for (MetricFamily* f : {&sb, &sy, &gb, &gy}) out.push_back(std::move(*f));
+    out.push_back(MetadataBytes(streams));
     return out;
   }
 
  private:
   static constexpr const char* kOther = "~other";
+
+  // What no RAM flag bounds: it grows with the blocks streams keep.
+  static MetricFamily MetadataBytes(const std::vector<StreamStats>& streams) {
+    double summaries = 0, codes = 0, indexes = 0;
+    for (const StreamStats& s : streams) {
+      summaries += static_cast<double>(s.summary_bytes);
+      codes += static_cast<double>(s.token_code_bytes);
+      indexes += static_cast<double>(s.index_bytes);
+    }
+    MetricFamily meta = Family(
+        "kvmem_metadata_bytes",
+        "RAM the streams' sealed blocks hold for recall, by kind: summaries "
+        "(and token groups), token codes, index rows. Freed by eviction.",
+        MetricType::Gauge);
+    AddValue(&meta, {{"kind", "summaries"}}, summaries);
+    AddValue(&meta, {{"kind", "token_codes"}}, codes);
+    AddValue(&meta, {{"kind", "indexes"}}, indexes);
+    return meta;
+  }
 
   static std::string SeriesKey(int counter, const std::string& label) {
     return std::to_string(counter) + "/" + label;

@@ -808,6 +808,8 @@ def metric_labels(name):
         labels.add("tier")
     if name == "kvmem_streams":
         labels.add("state")
+    if name == "kvmem_metadata_bytes":
+        labels.add("kind")
     if name == "kvmem_recall_latency_seconds" or name.startswith("kvmem_rpc_"):
         labels.add("method")
     if name == "kvmem_rpc_errors_total":
