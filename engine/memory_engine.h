@@ -164,10 +164,11 @@ struct EngineOptions {
   // An append that fills its block returns once the frame is durable; the
   // seal (summaries, token groups and codes, the record, the warm copy)
   // follows on the background executor, or at the start of the stream's
-  // next append or Close if that comes first. A block is recallable once
-  // sealed, so until then its tokens are neither in the index nor in the
-  // window's tokens a recall would skip (with the default hot window, a
-  // block is inside the window for several blocks after its seal).
+  // next append, Close, a read of the block or a recall whose answer
+  // depends on it if that comes first (Stream::SealBeforeRecall): answers
+  // are those of a sealing append. A front end that sends window_lse, with
+  // the block inside its window (the default window holds several blocks),
+  // does not wait for the seal.
   // false: the append seals (its ack waits for it). kvmem-server's default
   // is true (--seal_after_ack): at 7B a seal is ~100-200 ms of CPU, which a
   // camera's append and the recall behind it on its Session waited for.

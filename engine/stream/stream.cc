@@ -319,6 +319,9 @@ void Stream::MarkGone(absl::Status why) {
 
 absl::StatusOr<RecallResult> Stream::Recall(const RecallQuery& q) {
   const auto t0 = SteadyClock::now();
+  // A seal the store refuses (a full disk) leaves the block open: the
+  // recall still answers, from the blocks sealed so far.
+  SealBeforeRecall(q).IgnoreError();
   uint64_t now_frame = 0;
   KVMEM_ASSIGN_OR_RETURN(RecallResult result,
                          AnswerRecall(view_, *scorer_, accel(), q, &now_frame,

@@ -121,6 +121,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // What StreamHandle (engine/memory_engine.h) lends: stats, block
   // metadata, payload reads and the bytes quotas count, documented there.
   StreamStats Stats() const;
+  // Seals a block an acknowledged frame completed if its seal has not run
+  // yet (EngineOptions::seal_after_ack); nothing otherwise.
+  absl::Status SealIfPending() ABSL_LOCKS_EXCLUDED(append_mu_);
   absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) {
     KVMEM_RETURN_IF_ERROR(SealBeforeRead(block_id));
     return reader_.GetBlock(block_id);
@@ -220,6 +223,18 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // fails). Nothing for any other block.
   absl::Status SealBeforeRead(uint64_t block_id)
       ABSL_LOCKS_EXCLUDED(append_mu_);
+  // A recall answers as if the block were sealed at once: its seal runs
+  // first when the answer depends on it, i.e. when some of its tokens lie
+  // before the query's window (candidates) or when kvmem estimates the
+  // window itself (no window_lse: the estimate counts a sealed block by its
+  // groups, the open block by its mean). A front end that sends window_lse
+  // with the block inside its window does not wait for the seal. Recall
+  // answers even when the seal fails (a store that refuses writes).
+  absl::Status SealBeforeRecall(const RecallQuery& q)
+      ABSL_LOCKS_EXCLUDED(append_mu_);
+  // Whether state's open block is full and waits for its seal (fixed
+  // blocks only); under the view's lock.
+  bool SealIsPending(const StreamState& s) const;
   // Loads the unsealed block of `state` from the store into the open block
   // (recovery, and after a failed commit).
   absl::Status ReplayOpenBlock(const StreamState& state)

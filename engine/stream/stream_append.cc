@@ -235,15 +235,43 @@ void Stream::ScheduleSeal() {
   });
 }
 
+bool Stream::SealIsPending(const StreamState& s) const {
+  return !s.closed && config_.segment_mode != SegmentMode::kShot &&
+         s.open_block_frames >= config_.frames_per_block;
+}
+
 absl::Status Stream::SealBeforeRead(uint64_t block_id) {
   {
     kvmem::ReaderMutexLock lock(&view_.mu());
     const StreamState& s = view_.state();
-    if (block_id != s.next_block_id || s.closed ||
-        config_.segment_mode == SegmentMode::kShot ||
-        s.open_block_frames < config_.frames_per_block) {
+    if (block_id != s.next_block_id || !SealIsPending(s)) {
       return absl::OkStatus();
     }
+  }
+  return SealPendingBlock();
+}
+
+absl::Status Stream::SealIfPending() {
+  {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    if (!SealIsPending(view_.state())) return absl::OkStatus();
+  }
+  return SealPendingBlock();
+}
+
+absl::Status Stream::SealBeforeRecall(const RecallQuery& q) {
+  {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    const StreamState& s = view_.state();
+    if (!SealIsPending(s)) return absl::OkStatus();
+    // The window's end as the recall takes it (engine/recall/recaller.cc).
+    const uint64_t window_end = q.current_token_position == 0
+                                    ? s.next_token_position
+                                    : q.current_token_position + 1;
+    const bool candidates =
+        s.open_block_first_position < view_.WindowStart(window_end);
+    const bool estimated = q.window_lse.empty() && scorer_->wants_open_mean();
+    if (!candidates && !estimated) return absl::OkStatus();
   }
   return SealPendingBlock();
 }

@@ -191,6 +191,8 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam,
       std::max<size_t>(1, stats.config().index_policy().indexed_layers_size()) *
       o.kv_heads * o.head_dim;
   const v1::PolicyStats moves0 = stats.policy();
+  const float window_lse =
+      std::log(static_cast<float>(std::max<uint32_t>(1, o.hot_window_tokens)));
   std::mt19937_64 rng(o.seed * 7919 + cam);
   std::normal_distribution<float> normal(0, 1);
   const double period_ms = 1e3 / o.fps;
@@ -222,6 +224,13 @@ void RunCamera(const CamerasOptions& o, KvmemClient* client, int cam,
     v1::RecallRequest req;
     for (float& x : query) x = keep * x + turn * normal(rng);
     req.mutable_query()->Assign(query.begin(), query.end());
+    // The window's log-sum-exp per head, as the README's front end sends it
+    // (it holds the window's keys; here uniform attention over the window
+    // stands in: kvmem only reads it). Without it kvmem estimates the window
+    // and a recall racing a pending seal waits for it (Stream::
+    // SealBeforeRecall).
+    req.mutable_window_lse()->Resize(static_cast<int>(dim / o.head_dim),
+                                     window_lse);
     req.mutable_budget()->set_max_tokens(o.recall_max_tokens);
     req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
     req.mutable_delivery()->set_layout(v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR);

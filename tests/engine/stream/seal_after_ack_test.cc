@@ -48,6 +48,9 @@ struct Answers {
   std::vector<std::string> blocks;
 };
 
+// The stream's stats as they stand (GetStats seals a pending block first).
+StreamStats Peek(MemoryEngine* e) { return e->Find("s")->Stats(); }
+
 // Block b's frame-major bytes, read through the stream's handle.
 std::string ReadBlock(MemoryEngine* e, uint64_t b) {
   absl::StatusOr<std::vector<PayloadPiece>> p =
@@ -73,7 +76,7 @@ Answers Collect(MemoryEngine* e, const std::vector<std::vector<float>>& qs) {
       a.sets.back().emplace_back(b.block.id, b.token_offsets);
     }
   }
-  const uint64_t sealed = e->GetStats("s")->sealed_blocks;
+  const uint64_t sealed = Peek(e).sealed_blocks;
   for (uint64_t b = 0; b < sealed; ++b) a.blocks.push_back(ReadBlock(e, b));
   return a;
 }
@@ -138,13 +141,13 @@ TEST_F(SealAfterAckTest, TheFillingAppendIsAcknowledgedBeforeItsSeal) {
     EXPECT_EQ(r->sealed_block, f == 3) << "frame " << f;
   }
   // Durable and acknowledged, not sealed: the seal waits for the worker.
-  StreamStats st = *e->GetStats("s");
+  StreamStats st = Peek(e.get());
   EXPECT_EQ(st.last_durable_frame, 3);
   EXPECT_EQ(st.sealed_blocks, 0u);
   EXPECT_EQ(st.open_block_frames, 4u);
   release->Notify();
   e->WaitForBackground();
-  st = *e->GetStats("s");
+  st = Peek(e.get());
   EXPECT_EQ(st.sealed_blocks, 1u);
   EXPECT_EQ(st.open_block_frames, 0u);
   EXPECT_GT(st.token_code_bytes, 0u);  // Sealed as the append seals.
@@ -161,13 +164,13 @@ TEST_F(SealAfterAckTest, TheNextAppendSealsAPendingBlockFirst) {
   absl::StatusOr<AppendResult> r = Append(e.get(), 4);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->sealed_block);  // Frame 3 completed it and said so.
-  StreamStats st = *e->GetStats("s");
+  StreamStats st = Peek(e.get());
   EXPECT_EQ(st.sealed_blocks, 1u);
   EXPECT_EQ(st.open_block_frames, 1u);
   // The queued seal finds nothing left to seal.
   release->Notify();
   e->WaitForBackground();
-  EXPECT_EQ(e->GetStats("s")->sealed_blocks, 1u);
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
   ExpectAnswersOfASealingEngine(e.get(), 5);
 }
 
@@ -179,15 +182,80 @@ TEST_F(SealAfterAckTest, AReadOfTheCompletedBlockFindsItSealed) {
   ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
   std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
   for (uint64_t f = 0; f < 4; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
-  ASSERT_EQ(e->GetStats("s")->sealed_blocks, 0u);
+  ASSERT_EQ(Peek(e.get()).sealed_blocks, 0u);
   EXPECT_EQ(ReadBlock(e.get(), 0), model_.BlockBytes(0));
-  EXPECT_EQ(e->GetStats("s")->sealed_blocks, 1u);
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
   // Block 1 has no acknowledged frame yet: NOT_FOUND, as before.
   EXPECT_EQ(e->Find("s")->GetBlock(1).status().code(),
             absl::StatusCode::kNotFound);
   release->Notify();
   e->WaitForBackground();
-  EXPECT_EQ(e->GetStats("s")->sealed_blocks, 1u);
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
+}
+
+// GetStats right after the ack shows the block the ack reported, sealed
+// (a client reads its stats after its appends, as the Python test does).
+TEST_F(SealAfterAckTest, StatsShowTheBlockAnAckCompleted) {
+  testing::TempDir dir;
+  auto e = OpenTestEngine(dir.path(), Deferred());
+  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
+  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
+  for (uint64_t f = 0; f < 4; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  ASSERT_EQ(Peek(e.get()).sealed_blocks, 0u);
+  const StreamStats st = *e->GetStats("s");
+  EXPECT_EQ(st.sealed_blocks, 1u);
+  EXPECT_EQ(st.open_block_frames, 0u);
+  release->Notify();
+  e->WaitForBackground();
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
+}
+
+// A recall while the worker still holds the seal answers as the sealing
+// engine does: kvmem estimates the window itself (no window_lse), and the
+// pending block has tokens before the 2-frame window.
+TEST_F(SealAfterAckTest, ARecallAnswersAsIfTheBlockWereSealed) {
+  testing::TempDir dir;
+  auto e = OpenTestEngine(dir.path(), Deferred());
+  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
+  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
+  for (uint64_t f = 0; f < 8; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  ASSERT_EQ(Peek(e.get()).sealed_blocks, 1u);  // Block 1 waits.
+  const Answers got = Collect(e.get(), queries_);
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 2u);  // The recall sealed it.
+  const Answers want = Reference(8);
+  ASSERT_EQ(want.sets.size(), queries_.size());
+  EXPECT_FALSE(want.sets[0].empty());
+  EXPECT_EQ(got.sets, want.sets);
+  EXPECT_EQ(got.blocks, want.blocks);
+  release->Notify();
+  e->WaitForBackground();
+}
+
+// With the front end's window_lse a recall waits for the seal only when
+// the block has candidates: tokens before the window.
+TEST_F(SealAfterAckTest, ARecallWaitsForTheSealOnlyWhenTheBlockHasCandidates) {
+  for (const uint32_t window_frames : {2u, 8u}) {
+    testing::TempDir dir;
+    auto e = OpenTestEngine(dir.path(), Deferred());
+    StreamConfig c = Config(g_);
+    c.hot_window_tokens = window_frames * kTokens;
+    ASSERT_TRUE(e->OpenStream("s", c).ok());
+    std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
+    for (uint64_t f = 0; f < 8; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+    ASSERT_EQ(Peek(e.get()).sealed_blocks, 1u);
+    RecallQuery q;
+    q.query = queries_[0];
+    q.window_lse.assign(q.query.size() / g_.head_dim, 0.0f);  // [head]
+    absl::StatusOr<RecallResult> r = e->Recall("s", q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    // A 2-frame window leaves block 1 (frames 4-7) half before it; an
+    // 8-frame one holds it whole.
+    EXPECT_EQ(Peek(e.get()).sealed_blocks, window_frames == 2 ? 2u : 1u)
+        << "window of " << window_frames << " frames";
+    release->Notify();
+    e->WaitForBackground();
+    EXPECT_EQ(Peek(e.get()).sealed_blocks, 2u);
+  }
 }
 
 // A store whose commits (and, with reads_too_, frame reads) fail while
@@ -240,18 +308,41 @@ TEST_F(SealAfterAckTest, ARestartSealsTheBlockItsServerLeftFull) {
     fail->store(true);
     release->Notify();
     e->WaitForBackground();
-    const StreamStats st = *e->GetStats("s");
+    const StreamStats st = Peek(e.get());
     EXPECT_EQ(st.sealed_blocks, 1u);
     EXPECT_EQ(st.open_block_frames, 4u);
     EXPECT_EQ(st.last_durable_frame, 7);
   }
   auto e = OpenTestEngine(dir.path(), Deferred());
   e->WaitForBackground();
-  StreamStats st = *e->GetStats("s");
+  StreamStats st = Peek(e.get());
   EXPECT_EQ(st.sealed_blocks, 2u);
   EXPECT_EQ(st.open_block_frames, 0u);
   EXPECT_EQ(st.last_durable_frame, 7);
   ExpectAnswersOfASealingEngine(e.get(), 8);
+}
+
+// A store that refuses writes (a full disk) refuses the seal a recall
+// would run first; the recall still answers, from the blocks sealed so far.
+TEST_F(SealAfterAckTest, ARecallAnswersWhenTheSealIsRefused) {
+  testing::TempDir dir;
+  auto fail = std::make_shared<std::atomic<bool>>(false);
+  std::unique_ptr<MemoryEngine> e = OpenFailing(dir.path(), fail, false);
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
+  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
+  for (uint64_t f = 0; f < 8; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  fail->store(true);
+  RecallQuery q;
+  q.query = queries_[0];
+  absl::StatusOr<RecallResult> r = e->Recall("s", q);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->blocks.empty());  // Block 0.
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
+  fail->store(false);
+  release->Notify();
+  e->WaitForBackground();
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 2u);
 }
 
 // A seal whose commit failed while the store could not be read either
@@ -269,7 +360,7 @@ TEST_F(SealAfterAckTest, ASealAfterAFailedReplayHoldsEveryFrame) {
   fail->store(true);  // The seal's commit fails, and so does its replay.
   release->Notify();
   e->WaitForBackground();
-  EXPECT_EQ(e->GetStats("s")->sealed_blocks, 0u);
+  EXPECT_EQ(Peek(e.get()).sealed_blocks, 0u);
   fail->store(false);
   EXPECT_EQ(ReadBlock(e.get(), 0), model_.BlockBytes(0));
   ExpectAnswersOfASealingEngine(e.get(), 4);
