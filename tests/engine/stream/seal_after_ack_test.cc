@@ -115,6 +115,14 @@ class SealAfterAckTest : public ::testing::Test {
     EXPECT_EQ(got.blocks, want.blocks);
     EXPECT_EQ(got.sets, want.sets);
   }
+  // Opens stream "s", holds the background worker (*release lets it go)
+  // and appends frames [0, n): the seal of a block they fill waits.
+  void HeldAfter(MemoryEngine* e, uint64_t n,
+                 std::shared_ptr<absl::Notification>* release) {
+    ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
+    *release = HoldBackground(e);
+    for (uint64_t f = 0; f < n; ++f) ASSERT_TRUE(Append(e, f).ok());
+  }
   // Holds the engine's background executor until the returned
   // notification is notified.
   static std::shared_ptr<absl::Notification> HoldBackground(MemoryEngine* e) {
@@ -157,9 +165,8 @@ TEST_F(SealAfterAckTest, TheFillingAppendIsAcknowledgedBeforeItsSeal) {
 TEST_F(SealAfterAckTest, TheNextAppendSealsAPendingBlockFirst) {
   testing::TempDir dir;
   auto e = OpenTestEngine(dir.path(), Deferred());
-  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
-  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
-  for (uint64_t f = 0; f < 4; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  std::shared_ptr<absl::Notification> release;
+  ASSERT_NO_FATAL_FAILURE(HeldAfter(e.get(), 4, &release));
   // The worker is held: frame 4's append seals block 0 in its own commit.
   absl::StatusOr<AppendResult> r = Append(e.get(), 4);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -179,9 +186,8 @@ TEST_F(SealAfterAckTest, TheNextAppendSealsAPendingBlockFirst) {
 TEST_F(SealAfterAckTest, AReadOfTheCompletedBlockFindsItSealed) {
   testing::TempDir dir;
   auto e = OpenTestEngine(dir.path(), Deferred());
-  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
-  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
-  for (uint64_t f = 0; f < 4; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  std::shared_ptr<absl::Notification> release;
+  ASSERT_NO_FATAL_FAILURE(HeldAfter(e.get(), 4, &release));
   ASSERT_EQ(Peek(e.get()).sealed_blocks, 0u);
   EXPECT_EQ(ReadBlock(e.get(), 0), model_.BlockBytes(0));
   EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
@@ -198,9 +204,8 @@ TEST_F(SealAfterAckTest, AReadOfTheCompletedBlockFindsItSealed) {
 TEST_F(SealAfterAckTest, StatsShowTheBlockAnAckCompleted) {
   testing::TempDir dir;
   auto e = OpenTestEngine(dir.path(), Deferred());
-  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
-  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
-  for (uint64_t f = 0; f < 4; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  std::shared_ptr<absl::Notification> release;
+  ASSERT_NO_FATAL_FAILURE(HeldAfter(e.get(), 4, &release));
   ASSERT_EQ(Peek(e.get()).sealed_blocks, 0u);
   const StreamStats st = *e->GetStats("s");
   EXPECT_EQ(st.sealed_blocks, 1u);
@@ -216,9 +221,8 @@ TEST_F(SealAfterAckTest, StatsShowTheBlockAnAckCompleted) {
 TEST_F(SealAfterAckTest, ARecallAnswersAsIfTheBlockWereSealed) {
   testing::TempDir dir;
   auto e = OpenTestEngine(dir.path(), Deferred());
-  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
-  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
-  for (uint64_t f = 0; f < 8; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  std::shared_ptr<absl::Notification> release;
+  ASSERT_NO_FATAL_FAILURE(HeldAfter(e.get(), 8, &release));
   ASSERT_EQ(Peek(e.get()).sealed_blocks, 1u);  // Block 1 waits.
   const Answers got = Collect(e.get(), queries_);
   EXPECT_EQ(Peek(e.get()).sealed_blocks, 2u);  // The recall sealed it.
