@@ -50,10 +50,6 @@ void GiveBackKeys(std::vector<float> keys) {
   KeyBuffers().GiveBack(std::move(keys), bytes);
 }
 
-void AddSigned(const float* x, const float* sign, float* y, size_t n) {
-  for (size_t j = 0; j < n; ++j) y[j] += sign[j] * x[j];
-}
-
 // The n rows of dim floats folded to out_dim floats each (dim > out_dim): a
 // count sketch (Charikar, Chen and Farach-Colton, 2002) whose buckets keep
 // runs of coordinates together. Coordinate i of run b = i / out_dim goes,
@@ -193,9 +189,8 @@ std::vector<uint8_t> Cluster(const float* rows, const std::vector<float>& norms,
     std::fill(centres.begin(), centres.end(), 0.0f);
     for (size_t i = 0; i < n; ++i) {
       if (norms[i] <= 0) continue;
-      float* c = centres.data() + assign[i] * dim;
-      const float* u = rows + i * dim;
-      for (size_t j = 0; j < dim; ++j) c[j] += u[j] / norms[i];
+      AddDivided(rows + i * dim, norms[i], centres.data() + assign[i] * dim,
+                 dim);
     }
     for (size_t c = 0; c < k; ++c) NormalizeRow(centres.data() + c * dim, dim);
   }
@@ -211,17 +206,19 @@ TokenGroups Summaries(const std::vector<float>& keys,
   std::vector<uint32_t> count(k, 0);
   for (size_t i = 0; i < n; ++i) {
     ++count[assign[i]];
-    double* s = sums.data() + assign[i] * dim;
-    const float* x = keys.data() + i * dim;
-    for (size_t j = 0; j < dim; ++j) s[j] += x[j];
+    AddAsDouble(keys.data() + i * dim, sums.data() + assign[i] * dim, dim);
   }
   std::vector<uint8_t> dense(k, 0);
   uint8_t groups = 0;
+  for (size_t c = 0; c < k; ++c) groups += count[c] > 0;
+  out.summaries.resize(size_t{groups} * dim);
+  groups = 0;
   for (size_t c = 0; c < k; ++c) {
     if (count[c] == 0) continue;
+    float* summary = out.summaries.data() + size_t{groups} * dim;
     dense[c] = groups++;
     for (size_t j = 0; j < dim; ++j) {
-      out.summaries.push_back(static_cast<float>(sums[c * dim + j] / count[c]));
+      summary[j] = static_cast<float>(sums[c * dim + j] / count[c]);
     }
   }
   out.token_group.resize(n);

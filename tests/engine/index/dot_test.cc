@@ -5,6 +5,7 @@
 // (AVX2 + FMA or the baseline) runs for both.
 #include "engine/index/dot.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -57,6 +58,47 @@ TEST(DotTest, AxpyRowsEqualsAxpyRowByRowBitForBit) {
       EXPECT_TRUE(n == 0 ||
                   std::memcmp(y.data(), want.data(), n * sizeof(float)) == 0)
           << "n " << n << " rows " << rows;
+    }
+  }
+}
+
+// The seal's token groups (the fold, the centres, the group sums) must
+// group the tokens as the scalar loops did: each kernel's clone (the one
+// this CPU runs) gives the loop's bits at every tail, over values from
+// tiny to large.
+TEST(DotTest, SealKernelsEqualTheirScalarLoopsBitForBit) {
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> x(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exp(-30, 30);
+  for (size_t n : {0u, 1u, 7u, 8u, 9u, 31u, 33u, 100u, 2048u, 4099u}) {
+    std::vector<float> a(n), sign(n), y(n);
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = std::ldexp(x(rng), exp(rng));
+      sign[i] = (rng() & 1) != 0 ? 1.0f : -1.0f;
+      y[i] = x(rng);
+    }
+    const float d = 3.7f;
+    std::vector<float> want_signed = y, want_divided = y;
+    std::vector<double> acc(n), want_acc(n);
+    for (size_t i = 0; i < n; ++i) {
+      acc[i] = want_acc[i] = std::ldexp(double(x(rng)), exp(rng));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      want_signed[i] += sign[i] * a[i];
+      want_divided[i] += a[i] / d;
+      want_acc[i] += static_cast<double>(a[i]);
+    }
+    std::vector<float> got_signed = y, got_divided = y;
+    AddSigned(a.data(), sign.data(), got_signed.data(), n);
+    AddDivided(a.data(), d, got_divided.data(), n);
+    AddAsDouble(a.data(), acc.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(std::memcmp(&got_signed[i], &want_signed[i], 4), 0)
+          << "AddSigned n " << n << " i " << i;
+      EXPECT_EQ(std::memcmp(&got_divided[i], &want_divided[i], 4), 0)
+          << "AddDivided n " << n << " i " << i;
+      EXPECT_EQ(std::memcmp(&acc[i], &want_acc[i], 8), 0)
+          << "AddAsDouble n " << n << " i " << i;
     }
   }
 }
