@@ -241,6 +241,11 @@ KVMEM_CLONES void AddAsDouble(const float* __restrict x, double* __restrict acc,
   for (size_t i = 0; i < n; ++i) acc[i] += static_cast<double>(x[i]);
 }
 
+KVMEM_CLONES void DivideToFloat(const double* __restrict x, double d,
+                                float* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i] / d);
+}
+
 namespace {
 
 #if defined(__x86_64__)

@@ -25,6 +25,8 @@ void Axpy(float alpha, const float* x, float* y, size_t n);
 void AddSigned(const float* x, const float* sign, float* y, size_t n);
 void AddDivided(const float* x, float d, float* y, size_t n);
 void AddAsDouble(const float* x, double* acc, size_t n);
+// out[i] = float(x[i] / d), each as the scalar loop (divide, then round).
+void DivideToFloat(const double* x, double d, float* out, size_t n);
 // Axpy(alpha[r], x[r], y, n) for r = 0, ..., rows - 1, bit for bit, in one
 // pass over y (each chunk of y summed through every row in registers): the
 // mass estimate adds a vector's 8-64 heads to its densities. The rows must

@@ -318,6 +318,20 @@ void RowCodes(const float* x, uint32_t hd, uint32_t padded, float inv,
   for (; i < padded; ++i) row[i] = kCodeZero;
 }
 
+// Two codes a byte: chunk c's byte i holds dimension 64c + i (low nibble)
+// and 64c + 32 + i (high). Restrict pointers in a function of their own:
+// inline, the loop went a byte at a time (GCC would not check the row and
+// the record for overlap at -O2), a fifth of a 7B seal's codes.
+void PackNibbles(const uint8_t* __restrict row, uint32_t chunks,
+                 uint8_t* __restrict codes) {
+  for (uint32_t c = 0; c < chunks; ++c) {
+    for (uint32_t i = 0; i < 32; ++i) {
+      codes[32 * c + i] =
+          static_cast<uint8_t>(row[64 * c + i] | (row[64 * c + 32 + i] << 4));
+    }
+  }
+}
+
 }  // namespace
 
 std::string EncodeTokenCodes(const TokenCodeShape& shape, const float* keys,
@@ -338,14 +352,9 @@ std::string EncodeTokenCodes(const TokenCodeShape& shape, const float* keys,
       const float inv = peak > 0 ? 1.0f / scale : 0.0f;
       std::memcpy(rec + s * sizeof(float), &scale, sizeof(float));
       RowCodes(x, hd, static_cast<uint32_t>(row.size()), inv, row.data());
-      uint8_t* codes =
-          rec + shape.segments * sizeof(float) + s * shape.segment_code_bytes();
-      for (uint32_t c = 0; c < chunks; ++c) {
-        for (uint32_t i = 0; i < 32; ++i) {
-          codes[32 * c + i] = static_cast<uint8_t>(row[64 * c + i] |
-                                                   (row[64 * c + 32 + i] << 4));
-        }
-      }
+      PackNibbles(row.data(), chunks,
+                  rec + shape.segments * sizeof(float) +
+                      s * shape.segment_code_bytes());
     }
   }
   return out;

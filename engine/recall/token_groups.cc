@@ -215,11 +215,9 @@ TokenGroups Summaries(const std::vector<float>& keys,
   groups = 0;
   for (size_t c = 0; c < k; ++c) {
     if (count[c] == 0) continue;
-    float* summary = out.summaries.data() + size_t{groups} * dim;
+    DivideToFloat(sums.data() + c * dim, count[c],
+                  out.summaries.data() + size_t{groups} * dim, dim);
     dense[c] = groups++;
-    for (size_t j = 0; j < dim; ++j) {
-      summary[j] = static_cast<float>(sums[c * dim + j] / count[c]);
-    }
   }
   out.token_group.resize(n);
   for (size_t i = 0; i < n; ++i) out.token_group[i] = dense[assign[i]];

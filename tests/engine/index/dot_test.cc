@@ -88,6 +88,11 @@ TEST(DotTest, SealKernelsEqualTheirScalarLoopsBitForBit) {
       want_divided[i] += a[i] / d;
       want_acc[i] += static_cast<double>(a[i]);
     }
+    std::vector<float> want_quotient(n), got_quotient(n);
+    for (size_t i = 0; i < n; ++i) {
+      want_quotient[i] = static_cast<float>(want_acc[i] / 7.0);
+    }
+    DivideToFloat(want_acc.data(), 7.0, got_quotient.data(), n);
     std::vector<float> got_signed = y, got_divided = y;
     AddSigned(a.data(), sign.data(), got_signed.data(), n);
     AddDivided(a.data(), d, got_divided.data(), n);
@@ -99,6 +104,8 @@ TEST(DotTest, SealKernelsEqualTheirScalarLoopsBitForBit) {
           << "AddDivided n " << n << " i " << i;
       EXPECT_EQ(std::memcmp(&acc[i], &want_acc[i], 8), 0)
           << "AddAsDouble n " << n << " i " << i;
+      EXPECT_EQ(std::memcmp(&got_quotient[i], &want_quotient[i], 4), 0)
+          << "DivideToFloat n " << n << " i " << i;
     }
   }
 }
