@@ -1,6 +1,7 @@
 #include "tools/bench/bench_cameras.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -320,6 +321,7 @@ absl::StatusOr<CameraStep> Step(
   }
   std::vector<CameraRun> runs(cameras);
   const ProcSample cpu0 = SampleProcess(o.server_pid);
+  const ProcSample self0 = SampleProcess(getpid());
   const auto start = Clock::now() + std::chrono::milliseconds(200);
   std::vector<std::thread> threads;
   for (int c = 0; c < cameras; ++c) {
@@ -335,6 +337,9 @@ absl::StatusOr<CameraStep> Step(
     step.server_cpu =
         (SampleProcess(o.server_pid).cpu_s - cpu0.cpu_s) / seconds;
   }
+  // The cameras themselves (this process: sending frames, reading the
+  // deliveries), which share the node's cores with the server here.
+  step.client_cpu = (SampleProcess(getpid()).cpu_s - self0.cpu_s) / seconds;
   std::vector<double> append, recall, select;
   uint64_t delivered = 0, set_bytes = 0, recalls = 0;
   for (int c = 0; c < cameras; ++c) {
@@ -476,6 +481,7 @@ std::string CamerasJson(const CamerasReport& r) {
     w.Key("recalled_mib_per_recall").Num(s.set_mib, 2);
     w.Key("first_delivery_ms").Num(s.first_delivery_ms, 1);
     w.Key("server_cpu_cores").Num(s.server_cpu, 2);
+    w.Key("client_cpu_cores").Num(s.client_cpu, 2);
     w.Key("history_frames").UInt(s.history_frames);
     w.Key("history_s").Num(s.history_s, 1);
     w.Key("history_full").Bool(s.history_full);
@@ -508,13 +514,14 @@ std::string CamerasText(const CamerasReport& r) {
         "append p50/p99 %.1f/%.1f ms, recall+delivery p50/p99 %.1f/%.1f ms "
         "(%.1f MiB delivered of %.1f MiB recalled; first %.0f ms; selection "
         "p50/p99 %.1f/%.1f ms), server "
-        "%.2f cores, %d promotions and %d "
+        "%.2f cores, cameras %.2f, %d promotions and %d "
         "demotions; after %d frames of history a camera (%.1f s%s)\n",
         s.cameras, s.kept_up ? "kept up" : "behind: " + s.why, s.frames_per_s,
         s.end_lag_ms, s.lag_growth_ms, s.append_ms.p50_us, s.append_ms.p99_us,
         s.recall_ms.p50_us, s.recall_ms.p99_us, s.delivered_mib, s.set_mib,
         s.first_delivery_ms, s.select_ms.p50_us, s.select_ms.p99_us,
-        s.server_cpu, s.promotions, s.demotions, s.history_frames, s.history_s,
+        s.server_cpu, s.client_cpu, s.promotions, s.demotions, s.history_frames,
+        s.history_s,
         s.history_full ? ", blocks leaving RAM" : ", warm tier not full");
   }
   absl::StrAppendFormat(

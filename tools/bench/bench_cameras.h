@@ -83,6 +83,7 @@ struct CameraStep {
   double delivered_mib = 0;  // Mean per recall.
   double set_mib = 0;        // The recalled tokens' bytes, mean per recall.
   double server_cpu = 0;     // Cores busy (server_pid known).
+  double client_cpu = 0;     // Cores the cameras (this process) kept busy.
   // The history appended before the step: frames per camera (the most of
   // any camera), its time, and whether every camera's stream had a block
   // out of RAM by then (false: the step may not show the steady state).
