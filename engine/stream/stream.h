@@ -210,10 +210,6 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // After a commit: budgets, staging and rebuilds.
   absl::Status AfterCommit(uint64_t frame_index, size_t sealed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
-  // Whether the open block of `state` is full and waits for its seal
-  // (EngineOptions::seal_after_ack).
-  bool SealPending(const StreamState& state) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // Seals a full open block in a commit of its own (the background task
   // ScheduleSeal queues; recovery too); nothing when none is pending.
   absl::Status SealPendingBlock() ABSL_LOCKS_EXCLUDED(append_mu_);
@@ -232,8 +228,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // answers even when the seal fails (a store that refuses writes).
   absl::Status SealBeforeRecall(const RecallQuery& q)
       ABSL_LOCKS_EXCLUDED(append_mu_);
-  // Whether state's open block is full and waits for its seal (fixed
-  // blocks only); under the view's lock.
+  // Whether state's open block is full and waits for its seal
+  // (EngineOptions::seal_after_ack; fixed blocks only). Reads the config
+  // alone: under the view's lock or append_mu_.
   bool SealIsPending(const StreamState& s) const;
   // Loads the unsealed block of `state` from the store into the open block
   // (recovery, and after a failed commit).

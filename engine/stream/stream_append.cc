@@ -160,7 +160,7 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   std::vector<BlockEntry> sealed;
   // A full block whose seal has not run yet is sealed first, in this commit
   // (the frame that filled it reported it).
-  const bool pending = SealPending(next);
+  const bool pending = SealIsPending(next);
   if (pending) {
     sealed.push_back(
         SealOpenBlock(&next, &write, static_cast<uint64_t>(next.last_frame)));
@@ -222,11 +222,6 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
                       sealed_blocks > (pending ? 1u : 0u) || filled};
 }
 
-bool Stream::SealPending(const StreamState& state) const {
-  return state.open_block_frames > 0 && !state.closed &&
-         open_.FullAfter(state.open_block_frames);
-}
-
 void Stream::ScheduleSeal() {
   if (env_.background == nullptr) return;  // The next append or Close seals.
   std::weak_ptr<Stream> weak = weak_from_this();
@@ -236,7 +231,10 @@ void Stream::ScheduleSeal() {
 }
 
 bool Stream::SealIsPending(const StreamState& s) const {
-  return !s.closed && config_.segment_mode != SegmentMode::kShot &&
+  // The open block's Segmenter::FullAfter, from the same config: no lock
+  // on the open block needed.
+  return s.open_block_frames > 0 && !s.closed &&
+         config_.segment_mode != SegmentMode::kShot &&
          s.open_block_frames >= config_.frames_per_block;
 }
 
@@ -285,7 +283,7 @@ absl::Status Stream::SealPendingBlock() {
     next = view_.state();
   }
   // Sealed already (by the next append, or Close), or nothing to seal.
-  if (!SealPending(next)) return absl::OkStatus();
+  if (!SealIsPending(next)) return absl::OkStatus();
   KVMEM_RETURN_IF_ERROR(FreshOpenBlock(next));
   const auto last = static_cast<uint64_t>(next.last_frame);
   StreamWrite write;
