@@ -205,8 +205,8 @@ std::string Verify(KvmemClient& client, Camera& cam, Totals* t, bool full) {
     }
     if (!same) {
       std::string got_ids, want_ids;
-      // Ids with their masses: a one-off mismatch (seen once in ~200
-      // trials) says more with both lists' values beside it.
+      // Ids with their masses: a one-off mismatch (seen once in about 700
+      // trials, 2026-12-06) says more with both lists' values beside it.
       for (const auto& b : resp.blocks()) {
         absl::StrAppend(&got_ids, " ", b.block_id(), ":", b.mass());
       }
