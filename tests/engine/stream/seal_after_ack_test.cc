@@ -123,6 +123,14 @@ class SealAfterAckTest : public ::testing::Test {
     *release = HoldBackground(e);
     for (uint64_t f = 0; f < n; ++f) ASSERT_TRUE(Append(e, f).ok());
   }
+  // Lets the held worker go, waits for its seals and returns how many
+  // blocks are sealed then.
+  static uint64_t SealedOnceReleased(MemoryEngine* e,
+                                     absl::Notification* release) {
+    release->Notify();
+    e->WaitForBackground();
+    return Peek(e).sealed_blocks;
+  }
   // Holds the engine's background executor until the returned
   // notification is notified.
   static std::shared_ptr<absl::Notification> HoldBackground(MemoryEngine* e) {
@@ -175,9 +183,7 @@ TEST_F(SealAfterAckTest, TheNextAppendSealsAPendingBlockFirst) {
   EXPECT_EQ(st.sealed_blocks, 1u);
   EXPECT_EQ(st.open_block_frames, 1u);
   // The queued seal finds nothing left to seal.
-  release->Notify();
-  e->WaitForBackground();
-  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
+  EXPECT_EQ(SealedOnceReleased(e.get(), release.get()), 1u);
   ExpectAnswersOfASealingEngine(e.get(), 5);
 }
 
@@ -194,9 +200,7 @@ TEST_F(SealAfterAckTest, AReadOfTheCompletedBlockFindsItSealed) {
   // Block 1 has no acknowledged frame yet: NOT_FOUND, as before.
   EXPECT_EQ(e->Find("s")->GetBlock(1).status().code(),
             absl::StatusCode::kNotFound);
-  release->Notify();
-  e->WaitForBackground();
-  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
+  EXPECT_EQ(SealedOnceReleased(e.get(), release.get()), 1u);
 }
 
 // GetStats right after the ack shows the block the ack reported, sealed
@@ -210,9 +214,7 @@ TEST_F(SealAfterAckTest, StatsShowTheBlockAnAckCompleted) {
   const StreamStats st = *e->GetStats("s");
   EXPECT_EQ(st.sealed_blocks, 1u);
   EXPECT_EQ(st.open_block_frames, 0u);
-  release->Notify();
-  e->WaitForBackground();
-  EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
+  EXPECT_EQ(SealedOnceReleased(e.get(), release.get()), 1u);
 }
 
 // A recall while the worker still holds the seal answers as the sealing
@@ -256,9 +258,7 @@ TEST_F(SealAfterAckTest, ARecallWaitsForTheSealOnlyWhenTheBlockHasCandidates) {
     // 8-frame one holds it whole.
     EXPECT_EQ(Peek(e.get()).sealed_blocks, window_frames == 2 ? 2u : 1u)
         << "window of " << window_frames << " frames";
-    release->Notify();
-    e->WaitForBackground();
-    EXPECT_EQ(Peek(e.get()).sealed_blocks, 2u);
+    EXPECT_EQ(SealedOnceReleased(e.get(), release.get()), 2u);
   }
 }
 
@@ -304,9 +304,8 @@ TEST_F(SealAfterAckTest, ARestartSealsTheBlockItsServerLeftFull) {
     auto fail = std::make_shared<std::atomic<bool>>(false);
     std::unique_ptr<MemoryEngine> e = OpenFailing(dir.path(), fail, false);
     ASSERT_NE(e, nullptr);
-    ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
-    std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
-    for (uint64_t f = 0; f < 8; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+    std::shared_ptr<absl::Notification> release;
+    ASSERT_NO_FATAL_FAILURE(HeldAfter(e.get(), 8, &release));
     // Block 0 sealed by frame 4's append; block 1 (frames 4-7) is full and
     // its seal fails: the server goes with it unsealed.
     fail->store(true);
@@ -333,9 +332,8 @@ TEST_F(SealAfterAckTest, ARecallAnswersWhenTheSealIsRefused) {
   auto fail = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<MemoryEngine> e = OpenFailing(dir.path(), fail, false);
   ASSERT_NE(e, nullptr);
-  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
-  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
-  for (uint64_t f = 0; f < 8; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  std::shared_ptr<absl::Notification> release;
+  ASSERT_NO_FATAL_FAILURE(HeldAfter(e.get(), 8, &release));
   fail->store(true);
   RecallQuery q;
   q.query = queries_[0];
@@ -344,9 +342,7 @@ TEST_F(SealAfterAckTest, ARecallAnswersWhenTheSealIsRefused) {
   EXPECT_FALSE(r->blocks.empty());  // Block 0.
   EXPECT_EQ(Peek(e.get()).sealed_blocks, 1u);
   fail->store(false);
-  release->Notify();
-  e->WaitForBackground();
-  EXPECT_EQ(Peek(e.get()).sealed_blocks, 2u);
+  EXPECT_EQ(SealedOnceReleased(e.get(), release.get()), 2u);
 }
 
 // A seal whose commit failed while the store could not be read either
@@ -358,13 +354,10 @@ TEST_F(SealAfterAckTest, ASealAfterAFailedReplayHoldsEveryFrame) {
   auto fail = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<MemoryEngine> e = OpenFailing(dir.path(), fail, true);
   ASSERT_NE(e, nullptr);
-  ASSERT_TRUE(e->OpenStream("s", Config(g_)).ok());
-  std::shared_ptr<absl::Notification> release = HoldBackground(e.get());
-  for (uint64_t f = 0; f < 4; ++f) ASSERT_TRUE(Append(e.get(), f).ok());
+  std::shared_ptr<absl::Notification> release;
+  ASSERT_NO_FATAL_FAILURE(HeldAfter(e.get(), 4, &release));
   fail->store(true);  // The seal's commit fails, and so does its replay.
-  release->Notify();
-  e->WaitForBackground();
-  EXPECT_EQ(Peek(e.get()).sealed_blocks, 0u);
+  EXPECT_EQ(SealedOnceReleased(e.get(), release.get()), 0u);
   fail->store(false);
   EXPECT_EQ(ReadBlock(e.get(), 0), model_.BlockBytes(0));
   ExpectAnswersOfASealingEngine(e.get(), 4);
