@@ -50,6 +50,7 @@ RocksColdStore::~RocksColdStore() {
     }
     syncer_.join();
   }
+  StopReclaimer();
   kvmem::MutexLock lock(&db_mu_);
   CloseDb();
 }

@@ -166,24 +166,52 @@ absl::Status RocksColdStore::WriteGate(bool freeing) {
 
 // After a deletion's tombstones. DeleteFilesInRange drops the table files
 // wholly inside the range, and the blob files only they referred to,
-// without writing anything: on a full disk it is what brings space back.
-// A compaction of the range then drops the rest (files shared with other
-// streams, level 0, the memtable), but it writes (a flush of the two
-// payload column families' memtables, the neighbours' keys), so only with
-// room for those (the spare's room counts: this is what it is for);
-// otherwise RocksDB's own compactions get to it later. Failures leave the
-// deletion standing (it is in the WAL).
+// without writing anything (tens of microseconds): on a full disk it is
+// what brings space back. A compaction of the range then drops the rest
+// (files shared with other streams, level 0, the memtable), but it writes
+// (a flush of the two payload column families' memtables, the neighbours'
+// keys), so only with room for those (the spare's room counts: this is
+// what it is for); otherwise RocksDB's own compactions get to it later.
+// Failures leave the deletion standing (it is in the WAL).
+//
+// The compaction takes 0.1-0.7 s on a node that ingests (kvmem bench's
+// live cameras, 2026-12-06), and DeleteStream's caller held one of the
+// server's workers for it while the next deletions waited their turn
+// holding the others: the other cameras' appends stalled 0.4-0.7 s. So
+// unless appends are refused for space (then the caller is freeing it and
+// waits for what the compaction returns), it runs on the reclaimer thread,
+// one range at a time in order; DeleteFilesInRange stays here, before any
+// new write can land in the range (it would drop such a write's files; a
+// compaction cannot, the tombstones are older than what it keeps).
 void RocksColdStore::Reclaim(const std::string& begin, const std::string& end) {
+  // Short of space as the caller found it (before this deletion's files go).
+  const bool short_of_space = FreeBytes(options_.path) < AppendFloor();
   const rocksdb::Slice b(begin), e(end);
   for (auto* cf : {payloads_, block_layers_, frame_meta_, blocks_, streams_}) {
     rocksdb::DeleteFilesInRange(db_.db.get(), cf, &b, &e,
                                 /*include_end=*/false)
         .PermitUncheckedError();
   }
+  if (short_of_space) {
+    CompactDeleted(begin, end);
+    return;
+  }
+  kvmem::MutexLock lock(&reclaim_mu_);
+  if (reclaim_stop_) return;
+  reclaims_.emplace_back(begin, end);
+  reclaims_queued_ += 1;
+  if (!reclaimer_.joinable()) {
+    reclaimer_ = std::thread([this] { ReclaimLoop(); });
+  }
+}
+
+void RocksColdStore::CompactDeleted(const std::string& begin,
+                                    const std::string& end) {
   if (FreeBytes(options_.path) <
       2 * options_.write_buffer_bytes + (1ull << 20)) {
     return;
   }
+  const rocksdb::Slice b(begin), e(end);
   rocksdb::CompactRangeOptions co;
   co.bottommost_level_compaction =
       rocksdb::BottommostLevelCompaction::kForceOptimized;
@@ -193,6 +221,75 @@ void RocksColdStore::Reclaim(const std::string& begin, const std::string& end) {
   // The compaction counted the range's blobs as garbage: files shared with
   // other streams keep it until collection relocates their live blobs.
   TuneBlobGc();
+}
+
+void RocksColdStore::ReclaimLoop() {
+  kvmem::MutexLock lock(&reclaim_mu_);
+  for (;;) {
+    reclaim_mu_.Await(kvmem::Condition(
+        +[](RocksColdStore* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->reclaim_mu_) {
+          return s->reclaim_stop_ || !s->reclaims_.empty();
+        },
+        this));
+    if (reclaim_stop_) return;
+    const std::pair<std::string, std::string> range =
+        std::move(reclaims_.front());
+    reclaims_.pop_front();
+    reclaim_mu_.Unlock();
+    {
+      kvmem::ReaderMutexLock db_lock(&db_mu_);
+      if (db_.db != nullptr && !db_.read_only) {
+        CompactDeleted(range.first, range.second);
+      }
+    }
+    reclaim_mu_.Lock();
+    if (!reclaim_stop_) reclaims_done_ += 1;  // Not if told to stop in it.
+  }
+}
+
+void RocksColdStore::StopReclaimer() {
+  std::thread reclaimer;
+  {
+    kvmem::MutexLock lock(&reclaim_mu_);
+    reclaim_stop_ = true;
+    reclaims_.clear();
+    reclaimer = std::move(reclaimer_);
+  }
+  if (!reclaimer.joinable()) return;
+  kvmem::ReaderMutexLock lock(&db_mu_);
+  if (db_.db == nullptr) {
+    reclaimer.join();
+    return;
+  }
+  // A compaction under way ends early (Status::Incomplete).
+  db_.db->DisableManualCompaction();
+  reclaimer.join();
+  bool unfinished;
+  {
+    kvmem::MutexLock q(&reclaim_mu_);
+    unfinished = reclaims_done_ < reclaims_queued_;
+  }
+  // The tombstones stand and RocksDB compacts the ranges later; the flush
+  // each compaction would have started is done here, so the WAL records
+  // the deletions superseded (a quarantined stream's damaged ones
+  // included) are not read again at the next start.
+  if (unfinished && !db_.read_only) {
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    db_.db
+        ->Flush(fo, {streams_, blocks_, payloads_, frame_meta_, block_layers_})
+        .PermitUncheckedError();
+  }
+}
+
+uint64_t RocksColdStore::reclaims_done() {
+  kvmem::MutexLock lock(&reclaim_mu_);
+  return reclaims_done_;
+}
+
+size_t RocksColdStore::reclaims_pending() {
+  kvmem::MutexLock lock(&reclaim_mu_);
+  return reclaims_.size();
 }
 
 std::string RocksColdStore::ResumeWhen() const {

@@ -15,11 +15,14 @@
 //   error_mu_   a leaf: the last error's text, taken under either above;
 //   ack_mu_     one writer of the acknowledgement record's file;
 //   spare_mu_   a leaf: one creator or remover of the spare file;
-//   sync_mu_    the WAL sync thread's stop flag.
+//   sync_mu_    the WAL sync thread's stop flag;
+//   reclaim_mu_ the reclaimer thread's queue of deleted ranges (taken
+//               under db_mu_ by Reclaim, never held across a RocksDB call).
 #ifndef KVMEM_STORAGE_ROCKS_STORE_H_
 #define KVMEM_STORAGE_ROCKS_STORE_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -104,6 +107,10 @@ class RocksColdStore final : public ColdStore {
   uint64_t relocated_blob_bytes() const {
     return listener_->relocated_blob_bytes();
   }
+  // Deleted streams' ranges compacted in the background (Reclaim), and
+  // those waiting: for tests and stats.
+  uint64_t reclaims_done() ABSL_LOCKS_EXCLUDED(reclaim_mu_);
+  size_t reclaims_pending() ABSL_LOCKS_EXCLUDED(reclaim_mu_);
 
  private:
   explicit RocksColdStore(const RocksColdStoreOptions& options);
@@ -161,9 +168,19 @@ class RocksColdStore final : public ColdStore {
   // spare is given up.
   uint64_t AppendFloor() const;
   // After a deletion's tombstones: drops the files wholly in [begin, end)
-  // (no write needed) and, when there is room for it, compacts the range.
+  // (no write needed) and compacts the range (CompactDeleted): here when
+  // appends are refused for space, otherwise on the reclaimer thread.
   void Reclaim(const std::string& begin, const std::string& end)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_) ABSL_LOCKS_EXCLUDED(reclaim_mu_);
+  // Compacts a deleted range, when there is room for the writes it makes.
+  void CompactDeleted(const std::string& begin, const std::string& end)
       ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // The reclaimer thread: deleted ranges' compactions, one at a time.
+  void ReclaimLoop() ABSL_LOCKS_EXCLUDED(reclaim_mu_, db_mu_);
+  // Stops the reclaimer (a compaction under way ends early; queued ranges
+  // are left to RocksDB's own compactions, after a flush of the memtables
+  // they would have flushed). Before the DB closes.
+  void StopReclaimer() ABSL_LOCKS_EXCLUDED(reclaim_mu_, db_mu_);
   // Turns blob garbage collection on or off per blob column family by its
   // garbage (WantBlobGc; on after two checks in a row want it). Checks at
   // most every kBlobGcCheckEvery; called after each commit and deletion (a
@@ -203,6 +220,15 @@ class RocksColdStore final : public ColdStore {
   kvmem::Mutex sync_mu_;
   bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
   std::thread syncer_;
+  // Deleted ranges waiting for their compaction (Reclaim), the thread that
+  // runs them (started by the first), and how many it has run.
+  kvmem::Mutex reclaim_mu_ ABSL_ACQUIRED_AFTER(db_mu_);
+  std::deque<std::pair<std::string, std::string>> reclaims_
+      ABSL_GUARDED_BY(reclaim_mu_);
+  bool reclaim_stop_ ABSL_GUARDED_BY(reclaim_mu_) = false;
+  uint64_t reclaims_queued_ ABSL_GUARDED_BY(reclaim_mu_) = 0;
+  uint64_t reclaims_done_ ABSL_GUARDED_BY(reclaim_mu_) = 0;
+  std::thread reclaimer_ ABSL_GUARDED_BY(reclaim_mu_);
   rocksdb::WriteOptions write_options_;
 };
 
