@@ -26,25 +26,63 @@ float RecallPlanner::Priority(const PlanUnit& u) const {
          u.semantic;
 }
 
-void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
-  std::vector<std::pair<float, size_t>> keyed;
-  keyed.reserve(units->size());
-  for (size_t i = 0; i < units->size(); ++i) {
-    keyed.emplace_back(RankValue((*units)[i]), i);
+namespace {
+
+using Keyed = std::pair<float, size_t>;  // Rank value, index in the units.
+
+std::vector<Keyed> KeyUnits(const RecallPlanner& planner,
+                            const std::vector<PlanUnit>& units) {
+  std::vector<Keyed> keyed;
+  keyed.reserve(units.size());
+  for (size_t i = 0; i < units.size(); ++i) {
+    keyed.emplace_back(planner.RankValue(units[i]), i);
   }
+  return keyed;
+}
+
+// Rank's order: value, then newer block, group and token first (a total
+// order over distinct units, so a selection then a sort of a prefix gives
+// the prefix of the full sort).
+struct BestFirst {
+  const std::vector<PlanUnit>& u;
+  bool operator()(const Keyed& a, const Keyed& b) const {
+    if (a.first != b.first) return a.first > b.first;
+    const PlanUnit &x = u[a.second], &y = u[b.second];
+    if (x.block != y.block) return x.block > y.block;
+    return x.group != y.group ? x.group > y.group : x.token > y.token;
+  }
+};
+
+}  // namespace
+
+void RecallPlanner::Rank(std::vector<PlanUnit>* units) const {
+  std::vector<Keyed> keyed = KeyUnits(*this, *units);
   const std::vector<PlanUnit>& u = *units;
-  std::sort(keyed.begin(), keyed.end(),
-            [&](const std::pair<float, size_t>& a,
-                const std::pair<float, size_t>& b) {
-              if (a.first != b.first) return a.first > b.first;
-              const PlanUnit &x = u[a.second], &y = u[b.second];
-              if (x.block != y.block) return x.block > y.block;
-              return x.group != y.group ? x.group > y.group : x.token > y.token;
-            });
+  std::sort(keyed.begin(), keyed.end(), BestFirst{u});
   std::vector<PlanUnit> sorted;
   sorted.reserve(units->size());
   for (const auto& k : keyed) sorted.push_back(u[k.second]);
   *units = std::move(sorted);
+}
+
+void RecallPlanner::RankAndTake(std::vector<PlanUnit> units) {
+  std::vector<Keyed> keyed = KeyUnits(*this, units);
+  const BestFirst better{units};
+  std::vector<PlanUnit> chunk;
+  // A first chunk of about what the budget has room for, doubling after.
+  size_t size = size_t{tokens_left()} + 64;
+  for (size_t at = 0; at < keyed.size() && !full(); size *= 2) {
+    const size_t end = std::min(keyed.size(), at + size);
+    if (end < keyed.size()) {
+      std::nth_element(keyed.begin() + at, keyed.begin() + end, keyed.end(),
+                       better);
+    }
+    std::sort(keyed.begin() + at, keyed.begin() + end, better);
+    chunk.clear();
+    for (size_t i = at; i < end; ++i) chunk.push_back(units[keyed[i].second]);
+    Take(chunk);
+    at = end;
+  }
 }
 
 bool RecallPlanner::Taken(size_t slot, uint32_t token) const {
@@ -158,8 +196,7 @@ RecallPlan RecallPlanner::PlanBlocks(const PlanPolicy& policy,
 RecallPlan RecallPlanner::Plan(const PlanPolicy& policy,
                                std::vector<PlanUnit> units) {
   RecallPlanner planner(policy);
-  planner.Rank(&units);
-  planner.Take(units);
+  planner.RankAndTake(std::move(units));
   return planner.Finish();
 }
 

@@ -118,6 +118,13 @@ class RecallPlanner {
   // called again to continue the fill with further units; `limit` caps the
   // tokens this call adds.
   void Take(const std::vector<PlanUnit>& ranked, uint32_t limit = UINT32_MAX);
+  // Rank then Take, ranking only as far as the fill gets: the best units a
+  // chunk at a time (selected, then sorted), taken, until the plan is full
+  // or none are left. The same units taken in the same order as
+  // Rank(&units) then Take(units), at a selection's cost instead of a
+  // sort's where the fill ends early (the further units of a token-
+  // resolution recall are thousands; the fill takes tens of them).
+  void RankAndTake(std::vector<PlanUnit> units);
   // Whether Take could still take a unit of `block`: the block is taken
   // already, or fewer than top_k blocks are (top_k 0: always). Once false
   // for a block it stays false (the taken blocks only grow).

@@ -38,8 +38,7 @@ RecallPlan PlanOne(const PlanPolicy& policy, ScoredSet* set) {
   if (!planner.full() && set->more) {
     std::vector<PlanUnit> more = set->more(planner.tokens_left());
     DropUnadmitted(planner, &more);
-    planner.Rank(&more);
-    planner.Take(more);
+    planner.RankAndTake(std::move(more));
   }
   return planner.Finish();
 }

@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <set>
+#include <tuple>
 
 #include "gtest/gtest.h"
 
@@ -25,6 +28,10 @@ std::vector<uint64_t> Ids(const RecallPlan& plan) {
   std::vector<uint64_t> ids;
   for (const PlannedBlock& b : plan.blocks) ids.push_back(b.block);
   return ids;
+}
+
+std::vector<uint32_t> Tokens(const PlanTokens& t) {
+  return std::vector<uint32_t>(t.begin(), t.end());
 }
 
 PlannedBlock Planned(float priority, float mass = 0) {
@@ -278,6 +285,52 @@ TEST(RecallPlannerTest, MassRankValueOrdersLikePriorityAndNeverNaN) {
   // Not recallable (-1) stays below every recallable unit.
   EXPECT_EQ(MassRankValue(-1.0f, 1e6f, 1e-3f), -1.0f);
   EXPECT_EQ(MassRankValue(0.25f, 0.0f, 1.0f), 0.25f);
+}
+
+// RankAndTake ranks a chunk at a time; its plans are Rank then Take's, for
+// mixes of whole groups and single tokens (the fill's further units), with
+// ties on value, budgets that end the fill early or late, top_k and mass
+// goals.
+TEST(RecallPlannerTest, RankAndTakeEqualsRankThenTake) {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<PlanUnit> units;
+    std::set<std::tuple<uint64_t, uint32_t, uint32_t>> seen;
+    const int n = 1 + static_cast<int>(rng() % 3000);
+    for (int i = 0; i < n; ++i) {
+      PlanUnit u;
+      u.block = rng() % 200;
+      u.group = static_cast<uint32_t>(rng() % 8);
+      u.score = static_cast<float>(rng() % 50) / 7.0f;  // Many ties.
+      const bool whole = rng() % 4 == 0;
+      u.tokens = whole ? 1 + static_cast<uint32_t>(rng() % 16) : 1;
+      if (!whole) u.token = static_cast<uint32_t>(rng() % 128);
+      u.semantic = rng() % 5 == 0 ? 0.5f : 0.0f;
+      // Distinct units, as a recall offers them (one per group or token):
+      // equal keys would leave their order to the sort.
+      if (seen.insert({u.block, u.group, u.token}).second) units.push_back(u);
+    }
+    PlanPolicy p;
+    p.mode = ScoreMode::kMass;
+    p.max_tokens = static_cast<uint32_t>(rng() % 1200);
+    p.top_k = static_cast<uint32_t>(rng() % 3 == 0 ? 0 : 1 + rng() % 40);
+    if (rng() % 4 == 0) p.mass_goal = double(rng() % 400) / 10.0;
+    RecallPlanner full(p), chunked(p);
+    std::vector<PlanUnit> ranked = units;
+    full.Rank(&ranked);
+    full.Take(ranked);
+    chunked.RankAndTake(units);
+    const RecallPlan a = full.Finish(), b = chunked.Finish();
+    ASSERT_EQ(a.total_tokens, b.total_tokens) << "round " << round;
+    ASSERT_EQ(Ids(a), Ids(b)) << "round " << round;
+    for (size_t i = 0; i < a.blocks.size(); ++i) {
+      EXPECT_EQ(a.blocks[i].tokens, b.blocks[i].tokens);
+      EXPECT_EQ(a.blocks[i].group_mask, b.blocks[i].group_mask);
+      EXPECT_DOUBLE_EQ(a.blocks[i].mass, b.blocks[i].mass);
+      EXPECT_EQ(Tokens(a.blocks[i].single_tokens),
+                Tokens(b.blocks[i].single_tokens));
+    }
+  }
 }
 
 }  // namespace
