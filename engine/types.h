@@ -5,6 +5,7 @@
 #ifndef KVMEM_ENGINE_TYPES_H_
 #define KVMEM_ENGINE_TYPES_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -286,6 +287,26 @@ struct PolicyCounters {
   uint32_t recall_us_max = 0;
 };
 
+// The stages of the append path whose CPU time a stream counts
+// (StreamStats::ingest_cpu_ns; engine/stream/ingest_cpu.h measures them).
+enum class IngestStage : int {
+  kValidate = 0,  // The frame and its signals checked, the open block ready.
+  kSummarize,     // The open block takes the frame (running key sums).
+  kTokenGroups,   // Seal: token groups, their summaries and token codes.
+  kWarmCopy,      // Seal: the block's layer-major copy in RAM.
+  kSealRest,      // Seal: the block's summary, tracks, its record encoded.
+  kEncode,        // The frame split in parts, signals and state encoded.
+  kCommit,        // ColdStore::Commit on this thread (checksums, the WAL).
+  kInstall,       // The block into the view and indexes; tier moves.
+  kCount
+};
+inline constexpr int kIngestStages = static_cast<int>(IngestStage::kCount);
+
+// The names JSON and proto fields use, in IngestStage order.
+inline constexpr const char* kIngestStageNames[kIngestStages] = {
+    "validate",  "summarize", "token_groups", "warm_copy",
+    "seal_rest", "encode",    "commit",       "install"};
+
 struct StreamStats {
   std::string stream_id;
   StreamConfig config;  // With defaults filled in.
@@ -317,6 +338,10 @@ struct StreamStats {
   // index_factory kinds only; 0 samples otherwise).
   uint64_t index_recall_samples = 0;
   double index_recall_at_k = 1.0;
+  // The append path's own CPU time by stage, in IngestStage order
+  // (engine/stream/ingest_cpu.h), nanoseconds, since the stream was opened
+  // in this server.
+  std::array<uint64_t, kIngestStages> ingest_cpu_ns{};
   // The accelerator: this stream's calls, and the device's state.
   struct Accel {
     std::string backend;

@@ -24,21 +24,30 @@ void OpenBlock::Add(Frame* frame, const std::vector<float>& signature) {
   payloads_.push_back(std::move(frame->payload));
 }
 
-std::unique_ptr<WarmBlock> OpenBlock::Seal(BlockRecord* rec) const {
+std::unique_ptr<WarmBlock> OpenBlock::Seal(BlockRecord* rec,
+                                           StageClock* clock) const {
+  StageClock none(nullptr);
+  StageClock& c = clock != nullptr ? *clock : none;
   const std::vector<absl::string_view> views(payloads_.begin(),
                                              payloads_.end());
   rec->frame_tokens = tokens_;
   rec->summary = summary_.Mean();
+  c.Mark(IngestStage::kSealRest);
   if (config_.groups_per_block > 1) {
     TokenGroups groups =
         BuildTokenGroups(config_, views, tokens_, config_.groups_per_block);
     rec->group_summaries = std::move(groups.summaries);
     rec->token_group = std::move(groups.token_group);
     rec->token_codes = std::move(groups.codes);
+    c.Mark(IngestStage::kTokenGroups);
   }
   rec->tracks = semantics_.Tracks();
   rec->scene = semantics_.SceneMean();
-  return WarmBlock::FromFrames(config_.geometry, views, tokens_);
+  c.Mark(IngestStage::kSealRest);
+  std::unique_ptr<WarmBlock> warm =
+      WarmBlock::FromFrames(config_.geometry, views, tokens_);
+  c.Mark(IngestStage::kWarmCopy);
+  return warm;
 }
 
 void OpenBlock::Reset() {

@@ -15,6 +15,7 @@
 #include "engine/codec/block_layout.h"
 #include "engine/codec/record_codec.h"
 #include "engine/signals/semantics.h"
+#include "engine/stream/ingest_cpu.h"
 #include "engine/stream/segmenter.h"
 #include "engine/stream/summary_builder.h"
 #include "engine/types.h"
@@ -40,8 +41,10 @@ class OpenBlock {
   // Adds a frame; its payload is moved in.
   void Add(Frame* frame, const std::vector<float>& signature);
   // The sealed block's contents into *rec (frame tokens, summary, token
-  // groups, tracks, scene) and its warm, layer-major copy.
-  std::unique_ptr<WarmBlock> Seal(BlockRecord* rec) const;
+  // groups, tracks, scene) and its warm, layer-major copy; `clock` (may be
+  // null) charged the token groups, the rest and the warm copy.
+  std::unique_ptr<WarmBlock> Seal(BlockRecord* rec,
+                                  StageClock* clock = nullptr) const;
   void Reset();
 
   uint64_t tokens() const { return summary_.tokens(); }

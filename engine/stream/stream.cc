@@ -402,6 +402,7 @@ StreamStats Stream::Stats() const {
   s.accel.cost = ledger_.Total();
   s.warm_bytes = s.warm.bytes;
   s.cold_bytes = s.cold.bytes;
+  s.ingest_cpu_ns = ingest_cpu_.Snapshot();
   return s;
 }
 

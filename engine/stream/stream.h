@@ -53,6 +53,7 @@
 #include "engine/accel/accelerator.h"
 #include "engine/recall/recall_feedback.h"
 #include "engine/recall/scorer.h"
+#include "engine/stream/ingest_cpu.h"
 #include "engine/stream/open_block.h"
 #include "engine/tiers/block_reader.h"
 #include "engine/tiers/tier_manager.h"
@@ -197,8 +198,12 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // Seals the open block: its record goes into *write, *state advances, and
   // the returned entry (with its warm copy) is ready to install.
   BlockEntry SealOpenBlock(StreamState* state, StreamWrite* write,
-                           uint64_t now_frame)
+                           uint64_t now_frame, StageClock* clock = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // The appended frame (the open block's copy, in parts when the stream
+  // stores them so), its signals and the next state into *write.
+  void PutFrame(const Frame& frame, const StreamState& next,
+                StreamWrite* write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // After a commit: the new state, the sealed blocks and the open block's
   // mean into the view, their warm bytes into the tiers.
   void InstallCommitted(const StreamState& next, std::vector<BlockEntry> sealed,
@@ -272,6 +277,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   AccelLedger ledger_;
   TierManager tiers_;
   RecallFeedback feedback_;
+  // The append path's CPU by stage (appends and seals; its own atomics).
+  IngestCpu ingest_cpu_;
   RebuildSchedule rebuilds_;
 };
 

@@ -79,7 +79,7 @@ absl::Status Stream::ValidateFrame(const Frame& frame,
 }
 
 BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
-                                 uint64_t now_frame) {
+                                 uint64_t now_frame, StageClock* clock) {
   BlockEntry e;
   BlockRecord& rec = e.rec;
   rec.info.id = state->next_block_id;
@@ -92,9 +92,10 @@ BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
   rec.info.payload_bytes = state->open_block_payload_bytes;
   rec.info.tier = Tier::kWarm;
   rec.disk = DiskForm::kFrames;
-  e.warm = open_.Seal(&rec);
+  e.warm = open_.Seal(&rec, clock);
   rec.last_access_frame = now_frame;
   write->blocks.emplace_back(rec.info.id, EncodeBlock(rec));
+  if (clock != nullptr) clock->Mark(IngestStage::kSealRest);
   e.sealed_record = true;
   state->next_block_id += 1;
   state->open_block_frames = 0;
@@ -145,6 +146,7 @@ void Stream::InstallCommitted(const StreamState& next,
 
 absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   kvmem::MutexLock append_lock(&append_mu_);
+  StageClock clock(&ingest_cpu_);
   StreamState next;
   {
     kvmem::ReaderMutexLock lock(&view_.mu());
@@ -154,6 +156,7 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   KVMEM_RETURN_IF_ERROR(ValidateFrame(frame, next));
   KVMEM_RETURN_IF_ERROR(TakeSceneDim(frame, &next));
   KVMEM_RETURN_IF_ERROR(FreshOpenBlock(next));
+  clock.Mark(IngestStage::kValidate);
   // Work on copies of the open block's state, applied only once committed.
   StreamWrite write;
   write.stream_id = id_;
@@ -162,8 +165,8 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   // (the frame that filled it reported it).
   const bool pending = SealIsPending(next);
   if (pending) {
-    sealed.push_back(
-        SealOpenBlock(&next, &write, static_cast<uint64_t>(next.last_frame)));
+    sealed.push_back(SealOpenBlock(
+        &next, &write, static_cast<uint64_t>(next.last_frame), &clock));
     open_.Reset();  // Replayed from the store if the commit fails.
   }
   const std::vector<float> signature =
@@ -171,8 +174,9 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   const Segmenter::Cut cut =
       open_.CutBefore(signature, frame.token_count, next.open_block_frames,
                       next.open_block_tokens);
+  clock.Mark(IngestStage::kSummarize);
   if (cut != Segmenter::Cut::kNone) {
-    sealed.push_back(SealOpenBlock(&next, &write, frame.index));
+    sealed.push_back(SealOpenBlock(&next, &write, frame.index, &clock));
     open_.Reset();  // Replayed from the store if the commit fails.
   }
   if (next.open_block_frames == 0) {
@@ -189,37 +193,49 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   next.payload_bytes += frame.payload.size();
 
   open_.Add(&frame, signature);
+  clock.Mark(IngestStage::kSummarize);
   // With seal_after_ack a full block is sealed after this append's commit.
   const bool defer = env_.seal_after_ack && env_.background != nullptr;
   const bool filled = open_.FullAfter(next.open_block_frames);
   const bool full = filled && !defer;
-  if (full) sealed.push_back(SealOpenBlock(&next, &write, frame.index));
+  if (full) {
+    sealed.push_back(SealOpenBlock(&next, &write, frame.index, &clock));
+  }
 
+  PutFrame(frame, next, &write);
+  clock.Mark(IngestStage::kEncode);
+  if (absl::Status committed = env_.store->Commit(write); !committed.ok()) {
+    return AfterFailedCommit(committed);
+  }
+  clock.Mark(IngestStage::kCommit);
+  if (full) open_.Reset();
+  const size_t sealed_blocks = sealed.size();
+  InstallCommitted(next, std::move(sealed), cut == Segmenter::Cut::kShot);
+  tiers_.NoteSignals(std::move(frame.signals));
+  if (filled && defer) ScheduleSeal();
+  const absl::Status after = AfterCommit(frame.index, sealed_blocks);
+  clock.Mark(IngestStage::kInstall);
+  KVMEM_RETURN_IF_ERROR(after);
+  // Whether this frame completed a block (sealed now or soon), or cut one.
+  return AppendResult{next.last_frame,
+                      sealed_blocks > (pending ? 1u : 0u) || filled};
+}
+
+void Stream::PutFrame(const Frame& frame, const StreamState& next,
+                      StreamWrite* write) {
   if (const uint32_t part = view_.frame_part_tokens(); part > 0) {
     // Stored in parts of consecutive tokens (engine/codec/frame_parts.h);
     // the open block keeps the frame as appended. One buffer per thread.
     thread_local std::string parted;
     SplitFrame(config_.geometry, frame.token_count, part, open_.last_payload(),
                &parted);
-    write.frame.emplace(frame.index, parted);
-    write.frame_part_bytes = FramePartBytes(config_.geometry, part);
+    write->frame.emplace(frame.index, parted);
+    write->frame_part_bytes = FramePartBytes(config_.geometry, part);
   } else {
-    write.frame.emplace(frame.index, open_.last_payload());
+    write->frame.emplace(frame.index, open_.last_payload());
   }
-  write.frame_meta = EncodeSignals(frame.signals);
-  write.state = EncodeState(next);
-  if (absl::Status committed = env_.store->Commit(write); !committed.ok()) {
-    return AfterFailedCommit(committed);
-  }
-  if (full) open_.Reset();
-  const size_t sealed_blocks = sealed.size();
-  InstallCommitted(next, std::move(sealed), cut == Segmenter::Cut::kShot);
-  tiers_.NoteSignals(std::move(frame.signals));
-  if (filled && defer) ScheduleSeal();
-  KVMEM_RETURN_IF_ERROR(AfterCommit(frame.index, sealed_blocks));
-  // Whether this frame completed a block (sealed now or soon), or cut one.
-  return AppendResult{next.last_frame,
-                      sealed_blocks > (pending ? 1u : 0u) || filled};
+  write->frame_meta = EncodeSignals(frame.signals);
+  write->state = EncodeState(next);
 }
 
 void Stream::ScheduleSeal() {
@@ -284,19 +300,25 @@ absl::Status Stream::SealPendingBlock() {
   }
   // Sealed already (by the next append, or Close), or nothing to seal.
   if (!SealIsPending(next)) return absl::OkStatus();
+  StageClock clock(&ingest_cpu_);
   KVMEM_RETURN_IF_ERROR(FreshOpenBlock(next));
+  clock.Mark(IngestStage::kValidate);
   const auto last = static_cast<uint64_t>(next.last_frame);
   StreamWrite write;
   write.stream_id = id_;
   std::vector<BlockEntry> sealed;
-  sealed.push_back(SealOpenBlock(&next, &write, last));
+  sealed.push_back(SealOpenBlock(&next, &write, last, &clock));
   write.state = EncodeState(next);
+  clock.Mark(IngestStage::kEncode);
   if (absl::Status committed = env_.store->Commit(write); !committed.ok()) {
     return AfterFailedCommit(committed);
   }
+  clock.Mark(IngestStage::kCommit);
   open_.Reset();
   InstallCommitted(next, std::move(sealed), /*shot_cut=*/false);
-  return AfterCommit(last, 1);
+  const absl::Status after = AfterCommit(last, 1);
+  clock.Mark(IngestStage::kInstall);
+  return after;
 }
 
 absl::Status Stream::TakeSceneDim(const Frame& frame, StreamState* next) const {

@@ -152,6 +152,16 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   p->set_payload_bytes(s.payload_bytes);
   p->set_summary_bytes(s.summary_bytes);
   p->set_token_code_bytes(s.token_code_bytes);
+  v1::IngestCpu* cpu = p->mutable_ingest_cpu();
+  const auto& ns = s.ingest_cpu_ns;
+  cpu->set_validate_ns(ns[static_cast<int>(IngestStage::kValidate)]);
+  cpu->set_summarize_ns(ns[static_cast<int>(IngestStage::kSummarize)]);
+  cpu->set_token_groups_ns(ns[static_cast<int>(IngestStage::kTokenGroups)]);
+  cpu->set_warm_copy_ns(ns[static_cast<int>(IngestStage::kWarmCopy)]);
+  cpu->set_seal_rest_ns(ns[static_cast<int>(IngestStage::kSealRest)]);
+  cpu->set_encode_ns(ns[static_cast<int>(IngestStage::kEncode)]);
+  cpu->set_commit_ns(ns[static_cast<int>(IngestStage::kCommit)]);
+  cpu->set_install_ns(ns[static_cast<int>(IngestStage::kInstall)]);
   p->set_summary_dim(s.summary_dim);
   p->set_recalls(s.recalls);
   p->set_recalled_blocks(s.recalled_blocks);

@@ -213,11 +213,21 @@ TEST_F(ServerTest, TwoStreamsOverBothTransportsMatchOracleAndSurviveKill) {
     EXPECT_EQ(fetched[i].payload.size(), fetched[i].info.payload_bytes());
   }
 
+  // The append path's CPU by stage, through the wire: this server's
+  // appends and seals (engine/stream/ingest_cpu.h).
+  v1::StreamStats stats;
+  ASSERT_TRUE(unix_->GetStreamStats("cam-a", &stats).ok());
+  EXPECT_GT(stats.ingest_cpu().validate_ns(), 0u);
+  EXPECT_GT(stats.ingest_cpu().summarize_ns(), 0u);
+  EXPECT_GT(stats.ingest_cpu().warm_copy_ns(), 0u);
+  EXPECT_GT(stats.ingest_cpu().commit_ns(), 0u);
+
   // kill -9, restart on the same directory: same answers, resume point kept.
   server_->Kill();
   StartServer();
-  v1::StreamStats stats;
   ASSERT_TRUE(unix_->GetStreamStats("cam-a", &stats).ok());
+  // Counted since the stream was opened in this server: nothing appended.
+  EXPECT_EQ(stats.ingest_cpu().commit_ns(), 0u);
   EXPECT_EQ(stats.last_durable_frame(), 299);
   EXPECT_EQ(stats.sealed_blocks(), 75u);
   // The indexes' RAM beside the records' summaries: a fp32 copy of each

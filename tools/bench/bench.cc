@@ -358,6 +358,20 @@ void BenchRun::Ingest() {
   r_.ingest_mb_per_s = total_mb_ / secs;
   r_.ingest_frames_per_s = double(o_.frames) * o_.streams / secs;
   r_.server_cpu_ingest = (SampleProcess(o_.server_pid).cpu_s - p0.cpu_s) / secs;
+  // The stages: each stream's stats (which seal what the acks left
+  // pending), and the server's CPU up to them.
+  IngestStages& st = r_.ingest_stages;
+  st.measured = o_.server_pid >= 0;
+  for (int s = 0; s < o_.streams; ++s) {
+    v1::StreamStats stats;
+    if (!clients_[s]->GetStreamStats(StreamId(s), &stats).ok()) {
+      st.measured = false;
+      continue;
+    }
+    AddIngestCpu(stats.ingest_cpu(), &st);
+  }
+  st.server_cpu_s = SampleProcess(o_.server_pid).cpu_s - p0.cpu_s;
+  st.mb = total_mb_;
 }
 
 void BenchRun::ColdTier() {
@@ -547,6 +561,7 @@ std::string BenchJson(const BenchReport& r) {
   lat("live_empty_rpc", r.live_empty_rpc);
   w.Key("server_rss_mib").Num(r.server_rss_mib, 1);
   w.Key("server_cpu_ingest").Num(r.server_cpu_ingest, 2);
+  if (r.ingest_stages.measured) WriteIngestStagesJson(r.ingest_stages, &w);
   w.Key("server_cpu_recall").Num(r.server_cpu_recall, 2);
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   w.Key("ingest_vs_storage")
@@ -634,6 +649,7 @@ std::string BenchText(const BenchReport& r) {
         "recalling\n",
         r.server_rss_mib, r.server_cpu_ingest, r.server_cpu_recall);
   }
+  if (r.ingest_stages.measured) s += IngestStagesText(r.ingest_stages);
   return s;
 }
 

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvmem/v1/types.pb.h"
+#include "tools/bench/bench_stages.h"
 
 namespace kvmem {
 
@@ -111,6 +112,7 @@ struct BenchReport {
   // Server process (server_pid >= 0).
   double server_rss_mib = 0;                            // After the run.
   double server_cpu_ingest = 0, server_cpu_recall = 0;  // Cores busy.
+  IngestStages ingest_stages;  // The ingest phase's CPU by stage.
 };
 
 absl::StatusOr<BenchReport> RunBench(const BenchOptions& options);
