@@ -66,6 +66,18 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       static_cast<unsigned long long>(s.recalls()),
       static_cast<unsigned long long>(s.recalled_blocks()),
       static_cast<unsigned long long>(s.recalled_tokens()));
+  const v1::IngestCpu& c = s.ingest_cpu();
+  const double ms = 1e-6;
+  const double total =
+      ms * (c.validate_ns() + c.summarize_ns() + c.token_groups_ns() +
+            c.warm_copy_ns() + c.seal_rest_ns() + c.encode_ns() +
+            c.commit_ns() + c.install_ns());
+  std::printf(
+      "  ingest CPU      %.1f ms in this server: token groups %.1f, warm copy "
+      "%.1f, commit %.1f, the other stages %.1f\n",
+      total, ms * c.token_groups_ns(), ms * c.warm_copy_ns(),
+      ms * c.commit_ns(),
+      total - ms * (c.token_groups_ns() + c.warm_copy_ns() + c.commit_ns()));
   const std::pair<const char*, const v1::TierStats*> tiers[] = {
       {"warm (RAM)", &s.warm()},
       {"cold (disk, full precision)", &s.cold()},
