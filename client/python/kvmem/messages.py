@@ -382,6 +382,19 @@ class AcceleratorStats:
 
 
 @dataclass
+class IngestCpu:
+    """The append path's own CPU time by stage, nanoseconds."""
+    validate_ns: int = 0
+    summarize_ns: int = 0
+    token_groups_ns: int = 0
+    warm_copy_ns: int = 0
+    seal_rest_ns: int = 0
+    encode_ns: int = 0
+    commit_ns: int = 0
+    install_ns: int = 0
+
+
+@dataclass
 class StreamStats:
     stream_id: str = ""
     config: StreamConfig = field(default_factory=StreamConfig)
@@ -408,6 +421,7 @@ class StreamStats:
     policy: PolicyStats = field(default_factory=PolicyStats)
     index: IndexStats = field(default_factory=IndexStats)
     accelerator: AcceleratorStats = field(default_factory=AcceleratorStats)
+    ingest_cpu: IngestCpu = field(default_factory=IngestCpu)
 
 
 # --------------------------------------------------------------------------
