@@ -202,8 +202,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // The appended frame (the open block's copy, in parts when the stream
   // stores them so), its signals and the next state into *write.
-  void PutFrame(const Frame& frame, const StreamState& next,
-                StreamWrite* write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  void PutFrame(const Frame& frame, const StreamState& next, StreamWrite* write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // After a commit: the new state, the sealed blocks and the open block's
   // mean into the view, their warm bytes into the tiers.
   void InstallCommitted(const StreamState& next, std::vector<BlockEntry> sealed,
