@@ -563,25 +563,23 @@ std::string BenchJson(const BenchReport& r) {
   w.Key("server_cpu_ingest").Num(r.server_cpu_ingest, 2);
   if (r.ingest_stages.measured) WriteIngestStagesJson(r.ingest_stages, &w);
   w.Key("server_cpu_recall").Num(r.server_cpu_recall, 2);
-  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   w.Key("ingest_vs_storage")
-      .Num(ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), 3);
+      .Num(Ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), 3);
   w.Key("ingest_vs_raw_stream")
-      .Num(ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s), 3);
+      .Num(Ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s), 3);
   w.Key("recall_p99_vs_empty_rpc_p99")
-      .Num(ratio(r.recall.p99_us, r.empty_rpc.p99_us), 3);
+      .Num(Ratio(r.recall.p99_us, r.empty_rpc.p99_us), 3);
   w.Key("flat_faiss_p99_vs_inproc_p99")
-      .Num(ratio(r.flat.p99_us, r.inproc.p99_us), 2);
+      .Num(Ratio(r.flat.p99_us, r.inproc.p99_us), 2);
   w.Key("stream_recall_mass_p99_vs_summed_p99")
-      .Num(ratio(r.stream_mass.p99_us, r.stream_summed.p99_us), 2);
+      .Num(Ratio(r.stream_mass.p99_us, r.stream_summed.p99_us), 2);
   w.Key("stream_recall_tokens_p99_vs_groups_p99")
-      .Num(ratio(r.stream_tokens.p99_us, r.stream_groups.p99_us), 2);
+      .Num(Ratio(r.stream_tokens.p99_us, r.stream_groups.p99_us), 2);
   w.EndObject();
   return w.Take();
 }
 
 std::string BenchText(const BenchReport& r) {
-  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   std::string s;
   s += absl::StrFormat(
       "kvmem bench: %d streams, %.0f KiB frames, int8 kernel %s, token lanes "
@@ -595,19 +593,19 @@ std::string BenchText(const BenchReport& r) {
   s += absl::StrFormat(
       "    vs FAISS flat     p50 %7.1f us  p99 %7.1f us  -> %.1fx faster "
       "(p99)\n",
-      r.flat.p50_us, r.flat.p99_us, ratio(r.flat.p99_us, r.inproc.p99_us));
+      r.flat.p50_us, r.flat.p99_us, Ratio(r.flat.p99_us, r.inproc.p99_us));
   s += absl::StrFormat(
       "  stream recall, per-head mass  p50 %7.1f us  p99 %7.1f us; summed "
       "score p50 %.1f us p99 %.1f us (p99 x%.2f)\n",
       r.stream_mass.p50_us, r.stream_mass.p99_us, r.stream_summed.p50_us,
       r.stream_summed.p99_us,
-      ratio(r.stream_mass.p99_us, r.stream_summed.p99_us));
+      Ratio(r.stream_mass.p99_us, r.stream_summed.p99_us));
   s += absl::StrFormat(
       "  stream recall, token resolution p50 %7.1f us  p99 %7.1f us (%.0f "
       "tokens scored); token groups p50 %.1f us p99 %.1f us (p99 x%.2f)\n",
       r.stream_tokens.p50_us, r.stream_tokens.p99_us, r.stream_tokens_scored,
       r.stream_groups.p50_us, r.stream_groups.p99_us,
-      ratio(r.stream_tokens.p99_us, r.stream_groups.p99_us));
+      Ratio(r.stream_tokens.p99_us, r.stream_groups.p99_us));
   if (r.wide_inproc.count > 0) {
     s += absl::StrFormat(
         "  wide in-process     p50 %7.1f us  p99 %7.1f us; FAISS flat p99 "
@@ -618,8 +616,8 @@ std::string BenchText(const BenchReport& r) {
       "  ingest              %8.1f MB/s (%.0f frames/s); storage alone %.1f "
       "MB/s (x%.2f); transport alone %.1f MB/s (x%.2f)\n",
       r.ingest_mb_per_s, r.ingest_frames_per_s, r.storage_put_mb_per_s,
-      ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), r.raw_stream_mb_per_s,
-      ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s));
+      Ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), r.raw_stream_mb_per_s,
+      Ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s));
   s += absl::StrFormat(
       "  cold tier (%s)     %llu blocks out of RAM, %.1f MiB on disk (%.1f "
       "KiB a block)\n",
@@ -630,7 +628,7 @@ std::string BenchText(const BenchReport& r) {
       "  recall RPC          p50 %7.1f us  p99 %7.1f us  p999 %7.1f us; "
       "empty RPC p99 %.1f us (x%.2f)\n",
       r.recall.p50_us, r.recall.p99_us, r.recall.p999_us, r.empty_rpc.p99_us,
-      ratio(r.recall.p99_us, r.empty_rpc.p99_us));
+      Ratio(r.recall.p99_us, r.empty_rpc.p99_us));
   if (r.live_fps > 0) {
     s += absl::StrFormat(
         "  live %.1f fps/stream  %.1f frames/s achieved; append p99 %.1f us, "
@@ -641,7 +639,7 @@ std::string BenchText(const BenchReport& r) {
         r.live_recall.p50_us, r.live_recall.p99_us, r.live_recall.p999_us,
         r.live_recall_engine.p50_us, r.live_recall_engine.p99_us,
         r.live_empty_rpc.p50_us, r.live_empty_rpc.p99_us,
-        ratio(r.live_recall.p99_us, r.live_empty_rpc.p99_us));
+        Ratio(r.live_recall.p99_us, r.live_empty_rpc.p99_us));
   }
   if (r.server_rss_mib > 0) {
     s += absl::StrFormat(

@@ -3,11 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "tools/bench/bench_util.h"
 
 namespace kvmem {
 namespace {
-
-double Safe(double num, double den) { return den > 0 ? num / den : 0; }
 
 double Outside(const IngestStages& s) {
   double in = 0;
@@ -29,8 +28,8 @@ void WriteIngestStagesJson(const IngestStages& s, JsonWriter* w) {
   auto stage = [&](const char* name, double cpu) {
     w->Key(name).Object();
     w->Key("cpu_s").Num(cpu, 3);
-    w->Key("mb_per_s").Num(Safe(s.mb, cpu), 1);
-    w->Key("share").Num(Safe(cpu, s.server_cpu_s), 3);
+    w->Key("mb_per_s").Num(Ratio(s.mb, cpu), 1);
+    w->Key("share").Num(Ratio(cpu, s.server_cpu_s), 3);
     w->EndObject();
   };
   for (int i = 0; i < IngestStages::kStages; ++i)
@@ -48,7 +47,7 @@ std::string IngestStagesText(const IngestStages& s) {
   auto line = [&](const char* name, double cpu) {
     out +=
         absl::StrFormat("    %-14s %7.3f s  %9.1f MB/s  %5.1f %%\n", name, cpu,
-                        Safe(s.mb, cpu), 100 * Safe(cpu, s.server_cpu_s));
+                        Ratio(s.mb, cpu), 100 * Ratio(cpu, s.server_cpu_s));
   };
   for (int i = 0; i < IngestStages::kStages; ++i)
     line(kIngestStageNames[i], s.cpu_s[i]);

@@ -20,6 +20,10 @@ struct ProcSample {
 };
 ProcSample SampleProcess(int pid);
 
+// a / b, or 0 when b is not positive (a figure beside a reference that was
+// not measured).
+inline double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
 // The K and V values of one token over every layer.
 inline uint64_t KvValuesPerToken(uint32_t layers, uint32_t kv_heads,
                                  uint32_t head_dim) {
