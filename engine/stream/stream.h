@@ -123,7 +123,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // metadata, payload reads and the bytes quotas count, documented there.
   StreamStats Stats() const;
   // Seals a block an acknowledged frame completed if its seal has not run
-  // yet (EngineOptions::seal_after_ack); nothing otherwise.
+  // yet (EngineOptions::seal_after_ack), or waits for a queued seal under
+  // way to finish, budgets enforced; nothing otherwise.
   absl::Status SealIfPending() ABSL_LOCKS_EXCLUDED(append_mu_);
   absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) {
     KVMEM_RETURN_IF_ERROR(SealBeforeRead(block_id));
@@ -279,6 +280,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   RecallFeedback feedback_;
   // The append path's CPU by stage (appends and seals; its own atomics).
   IngestCpu ingest_cpu_;
+  // Seals ScheduleSeal queued that have not finished (budgets included):
+  // SealIfPending waits for them, so stats never see a sealed block before
+  // the budgets it counts against were enforced.
+  std::atomic<uint32_t> seals_queued_{0};
   RebuildSchedule rebuilds_;
 };
 

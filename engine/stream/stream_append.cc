@@ -240,9 +240,13 @@ void Stream::PutFrame(const Frame& frame, const StreamState& next,
 
 void Stream::ScheduleSeal() {
   if (env_.background == nullptr) return;  // The next append or Close seals.
+  seals_queued_.fetch_add(1, std::memory_order_acq_rel);
   std::weak_ptr<Stream> weak = weak_from_this();
   env_.background->Submit([weak] {
-    if (auto s = weak.lock()) s->SealPendingBlock().IgnoreError();
+    if (auto s = weak.lock()) {
+      s->SealPendingBlock().IgnoreError();
+      s->seals_queued_.fetch_sub(1, std::memory_order_acq_rel);
+    }
   });
 }
 
@@ -266,6 +270,11 @@ absl::Status Stream::SealBeforeRead(uint64_t block_id) {
 }
 
 absl::Status Stream::SealIfPending() {
+  // A queued seal may have installed its block and still be enforcing the
+  // budgets (under append_mu_): taking the lock waits for it to finish.
+  if (seals_queued_.load(std::memory_order_acquire) > 0) {
+    return SealPendingBlock();
+  }
   {
     kvmem::ReaderMutexLock lock(&view_.mu());
     if (!SealIsPending(view_.state())) return absl::OkStatus();

@@ -3,6 +3,7 @@
 // executor, or first thing in the next append, or after a restart). The
 // blocks, their bytes and every recall set end up as a sealing append makes
 // them.
+#include <chrono>
 #include <future>
 #include <memory>
 #include <random>
@@ -361,6 +362,55 @@ TEST_F(SealAfterAckTest, ASealAfterAFailedReplayHoldsEveryFrame) {
   fail->store(false);
   EXPECT_EQ(ReadBlock(e.get(), 0), model_.BlockBytes(0));
   ExpectAnswersOfASealingEngine(e.get(), 4);
+}
+
+// A store whose `hold_at`-th commit from now waits until released: holds a
+// seal's demotion once the seal itself has committed.
+class HeldCommits : public ForwardingColdStore {
+ public:
+  using ForwardingColdStore::ForwardingColdStore;
+  absl::Status Commit(const StreamWrite& w) override {
+    if (hold_at_.fetch_sub(1) == 1) {
+      held_.Notify();
+      release_.WaitForNotification();
+    }
+    return ForwardingColdStore::Commit(w);
+  }
+  std::atomic<int> hold_at_{0};
+  absl::Notification held_, release_;
+};
+
+// Stats taken while a queued seal enforces the budgets wait for it: they
+// never show the sealed block warm over the warm budget (the server test
+// TiersThroughTheServer saw 4 warm blocks of a 3-block budget in CI).
+TEST_F(SealAfterAckTest, StatsWaitForTheBudgetsOfASealUnderWay) {
+  testing::TempDir dir;
+  auto store = std::make_unique<HeldCommits>(
+      std::shared_ptr<ColdStore>(OpenTestStore(dir.path())));
+  HeldCommits* held = store.get();
+  absl::StatusOr<std::unique_ptr<MemoryEngine>> opened =
+      MemoryEngine::Open(std::move(store), Deferred());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  MemoryEngine* e = opened->get();
+  StreamConfig c = Config(g_);
+  c.tiers.warm_budget_bytes = 1;  // No block fits: each seal demotes.
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  std::shared_ptr<absl::Notification> release = HoldBackground(e);
+  for (uint64_t f = 0; f < 4; ++f) ASSERT_TRUE(Append(e, f).ok());
+  held->hold_at_ = 2;  // The seal's commit goes through, its demotion waits.
+  release->Notify();
+  held->held_.WaitForNotification();
+  std::future<StreamStats> stats =
+      std::async(std::launch::async, [e] { return *e->GetStats("s"); });
+  // Long enough for stats that do not wait to be read before the release.
+  EXPECT_EQ(stats.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout);
+  held->release_.Notify();
+  const StreamStats st = stats.get();
+  EXPECT_EQ(st.sealed_blocks, 1u);
+  EXPECT_EQ(st.warm.blocks, 0u);
+  EXPECT_EQ(st.warm.bytes, 0u);
+  e->WaitForBackground();
 }
 
 }  // namespace
