@@ -182,6 +182,13 @@ ABSL_FLAG(bool, seal_after_ack, true,
           "durable; the block's seal (summaries, token codes, its record) "
           "follows in the background, or at the stream's next append. "
           "false: the append seals before its ack.");
+ABSL_FLAG(bool, log_token_groups, false,
+          "Write a sealed block's token groups (group summaries and token "
+          "codes, ~13 MB of a 7B block's record) through RocksDB's "
+          "write-ahead log. false (the default): the log keeps the record "
+          "without them and they go to disk once, at the memtable's flush; "
+          "after a crash that lost them recovery builds them again from the "
+          "block's frames.");
 ABSL_FLAG(int32_t, recall_threads, 1,
           "Threads one recall may use for its scan and token scoring: the "
           "calling thread plus helpers shared by all recalls (1: the caller "
@@ -227,6 +234,7 @@ absl::Status StoreOptionsFromFlags(kvmem::RocksColdStoreOptions* o) {
         " in [1, 65536]"));
   }
   o->write_buffer_bytes = static_cast<uint64_t>(write_mib) << 20;
+  o->log_token_groups = absl::GetFlag(FLAGS_log_token_groups);
   o->block_cache_bytes = static_cast<uint64_t>(cache_mib) << 20;
   if (const int32_t reserve = absl::GetFlag(FLAGS_disk_reserve_mib);
       reserve >= 0) {

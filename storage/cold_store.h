@@ -93,6 +93,12 @@ struct StreamWrite {
   // payload either way. 0: read whole.
   uint64_t frame_part_bytes = 0;
   std::vector<std::pair<uint64_t, std::string>> blocks;  // Block records.
+  // Smaller stand-ins for some of `blocks` (same id): a store may log the
+  // stand-in and write the full record after it outside its write-ahead
+  // log, so that a crash before the full record reached its files leaves
+  // the stand-in (the engine rebuilds the rest from the block's frames).
+  // A store that logs everything ignores them.
+  std::vector<std::pair<uint64_t, std::string>> block_stubs;
   std::vector<BlockLayerWrite> block_layers;
   // Removes every layer record of these blocks.
   std::vector<uint64_t> delete_block_layers;

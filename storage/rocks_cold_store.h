@@ -77,6 +77,14 @@ struct RocksColdStoreOptions {
   // check. A mismatch is DATA_LOSS either way. false: write records as before
   // (tests of stores written by older builds).
   bool layer_checksums = true;
+  // A seal's block record logs a stand-in without its token groups (group
+  // summaries and token codes: ~13 MB of a 7B block's 13.3 MB record), and
+  // the full record goes to the memtable outside the WAL: written once to
+  // disk, at the flush, instead of twice. A crash before that flush leaves
+  // the stand-in, and recovery builds the groups again from the block's
+  // frames (the same groups: the seal is deterministic). true: log the full
+  // record (kvmem-server --log_token_groups).
+  bool log_token_groups = false;
   // Read frames and layer records with RocksDB's own check only (one
   // verified Get): the reference `kvmem bench --fetch` measures the
   // trailer against.

@@ -117,6 +117,10 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   // the memtables and flush as usual): a reopen on a nearly full disk needs
   // only a manifest and a new WAL.
   db_options.avoid_flush_during_recovery = true;
+  // Closing never flushes (RocksDB would flush every memtable once any
+  // write skipped the WAL); the store logs the block records it wrote
+  // outside the WAL instead (RocksColdStore::LogUnflushedRecords).
+  db_options.avoid_flush_during_shutdown = true;
   db_options.wal_recovery_mode =
       options.strict_wal
           ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords

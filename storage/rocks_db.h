@@ -17,6 +17,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/listener.h"
 #include "storage/rocks_cold_store.h"
+#include "storage/rocks_keys.h"
 
 namespace kvmem {
 
@@ -51,10 +52,25 @@ class ErrorListener final : public rocksdb::EventListener {
   uint64_t relocated_blob_bytes() const {
     return relocated_blob_bytes_.load(std::memory_order_relaxed);
   }
+  // The largest sequence number a flush of the block records' column
+  // family has written to its files: every write to it at or below is on
+  // disk (memtables flush in order).
+  void OnFlushCompleted(rocksdb::DB*,
+                        const rocksdb::FlushJobInfo& fi) override {
+    if (fi.cf_name != kBlocksCf) return;
+    uint64_t seen = blocks_flushed_seq_.load(std::memory_order_relaxed);
+    while (fi.largest_seqno > seen &&
+           !blocks_flushed_seq_.compare_exchange_weak(seen, fi.largest_seqno)) {
+    }
+  }
+  uint64_t blocks_flushed_seq() const {
+    return blocks_flushed_seq_.load(std::memory_order_acquire);
+  }
 
  private:
   std::atomic<bool>* const failed_;
   std::atomic<uint64_t> relocated_blob_bytes_{0};
+  std::atomic<uint64_t> blocks_flushed_seq_{0};
 };
 
 // Blob garbage collection (relocating a blob file's live blobs so the file

@@ -323,6 +323,9 @@ void RocksColdStore::Reopen() {
 void RocksColdStore::CloseDb() {
   if (db_.db == nullptr) return;
   // No WAL sync here: after a failed write it is what asserts (above).
+  // Records written outside the WAL and not flushed yet go to the WAL
+  // (avoid_flush_during_shutdown, rocks_db.cc: nothing is flushed here).
+  LogUnflushedRecords();
   for (auto* h : db_.handles) {
     db_.db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   }

@@ -186,6 +186,17 @@ class RocksColdStore final : public ColdStore {
   // most every kBlobGcCheckEvery; called after each commit and deletion (a
   // store that writes nothing collects nothing).
   void TuneBlobGc() ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // The block records of `write` that have a stand-in (block_stubs), after
+  // the commit logged the stand-ins: outside the WAL, so a crash before the
+  // memtable's flush leaves the stand-in (RocksColdStoreOptions::
+  // log_token_groups). A failure here leaves the stand-in too.
+  void WriteUnlogged(const StreamWrite& write)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // At a clean close: the records WriteUnlogged wrote that no flush has
+  // written yet go to the WAL, so a restart finds them whole without the
+  // close flushing a column family (which would put its files ahead of a
+  // WAL that salvage recovery may have to cut short).
+  void LogUnflushedRecords() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   void Reopen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   void CloseDb() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   void SetError(std::string e) ABSL_LOCKS_EXCLUDED(error_mu_);
@@ -207,6 +218,12 @@ class RocksColdStore final : public ColdStore {
   absl::Time next_reopen_ ABSL_GUARDED_BY(reopen_mu_) = absl::InfinitePast();
   kvmem::Mutex db_mu_;
   Db db_ ABSL_GUARDED_BY(db_mu_);
+  // Keys of block records written outside the WAL, each with a sequence
+  // number at or after its write, until a flush of the blocks column family
+  // passes it (ErrorListener::blocks_flushed_seq): at most a memtable's
+  // worth of records.
+  kvmem::Mutex unlogged_mu_;
+  std::map<std::string, uint64_t> unlogged_ ABSL_GUARDED_BY(unlogged_mu_);
   rocksdb::ColumnFamilyHandle* streams_ ABSL_GUARDED_BY(db_mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* blocks_ ABSL_GUARDED_BY(db_mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* payloads_ ABSL_GUARDED_BY(db_mu_) = nullptr;

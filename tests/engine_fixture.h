@@ -131,6 +131,18 @@ inline StreamConfig TestConfig(const TestGeometry& g, uint32_t window,
   return c;
 }
 
+// The product's path (the default scorer and token groups) for frames of
+// `tokens` tokens: a window of two frames, 4-frame blocks, 24 tokens a
+// recall.
+inline StreamConfig GroupedConfig(const TestGeometry& g, uint32_t tokens) {
+  StreamConfig c;
+  c.geometry = {g.layers, g.kv_heads, g.head_dim, g.dtype, 16};
+  c.hot_window_tokens = 2 * tokens;
+  c.frames_per_block = 4;
+  c.default_max_tokens = 24;
+  return c;
+}
+
 }  // namespace kvmem::testing
 
 #endif  // KVMEM_TESTS_ENGINE_FIXTURE_H_

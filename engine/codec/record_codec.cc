@@ -16,7 +16,7 @@ constexpr uint8_t kConfigVersion = 7;  // 1: without tier/recall/shot fields;
                                        // 6: without the cold precision.
 constexpr uint8_t kStateVersion = 1;
 // 1: info and summary only; 2: no groups; 3: no token codes.
-constexpr uint8_t kBlockVersion = 4;
+constexpr uint8_t kBlockVersion = 5;
 
 class Writer {
  public:
@@ -270,7 +270,11 @@ absl::StatusOr<FrameSignals> DecodeSignals(absl::string_view bytes) {
   return s;
 }
 
-std::string EncodeBlock(const BlockRecord& b) {
+namespace {
+
+// Version 5 adds groups_pending after the codes; a stub leaves the groups
+// out (empty) and sets it.
+std::string EncodeBlockRecord(const BlockRecord& b, bool stub) {
   Writer w;
   w.U8(kBlockVersion);
   w.U64(b.info.id);
@@ -298,11 +302,28 @@ std::string EncodeBlock(const BlockRecord& b) {
   w.U64(b.last_access_frame);
   w.F32(b.hits);
   w.U64(b.last_hit_frame);
-  w.Floats(b.group_summaries);
-  w.Str(absl::string_view(reinterpret_cast<const char*>(b.token_group.data()),
-                          b.token_group.size()));
-  w.Str(b.token_codes);
+  if (stub) {
+    w.Floats({});
+    w.Str("");
+    w.Str("");
+  } else {
+    w.Floats(b.group_summaries);
+    w.Str(absl::string_view(reinterpret_cast<const char*>(b.token_group.data()),
+                            b.token_group.size()));
+    w.Str(b.token_codes);
+  }
+  w.U8(stub || b.groups_pending ? 1 : 0);
   return w.Take();
+}
+
+}  // namespace
+
+std::string EncodeBlock(const BlockRecord& b) {
+  return EncodeBlockRecord(b, /*stub=*/false);
+}
+
+std::string EncodeBlockStub(const BlockRecord& b) {
+  return EncodeBlockRecord(b, /*stub=*/true);
 }
 
 absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {
@@ -341,7 +362,10 @@ absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {
     b.token_group.assign(groups.begin(), groups.end());
   }
   if (ok && version >= 4) ok = r.Str(&b.token_codes);
+  uint8_t pending = 0;
+  if (ok && version >= 5) ok = r.U8(&pending) && pending <= 1;
   if (!ok || !r.Done()) return Corrupt("block", bytes.size());
+  b.groups_pending = pending != 0;
   b.info.tier = static_cast<Tier>(tier);
   b.info.degraded = degraded != 0;
   b.disk = static_cast<DiskForm>(disk);

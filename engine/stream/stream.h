@@ -257,6 +257,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // hold (TierManager::WarmRoomAtRecovery), promoted ones first, then the
   // newest; the others' tier becomes their durable copy's.
   void ChooseWarmAtRecovery(std::vector<BlockRecord>* records) const;
+  // Builds again, from their frames, the token groups of the records a
+  // crash left as their seal's stand-ins (BlockRecord::groups_pending), and
+  // stores them as the seal did; DATA_LOSS if such a block has no frames.
+  absl::Status CompleteRecords(std::vector<BlockRecord>* records) const;
   void WarnIfBelowRecallFloor();
   Accelerator& accel() const {
     return env_.accel != nullptr ? *env_.accel : SharedCpuAccelerator();

@@ -95,6 +95,10 @@ BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
   e.warm = open_.Seal(&rec, clock);
   rec.last_access_frame = now_frame;
   write->blocks.emplace_back(rec.info.id, EncodeBlock(rec));
+  if (!rec.token_codes.empty() || !rec.group_summaries.empty()) {
+    // The store may log this and the groups apart (rebuilt if lost).
+    write->block_stubs.emplace_back(rec.info.id, EncodeBlockStub(rec));
+  }
   if (clock != nullptr) clock->Mark(IngestStage::kSealRest);
   e.sealed_record = true;
   state->next_block_id += 1;

@@ -337,26 +337,12 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(
   const Geometry& g = view_.config().geometry;
   switch (rec.disk) {
     case DiskForm::kFrames: {
-      if (view_.frame_part_tokens() > 0) {
-        // Every part, each a frame of its tokens: the warm copy is built
-        // from them as from frames (no joined frames in between).
-        Snapshot snap;
-        snap.rec.info = rec.info;
-        snap.rec.frame_tokens = rec.frame_tokens;
-        KVMEM_RETURN_IF_ERROR(LoadTokenFrames({}, &snap));
-        KVMEM_RETURN_IF_ERROR(CheckPieceSizes(snap));
-        std::vector<absl::string_view> views(snap.pieces.begin(),
-                                             snap.pieces.end());
-        return WarmBlock::FromFrames(g, views, snap.piece_tokens);
-      }
-      // One call for the block's frames (one round trip where remote).
-      KVMEM_ASSIGN_OR_RETURN(
-          std::vector<std::string> frames,
-          store_->GetFrames(view_.stream_id(), rec.info.first_frame,
-                            rec.info.last_frame));
-      KVMEM_RETURN_IF_ERROR(CheckFrameSizes(rec, frames, g));
-      std::vector<absl::string_view> views(frames.begin(), frames.end());
-      return WarmBlock::FromFrames(g, views, rec.frame_tokens);
+      // Parts are built from as frames (no joined frames in between).
+      std::vector<std::string> pieces;
+      std::vector<uint32_t> tokens;
+      KVMEM_RETURN_IF_ERROR(ReadFrames(rec, &pieces, &tokens));
+      std::vector<absl::string_view> views(pieces.begin(), pieces.end());
+      return WarmBlock::FromFrames(g, views, tokens);
     }
     case DiskForm::kFull:
     case DiskForm::kInt8:
@@ -373,6 +359,29 @@ absl::StatusOr<std::unique_ptr<WarmBlock>> BlockReader::Load(
   return absl::NotFoundError(absl::StrCat("block ", rec.info.id,
                                           " of stream \"", view_.stream_id(),
                                           "\" was evicted"));
+}
+
+absl::Status BlockReader::ReadFrames(const BlockRecord& rec,
+                                     std::vector<std::string>* pieces,
+                                     std::vector<uint32_t>* tokens) const {
+  if (view_.frame_part_tokens() > 0) {
+    // Every part, each a frame of its tokens.
+    Snapshot snap;
+    snap.rec.info = rec.info;
+    snap.rec.frame_tokens = rec.frame_tokens;
+    KVMEM_RETURN_IF_ERROR(LoadTokenFrames({}, &snap));
+    KVMEM_RETURN_IF_ERROR(CheckPieceSizes(snap));
+    *pieces = std::move(snap.pieces);
+    *tokens = std::move(snap.piece_tokens);
+    return absl::OkStatus();
+  }
+  // One call for the block's frames (one round trip where remote).
+  KVMEM_ASSIGN_OR_RETURN(
+      *pieces, store_->GetFrames(view_.stream_id(), rec.info.first_frame,
+                                 rec.info.last_frame));
+  KVMEM_RETURN_IF_ERROR(CheckFrameSizes(rec, *pieces, view_.config().geometry));
+  *tokens = rec.frame_tokens;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> BlockReader::LoadLayerRecords(

@@ -56,6 +56,13 @@ class BlockReader {
   // layer records, dequantised when degraded); NOT_FOUND when evicted.
   // Takes no lock: rec is the caller's copy.
   absl::StatusOr<std::unique_ptr<WarmBlock>> Load(const BlockRecord& rec) const;
+  // The frames a block kept as frames (DiskForm::kFrames) was sealed from,
+  // in order: whole frames as appended, or where frames are stored in parts
+  // their parts, each laid out as a frame of its tokens; (*tokens)[i] is
+  // piece i's token count. Takes no lock.
+  absl::Status ReadFrames(const BlockRecord& rec,
+                          std::vector<std::string>* pieces,
+                          std::vector<uint32_t>* tokens) const;
   // The stored records (K then V, full precision) of the given layers of a
   // block kept as layers (kFull or kInt8, dequantised). No lock.
   absl::StatusOr<std::vector<std::string>> LoadLayerRecords(

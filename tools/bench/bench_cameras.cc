@@ -61,15 +61,17 @@ size_t FrameValues(const CamerasOptions& o) {
 }
 
 // RocksDB alone, the server's store options: each of `threads` puts
-// `frames` frames of its own (one commit each, as the server's append).
+// `frames` frames of its own (one commit each, as the server's append);
+// *disk_per_byte: what that wrote to disk per frame byte.
 absl::StatusOr<double> StoragePutMbPerS(
     const CamerasOptions& o, const std::vector<std::string>& payloads,
-    int threads, int frames) {
+    int threads, int frames, double* disk_per_byte) {
   RocksColdStoreOptions so;
   so.path = o.scratch_dir + "/cameras-storage-reference";
   auto store = OpenRocksColdStore(so);
   if (!store.ok()) return store.status();
   std::vector<absl::Status> errors(threads);
+  const double written0 = SampleProcess(getpid()).disk_write_bytes;
   const auto t0 = Clock::now();
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
@@ -88,6 +90,9 @@ absl::StatusOr<double> StoragePutMbPerS(
     if (!e.ok()) return e;
   }
   store->reset();
+  // Counted as pages are dirtied, so before the files go.
+  *disk_per_byte = Ratio(SampleProcess(getpid()).disk_write_bytes - written0,
+                         double(payloads[0].size()) * frames * threads);
   std::error_code ec;
   std::filesystem::remove_all(so.path, ec);
   return double(payloads[0].size()) * frames * threads / 1e6 / seconds;
@@ -334,8 +339,13 @@ absl::StatusOr<CameraStep> Step(
   // At least the step's nominal length (the last frame is due at (n-1)/fps).
   const double seconds = std::max(MsSince(start) / 1e3, n / o.fps);
   if (o.server_pid >= 0) {
-    step.server_cpu =
-        (SampleProcess(o.server_pid).cpu_s - cpu0.cpu_s) / seconds;
+    const ProcSample cpu1 = SampleProcess(o.server_pid);
+    step.server_cpu = (cpu1.cpu_s - cpu0.cpu_s) / seconds;
+    uint64_t sent = 0;
+    for (const CameraRun& run : runs) sent += run.frames;
+    step.disk_bytes_per_frame_byte =
+        Ratio(cpu1.disk_write_bytes - cpu0.disk_write_bytes,
+              double(payloads[0][0].size()) * sent);
   }
   // The cameras themselves (this process: sending frames, reading the
   // deliveries), which share the node's cores with the server here.
@@ -426,7 +436,8 @@ absl::StatusOr<CamerasReport> RunCamerasBench(const CamerasOptions& o) {
   const int threads =
       std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   absl::StatusOr<double> put =
-      StoragePutMbPerS(o, payloads[0], threads, std::max(8, 256 / threads));
+      StoragePutMbPerS(o, payloads[0], threads, std::max(8, 256 / threads),
+                       &r.storage_disk_bytes_per_frame_byte);
   if (!put.ok()) return put.status();
   r.storage_put_mb_per_s = *put;
   r.storage_bound_cameras = r.storage_put_mb_per_s / r.camera_mb_per_s;
@@ -456,6 +467,8 @@ std::string CamerasJson(const CamerasReport& r) {
   w.Key("camera_mb_per_s").Num(r.camera_mb_per_s, 2);
   w.Key("storage_put_mb_per_s").Num(r.storage_put_mb_per_s, 1);
   w.Key("storage_bound_cameras").Num(r.storage_bound_cameras, 2);
+  w.Key("storage_disk_bytes_per_frame_byte")
+      .Num(r.storage_disk_bytes_per_frame_byte, 3);
   w.Key("cameras_kept_up").Int(r.kept_up);
   w.Key("kept_up_vs_storage_bound")
       .Num(
@@ -481,6 +494,7 @@ std::string CamerasJson(const CamerasReport& r) {
     w.Key("recalled_mib_per_recall").Num(s.set_mib, 2);
     w.Key("first_delivery_ms").Num(s.first_delivery_ms, 1);
     w.Key("server_cpu_cores").Num(s.server_cpu, 2);
+    w.Key("disk_bytes_per_frame_byte").Num(s.disk_bytes_per_frame_byte, 3);
     w.Key("client_cpu_cores").Num(s.client_cpu, 2);
     w.Key("history_frames").UInt(s.history_frames);
     w.Key("history_s").Num(s.history_s, 1);
@@ -500,12 +514,13 @@ std::string CamerasText(const CamerasReport& r) {
       "camera: %.1f MiB frames at %.1f fps = %.1f MB/s; cold tier %s; query "
       "turning %.2f a frame, %s\n"
       "RocksDB puts of the same frames: %.1f MB/s = %.2f cameras (the "
-      "storage's bound)\n",
+      "storage's bound), %.2f disk bytes per frame byte\n",
       r.cpu, r.rocksdb_crc32c, r.frame_bytes / 1048576.0, r.fps,
       r.camera_mb_per_s, r.cold_precision, r.query_turn,
       r.held_tokens ? "recalls name the tokens held"
                     : "every recall delivers its whole set",
-      r.storage_put_mb_per_s, r.storage_bound_cameras);
+      r.storage_put_mb_per_s, r.storage_bound_cameras,
+      r.storage_disk_bytes_per_frame_byte);
   for (const CameraStep& s : r.steps) {
     absl::StrAppendFormat(
         &out,
@@ -520,8 +535,8 @@ std::string CamerasText(const CamerasReport& r) {
         s.end_lag_ms, s.lag_growth_ms, s.append_ms.p50_us, s.append_ms.p99_us,
         s.recall_ms.p50_us, s.recall_ms.p99_us, s.delivered_mib, s.set_mib,
         s.first_delivery_ms, s.select_ms.p50_us, s.select_ms.p99_us,
-        s.server_cpu, s.client_cpu, s.promotions, s.demotions, s.history_frames,
-        s.history_s,
+        s.server_cpu, s.disk_bytes_per_frame_byte, s.client_cpu, s.promotions,
+        s.demotions, s.history_frames, s.history_s,
         s.history_full ? ", blocks leaving RAM" : ", warm tier not full");
   }
   absl::StrAppendFormat(

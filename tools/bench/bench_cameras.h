@@ -83,7 +83,12 @@ struct CameraStep {
   double delivered_mib = 0;  // Mean per recall.
   double set_mib = 0;        // The recalled tokens' bytes, mean per recall.
   double server_cpu = 0;     // Cores busy (server_pid known).
-  double client_cpu = 0;     // Cores the cameras (this process) kept busy.
+  // What the server wrote to disk during the step over the frames' bytes
+  // (server_pid known): RocksDB's WAL, blob and table files, records
+  // included. Flushes of the history's memtables fall in it and the step's
+  // last memtables' flushes after it.
+  double disk_bytes_per_frame_byte = 0;
+  double client_cpu = 0;  // Cores the cameras (this process) kept busy.
   // The history appended before the step: frames per camera (the most of
   // any camera), its time, and whether every camera's stream had a block
   // out of RAM by then (false: the step may not show the steady state).
@@ -106,6 +111,9 @@ struct CamerasReport {
   uint64_t frame_bytes = 0;
   double fps = 0;
   double camera_mb_per_s = 0;  // frame_bytes x fps, MB/s.
+  // What the storage reference's puts wrote to disk per frame byte (each
+  // byte to the WAL and to a blob file: ~2).
+  double storage_disk_bytes_per_frame_byte = 0;
   // RocksDB alone (the server's store options, WAL on): puts of the same
   // frames from as many threads as cores, and the cameras that rate
   // carries.

@@ -38,6 +38,12 @@ ProcSample SampleProcess(int pid) {
       s.rss_mib = std::stod(line.substr(6)) / 1024.0;  // kB.
     }
   }
+  std::ifstream io(absl::StrCat("/proc/", pid, "/io"));
+  while (std::getline(io, line)) {
+    if (line.rfind("write_bytes:", 0) == 0) {
+      s.disk_write_bytes = std::stod(line.substr(12));
+    }
+  }
   return s;
 }
 

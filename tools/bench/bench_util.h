@@ -17,6 +17,9 @@ namespace kvmem {
 struct ProcSample {
   double cpu_s = 0;
   double rss_mib = 0;
+  // Bytes the process caused to be written to storage (/proc/<pid>/io
+  // write_bytes: its page-cache writes as the kernel sends them to disk).
+  double disk_write_bytes = 0;
 };
 ProcSample SampleProcess(int pid);
 

@@ -89,8 +89,8 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   b.last_hit_frame = 11;
   std::string block = EncodeBlock(b);
   // Three empty length-prefixed fields: group summaries, token groups,
-  // token codes.
-  block.resize(block.size() - 12);
+  // token codes; and version 5's groups_pending byte.
+  block.resize(block.size() - 13);
   block[0] = 2;
   auto back = DecodeBlock(block);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -117,12 +117,51 @@ TEST(RecordCodecTest, TokenCodesRoundTripAndVersionThreeHasNone) {
 
   b.token_codes.clear();
   std::string v3 = EncodeBlock(b);
-  v3.resize(v3.size() - 4);  // The empty codes field.
+  v3.resize(v3.size() - 5);  // The empty codes field, groups_pending.
   v3[0] = 3;
   back = DecodeBlock(v3);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->group_summaries, b.group_summaries);
   EXPECT_TRUE(back->token_codes.empty());
+}
+
+// A seal's stand-in keeps everything but the token groups and says they
+// are pending; the full record (version 5) says they are not, and a version
+// 4 record reads as complete.
+TEST(RecordCodecTest, AStandInLeavesOutTheGroupsAndSaysSo) {
+  BlockRecord b;
+  b.info.id = 7;
+  b.info.first_frame = 3;
+  b.summary = {1, 2};
+  b.frame_tokens = {4, 4};
+  b.tracks.push_back({9, 2, 3, 4, {0.1f, 0.2f, 0.3f, 0.4f}});
+  b.group_summaries = {3, 4};
+  b.token_group = {0, 1, 1, 0, 0, 1, 1, 0};
+  b.token_codes = "codes";
+  auto stub = DecodeBlock(EncodeBlockStub(b));
+  ASSERT_TRUE(stub.ok()) << stub.status();
+  EXPECT_TRUE(stub->groups_pending);
+  EXPECT_TRUE(stub->group_summaries.empty());
+  EXPECT_TRUE(stub->token_group.empty());
+  EXPECT_TRUE(stub->token_codes.empty());
+  EXPECT_EQ(stub->info.first_frame, 3u);
+  EXPECT_EQ(stub->summary, b.summary);
+  EXPECT_EQ(stub->frame_tokens, b.frame_tokens);
+  ASSERT_EQ(stub->tracks.size(), 1u);
+  EXPECT_EQ(stub->tracks[0].track_id, 9u);
+  EXPECT_LT(EncodeBlockStub(b).size(), EncodeBlock(b).size());
+
+  std::string full = EncodeBlock(b);
+  auto back = DecodeBlock(full);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->groups_pending);
+  EXPECT_EQ(back->token_codes, "codes");
+  full.resize(full.size() - 1);  // Version 4: no groups_pending byte.
+  full[0] = 4;
+  back = DecodeBlock(full);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->groups_pending);
+  EXPECT_EQ(back->token_group, b.token_group);
 }
 
 // Version 3 had token groups but one score: its streams keep SUMMED, while

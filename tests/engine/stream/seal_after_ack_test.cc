@@ -26,14 +26,8 @@ using testing::ToFrame;
 
 constexpr uint32_t kTokens = 8;
 
-// The default scorer and token groups: the product's path.
 StreamConfig Config(const TestGeometry& g) {
-  StreamConfig c;
-  c.geometry = {g.layers, g.kv_heads, g.head_dim, g.dtype, 16};
-  c.hot_window_tokens = 2 * kTokens;
-  c.frames_per_block = 4;
-  c.default_max_tokens = 24;
-  return c;
+  return testing::GroupedConfig(g, kTokens);
 }
 
 EngineOptions Deferred() {
