@@ -283,6 +283,9 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   // control_mu_ orders creations and deletions; mu_ is held only for map
   // lookups, never across a commit, so other streams' calls do not wait.
   kvmem::MutexLock control(&control_mu_);
+  // Before the claim Lookup makes for a new stream (see Stream::
+  // owner_generation).
+  const uint64_t generation = ownership_generation_.load();
   KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> existing,
                          Lookup(id, /*keep_absent=*/true));
   // Fields left zero take the server's stream defaults when the stream is
@@ -303,27 +306,13 @@ absl::StatusOr<OpenStreamResult> MemoryEngine::OpenStream(
   }
   KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream,
                          Stream::Create(id, config, Env()));
+  stream->set_owner_generation(generation);
   std::shared_ptr<Stream> shared = std::move(stream);
   {
     kvmem::MutexLock lock(&mu_);
     streams_[id] = shared;
   }
   return OpenStreamResult{true, shared->Stats()};
-}
-
-absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Lookup(
-    const std::string& id, bool keep_absent) {
-  if (ownership_ != nullptr) KVMEM_RETURN_IF_ERROR(ownership_->CheckServing());
-  {
-    kvmem::MutexLock lock(&mu_);
-    KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> held, Held(id));
-    if (held != nullptr || ownership_ == nullptr) return held;
-  }
-  absl::StatusOr<std::shared_ptr<Stream>> adopted = Adopt(id, keep_absent);
-  if (adopted.status().code() == absl::StatusCode::kNotFound) {
-    return std::shared_ptr<Stream>();
-  }
-  return adopted;
 }
 
 absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::FindStream(

@@ -44,6 +44,34 @@ bool MemoryEngine::Holds(const std::string& id) const {
   return streams_.count(id) > 0;
 }
 
+absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Lookup(
+    const std::string& id, bool keep_absent) {
+  if (ownership_ != nullptr) KVMEM_RETURN_IF_ERROR(ownership_->CheckServing());
+  bool stale = false;
+  {
+    kvmem::MutexLock lock(&mu_);
+    KVMEM_ASSIGN_OR_RETURN(std::shared_ptr<Stream> held, Held(id));
+    if (ownership_ == nullptr) return held;
+    // Held from before the ownership lapsed, and not dropped yet (DisownAll
+    // runs on the background worker, maybe behind a seal): a fresh lease
+    // must not serve its stale state (it answered "frame 60 skips frames;
+    // last durable frame is 39" for a stream another server had taken on).
+    stale = held != nullptr &&
+            held->owner_generation() != ownership_generation_.load();
+    if (held != nullptr && !stale) return held;
+  }
+  if (stale) {
+    Disown(id, absl::UnavailableError(
+                   "this server's ownership lapsed since it took the stream "
+                   "up; it is taken up again"));
+  }
+  absl::StatusOr<std::shared_ptr<Stream>> adopted = Adopt(id, keep_absent);
+  if (adopted.status().code() == absl::StatusCode::kNotFound) {
+    return std::shared_ptr<Stream>();
+  }
+  return adopted;
+}
+
 absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Adopt(
     const std::string& id, bool keep_absent) {
   kvmem::MutexLock adopt(&adopt_mu_);
@@ -81,6 +109,7 @@ absl::StatusOr<std::shared_ptr<Stream>> MemoryEngine::Adopt(
         "stream \"", id,
         "\": this server's ownership lapsed while it took the stream up"));
   }
+  if (stream.ok()) (*stream)->set_owner_generation(generation);
   kvmem::MutexLock lock(&mu_);
   Install(id, want, std::move(stream));
   absl::StatusOr<std::shared_ptr<Stream>> held = Held(id);
@@ -112,7 +141,17 @@ void MemoryEngine::DisownAll(const absl::Status& why) {
   std::map<std::string, absl::Status> quarantined;
   {
     kvmem::MutexLock lock(&mu_);
-    streams.swap(streams_);
+    // Streams taken up under the fresh lease, after the lapse that queued
+    // this, stay.
+    const uint64_t now = ownership_generation_.load();
+    for (auto it = streams_.begin(); it != streams_.end();) {
+      if (it->second->owner_generation() != now) {
+        streams.insert(streams.end(), std::move(*it));
+        it = streams_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     quarantined.swap(quarantined_);
     quarantined_acks_.clear();
   }

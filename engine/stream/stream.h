@@ -186,6 +186,12 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // The stream left this server (another server owns it): every later call
   // answers `why`.
   void MarkGone(absl::Status why) ABSL_LOCKS_EXCLUDED(append_mu_);
+  // The engine's ownership generation (MemoryEngine::ownership_generation_)
+  // under which this server took the stream up: a stream held from before
+  // a lapse of the server's ownership is not served under the next lease.
+  // Set before the stream is published; read under the engine's mu_.
+  uint64_t owner_generation() const { return owner_generation_; }
+  void set_owner_generation(uint64_t g) { owner_generation_ = g; }
   // Where the open block keeps frame i's payload (tests check that ingest
   // hands the received buffer over without copying it); null when absent.
   const char* OpenPayloadData(size_t i) ABSL_LOCKS_EXCLUDED(append_mu_);
@@ -288,6 +294,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // SealIfPending waits for them, so stats never see a sealed block before
   // the budgets it counts against were enforced.
   std::atomic<uint32_t> seals_queued_{0};
+  uint64_t owner_generation_ = 0;
   RebuildSchedule rebuilds_;
 };
 

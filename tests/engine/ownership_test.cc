@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 
+#include "absl/synchronization/notification.h"
 #include "engine/memory_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -243,6 +244,40 @@ TEST_F(OwnershipEngineTest, ALapsedOwnershipStopsWritesAndDropsStreams) {
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->last_durable_frame, 8);
   ASSERT_TRUE(AppendFrames(*a, 9, 12).ok());
+}
+
+// A lapse queues the dropping of the server's streams on the background
+// worker, which may be busy (a seal). A fresh lease granted before the drop
+// ran must not serve the stream it held from before: another server may
+// have taken it on meanwhile. (A two-server CI run answered "frame 60
+// skips frames; last durable frame is 39" from such a stale stream.)
+TEST_F(OwnershipEngineTest, AStreamHeldFromBeforeALapseIsNotServedAfterIt) {
+  std::shared_ptr<FakeOwnership> own_a, own_b;
+  auto a = Open("a", &own_a);
+  auto b = Open("b", &own_b);
+  ASSERT_TRUE(Create(*a));
+  ASSERT_TRUE(AppendFrames(*a, 0, 10).ok());
+  absl::StatusOr<StreamHandle> held = a->Find("cam");
+  ASSERT_TRUE(held.ok());
+  auto release = std::make_shared<absl::Notification>();
+  StreamTestPeer::SubmitBackground(
+      *held, [release] { release->WaitForNotification(); });
+  own_a->Lapse();  // Its DisownAll waits behind the held worker.
+  {
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    registry_->holders.erase("cam");  // The lease's keys expire.
+  }
+  ASSERT_TRUE(AppendFrames(*b, 10, 20).ok());  // b takes the stream on.
+  own_a->Renew();
+  const absl::StatusOr<AppendResult> stale = a->Append("cam", At(20));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kUnavailable)
+      << stale.status();
+  EXPECT_THAT(stale.status().message(), HasSubstr("owned by b"));
+  release->Notify();
+  a->WaitForBackground();
+  absl::StatusOr<StreamStats> st = b->GetStats("cam");
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->last_durable_frame, 19);
 }
 
 }  // namespace
