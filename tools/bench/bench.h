@@ -104,8 +104,11 @@ struct BenchReport {
   uint64_t cold_tier_blocks = 0, cold_tier_bytes = 0;
   Latency recall;
   // Live phase (fps > 0).
-  double live_fps = 0;           // Asked per stream.
-  double live_frames_per_s = 0;  // Achieved, all streams.
+  double live_fps = 0;  // Asked per stream.
+  // Achieved, all streams: frames answered over the span from the first
+  // camera's first frame to the last one's last answer (session setup and
+  // stream deletion outside it), at least the nominal n / fps.
+  double live_frames_per_s = 0;
   Latency live_append, live_recall;
   Latency live_recall_engine;  // The engine's own time (RecallTiming.total_us).
   Latency live_empty_rpc;      // After each recall, same connection.
