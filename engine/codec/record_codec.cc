@@ -15,7 +15,8 @@ constexpr uint8_t kConfigVersion = 7;  // 1: without tier/recall/shot fields;
                                        // 5: without the identity share;
                                        // 6: without the cold precision.
 constexpr uint8_t kStateVersion = 1;
-// 1: info and summary only; 2: no groups; 3: no token codes.
+// 1: info and summary only; 2: no groups; 3: no token codes; 4: no
+// groups_pending.
 constexpr uint8_t kBlockVersion = 5;
 
 class Writer {
