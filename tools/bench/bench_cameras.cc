@@ -529,8 +529,9 @@ std::string CamerasText(const CamerasReport& r) {
         "append p50/p99 %.1f/%.1f ms, recall+delivery p50/p99 %.1f/%.1f ms "
         "(%.1f MiB delivered of %.1f MiB recalled; first %.0f ms; selection "
         "p50/p99 %.1f/%.1f ms), server "
-        "%.2f cores, cameras %.2f, %d promotions and %d "
-        "demotions; after %d frames of history a camera (%.1f s%s)\n",
+        "%.2f cores and %.2f disk bytes per frame byte, cameras %.2f, %d "
+        "promotions and %d demotions; after %d frames of history a camera "
+        "(%.1f s%s)\n",
         s.cameras, s.kept_up ? "kept up" : "behind: " + s.why, s.frames_per_s,
         s.end_lag_ms, s.lag_growth_ms, s.append_ms.p50_us, s.append_ms.p99_us,
         s.recall_ms.p50_us, s.recall_ms.p99_us, s.delivered_mib, s.set_mib,
