@@ -42,6 +42,7 @@ bool StreamConfig::operator==(const StreamConfig& o) const {
          tiers.rebuild_every_blocks == o.tiers.rebuild_every_blocks &&
          tiers.rebuild_every_seconds == o.tiers.rebuild_every_seconds &&
          tiers.cold_precision == o.tiers.cold_precision &&
+         tiers.ingest_precision == o.tiers.ingest_precision &&
          weights.model == o.weights.model && weights.track == o.weights.track &&
          weights.iou == o.weights.iou && weights.scene == o.weights.scene &&
          weights.score == o.weights.score &&
@@ -95,6 +96,9 @@ StreamConfig WithDefaults(const StreamConfig& config) {
   if (c.tiers.heat_half_life_frames == 0) c.tiers.heat_half_life_frames = 300;
   if (c.tiers.cold_precision == ColdPrecision::kUnspecified) {
     c.tiers.cold_precision = ColdPrecision::kFull;
+  }
+  if (c.tiers.ingest_precision == ColdPrecision::kUnspecified) {
+    c.tiers.ingest_precision = ColdPrecision::kFull;
   }
   if (c.weights.model == 0.0f) c.weights.model = 1.0f;
   if (c.indexed_layers.empty()) {
@@ -158,6 +162,7 @@ StreamConfig WithServerDefaults(const StreamConfig& requested,
   fill(&c.tiers.rebuild_every_blocks, d.tiers.rebuild_every_blocks);
   fill(&c.tiers.rebuild_every_seconds, d.tiers.rebuild_every_seconds);
   fill(&c.tiers.cold_precision, d.tiers.cold_precision);
+  fill(&c.tiers.ingest_precision, d.tiers.ingest_precision);
   // The scorer as a whole: by mode or by name, never half of each.
   if (c.weights.score == ScoreMode::kUnspecified && c.weights.scorer.empty()) {
     c.weights.score = d.weights.score;
@@ -276,6 +281,16 @@ absl::Status CheckScorer(const RecallWeights& w) {
 }
 
 // The recall, segmentation and tier policies.
+absl::Status CheckPrecision(absl::string_view field, ColdPrecision p) {
+  if (p == ColdPrecision::kFull || p == ColdPrecision::kInt8 ||
+      p == ColdPrecision::kInt4) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "config.tier_policy.", field, " is ", static_cast<uint32_t>(p),
+      "; use COLD_PRECISION_FULL, COLD_PRECISION_INT8 or COLD_PRECISION_INT4"));
+}
+
 absl::Status CheckPolicies(const StreamConfig& config) {
   // Below 1e-3 a gate's softmax divides log-masses (down to -104) into
   // values past float; above 1e6 every gate is uniform anyway.
@@ -303,15 +318,10 @@ absl::Status CheckPolicies(const StreamConfig& config) {
         "config.tier_policy.replacement is ",
         static_cast<uint32_t>(config.tiers.replacement), "; use LRU or HEAT"));
   }
-  if (config.tiers.cold_precision != ColdPrecision::kFull &&
-      config.tiers.cold_precision != ColdPrecision::kInt8 &&
-      config.tiers.cold_precision != ColdPrecision::kInt4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.tier_policy.cold_precision is ",
-                     static_cast<uint32_t>(config.tiers.cold_precision),
-                     "; use COLD_PRECISION_FULL, COLD_PRECISION_INT8 or "
-                     "COLD_PRECISION_INT4"));
-  }
+  KVMEM_RETURN_IF_ERROR(
+      CheckPrecision("cold_precision", config.tiers.cold_precision));
+  KVMEM_RETURN_IF_ERROR(
+      CheckPrecision("ingest_precision", config.tiers.ingest_precision));
   if (config.tiers.prefetch_blocks > 0 &&
       config.tiers.stage_budget_bytes == 0) {
     return absl::InvalidArgumentError(

@@ -50,6 +50,8 @@ struct TierConfig {
   uint32_t rebuild_every_blocks = 0;
   uint32_t rebuild_every_seconds = 0;
   ColdPrecision cold_precision = ColdPrecision::kUnspecified;
+  // How frames are written when appended (engine/codec/frame_codec.h).
+  ColdPrecision ingest_precision = ColdPrecision::kUnspecified;
 };
 
 // How recall scores candidates; see kvmem.v1.ScoreMode.
@@ -295,7 +297,9 @@ enum class IngestStage : int {
   kTokenGroups,   // Seal: token groups, their summaries and token codes.
   kWarmCopy,      // Seal: the block's layer-major copy in RAM.
   kSealRest,      // Seal: the block's summary, tracks, its record encoded.
-  kEncode,        // The frame split in parts, signals and state encoded.
+  kEncode,        // The frame split in parts (and quantised with
+                  // tier_policy.ingest_precision), signals and state
+                  // encoded.
   kCommit,        // ColdStore::Commit on this thread (checksums, the WAL).
   kInstall,       // The block into the view and indexes; tier moves.
   kCount

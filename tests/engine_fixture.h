@@ -3,6 +3,7 @@
 #ifndef KVMEM_TESTS_ENGINE_FIXTURE_H_
 #define KVMEM_TESTS_ENGINE_FIXTURE_H_
 
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -10,7 +11,9 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "engine/codec/dtype.h"
 #include "engine/memory_engine.h"
 #include "engine/stream/stream.h"
 #include "gtest/gtest.h"
@@ -129,6 +132,33 @@ inline StreamConfig TestConfig(const TestGeometry& g, uint32_t window,
   c.weights.score = ScoreMode::kSummed;
   c.groups_per_block = 1;
   return c;
+}
+
+// A block's payload read back in frame-major layout, or the read's error.
+inline absl::StatusOr<std::string> FrameMajor(const StreamHandle& stream,
+                                              uint64_t block) {
+  auto pieces = stream.ReadBlockPayload(block, PayloadLayout::kFrameMajor, {});
+  if (!pieces.ok()) return pieces.status();
+  std::string got;
+  for (const auto& p : *pieces) got += p.ToString();
+  return got;
+}
+
+// A lossy copy: the same size, not the same values, every value within
+// `bound` of the original's.
+inline void ExpectWithin(const std::string& want, const std::string& got,
+                         DType dtype, float bound, uint64_t block) {
+  ASSERT_EQ(got.size(), want.size()) << "block " << block;
+  std::vector<float> x(want.size() / DTypeBytes(dtype)), y(x.size());
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(want.data()), x.size(), dtype,
+                x.data());
+  DecodeToFloat(reinterpret_cast<const uint8_t*>(got.data()), y.size(), dtype,
+                y.data());
+  EXPECT_NE(x, y) << "block " << block;
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_LE(std::fabs(x[i] - y[i]), bound)
+        << "block " << block << " value " << i;
+  }
 }
 
 // The product's path (the default scorer and token groups) for frames of

@@ -8,12 +8,13 @@
 namespace kvmem {
 namespace {
 
-constexpr uint8_t kConfigVersion = 7;  // 1: without tier/recall/shot fields;
+constexpr uint8_t kConfigVersion = 8;  // 1: without tier/recall/shot fields;
                                        // 2: without groups_per_block;
                                        // 3: without the score mode;
                                        // 4: without the scorer's name;
                                        // 5: without the identity share;
-                                       // 6: without the cold precision.
+                                       // 6: without the cold precision;
+                                       // 7: without the ingest precision.
 constexpr uint8_t kStateVersion = 1;
 // 1: info and summary only; 2: no groups; 3: no token codes; 4: no
 // groups_pending.
@@ -131,6 +132,7 @@ std::string EncodeConfig(const StreamConfig& c) {
   w.U8(c.weights.identity_share.has_value() ? 1 : 0);
   w.F32(c.weights.identity_share.value_or(0.0f));
   w.U32(static_cast<uint32_t>(c.tiers.cold_precision));
+  w.U32(static_cast<uint32_t>(c.tiers.ingest_precision));
   return w.Take();
 }
 
@@ -194,6 +196,10 @@ absl::StatusOr<StreamConfig> DecodeConfig(absl::string_view bytes) {
   uint32_t precision = static_cast<uint32_t>(ColdPrecision::kFull);
   if (ok && version >= 7) ok = r.U32(&precision);
   c.tiers.cold_precision = static_cast<ColdPrecision>(precision);
+  // Before version 8 every stream wrote its frames as appended.
+  uint32_t ingest = static_cast<uint32_t>(ColdPrecision::kFull);
+  if (ok && version >= 8) ok = r.U32(&ingest);
+  c.tiers.ingest_precision = static_cast<ColdPrecision>(ingest);
   if (!ok || !r.Done()) return Corrupt("config", bytes.size());
   c.segment_mode = static_cast<SegmentMode>(mode);
   c.geometry.dtype = static_cast<DType>(dtype);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/timing.h"
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/frame_parts.h"
 #include "engine/recall/recaller.h"
 #include "engine/recall/token_groups.h"
@@ -86,6 +87,8 @@ absl::StatusOr<std::vector<BlockRecord>> Stream::LoadRecords(
     const StreamState& state) const {
   auto frame_tokens = [&](uint64_t f) -> absl::StatusOr<uint32_t> {
     KVMEM_ASSIGN_OR_RETURN(std::string payload, env_.store->GetFrame(id_, f));
+    KVMEM_RETURN_IF_ERROR(DecodeStoredFrame(
+        config_.geometry, config_.tiers.ingest_precision, &payload));
     return StoredFrameTokens(config_.geometry, id_, f, payload.size());
   };
   std::vector<BlockRecord> records;
@@ -128,6 +131,8 @@ absl::Status Stream::ReplayOpenBlock(const StreamState& state) {
     Frame frame;
     frame.index = f;
     KVMEM_ASSIGN_OR_RETURN(frame.payload, env_.store->GetFrame(id_, f));
+    KVMEM_RETURN_IF_ERROR(DecodeStoredFrame(
+        config_.geometry, config_.tiers.ingest_precision, &frame.payload));
     KVMEM_ASSIGN_OR_RETURN(
         frame.token_count,
         StoredFrameTokens(config_.geometry, id_, f, frame.payload.size()));

@@ -207,6 +207,14 @@ class Stream : public std::enable_shared_from_this<Stream> {
   BlockEntry SealOpenBlock(StreamState* state, StreamWrite* write,
                            uint64_t now_frame, StageClock* clock = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
+  // With tier_policy.ingest_precision INT8 or INT4: the frame's rows (in
+  // parts when the stream stores them so) encoded into encoded_frame_, and
+  // its payload replaced by their decoded values, so what the open block,
+  // the seal and every later read see is what the store keeps.
+  // INVALID_ARGUMENT for a value quantisation cannot take (NaN, Inf,
+  // beyond +-65536).
+  absl::Status EncodeAtIngest(Frame* frame)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_);
   // The appended frame (the open block's copy, in parts when the stream
   // stores them so), its signals and the next state into *write.
   void PutFrame(const Frame& frame, const StreamState& next, StreamWrite* write)
@@ -282,6 +290,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   OpenBlock open_ ABSL_GUARDED_BY(append_mu_);
   // open_ lacks frames the state says it holds (see FreshOpenBlock).
   bool open_stale_ ABSL_GUARDED_BY(append_mu_) = false;
+  // The last frame as stored, when the stream encodes frames (EncodeAtIngest).
+  std::string encoded_frame_ ABSL_GUARDED_BY(append_mu_);
 
   RecallView view_;
   BlockReader reader_;

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/codec/dtype.h"
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/frame_parts.h"
 #include "engine/signals/frame_signals.h"
 #include "engine/stream/stream.h"
@@ -161,6 +163,8 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
   KVMEM_RETURN_IF_ERROR(TakeSceneDim(frame, &next));
   KVMEM_RETURN_IF_ERROR(FreshOpenBlock(next));
   clock.Mark(IngestStage::kValidate);
+  KVMEM_RETURN_IF_ERROR(EncodeAtIngest(&frame));
+  clock.Mark(IngestStage::kEncode);
   // Work on copies of the open block's state, applied only once committed.
   StreamWrite write;
   write.stream_id = id_;
@@ -225,16 +229,55 @@ absl::StatusOr<AppendResult> Stream::Append(Frame frame) {
                       sealed_blocks > (pending ? 1u : 0u) || filled};
 }
 
+absl::Status Stream::EncodeAtIngest(Frame* frame) {
+  const ColdPrecision p = config_.tiers.ingest_precision;
+  if (!FramesEncoded(p)) return absl::OkStatus();
+  const Geometry& g = config_.geometry;
+  const int64_t bad =
+      FindOutOfRange(reinterpret_cast<const uint8_t*>(frame->payload.data()),
+                     frame->payload.size() / DTypeBytes(g.dtype), g.dtype);
+  if (bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame.payload has a value that is NaN, Inf or beyond +-65536 at "
+        "element ",
+        bad, "; a stream with tier_policy.ingest_precision ",
+        p == ColdPrecision::kInt4 ? "INT4" : "INT8",
+        " quantises every value and needs them finite and in [-65536, "
+        "65536]"));
+  }
+  // Encoded once, as the store keeps it; decoded back in the same layout.
+  thread_local std::string parted, decoded;
+  const uint32_t part = view_.frame_part_tokens();
+  absl::string_view rows = frame->payload;
+  if (part > 0) {
+    SplitFrame(g, frame->token_count, part, frame->payload, &parted);
+    rows = parted;
+  }
+  EncodeFrameRows(g, p, rows, &encoded_frame_);
+  KVMEM_RETURN_IF_ERROR(DecodeFrameRows(g, p, encoded_frame_, &decoded));
+  if (part > 0) {
+    frame->payload = JoinFrame(g, frame->token_count, part, decoded);
+  } else {
+    frame->payload.swap(decoded);
+  }
+  return absl::OkStatus();
+}
+
 void Stream::PutFrame(const Frame& frame, const StreamState& next,
                       StreamWrite* write) {
-  if (const uint32_t part = view_.frame_part_tokens(); part > 0) {
+  const Geometry& g = config_.geometry;
+  const uint32_t part = view_.frame_part_tokens();
+  if (const ColdPrecision p = config_.tiers.ingest_precision;
+      FramesEncoded(p)) {
+    write->frame.emplace(frame.index, encoded_frame_);
+    if (part > 0) write->frame_part_bytes = EncodedFrameBytes(g, p, part);
+  } else if (part > 0) {
     // Stored in parts of consecutive tokens (engine/codec/frame_parts.h);
     // the open block keeps the frame as appended. One buffer per thread.
     thread_local std::string parted;
-    SplitFrame(config_.geometry, frame.token_count, part, open_.last_payload(),
-               &parted);
+    SplitFrame(g, frame.token_count, part, open_.last_payload(), &parted);
     write->frame.emplace(frame.index, parted);
-    write->frame_part_bytes = FramePartBytes(config_.geometry, part);
+    write->frame_part_bytes = FramePartBytes(g, part);
   } else {
     write->frame.emplace(frame.index, open_.last_payload());
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/stream_copy.h"
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/quantize.h"
 #include "engine/stream_config.h"
 
@@ -379,7 +380,12 @@ absl::Status BlockReader::ReadFrames(const BlockRecord& rec,
   KVMEM_ASSIGN_OR_RETURN(
       *pieces, store_->GetFrames(view_.stream_id(), rec.info.first_frame,
                                  rec.info.last_frame));
-  KVMEM_RETURN_IF_ERROR(CheckFrameSizes(rec, *pieces, view_.config().geometry));
+  const StreamConfig& c = view_.config();
+  for (std::string& frame : *pieces) {
+    KVMEM_RETURN_IF_ERROR(
+        DecodeStoredFrame(c.geometry, c.tiers.ingest_precision, &frame));
+  }
+  KVMEM_RETURN_IF_ERROR(CheckFrameSizes(rec, *pieces, c.geometry));
   *tokens = rec.frame_tokens;
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "base/stream_copy.h"
 #include "engine/codec/dtype.h"
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/frame_parts.h"
 #include "engine/stream_config.h"
 #include "engine/tiers/block_reader.h"
@@ -87,10 +88,14 @@ absl::Status BlockReader::LoadTokenFrames(const std::vector<uint32_t>& tokens,
     add(f, frame_start, part > 0 ? (tok - frame_start) / part : 0);
   }
   const Geometry& g = view_.config().geometry;
+  const ColdPrecision form = view_.config().tiers.ingest_precision;
   if (part > 0) {
+    const uint64_t part_bytes = FramesEncoded(form)
+                                    ? EncodedFrameBytes(g, form, part)
+                                    : FramePartBytes(g, part);
     KVMEM_ASSIGN_OR_RETURN(
-        snap->pieces, store_->GetFrameParts(view_.stream_id(),
-                                            FramePartBytes(g, part), refs));
+        snap->pieces,
+        store_->GetFrameParts(view_.stream_id(), part_bytes, refs));
   } else if (!refs.empty()) {
     // Whole frames: one call for the range (one round trip where remote).
     KVMEM_ASSIGN_OR_RETURN(
@@ -108,6 +113,9 @@ absl::Status BlockReader::LoadTokenFrames(const std::vector<uint32_t>& tokens,
     return absl::DataLossError(
         absl::StrCat(refs.size(), " pieces of the frames of block ",
                      snap->rec.info.id, " read as ", snap->pieces.size()));
+  }
+  for (std::string& piece : snap->pieces) {
+    KVMEM_RETURN_IF_ERROR(DecodeStoredFrame(g, form, &piece));
   }
   snap->piece_first = std::move(firsts);
   snap->piece_tokens = std::move(counts);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/quantize.h"
 #include "engine/stream_config.h"
 
@@ -181,8 +182,9 @@ TierManager::TierMove TierManager::NextTierMove(uint64_t incoming_warm,
   uint64_t cold = 0, disk = 0;
   if (t.storage_cap_bytes > 0 || t.cold_budget_bytes > 0) {
     for (const BlockEntry& e : blocks) {
-      disk += DiskBytes(config_.geometry, e.rec);
-      if (TierOf(e) == Tier::kCold) cold += e.rec.info.payload_bytes;
+      const uint64_t bytes = DiskBytes(config_, e.rec);
+      disk += bytes;
+      if (TierOf(e) == Tier::kCold) cold += bytes;
     }
   }
   // A staged copy or the block being promoted must keep its durable form.
@@ -221,7 +223,7 @@ TierManager::TierMove TierManager::NextTierMove(uint64_t incoming_warm,
         blocks[move.victim].rec.disk != DiskForm::kInt8 &&
         blocks[move.victim].rec.disk != DiskForm::kInt4 &&
         t.cold_precision == ColdPrecision::kFull &&
-        cold + blocks[move.victim].rec.info.payload_bytes >
+        cold + DiskBytes(config_, blocks[move.victim].rec) >
             t.cold_budget_bytes) {
       const int64_t room = coldest(Tier::kCold);
       if (room >= 0) move = {room, TierMove::kDegrade};
@@ -258,8 +260,12 @@ absl::Status TierManager::Demote(uint64_t id) {
     write.delete_frames.emplace_back(rec.info.first_frame, rec.info.last_frame);
     rec.disk = int4 ? DiskForm::kInt4 : DiskForm::kInt8;
     rec.info.degraded = true;
-  } else if (rec.disk == DiskForm::kFrames && env_.demote_keeps_frames) {
-    // The frames stay its durable copy; their signals (only an open
+  } else if (rec.disk == DiskForm::kFrames &&
+             (env_.demote_keeps_frames ||
+              FramesEncoded(config_.tiers.ingest_precision))) {
+    // The frames stay its durable copy (always when they are stored
+    // compressed: per-layer records would be the full precision's bytes
+    // again); their signals (only an open
     // block's are read back) are in the block's record. No durable form
     // changes: a record its seal wrote is not rewritten (13 MB at 7B; see
     // WarmRoomAtRecovery), one a promotion wrote is (recovery would take

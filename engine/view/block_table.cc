@@ -1,5 +1,6 @@
 #include "engine/view/block_table.h"
 
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/quantize.h"
 
 namespace kvmem {
@@ -21,9 +22,15 @@ Tier TierOf(const BlockEntry& e) {
   return Tier::kUnspecified;
 }
 
-uint64_t DiskBytes(const Geometry& g, const BlockRecord& rec) {
+uint64_t DiskBytes(const StreamConfig& c, const BlockRecord& rec) {
+  const Geometry& g = c.geometry;
   switch (rec.disk) {
     case DiskForm::kFrames:
+      if (FramesEncoded(c.tiers.ingest_precision)) {
+        return EncodedFrameBytes(g, c.tiers.ingest_precision,
+                                 rec.info.token_count);
+      }
+      return rec.info.payload_bytes;
     case DiskForm::kFull:
       return rec.info.payload_bytes;
     case DiskForm::kInt8:

@@ -35,8 +35,9 @@ struct BlockEntry {
 // that is not only staged, else where its durable copy is.
 Tier TierOf(const BlockEntry& e);
 
-// Bytes a block's durable form holds on disk (0 when evicted).
-uint64_t DiskBytes(const Geometry& g, const BlockRecord& rec);
+// Bytes a block's durable form holds on disk (0 when evicted): its frames
+// as the stream writes them (tier_policy.ingest_precision), its layers.
+uint64_t DiskBytes(const StreamConfig& c, const BlockRecord& rec);
 
 // The sealed blocks by id. The leading blocks that are wholly gone
 // (evicted: no disk form, no RAM copy, no move in progress) are dropped

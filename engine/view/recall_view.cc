@@ -196,11 +196,11 @@ void RecallView::FillStats(StreamStats* s) const {
         break;
       case Tier::kCold:
         s->cold.blocks += 1;
-        s->cold.bytes += DiskBytes(config_.geometry, e.rec);
+        s->cold.bytes += DiskBytes(config_, e.rec);
         break;
       case Tier::kDegraded:
         s->degraded.blocks += 1;
-        s->degraded.bytes += DiskBytes(config_.geometry, e.rec);
+        s->degraded.bytes += DiskBytes(config_, e.rec);
         break;
       default:
         s->evicted.blocks += 1;

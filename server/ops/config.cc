@@ -123,6 +123,8 @@ const DefaultKey kDefaultKeys[] = {
     {"rebuild_every_seconds", Kind::kU32,
      KVMEM_FIELD(tiers.rebuild_every_seconds)},
     {"cold_precision", Kind::kColdPrecision, KVMEM_FIELD(tiers.cold_precision)},
+    {"ingest_precision", Kind::kColdPrecision,
+     KVMEM_FIELD(tiers.ingest_precision)},
 };
 #undef KVMEM_FIELD
 

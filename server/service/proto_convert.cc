@@ -33,6 +33,7 @@ StreamConfig FromProto(const v1::StreamConfig& p) {
   c.tiers.rebuild_every_blocks = t.rebuild_every_blocks();
   c.tiers.rebuild_every_seconds = t.rebuild_every_seconds();
   c.tiers.cold_precision = static_cast<ColdPrecision>(t.cold_precision());
+  c.tiers.ingest_precision = static_cast<ColdPrecision>(t.ingest_precision());
   c.weights.model = p.recall_policy().model_weight();
   c.weights.track = p.recall_policy().track_weight();
   c.weights.iou = p.recall_policy().iou_weight();
@@ -120,6 +121,8 @@ void ToProto(const StreamConfig& c, v1::StreamConfig* p) {
   t->set_rebuild_every_blocks(c.tiers.rebuild_every_blocks);
   t->set_rebuild_every_seconds(c.tiers.rebuild_every_seconds);
   t->set_cold_precision(static_cast<v1::ColdPrecision>(c.tiers.cold_precision));
+  t->set_ingest_precision(
+      static_cast<v1::ColdPrecision>(c.tiers.ingest_precision));
   v1::RecallPolicy* r = p->mutable_recall_policy();
   r->set_model_weight(c.weights.model);
   r->set_track_weight(c.weights.track);

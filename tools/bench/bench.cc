@@ -127,6 +127,8 @@ v1::StreamConfig StreamConfigOf(const BenchOptions& o, const DemoGeometry& g) {
   v1::StreamConfig c = DemoStreamConfig(g);
   c.mutable_tier_policy()->set_cold_precision(
       ColdPrecisionOf(o.cold_precision));
+  c.mutable_tier_policy()->set_ingest_precision(
+      ColdPrecisionOf(o.ingest_precision));
   return c;
 }
 
@@ -178,6 +180,7 @@ class BenchRun {
       : o_(o), g_(GeometryOf(o)), config_(StreamConfigOf(o, g_)) {
     r_.streams = o.streams;
     r_.cold_precision = o.cold_precision;
+    r_.ingest_precision = o.ingest_precision;
     r_.kernel = ActiveInt8Kernel().name;
     r_.token_lanes = LaneTokenKernel();
     r_.cpu = CpuModel();
@@ -550,6 +553,7 @@ std::string BenchJson(const BenchReport& r) {
   w.Key("ingest_mb_per_s").Num(r.ingest_mb_per_s, 1);
   w.Key("ingest_frames_per_s").Num(r.ingest_frames_per_s, 1);
   w.Key("cold_precision").Str(r.cold_precision);
+  w.Key("ingest_precision").Str(r.ingest_precision);
   w.Key("cold_tier_blocks").UInt(r.cold_tier_blocks);
   w.Key("cold_tier_bytes").UInt(r.cold_tier_bytes);
   w.Key("raw_stream_mb_per_s").Num(r.raw_stream_mb_per_s, 1);
@@ -634,10 +638,11 @@ std::string BenchText(const BenchReport& r) {
       Ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s));
   s += absl::StrFormat(
       "  cold tier (%s)     %llu blocks out of RAM, %.1f MiB on disk (%.1f "
-      "KiB a block)\n",
+      "KiB a block); frames written %s\n",
       r.cold_precision, r.cold_tier_blocks, r.cold_tier_bytes / 1048576.0,
       r.cold_tier_blocks > 0 ? r.cold_tier_bytes / 1024.0 / r.cold_tier_blocks
-                             : 0.0);
+                             : 0.0,
+      r.ingest_precision);
   s += absl::StrFormat(
       "  recall RPC          p50 %7.1f us  p99 %7.1f us  p999 %7.1f us; "
       "empty RPC p99 %.1f us (x%.2f)\n",

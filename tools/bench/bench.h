@@ -50,6 +50,9 @@ struct BenchOptions {
   // How the streams keep blocks that leave RAM (tier_policy.
   // cold_precision): "full", "int8" or "int4".
   std::string cold_precision = "full";
+  // How the streams write frames when appended (tier_policy.
+  // ingest_precision): "full", "int8" or "int4".
+  std::string ingest_precision = "full";
   uint32_t recall_top_k = 16;
   uint32_t recall_max_tokens = 512;
   // In-process index figures.
@@ -100,7 +103,7 @@ struct BenchReport {
   double ingest_mb_per_s = 0, ingest_frames_per_s = 0;
   // After ingest, all streams: the blocks out of RAM (cold and degraded
   // tiers) and their bytes on disk, and the bytes appended to them.
-  std::string cold_precision;
+  std::string cold_precision, ingest_precision;
   uint64_t cold_tier_blocks = 0, cold_tier_bytes = 0;
   Latency recall;
   // Live phase (fps > 0).

@@ -49,6 +49,8 @@ v1::StreamConfig CameraConfig(const CamerasOptions& o) {
   g->set_max_tokens_per_frame(o.tokens_per_frame);
   c.mutable_tier_policy()->set_cold_precision(
       ColdPrecisionOf(o.cold_precision));
+  c.mutable_tier_policy()->set_ingest_precision(
+      ColdPrecisionOf(o.ingest_precision));
   for (uint32_t l = 0; l < o.indexed_layers && l < o.layers; ++l) {
     c.mutable_index_policy()->add_indexed_layers(l);
   }
@@ -415,6 +417,7 @@ absl::StatusOr<CamerasReport> RunCamerasBench(const CamerasOptions& o) {
   r.cpu = CpuModel();
   r.rocksdb_crc32c = RocksCrc32cKernel();
   r.cold_precision = o.cold_precision;
+  r.ingest_precision = o.ingest_precision;
   r.query_turn = o.query_turn;
   r.held_tokens = o.held_tokens;
   r.fps = o.fps;
@@ -461,6 +464,7 @@ std::string CamerasJson(const CamerasReport& r) {
   w.Key("rocksdb_crc32c").Str(r.rocksdb_crc32c);
   w.Key("frame_bytes").UInt(r.frame_bytes);
   w.Key("cold_precision").Str(r.cold_precision);
+  w.Key("ingest_precision").Str(r.ingest_precision);
   w.Key("query_turn").Num(r.query_turn, 3);
   w.Key("held_tokens").Bool(r.held_tokens);
   w.Key("fps").Num(r.fps, 2);
@@ -511,12 +515,12 @@ std::string CamerasJson(const CamerasReport& r) {
 std::string CamerasText(const CamerasReport& r) {
   std::string out = absl::StrFormat(
       "cpu: %s; RocksDB's CRC32C: %s\n"
-      "camera: %.1f MiB frames at %.1f fps = %.1f MB/s; cold tier %s; query "
-      "turning %.2f a frame, %s\n"
+      "camera: %.1f MiB frames at %.1f fps = %.1f MB/s; cold tier %s, "
+      "frames written %s; query turning %.2f a frame, %s\n"
       "RocksDB puts of the same frames: %.1f MB/s = %.2f cameras (the "
       "storage's bound), %.2f disk bytes per frame byte\n",
       r.cpu, r.rocksdb_crc32c, r.frame_bytes / 1048576.0, r.fps,
-      r.camera_mb_per_s, r.cold_precision, r.query_turn,
+      r.camera_mb_per_s, r.cold_precision, r.ingest_precision, r.query_turn,
       r.held_tokens ? "recalls name the tokens held"
                     : "every recall delivers its whole set",
       r.storage_put_mb_per_s, r.storage_bound_cameras,

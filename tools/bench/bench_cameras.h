@@ -49,7 +49,8 @@ struct CamerasOptions {
   uint32_t layers = 32, kv_heads = 8, head_dim = 128, tokens_per_frame = 128;
   uint32_t hot_window_tokens = 2048;  // 16 frames: 5.3 s.
   uint32_t recall_max_tokens = 614;
-  std::string cold_precision = "full";  // tier_policy.cold_precision.
+  std::string cold_precision = "full";    // tier_policy.cold_precision.
+  std::string ingest_precision = "full";  // tier_policy.ingest_precision.
   // History per camera before each step (see above): at most this many
   // frames; 0: none (a step from an empty stream).
   uint32_t max_history_frames = 256;
@@ -105,7 +106,7 @@ struct CameraStep {
 struct CamerasReport {
   std::string cpu;
   std::string rocksdb_crc32c;  // storage/rocks_crc32c.h
-  std::string cold_precision;
+  std::string cold_precision, ingest_precision;
   double query_turn = 0;
   bool held_tokens = false;
   uint64_t frame_bytes = 0;

@@ -22,6 +22,7 @@
 #include "base/percentile.h"
 #include "base/timing.h"
 #include "engine/codec/dtype.h"
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/quantize.h"
 #include "engine/codec/record_codec.h"
 #include "engine/index/block_index.h"
@@ -114,6 +115,23 @@ void BM_DegradeLayer(benchmark::State& state) {
                                   : QuantizeLayer(g, tokens, layer));
   }
   state.SetBytesProcessed(state.iterations() * layer.size());
+}
+
+// What an append of a stream with tier_policy.ingest_precision pays on top
+// of a full-precision one's: its rows encoded and decoded back (arg: int4),
+// 7B rows (head_dim 128, fp16), 1 MiB of them; bytes are the frame's.
+void BM_IngestRoundTrip(benchmark::State& state) {
+  const Geometry g{32, 8, 128, DType::kFp16, 128};
+  const ColdPrecision p =
+      state.range(0) != 0 ? ColdPrecision::kInt4 : ColdPrecision::kInt8;
+  std::mt19937_64 rng(3);
+  const std::string rows = Fp16Of(rng, 512 * 1024);
+  std::string enc, dec;
+  for (auto _ : state) {
+    EncodeFrameRows(g, p, rows, &enc);
+    benchmark::DoNotOptimize(DecodeFrameRows(g, p, enc, &dec).ok());
+  }
+  state.SetBytesProcessed(state.iterations() * rows.size());
 }
 
 void BM_RestoreLayer(benchmark::State& state) {
@@ -925,6 +943,7 @@ BENCHMARK(BM_RestoreLayer)
     ->Args({128, 128, 0})
     ->Args({512, 1024, 0})
     ->Args({512, 1024, 1});
+BENCHMARK(BM_IngestRoundTrip)->Arg(0)->Arg(1);
 BENCHMARK(BM_FrameEncodeFp16);
 BENCHMARK(BM_FrameDecodeFp16);
 BENCHMARK(BM_BlockRecordCodec);

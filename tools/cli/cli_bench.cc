@@ -55,6 +55,11 @@ ABSL_FLAG(bool, camera_held_tokens, true,
 ABSL_FLAG(std::string, cold_precision, "full",
           "bench: how the streams keep blocks that leave RAM: full (the "
           "default), int8 or int4 (tier_policy.cold_precision).");
+ABSL_FLAG(std::string, ingest_precision, "full",
+          "bench and eval: how kvmem's streams write frames when appended: "
+          "full (the default), int8 or int4 (tier_policy.ingest_precision); "
+          "eval's int8 / int4 output errors then read every token quantised "
+          "as written.");
 ABSL_FLAG(uint32_t, index_vectors, 10800,
           "bench: summaries in the in-process index figures (10,800: one "
           "camera-hour at 3 fps).");
@@ -143,6 +148,14 @@ int RunBench(const std::vector<std::string>&) {
     return 2;
   }
   o.cold_precision = precision;
+  o.ingest_precision = absl::GetFlag(FLAGS_ingest_precision);
+  if (ColdPrecisionOf(o.ingest_precision) == v1::COLD_PRECISION_UNSPECIFIED) {
+    std::fprintf(stderr,
+                 "kvmem bench: --ingest_precision is \"%s\"; use full, int8 "
+                 "or int4\n",
+                 o.ingest_precision.c_str());
+    return 2;
+  }
   if (o.streams < 1 || o.streams > 1024 || o.frames < 1 || o.recalls < 1 ||
       o.fps < 0 || o.inproc_vectors < 16 || o.inproc_queries < 1) {
     std::fprintf(stderr,
@@ -237,6 +250,7 @@ int RunBench(const std::vector<std::string>&) {
     co.query_turn = absl::GetFlag(FLAGS_camera_query_turn);
     co.held_tokens = absl::GetFlag(FLAGS_camera_held_tokens);
     co.cold_precision = o.cold_precision;
+    co.ingest_precision = o.ingest_precision;
     co.seed = o.seed;
     co.progress = o.progress;
     absl::StatusOr<CamerasReport> c = RunCamerasBench(co);

@@ -131,6 +131,7 @@ ABSL_FLAG(bool, shot_blocks, false,
 ABSL_FLAG(bool, no_window_lse, false,
           "eval: the kvmem policy does not send its window's log-sum-exp "
           "(kvmem estimates it).");
+ABSL_DECLARE_FLAG(std::string, ingest_precision);  // cli_bench.cc
 ABSL_FLAG(std::string, kvmem_variants,
           "kvmem_summed,kvmem_no_lse,kvmem_per_head,kvmem_groups,"
           "kvmem_attention_only,kvmem_mean_query",
@@ -341,6 +342,18 @@ int EvalOptionsFromFlags(EvalOptions* op) {
     return 2;
   }
   k.window_lse = !absl::GetFlag(FLAGS_no_window_lse);
+  const std::string ingest = absl::GetFlag(FLAGS_ingest_precision);
+  k.ingest_precision = ingest == "full"   ? 1
+                       : ingest == "int8" ? 2
+                       : ingest == "int4" ? 3
+                                          : -1;
+  if (k.ingest_precision < 0) {
+    std::fprintf(stderr,
+                 "kvmem eval: --ingest_precision is \"%s\"; use full, int8 or "
+                 "int4\n",
+                 ingest.c_str());
+    return 2;
+  }
   o.kvmem_variants.clear();
   for (absl::string_view name : absl::StrSplit(
            absl::GetFlag(FLAGS_kvmem_variants), ',', absl::SkipEmpty())) {

@@ -158,7 +158,7 @@ const std::vector<Subcommand>& Subcommands() {
        "  or a recorded trace (--write_trace=DIR records one)",
        {"cameras", "frames", "places", "seed", "layers", "kv_heads", "head_dim",
         "tokens_per_frame", "hot_window_tokens", "frames_per_block",
-        "warm_budget_bytes", "data_dir", "top_k"},
+        "warm_budget_bytes", "data_dir", "top_k", "ingest_precision"},
        kvmem::RunEval},
       {"roofline",
        "tools/cli/cli_roofline.cc",

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/codec/dtype.h"
+#include "engine/codec/frame_codec.h"
 #include "engine/codec/quantize.h"
 #include "engine/index/dot.h"
 #include "tools/eval/eval_metrics.h"
@@ -51,6 +52,7 @@ v1::StreamConfig KvmemConfig(const KvmemKnobs& k, const VideoWorkloadOptions& w,
                               w.kv_heads * w.head_dim * 2);
   }
   t->set_rebuild_every_blocks(k.rebuild_every_blocks);
+  t->set_ingest_precision(static_cast<v1::ColdPrecision>(k.ingest_precision));
   auto* r = c.mutable_recall_policy();
   r->set_track_weight(k.track_weight);
   r->set_scene_weight(k.scene_weight);
@@ -188,6 +190,10 @@ class EvalRun {
                                  uint32_t cam);
   absl::Status Frame(uint64_t f, uint32_t c);
   void QuantiseBlock(CameraTokens* cam, uint64_t begin, bool int4) const;
+  // Tokens [begin, end) as a stream with ingest_precision int8 / int4
+  // writes them: each row (a token's head_dim values of a head) on its own.
+  void QuantiseRows(CameraTokens* cam, uint64_t begin, bool int4) const;
+  bool rows_at_ingest() const { return o_.kvmem.ingest_precision >= 2; }
   void Truth(const WorkloadQuery& q, const CameraTokens& ct);
   void BaseWindow(const CameraTokens& ct, uint64_t ws, uint64_t sinks);
   absl::Status Query(uint64_t f, uint32_t c, const WorkloadQuery& q);
@@ -335,6 +341,7 @@ absl::StatusOr<EvalResult> EvalRun::Run(const std::vector<double>& fractions) {
   }
   int8_ = cam_;
   int4_ = cam_;
+  if (rows_at_ingest()) result_.lossy_form = "ingest_precision";
   lossy_begin_.assign(cams_, 0);
   resident_peak_.assign(configs_.size(),
                         std::vector<uint64_t>(num_policies_, 0));
@@ -374,7 +381,11 @@ absl::Status EvalRun::Frame(uint64_t f, uint32_t c) {
     q->values.insert(q->values.end(), values_.begin(), values_.end());
     q->tokens = ct.tokens;
   }
-  if ((f + 1) % o_.frames_per_block == 0) {
+  if (rows_at_ingest()) {
+    QuantiseRows(&int8_[c], lossy_begin_[c], false);
+    QuantiseRows(&int4_[c], lossy_begin_[c], true);
+    lossy_begin_[c] = ct.tokens;
+  } else if ((f + 1) % o_.frames_per_block == 0) {
     QuantiseBlock(&int8_[c], lossy_begin_[c], false);
     QuantiseBlock(&int4_[c], lossy_begin_[c], true);
     lossy_begin_[c] = ct.tokens;
@@ -430,6 +441,24 @@ void EvalRun::QuantiseBlock(CameraTokens* cam, uint64_t begin,
           std::copy_n(buf.data() + kv * slice + (h * T + t) * d, d,
                       dst + (begin + t) * cam->per_token + (l * H + h) * d);
     }
+  }
+}
+
+void EvalRun::QuantiseRows(CameraTokens* cam, uint64_t begin, bool int4) const {
+  // The stream's own codec (engine/codec/frame_codec.h) on fp16 rows.
+  const Geometry g{w_.layers, w_.kv_heads, w_.head_dim, DType::kFp16,
+                   w_.tokens_per_frame};
+  const ColdPrecision p = int4 ? ColdPrecision::kInt4 : ColdPrecision::kInt8;
+  const size_t at = begin * cam->per_token;
+  const size_t n = cam->tokens * cam->per_token - at;
+  std::string bytes(n * 2, '\0'), enc, dec;
+  for (std::vector<float>* v : {&cam->keys, &cam->values}) {
+    EncodeFromFloat(v->data() + at, n, DType::kFp16,
+                    reinterpret_cast<uint8_t*>(bytes.data()));
+    EncodeFrameRows(g, p, bytes, &enc);
+    if (!DecodeFrameRows(g, p, enc, &dec).ok()) return;  // Whole rows.
+    DecodeToFloat(reinterpret_cast<const uint8_t*>(dec.data()), n, DType::kFp16,
+                  v->data() + at);
   }
 }
 

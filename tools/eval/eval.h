@@ -75,6 +75,11 @@ struct KvmemKnobs {
   bool per_head = false;
   // RecallPolicy.identity_share; negative: unset (the default).
   float identity_share = -1.0f;
+  // tier_policy.ingest_precision (kvmem.v1.ColdPrecision's value; 0: the
+  // default, full). With int8 or int4 the kvmem policy's lossy output
+  // errors read every token as the stream writes it (each row quantised at
+  // ingest) instead of as a compressed cold tier would (per block).
+  int ingest_precision = 0;
 };
 
 // kvmem before per-head scoring, as this evaluation ran it: summed logits,
@@ -217,6 +222,10 @@ struct EvalResult {
   double rebuild_periods = 0;  // Primary kvmem: rebuilds per camera.
   double seconds = 0;
   std::string kvmem_path;  // "in-process" or the server target.
+  // How the int8 / int4 output errors quantise the recalled tokens:
+  // "cold_precision" (per block at demotion) or "ingest_precision" (per row,
+  // every frame as written).
+  std::string lossy_form = "cold_precision";
   std::vector<std::string> files;
   std::vector<std::string> notes;  // Targets missed, skipped plots.
   // Shared or per-head recall sets, at the oracle (primary configuration):

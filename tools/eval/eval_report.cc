@@ -116,9 +116,13 @@ std::string EvalTable(const EvalResult& r) {
     absl::StrAppendFormat(
         &s,
         "\nkvmem's recalled tokens read from a compressed cold tier "
-        "(tier_policy.cold_precision; the same sets, so the same cold mass): "
-        "output rel. error (gated) at full precision %.4f (%.4f), int8 %.4f "
+        "(tier_policy.%s; %s): output rel. error (gated) at full precision "
+        "%.4f (%.4f), int8 %.4f "
         "(%.4f) = %.3fx (%.3fx), int4 %.4f (%.4f) = %.3fx (%.3fx).\n",
+        r.lossy_form,
+        r.lossy_form == "cold_precision"
+            ? "the same sets, so the same cold mass"
+            : "every row quantised as written; the sets are this run's",
         p.output_rel_error, p.gated_output_rel_error, p.int8_output_rel_error,
         p.int8_gated_output_rel_error,
         ratio(p.int8_output_rel_error, p.output_rel_error),
@@ -202,6 +206,7 @@ std::string EvalJson(const EvalOptions& o, const EvalResult& r) {
   w.Key("recall_tokens").UInt(c.recall);
   w.Key("recall_fraction").Num(c.fraction);
   w.Key("kvmem_path").Str(r.kvmem_path);
+  w.Key("lossy_form").Str(r.lossy_form);
   w.Key("kvmem_blocks").UInt(c.kvmem_blocks);
   w.Key("index_rebuilds").UInt(c.kvmem_rebuilds);
   w.Key("rebuild_periods_per_camera").Num(r.rebuild_periods, 1);

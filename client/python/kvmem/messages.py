@@ -135,6 +135,7 @@ class TierPolicy:
     rebuild_every_blocks: int = 0
     rebuild_every_seconds: int = 0
     cold_precision: ColdPrecision = ColdPrecision.UNSPECIFIED
+    ingest_precision: ColdPrecision = ColdPrecision.UNSPECIFIED
 
 
 @dataclass

@@ -52,8 +52,9 @@ TEST(RecordCodecTest, ReadsVersionOneConfigs) {
   // Version 2 appended 3 x 4 bytes (shots), 4 x 8 + 5 x 4 (tiers) and
   // 4 x 4 (weights) after the version 1 fields; version 3, 4 (groups);
   // version 4, 4 (score mode); version 5, 4 (an empty scorer name);
-  // version 6, 5 (the identity share); version 7, 4 (the cold precision).
-  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4 + 4 + 5 + 4));
+  // version 6, 5 (the identity share); version 7, 4 (the cold precision);
+  // version 8, 4 (the ingest precision).
+  v1.resize(v1.size() - (12 + 32 + 20 + 16 + 4 + 4 + 4 + 5 + 4 + 4));
   v1[0] = 1;
   auto decoded = DecodeConfig(v1);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -74,7 +75,7 @@ TEST(RecordCodecTest, ReadsVersionTwoConfigsAndBlocksWithoutGroups) {
   // Version 3 appended groups_per_block, version 4 the score mode, version
   // 5 the scorer's name (empty: 4 bytes), version 6 the identity share,
   // version 7 the cold precision.
-  v2.resize(v2.size() - 21);
+  v2.resize(v2.size() - 25);  // Version 8's ingest precision too.
   v2[0] = 2;
   auto config = DecodeConfig(v2);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -177,7 +178,7 @@ TEST(RecordCodecTest, ReadsVersionThreeConfigsAsSummed) {
   EXPECT_EQ(WithDefaults(*v4).weights.score, ScoreMode::kMass);
   // Version 4 appended the score mode, version 5 the (empty) scorer name,
   // version 6 the identity share, version 7 the cold precision.
-  v3.resize(v3.size() - 17);
+  v3.resize(v3.size() - 21);  // Version 8's ingest precision too.
   v3[0] = 3;
   auto config = DecodeConfig(v3);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -202,7 +203,7 @@ TEST(RecordCodecTest, KeepsTheScorerNameAndReadsVersionFourWithout) {
   EXPECT_EQ(back->weights.scorer, "summed");
   EXPECT_TRUE(*back == c);
   // The name, length-prefixed; the share; the cold precision.
-  v5.resize(v5.size() - (4 + 6 + 5 + 4));
+  v5.resize(v5.size() - (4 + 6 + 5 + 4 + 4));
   v5[0] = 4;
   auto v4 = DecodeConfig(v5);
   ASSERT_TRUE(v4.ok()) << v4.status();
@@ -223,7 +224,8 @@ TEST(RecordCodecTest, KeepsTheIdentityShareAndReadsVersionFiveWithout) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->weights.identity_share, 0.0f);
   EXPECT_TRUE(*back == c);
-  v6.resize(v6.size() - (5 + 4));  // Whether set, its value; the precision.
+  v6.resize(v6.size() - (5 + 4 + 4));  // Whether set, its value; the
+  // precisions.
   v6[0] = 5;
   auto v5 = DecodeConfig(v6);
   ASSERT_TRUE(v5.ok()) << v5.status();
@@ -242,11 +244,29 @@ TEST(RecordCodecTest, KeepsTheColdPrecisionAndReadsVersionSixAsFull) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->tiers.cold_precision, ColdPrecision::kInt8);
   EXPECT_TRUE(*back == c);
-  v7.resize(v7.size() - 4);
+  v7.resize(v7.size() - 8);
   v7[0] = 6;
   auto v6 = DecodeConfig(v7);
   ASSERT_TRUE(v6.ok()) << v6.status();
   EXPECT_EQ(v6->tiers.cold_precision, ColdPrecision::kFull);
+}
+
+// Version 8 keeps the ingest precision; version 7 reads as FULL (frames
+// as appended).
+TEST(RecordCodecTest, KeepsTheIngestPrecisionAndReadsVersionSevenAsFull) {
+  StreamConfig c;
+  c.geometry = {2, 1, 8, DType::kFp16, 16};
+  c.tiers.ingest_precision = ColdPrecision::kInt4;
+  std::string v8 = EncodeConfig(c);
+  auto back = DecodeConfig(v8);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->tiers.ingest_precision, ColdPrecision::kInt4);
+  EXPECT_TRUE(*back == c);
+  v8.resize(v8.size() - 4);
+  v8[0] = 7;
+  auto v7 = DecodeConfig(v8);
+  ASSERT_TRUE(v7.ok()) << v7.status();
+  EXPECT_EQ(v7->tiers.ingest_precision, ColdPrecision::kFull);
 }
 
 TEST(RecordCodecTest, TruncatedOrTrailingBytesAreDataLoss) {

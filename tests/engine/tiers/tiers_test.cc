@@ -15,6 +15,8 @@
 namespace kvmem {
 namespace {
 
+using testing::ExpectWithin;
+using testing::FrameMajor;
 using testing::OpenTestEngine;
 using testing::StreamModel;
 using testing::TestConfig;
@@ -33,33 +35,6 @@ FrameSignals Track(uint64_t id, float x = 0.1f) {
   FrameSignals s;
   s.detections.push_back({id, 1, x, 0.1f, x + 0.2f, 0.5f, 0.9f});
   return s;
-}
-
-// A block's payload read back in frame-major layout, or the read's error.
-absl::StatusOr<std::string> FrameMajor(const StreamHandle& stream,
-                                       uint64_t block) {
-  auto pieces = stream.ReadBlockPayload(block, PayloadLayout::kFrameMajor, {});
-  if (!pieces.ok()) return pieces.status();
-  std::string got;
-  for (const auto& p : *pieces) got += p.ToString();
-  return got;
-}
-
-// A lossy copy: the same size, not the same values, every value within
-// `bound` of the original's.
-void ExpectWithin(const std::string& want, const std::string& got, DType dtype,
-                  float bound, uint64_t block) {
-  ASSERT_EQ(got.size(), want.size());
-  std::vector<float> x(want.size() / DTypeBytes(dtype)), y(x.size());
-  DecodeToFloat(reinterpret_cast<const uint8_t*>(want.data()), x.size(), dtype,
-                x.data());
-  DecodeToFloat(reinterpret_cast<const uint8_t*>(got.data()), y.size(), dtype,
-                y.data());
-  EXPECT_NE(x, y) << "block " << block;
-  for (size_t i = 0; i < x.size(); ++i) {
-    ASSERT_LE(std::fabs(x[i] - y[i]), bound)
-        << "block " << block << " value " << i;
-  }
 }
 
 // Shots of planted lengths, told apart by the scene embedding or, without
