@@ -13,9 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/codec/block_layout.h"
 #include "engine/codec/dtype.h"
 #include "engine/memory_engine.h"
 #include "engine/stream/stream.h"
+#include "engine/stream_config.h"
 #include "gtest/gtest.h"
 #include "storage/forwarding_store.h"
 #include "storage/rocks_cold_store.h"
@@ -164,6 +166,18 @@ inline void ExpectWithin(const std::string& want, const std::string& got,
 // The product's path (the default scorer and token groups) for frames of
 // `tokens` tokens: a window of two frames, 4-frame blocks, 24 tokens a
 // recall.
+// 2-frame blocks, an 8-token window, the mass scorer with 4 token groups a
+// block, and a warm budget of two blocks of 4-token frames: the older
+// blocks leave RAM (the compressed tiers' tests).
+inline StreamConfig TwoWarmBlocksConfig(const TestGeometry& g) {
+  StreamConfig c = TestConfig(g, 8, 2);
+  c.weights.score = ScoreMode::kMass;
+  c.groups_per_block = 4;
+  c.tiers.warm_budget_bytes =
+      2 * WarmBlock::AllocatedBytes(WithDefaults(c).geometry, 2 * 4);
+  return c;
+}
+
 inline StreamConfig GroupedConfig(const TestGeometry& g, uint32_t tokens) {
   StreamConfig c;
   c.geometry = {g.layers, g.kv_heads, g.head_dim, g.dtype, 16};

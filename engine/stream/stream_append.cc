@@ -267,17 +267,17 @@ void Stream::PutFrame(const Frame& frame, const StreamState& next,
                       StreamWrite* write) {
   const Geometry& g = config_.geometry;
   const uint32_t part = view_.frame_part_tokens();
-  if (const ColdPrecision p = config_.tiers.ingest_precision;
-      FramesEncoded(p)) {
+  // A part as stored: FramePartBytes at full precision, else encoded.
+  const ColdPrecision p = config_.tiers.ingest_precision;
+  if (part > 0) write->frame_part_bytes = EncodedFrameBytes(g, p, part);
+  if (FramesEncoded(p)) {
     write->frame.emplace(frame.index, encoded_frame_);
-    if (part > 0) write->frame_part_bytes = EncodedFrameBytes(g, p, part);
   } else if (part > 0) {
     // Stored in parts of consecutive tokens (engine/codec/frame_parts.h);
     // the open block keeps the frame as appended. One buffer per thread.
     thread_local std::string parted;
     SplitFrame(g, frame.token_count, part, open_.last_payload(), &parted);
     write->frame.emplace(frame.index, parted);
-    write->frame_part_bytes = FramePartBytes(g, part);
   } else {
     write->frame.emplace(frame.index, open_.last_payload());
   }

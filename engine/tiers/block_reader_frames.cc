@@ -90,12 +90,11 @@ absl::Status BlockReader::LoadTokenFrames(const std::vector<uint32_t>& tokens,
   const Geometry& g = view_.config().geometry;
   const ColdPrecision form = view_.config().tiers.ingest_precision;
   if (part > 0) {
-    const uint64_t part_bytes = FramesEncoded(form)
-                                    ? EncodedFrameBytes(g, form, part)
-                                    : FramePartBytes(g, part);
+    // A part as stored: FramePartBytes at full precision, else encoded.
     KVMEM_ASSIGN_OR_RETURN(
         snap->pieces,
-        store_->GetFrameParts(view_.stream_id(), part_bytes, refs));
+        store_->GetFrameParts(view_.stream_id(),
+                              EncodedFrameBytes(g, form, part), refs));
   } else if (!refs.empty()) {
     // Whole frames: one call for the range (one round trip where remote).
     KVMEM_ASSIGN_OR_RETURN(

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tools/bench/bench.h"
 #include "tools/cli/cli.h"
 #include "tools/common/server_process.h"
 #include "tools/common/terminal.h"
@@ -343,11 +344,8 @@ int EvalOptionsFromFlags(EvalOptions* op) {
   }
   k.window_lse = !absl::GetFlag(FLAGS_no_window_lse);
   const std::string ingest = absl::GetFlag(FLAGS_ingest_precision);
-  k.ingest_precision = ingest == "full"   ? 1
-                       : ingest == "int8" ? 2
-                       : ingest == "int4" ? 3
-                                          : -1;
-  if (k.ingest_precision < 0) {
+  k.ingest_precision = ColdPrecisionOf(ingest);  // bench's names
+  if (k.ingest_precision == v1::COLD_PRECISION_UNSPECIFIED) {
     std::fprintf(stderr,
                  "kvmem eval: --ingest_precision is \"%s\"; use full, int8 or "
                  "int4\n",

@@ -72,11 +72,8 @@ std::string Tokens(const StreamHandle& stream, uint64_t block,
 TEST_P(IngestPrecisionTest, TheStoreKeepsTheEncodedFramesAndReadsReturnThem) {
   testing::TempDir dir;
   TestGeometry g;
-  StreamConfig c = TestConfig(g, 8, 2);
-  c.weights.score = ScoreMode::kMass;
-  c.groups_per_block = 4;
+  StreamConfig c = testing::TwoWarmBlocksConfig(g);
   const Geometry geo = WithDefaults(c).geometry;
-  c.tiers.warm_budget_bytes = 2 * WarmBlock::AllocatedBytes(geo, 2 * 4);
   StreamConfig small_config = c;
   small_config.tiers.ingest_precision = form();
   // Values in [-2, 2]: int8 within 2 / 254 of them, int4 within 4 / 30,

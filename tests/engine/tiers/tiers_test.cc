@@ -586,11 +586,8 @@ TEST_P(ColdPrecisionTest, BlocksLeavingRamAreWrittenCompressed) {
   const bool int4 = GetParam() == ColdPrecision::kInt4;
   testing::TempDir dir;
   TestGeometry g;
-  StreamConfig c = TestConfig(g, 8, 2);
-  c.weights.score = ScoreMode::kMass;
-  c.groups_per_block = 4;
+  StreamConfig c = testing::TwoWarmBlocksConfig(g);
   const Geometry geo = WithDefaults(c).geometry;
-  c.tiers.warm_budget_bytes = 2 * WarmBlock::AllocatedBytes(geo, 2 * 4);
   StreamConfig small_config = c;
   small_config.tiers.cold_precision = GetParam();
   StreamModel m(g, 2, 8, {2, 0});
