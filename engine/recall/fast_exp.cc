@@ -112,6 +112,31 @@ __attribute__((target("avx2,fma"))) inline __m256 Exp8(__m256 in) {
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
 }
 
+// The last n < 8 elements of an array as one vector, padded with 0 (and
+// weight 0): each element's exp is Exp8's and lands in lane i % 8 whatever
+// n is, so an element's value and a sum's order never depend on how many
+// elements follow (zero-weight rows appended to a scan, e.g. the units of a
+// block sealed in the window, change no bit of the others' results).
+struct Tail8 {
+  alignas(32) float xs[8] = {}, ws[8] = {};
+  size_t n;
+  Tail8(const float* x, const float* w, size_t count) : n(count) {
+    std::memcpy(xs, x, n * sizeof(float));
+    if (w != nullptr) std::memcpy(ws, w, n * sizeof(float));
+  }
+  __attribute__((target("avx2,fma"))) __m256 x() const {
+    return _mm256_load_ps(xs);
+  }
+  __attribute__((target("avx2,fma"))) __m256 weight() const {
+    return _mm256_load_ps(ws);
+  }
+  __attribute__((target("avx2,fma"))) void Store(__m256 v, float* dst) {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, v);
+    std::memcpy(dst, tmp, n * sizeof(float));
+  }
+};
+
 // The avx2 ExpDot from element i on, its 8 partial sums in acc so far:
 // the avx2 kernel from 0, the avx512 kernel's tail (in the same order).
 __attribute__((target("avx2,fma"))) inline float Avx2ExpDotFrom(
@@ -123,14 +148,16 @@ __attribute__((target("avx2,fma"))) inline float Avx2ExpDotFrom(
     _mm256_storeu_ps(out + i, e);
     acc = _mm256_fmadd_ps(e, _mm256_loadu_ps(weight + i), acc);
   }
+  if (i < n) {  // The tail in lanes too, padded with weight 0 (see Tail8).
+    Tail8 t(x + i, weight + i, n - i);
+    const __m256 e = Exp8(_mm256_fmsub_ps(t.x(), s, b));
+    t.Store(e, out + i);
+    acc = _mm256_fmadd_ps(e, t.weight(), acc);
+  }
   alignas(32) float part[8];
   _mm256_store_ps(part, acc);
   double sum = 0;
   for (float v : part) sum += v;
-  for (; i < n; ++i) {
-    out[i] = ExpOne(x[i] * scale - shift);
-    sum += static_cast<double>(weight[i]) * out[i];
-  }
   return static_cast<float>(sum);
 }
 
@@ -200,7 +227,10 @@ __attribute__((target("avx2,fma"))) void Avx2Exp(float* x, size_t n) {
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(x + i, Exp8(_mm256_loadu_ps(x + i)));
   }
-  for (; i < n; ++i) x[i] = ExpOne(x[i]);
+  if (i < n) {
+    Tail8 t(x + i, nullptr, n - i);
+    t.Store(Exp8(t.x()), x + i);
+  }
 }
 
 // "avx512": Exp8's floats 16 lanes at a time (fast_exp_lanes.h), and the

@@ -9,7 +9,11 @@
 // "avx2" (8 lanes with FMA) when it has AVX2 and FMA, and "scalar"
 // everywhere; they run the same steps, so they agree to the last bit or two
 // (FMA rounds once where scalar rounds twice), and "avx512" gives "avx2"'s
-// floats exactly (its sums in avx2's order).
+// floats exactly (its sums in avx2's order). Every kernel gives an element
+// the same float whatever follows it (the AVX kernels take an array's last
+// n % 8 elements in lanes too, padded), and elements appended with weight 0
+// leave exp_dot's sum as it was: rows a recall cannot return (a block sealed
+// in the window) change no bit of an estimate.
 // Pure functions, safe from any thread.
 #ifndef KVMEM_ENGINE_RECALL_FAST_EXP_H_
 #define KVMEM_ENGINE_RECALL_FAST_EXP_H_

@@ -58,13 +58,26 @@ void PrepareIdentity(const RecallView& view, const ScoreRequest& req,
     s.vectors.push_back(scan.dots.data());
   AxpyRows(rows->est.weight.data(), s.vectors.data(), s.vectors.size(),
            s.mean.dots.data(), n * H);
-  // Every row counts in its normaliser, the window's too: the front end's
-  // window_lse speaks of its own vectors only.
+  // The window counts in its normaliser too (the front end's window_lse
+  // speaks of its own vectors only). Without window_lse the recall sealed
+  // any full block first (Stream::SealBeforeRecall) and the window's blocks
+  // are rows (kWindow) beside the open block's mean. With it, a full block
+  // may still wait for its seal (seal_after_ack): the window is taken as
+  // whole blocks (WindowBlocksLse), the same floats sealed or not, and only
+  // the recallable rows count.
+  const bool front_window = !req.query->window_lse.empty();
   s.counted.resize(n);
-  for (size_t i = 0; i < n; ++i)
-    s.counted[i] = static_cast<float>(rows->tokens[i]);
+  for (size_t i = 0; i < n; ++i) {
+    s.counted[i] = front_window && rows->role[i] != CandidateRole::kRecall
+                       ? 0.0f
+                       : static_cast<float>(rows->tokens[i]);
+  }
   const std::vector<float> window =
-      WindowLse(view, req.mean_query->data(), 1, {});
+      front_window
+          ? WindowBlocksLse(
+                view, req.mean_query->data(), req.eligible,
+                rows->straddle_block == req.eligible ? req.straddle_tokens : 0)
+          : WindowLse(view, req.mean_query->data(), 1, {});
   MassInputs in;
   in.heads = static_cast<uint32_t>(H);
   in.logit_scale =

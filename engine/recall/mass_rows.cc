@@ -1,5 +1,6 @@
 #include "engine/recall/mass_rows.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -75,6 +76,46 @@ std::vector<float> WindowLse(const RecallView& view, const float* query,
     }
   }
   return window;
+}
+
+std::vector<float> WindowBlocksLse(const RecallView& view, const float* query,
+                                   size_t first, uint32_t straddle_tokens) {
+  const uint32_t dim = view.summary_dim();
+  const uint32_t hd = view.config().geometry.head_dim, heads = dim / hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  struct Term {
+    float log_tokens;
+    const float* mean;
+  };
+  std::vector<Term> terms;
+  const BlockTable& blocks = view.blocks();
+  for (size_t b = std::max<size_t>(first, blocks.first()); b < blocks.size();
+       ++b) {
+    const BlockRecord& r = blocks[b].rec;
+    uint32_t tokens = r.info.token_count;
+    if (b == first) tokens -= std::min(tokens, straddle_tokens);
+    if (tokens == 0 || r.summary.size() != dim) continue;
+    terms.push_back({std::log(static_cast<float>(tokens)), r.summary.data()});
+  }
+  const OpenMean& open = view.open_mean();
+  if (open.tokens > 0 && open.mean.size() == dim) {
+    terms.push_back(
+        {std::log(static_cast<float>(open.tokens)), open.mean.data()});
+  }
+  std::vector<float> out(heads, -std::numeric_limits<float>::infinity());
+  std::vector<float> logit(terms.size());
+  for (uint32_t h = 0; h < heads && !terms.empty(); ++h) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (size_t k = 0; k < terms.size(); ++k) {
+      logit[k] = terms[k].log_tokens +
+                 scale * Dot(query + h * hd, terms[k].mean + h * hd, hd);
+      mx = std::max(mx, logit[k]);
+    }
+    double sum = 0;
+    for (float l : logit) sum += std::exp(static_cast<double>(l - mx));
+    out[h] = mx + static_cast<float>(std::log(sum));
+  }
+  return out;
 }
 
 }  // namespace kvmem

@@ -80,6 +80,17 @@ std::vector<float> WindowLse(const RecallView& view, const float* query,
                              const std::vector<float>& window_lse)
     ABSL_SHARED_LOCKS_REQUIRED(view.mu());
 
+// [head]: the window as whole blocks, for one vector at `query`: each block
+// from `first` on by its mean key (its summary) and its tokens in the
+// window (the straddling block's after `straddle_tokens`), then the open
+// block by its mean. A full block waiting for its seal (seal_after_ack) is
+// the same term before and after the seal (its summary is the open block's
+// mean, engine/stream/summary_builder.h), so a recall that does not wait
+// for the seal gets the floats it would get after it.
+std::vector<float> WindowBlocksLse(const RecallView& view, const float* query,
+                                   size_t first, uint32_t straddle_tokens)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu());
+
 }  // namespace kvmem
 
 #endif  // KVMEM_ENGINE_RECALL_MASS_ROWS_H_

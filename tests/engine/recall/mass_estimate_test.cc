@@ -299,6 +299,41 @@ TEST(FastExpTest, Avx512KernelGivesTheAvx2KernelsFloats) {
   }
 }
 
+// Rows a recall cannot return (a block sealed in the window: its units
+// join the end of the scan with weight 0) change no bit of the estimate:
+// every kernel gives each element the same exp whatever follows it, and
+// zero-weight elements appended leave the sum as it was. Before, the AVX
+// kernels' scalar tail moved into lanes as n grew, and a near tie flipped.
+TEST(FastExpTest, ElementsAppendedWithWeightZeroChangeNoBit) {
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> g(0.0f, 20.0f);
+  for (const ExpKernelInfo& k : AvailableExpKernels()) {
+    for (size_t n = 0; n <= 40; ++n) {
+      std::vector<float> x(n + 19), w(n + 19, 0.0f);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = g(rng);
+      for (size_t i = 0; i < n; ++i) w[i] = std::fabs(g(rng));
+      std::vector<float> base(n);
+      const float sum =
+          k.exp_dot(x.data(), 0.3f, 2.0f, w.data(), base.data(), n);
+      std::vector<float> in_place(x.begin(), x.begin() + n);
+      k.fn(in_place.data(), n);
+      for (size_t extra = 1; extra <= 19; ++extra) {
+        std::vector<float> out(n + extra);
+        EXPECT_EQ(
+            k.exp_dot(x.data(), 0.3f, 2.0f, w.data(), out.data(), n + extra),
+            sum)
+            << k.name << " n " << n << " + " << extra;
+        EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + n), base)
+            << k.name << " n " << n << " + " << extra;
+        std::vector<float> y(x.begin(), x.begin() + n + extra);
+        k.fn(y.data(), y.size());
+        EXPECT_EQ(std::vector<float>(y.begin(), y.begin() + n), in_place)
+            << k.name << " n " << n << " + " << extra;
+      }
+    }
+  }
+}
+
 // The fused per-token densities (fast_exp.h's DensityArgs) against the
 // formula in double, on every kernel: head ranges of 8 and 16 (AVX2's
 // lanes), 3 and 1 (the scalar path), with -inf normalisers (nothing

@@ -257,6 +257,53 @@ TEST_F(SealAfterAckTest, ARecallWaitsForTheSealOnlyWhenTheBlockHasCandidates) {
   }
 }
 
+// A recall with window_lse does not wait for a block wholly in the window,
+// and still answers what it answers once that block is sealed: the same
+// sets and masses to the bit (the identity channel takes the window as
+// whole blocks, and the sealed block's rows join the scan with weight 0).
+TEST_F(SealAfterAckTest, ARecallThatDoesNotWaitAnswersAsIfTheBlockWereSealed) {
+  StreamConfig c = Config(g_);
+  c.hot_window_tokens = 8 * kTokens;  // Blocks 4 and 5 (frames 16-23).
+  auto answers = [&](MemoryEngine* e) {
+    std::vector<std::pair<
+        float, std::vector<std::pair<uint64_t, std::vector<uint32_t>>>>>
+        out;
+    for (const std::vector<float>& v : queries_) {
+      RecallQuery q;
+      q.query = v;
+      q.window_lse.assign(v.size() / g_.head_dim, 2.0f);  // [head]
+      absl::StatusOr<RecallResult> r = e->Recall("s", q);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) continue;
+      out.emplace_back(
+          r->recalled_mass,
+          std::vector<std::pair<uint64_t, std::vector<uint32_t>>>{});
+      for (const RecalledBlock& b : r->blocks) {
+        out.back().second.emplace_back(b.block.id, b.token_offsets);
+      }
+    }
+    return out;
+  };
+  testing::TempDir held_dir, ref_dir;
+  auto held = OpenTestEngine(held_dir.path(), Deferred());
+  ASSERT_TRUE(held->OpenStream("s", c).ok());
+  std::shared_ptr<absl::Notification> release = HoldBackground(held.get());
+  for (uint64_t f = 0; f < 24; ++f) ASSERT_TRUE(Append(held.get(), f).ok());
+  ASSERT_EQ(Peek(held.get()).sealed_blocks, 5u);  // Block 5 waits.
+  const auto got = answers(held.get());
+  EXPECT_EQ(Peek(held.get()).sealed_blocks, 5u);  // Not sealed by a recall.
+  auto ref = OpenTestEngine(ref_dir.path());
+  ASSERT_TRUE(ref->OpenStream("s", c).ok());
+  for (uint64_t f = 0; f < 24; ++f) ASSERT_TRUE(Append(ref.get(), f).ok());
+  ASSERT_EQ(Peek(ref.get()).sealed_blocks, 6u);
+  const auto want = answers(ref.get());
+  ASSERT_EQ(want.size(), queries_.size());
+  EXPECT_FALSE(want[0].second.empty());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(SealedOnceReleased(held.get(), release.get()), 6u);
+  EXPECT_EQ(answers(held.get()), want);
+}
+
 // A store whose commits (and, with reads_too_, frame reads) fail while
 // `fail` is set (a full disk, a store that cannot be reached).
 class FailingCommits : public ForwardingColdStore {
