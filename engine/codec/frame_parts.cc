@@ -11,10 +11,9 @@ namespace {
 
 // Copies between a frame and its parts: each (layer, K/V, head) row run of
 // a part is contiguous on both sides.
-void MoveRows(const Geometry& g, uint32_t t, uint32_t part_tokens,
+void MoveRows(const Geometry& g, uint32_t t, uint32_t part_tokens, size_t row,
               const char* src, char* dst, bool split) {
   const size_t rows = size_t{2} * g.layers * g.kv_heads;
-  const size_t row = size_t{g.head_dim} * DTypeBytes(g.dtype);
   for (uint32_t a = 0; a < t; a += part_tokens) {
     const uint32_t n = std::min(part_tokens, t - a);
     const size_t part_base = size_t{a} * rows * row;
@@ -45,14 +44,23 @@ uint64_t FramePartBytes(const Geometry& g, uint32_t part_tokens) {
 
 void SplitFrame(const Geometry& g, uint32_t t, uint32_t part_tokens,
                 absl::string_view frame, std::string* out) {
+  SplitFrameRows(g, t, part_tokens, size_t{g.head_dim} * DTypeBytes(g.dtype),
+                 frame, out);
+}
+
+void SplitFrameRows(const Geometry& g, uint32_t t, uint32_t part_tokens,
+                    size_t row_bytes, absl::string_view frame,
+                    std::string* out) {
   out->resize(frame.size());
-  MoveRows(g, t, part_tokens, frame.data(), out->data(), /*split=*/true);
+  MoveRows(g, t, part_tokens, row_bytes, frame.data(), out->data(),
+           /*split=*/true);
 }
 
 std::string JoinFrame(const Geometry& g, uint32_t t, uint32_t part_tokens,
                       absl::string_view parts) {
   std::string frame(parts.size(), '\0');
-  MoveRows(g, t, part_tokens, parts.data(), frame.data(), /*split=*/false);
+  MoveRows(g, t, part_tokens, size_t{g.head_dim} * DTypeBytes(g.dtype),
+           parts.data(), frame.data(), /*split=*/false);
   return frame;
 }
 

@@ -30,6 +30,12 @@ uint64_t FramePartBytes(const Geometry& g, uint32_t part_tokens);
 // frame.size() == FramePayloadBytes(g, t).
 void SplitFrame(const Geometry& g, uint32_t t, uint32_t part_tokens,
                 absl::string_view frame, std::string* out);
+// SplitFrame for rows of row_bytes bytes each (a row: one layer, K or V and
+// kv_head's head_dim values of a token), e.g. a frame's rows encoded one by
+// one in frame order (frame_codec.h): the same moves, of smaller rows.
+void SplitFrameRows(const Geometry& g, uint32_t t, uint32_t part_tokens,
+                    size_t row_bytes, absl::string_view frame,
+                    std::string* out);
 // SplitFrame's inverse: the frame as appended. REQUIRES: parts.size() ==
 // FramePayloadBytes(g, t).
 std::string JoinFrame(const Geometry& g, uint32_t t, uint32_t part_tokens,

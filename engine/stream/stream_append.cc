@@ -245,22 +245,19 @@ absl::Status Stream::EncodeAtIngest(Frame* frame) {
         " quantises every value and needs them finite and in [-65536, "
         "65536]"));
   }
-  // Encoded once, as the store keeps it; decoded back in the same layout.
-  thread_local std::string parted, decoded;
+  // Encoded once, row by row in the frame's own order (each row on its
+  // own, so the order is free); the encoded rows moved into the stored part
+  // layout (a fraction of the frame's bytes); and decoded straight back into
+  // the payload: no full-size copy of the frame around the codec.
   const uint32_t part = view_.frame_part_tokens();
-  absl::string_view rows = frame->payload;
+  thread_local std::string in_frame_order;
+  std::string* rows = part > 0 ? &in_frame_order : &encoded_frame_;
+  EncodeFrameRows(g, p, frame->payload, rows);
   if (part > 0) {
-    SplitFrame(g, frame->token_count, part, frame->payload, &parted);
-    rows = parted;
+    SplitFrameRows(g, frame->token_count, part, EncodedRowBytes(g, p), *rows,
+                   &encoded_frame_);
   }
-  EncodeFrameRows(g, p, rows, &encoded_frame_);
-  KVMEM_RETURN_IF_ERROR(DecodeFrameRows(g, p, encoded_frame_, &decoded));
-  if (part > 0) {
-    frame->payload = JoinFrame(g, frame->token_count, part, decoded);
-  } else {
-    frame->payload.swap(decoded);
-  }
-  return absl::OkStatus();
+  return DecodeFrameRows(g, p, *rows, &frame->payload);
 }
 
 void Stream::PutFrame(const Frame& frame, const StreamState& next,

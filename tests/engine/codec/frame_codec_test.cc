@@ -162,6 +162,12 @@ TEST(FrameCodecTest, PartsEncodeAsTheWhole) {
       pieces += one;
     }
     EXPECT_EQ(pieces, whole);
+    // Encoded in frame order, then its rows moved into parts (what an
+    // append stores): the same bytes as the parts encoded.
+    std::string frame_order, moved;
+    EncodeFrameRows(g, p, AsDtype(x, g.dtype), &frame_order);
+    SplitFrameRows(g, 7, 3, EncodedRowBytes(g, p), frame_order, &moved);
+    EXPECT_EQ(moved, whole);
   }
 }
 
