@@ -163,9 +163,6 @@ inline void ExpectWithin(const std::string& want, const std::string& got,
   }
 }
 
-// The product's path (the default scorer and token groups) for frames of
-// `tokens` tokens: a window of two frames, 4-frame blocks, 24 tokens a
-// recall.
 // 2-frame blocks, an 8-token window, the mass scorer with 4 token groups a
 // block, and a warm budget of two blocks of 4-token frames: the older
 // blocks leave RAM (the compressed tiers' tests).
@@ -178,6 +175,9 @@ inline StreamConfig TwoWarmBlocksConfig(const TestGeometry& g) {
   return c;
 }
 
+// The product's path (the default scorer and token groups) for frames of
+// `tokens` tokens: a window of two frames, 4-frame blocks, 24 tokens a
+// recall.
 inline StreamConfig GroupedConfig(const TestGeometry& g, uint32_t tokens) {
   StreamConfig c;
   c.geometry = {g.layers, g.kv_heads, g.head_dim, g.dtype, 16};
