@@ -90,28 +90,6 @@ void ScalarDensities(const DensityArgs& a) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) inline __m256 Exp8(__m256 in) {
-  const __m256 low = _mm256_set1_ps(kLow), high = _mm256_set1_ps(kHigh);
-  const __m256 keep = _mm256_cmp_ps(in, low, _CMP_GE_OQ);  // -inf, NaN: 0.
-  const __m256 v = _mm256_min_ps(_mm256_max_ps(in, low), high);
-  const __m256 k = _mm256_floor_ps(
-      _mm256_fmadd_ps(v, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
-  const __m256 r =
-      _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo),
-                       _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), v));
-  __m256 p = _mm256_set1_ps(kP0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-                    _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
-}
-
 // The last n < 8 elements of an array as one vector, padded with 0 (and
 // weight 0): each element's exp is Exp8's and lands in lane i % 8 whatever
 // n is, so an element's value and a sum's order never depend on how many

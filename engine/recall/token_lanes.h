@@ -1,8 +1,9 @@
-// The token stage's densities with tokens in lanes (AVX-512 VNNI): 16
-// tokens' codes of one segment transposed into registers of 4 dimensions a
-// token, so each vpdpbusd adds 4 products to each of 16 tokens' sums with
-// the query's 4 bytes broadcast: no per-(token, vector) reduction and no
-// dots array in between, and the exps run 16 tokens at a time.
+// The token stage's densities with tokens in lanes: 16 tokens' codes of one
+// segment transposed into registers of 4 dimensions a token (AVX-512 VNNI;
+// 8 tokens with AVX2), so each vpdpbusd (AVX2: vpmaddubsw then vpmaddwd)
+// adds 4 products to each token's sum with the query's 4 bytes broadcast:
+// no per-(token, vector) reduction and no dots array in between, and the
+// exps run 16 (8) tokens at a time.
 //
 // The values are TokenDensities' (engine/recall/token_stage.h) through the
 // "avx2" token and exp kernels: the same integer sums, the same float
@@ -12,9 +13,9 @@
 // whose products round twice). tests/engine/recall/token_lanes_test.cc
 // checks both.
 //
-// Where it pays: the avx2 path spends most of a (token, vector) on
+// Where it pays: TokenDensities spends most of a (token, vector) on
 // reducing 8 segments' partial sums and finishing them, not on the
-// multiplies (docs/benchmarks.md); here those steps are per 16 tokens.
+// multiplies (docs/benchmarks.md); here those steps are per 16 (8) tokens.
 #ifndef KVMEM_ENGINE_RECALL_TOKEN_LANES_H_
 #define KVMEM_ENGINE_RECALL_TOKEN_LANES_H_
 
@@ -40,11 +41,12 @@ bool LaneTokenDensities(const TokenCodeShape& shape, const TokenQuery& q,
                         const DensityTerms& t, const uint8_t* const* rec,
                         size_t n, float* out, float* mean_out);
 
-// "avx512vnni" where the CPU has AVX-512 F/BW/VL and VNNI and the kernel
-// is on, else "off".
+// The kernel on: "avx512vnni" where the CPU has AVX-512 F/BW/VL and VNNI,
+// else "avx2" where it has AVX2 and FMA, else "off".
 const std::string& LaneTokenKernel();
-// "off" turns the kernel off, "avx512vnni" back on where the CPU has it
-// (benchmarks' A/B, KVMEM_TOKEN_LANES); false when unknown or unavailable.
+// "off" turns the kernel off, "avx2" or "avx512vnni" chooses one the CPU
+// has (benchmarks' A/B, KVMEM_TOKEN_LANES); false when unknown or
+// unavailable.
 bool SelectLaneTokenKernel(const std::string& name);
 
 }  // namespace kvmem

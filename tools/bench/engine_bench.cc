@@ -1019,8 +1019,9 @@ BENCHMARK(BM_IndexGrowthUnderLock)
 
 // KVMEM_INT8_KERNEL / KVMEM_TOKEN_KERNEL=<name> run the benchmarks on that
 // kernel (e.g. avx2 on an AVX-512 machine, for the ratio), and
-// KVMEM_TOKEN_LANES=off the token stage without its lanes kernel; all but
-// BM_Int8Kernel and BM_TokenKernel, which name theirs by dispatch level.
+// KVMEM_TOKEN_LANES=off (or avx2) the token stage without its lanes kernel
+// (or with the AVX2 one); all but BM_Int8Kernel and BM_TokenKernel, which
+// name theirs by dispatch level.
 int main(int argc, char** argv) {
   for (const auto& [var, select] :
        {std::pair<const char*, bool (*)(const std::string&)>{

@@ -1,9 +1,10 @@
-// The token stage's lanes kernel (engine/recall/token_lanes.h) against
-// TokenDensities, the path it replaces, on random codes: bit for bit where
-// the head range is a multiple of 8 heads and the avx2 kernels run (the
-// same operations in the same order), to float rounding elsewhere; every
-// group size around its 16 lanes, records scattered, with and without the
-// identity channel's mean vector, head_dim 32 to 128, 1 to 17 vectors.
+// The token stage's lanes kernels (engine/recall/token_lanes.h), each the
+// CPU can run, against TokenDensities, the path they replace, on random
+// codes: bit for bit where the head range is a multiple of 8 heads and the
+// avx2 kernels run (the same operations in the same order), to float
+// rounding elsewhere; every group size around their 8 and 16 lanes,
+// records scattered, with and without the identity channel's mean vector,
+// head_dim 32 to 256, 1 to 17 vectors.
 #include "engine/recall/token_lanes.h"
 
 #include <cmath>
@@ -40,14 +41,50 @@ struct Case {
   uint32_t heads, head_dim, vectors, h0, h1;
 };
 
-TEST(TokenLanesTest, EqualsTheTokenStagesDensities) {
-  if (LaneTokenKernel() == "off") {
-    GTEST_SKIP() << "this CPU lacks AVX-512 F/BW/VL + VNNI: the token stage "
-                    "scores through TokenDensities alone";
+// The lanes kernels this CPU can run, best first.
+std::vector<std::string> LaneKernels() {
+  const std::string had = LaneTokenKernel();
+  std::vector<std::string> names;
+  for (const char* name : {"avx512vnni", "avx2"}) {
+    if (SelectLaneTokenKernel(name)) names.push_back(name);
   }
-  std::printf("token lanes %s, token kernel %s, exp kernel %s\n",
-              LaneTokenKernel().c_str(), ActiveTokenKernel().name.c_str(),
-              ActiveExpKernel().name.c_str());
+  EXPECT_TRUE(SelectLaneTokenKernel(had));
+  return names;
+}
+
+// The lanes kernel `name` on while it lives, the one before after.
+class LaneKernelOn {
+ public:
+  explicit LaneKernelOn(const std::string& name) : had_(LaneTokenKernel()) {
+    EXPECT_TRUE(SelectLaneTokenKernel(name));
+  }
+  ~LaneKernelOn() { EXPECT_TRUE(SelectLaneTokenKernel(had_)); }
+
+ private:
+  std::string had_;
+};
+
+void ExpectTheTokenStagesDensities();
+
+TEST(TokenLanesTest, EqualsTheTokenStagesDensities) {
+  const std::vector<std::string> kernels = LaneKernels();
+  if (kernels.empty()) {
+    GTEST_SKIP() << "this CPU lacks AVX2 + FMA: the token stage scores "
+                    "through TokenDensities alone";
+  }
+  // The best kernel is the default.
+  EXPECT_EQ(LaneTokenKernel(), kernels.front());
+  for (const std::string& name : kernels) {
+    SCOPED_TRACE(name);
+    LaneKernelOn on(name);
+    std::printf("token lanes %s, token kernel %s, exp kernel %s\n",
+                LaneTokenKernel().c_str(), ActiveTokenKernel().name.c_str(),
+                ActiveExpKernel().name.c_str());
+    ExpectTheTokenStagesDensities();
+  }
+}
+
+void ExpectTheTokenStagesDensities() {
   const Case cases[] = {{8, 64, 8, 0, 8},   {8, 64, 1, 0, 8},
                         {8, 128, 3, 0, 8},  {16, 64, 17, 8, 16},
                         {6, 32, 3, 0, 6},   {8, 64, 8, 3, 4},
@@ -85,7 +122,7 @@ TEST(TokenLanesTest, EqualsTheTokenStagesDensities) {
         in.mean_est = &mean_est;
         in.weight = weight.data();
       }
-      for (const size_t n : {1, 7, 15, 16, 17, 33, 120}) {
+      for (const size_t n : {1, 7, 8, 9, 15, 16, 17, 33, 120}) {
         // n records at random places of the codes.
         std::vector<const uint8_t*> rec(n);
         for (const uint8_t*& r : rec) {
@@ -127,10 +164,64 @@ TEST(TokenLanesTest, EqualsTheTokenStagesDensities) {
   }
 }
 
+// The largest products a code and a query byte make (every code 15 or 1,
+// every query byte +-127): the AVX2 kernel's int16 pair sums stay exact,
+// so the densities are TokenDensities'.
+TEST(TokenLanesTest, ExtremeCodesAndQueriesSumExactly) {
+  const std::vector<std::string> kernels = LaneKernels();
+  if (kernels.empty()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
+  for (const uint32_t head_dim : {64u, 256u}) {
+    const TokenCodeShape shape{8, head_dim};
+    const size_t pool = 9;
+    std::vector<float> keys(pool * 8 * head_dim);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      keys[i] = (i / (8 * head_dim)) % 2 == 0 ? 1.0f : -1.0f;  // 15 or 1.
+    }
+    const std::string codes = EncodeTokenCodes(shape, keys.data(), pool);
+    std::vector<float> query(2 * 8 * head_dim, 1.0f);
+    for (size_t i = 8 * head_dim; i < query.size(); ++i) query[i] = -1.0f;
+    TokenQuery q;
+    PrepareTokenQuery(shape, query.data(), 2, &q);
+    ASSERT_EQ(q.q[0], 127);
+    MassEstimate est;
+    est.heads = 8;
+    est.vectors = 2;
+    est.log_norm.assign(16, 30.0f);
+    const float logit_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    DensityTerms terms;
+    PrepareDensityTerms(est, 0, 8, logit_scale, nullptr, nullptr, &terms);
+    TokenStageInput in;
+    in.query = &q;
+    in.est = &est;
+    in.h0 = 0;
+    in.h1 = 8;
+    in.logit_scale = logit_scale;
+    in.terms = &terms;
+    std::vector<const uint8_t*> rec(pool);
+    for (size_t k = 0; k < pool; ++k) {
+      rec[k] = reinterpret_cast<const uint8_t*>(codes.data()) +
+               k * shape.bytes_per_token();
+    }
+    std::vector<float> want(pool);
+    TokenDensities(shape, in, rec[0], pool, want.data());
+    for (const std::string& name : kernels) {
+      LaneKernelOn on(name);
+      std::vector<float> got(pool, -1.0f);
+      ASSERT_TRUE(LaneTokenDensities(shape, q, terms, rec.data(), pool,
+                                     got.data(), nullptr));
+      for (size_t k = 0; k < pool; ++k) {
+        ASSERT_NEAR(got[k], want[k], 1e-5f * want[k])
+            << name << " head_dim " << head_dim << " token " << k;
+        ASSERT_GT(got[k], 0.0f);
+      }
+    }
+  }
+}
+
 // Off, it scores nothing and says so: the token stage then scores through
 // TokenDensities.
 TEST(TokenLanesTest, OffLeavesTheWorkToTokenDensities) {
-  const bool had = LaneTokenKernel() != "off";
+  const std::string had = LaneTokenKernel();
   ASSERT_TRUE(SelectLaneTokenKernel("off"));
   EXPECT_EQ(LaneTokenKernel(), "off");
   const TokenCodeShape shape{8, 64};
@@ -149,11 +240,12 @@ TEST(TokenLanesTest, OffLeavesTheWorkToTokenDensities) {
   EXPECT_FALSE(LaneTokenDensities(shape, q, terms, &rec, 1, &out, nullptr));
   EXPECT_EQ(out, -1.0f);
   EXPECT_FALSE(SelectLaneTokenKernel("no-such-kernel"));
-  if (had) {
-    ASSERT_TRUE(SelectLaneTokenKernel("avx512vnni"));
+  for (const std::string& name : LaneKernels()) {
+    ASSERT_TRUE(SelectLaneTokenKernel(name));
     EXPECT_TRUE(LaneTokenDensities(shape, q, terms, &rec, 1, &out, nullptr));
     EXPECT_GT(out, 0.0f);
   }
+  ASSERT_TRUE(SelectLaneTokenKernel(had));
 }
 
 }  // namespace
