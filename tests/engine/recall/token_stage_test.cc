@@ -85,6 +85,51 @@ TEST(TokenStageTest, DensitiesAreTheFormulaOverTheCodes) {
   }
 }
 
+// GroupOrder's places are each group's tokens in append order, group by
+// group, over several place lists a block: blocks of 1 to 700 tokens, 1 to
+// 64 groups, some empty, tokens of groups beyond the count without a place,
+// places past the block dropped.
+TEST(TokenStageTest, GroupOrderPlacesAreEachGroupsTokensInAppendOrder) {
+  std::mt19937_64 rng(31);
+  GroupOrder order;
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint32_t n = 1 + static_cast<uint32_t>(rng() % 700);
+    const uint32_t groups = 1 + static_cast<uint32_t>(rng() % 64);
+    std::vector<uint8_t> token_group(n);
+    std::vector<uint32_t> counts(groups, 0);
+    for (uint8_t& g : token_group) {
+      // A few tokens of no group (>= groups); group 0 often left empty.
+      g = static_cast<uint8_t>(rng() % 20 == 0 ? groups + rng() % 3
+                                               : rng() % groups);
+      if (trial % 3 == 0 && g == 0) g = static_cast<uint8_t>(groups - 1);
+      if (g < groups) ++counts[g];
+    }
+    std::vector<uint32_t> want;  // [place]: the token there.
+    for (uint32_t g = 0; g < groups; ++g) {
+      for (uint32_t t = 0; t < n; ++t) {
+        if (token_group[t] == g) want.push_back(t);
+      }
+    }
+    order.Reset(token_group, counts.data(), groups);
+    // Place lists as a recall asks: a few, then (sometimes) many.
+    const uint32_t lists = 1 + static_cast<uint32_t>(rng() % 6);
+    std::vector<uint32_t> got;
+    for (uint32_t l = 0; l < lists; ++l) {
+      std::vector<uint32_t> places(rng() % 2 == 0 ? rng() % 6 : rng() % 60);
+      for (uint32_t& p : places) {
+        p = static_cast<uint32_t>(rng() % (want.size() + 4));
+      }
+      order.Tokens(places, &got);
+      std::vector<uint32_t> expect;
+      for (uint32_t p : places) {
+        if (p < want.size()) expect.push_back(want[p]);
+      }
+      ASSERT_EQ(got, expect) << "trial " << trial << " list " << l << ", " << n
+                             << " tokens, " << groups << " groups";
+    }
+  }
+}
+
 // BestUntil equals a full sort's prefix, also where the best candidates
 // are smaller than the mean, and where many hold no token.
 TEST(TokenStageTest, BestUntilIsTheSortedPrefixThatHoldsTheBudget) {
