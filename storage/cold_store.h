@@ -98,7 +98,7 @@ struct StreamWrite {
   // log, so that a crash before the full record reached its files leaves
   // the stand-in (the engine rebuilds the rest from the block's frames).
   // A store that logs everything ignores them.
-  std::vector<std::pair<uint64_t, std::string>> block_stubs;
+  std::vector<std::pair<uint64_t, std::string>> block_stand_ins;
   std::vector<BlockLayerWrite> block_layers;
   // Removes every layer record of these blocks.
   std::vector<uint64_t> delete_block_layers;

@@ -188,18 +188,23 @@ absl::Status RocksColdStore::Commit(const StreamWrite& write) {
   }
   // A record with a stand-in (a seal's: its token groups are ~13 MB of a 7B
   // block's record) logs the stand-in; the record follows outside the WAL.
-  const bool split = !options_.log_token_groups && !write.block_stubs.empty();
-  for (const auto& [id, record] : write.blocks) {
-    const std::string* put = &record;
+  const bool split =
+      !options_.log_token_groups && !write.block_stand_ins.empty();
+  std::vector<const std::pair<uint64_t, std::string>*> unlogged;
+  for (const auto& block : write.blocks) {
+    const std::string* put = &block.second;
     if (split) {
-      for (const auto& [stub_id, stub] : write.block_stubs) {
-        if (stub_id == id) put = &stub;
+      for (const auto& [stand_in_id, stand_in] : write.block_stand_ins) {
+        if (stand_in_id == block.first) put = &stand_in;
       }
+      if (put != &block.second) unlogged.push_back(&block);
     }
-    batch.Put(blocks_, NumberedKey(write.stream_id, id), *put);
+    batch.Put(blocks_, NumberedKey(write.stream_id, block.first), *put);
   }
   absl::Status written = Written(DbWrite(write_options_, &batch), "commit");
-  if (written.ok() && split) WriteUnlogged(write);
+  if (written.ok() && !unlogged.empty()) {
+    WriteUnlogged(write.stream_id, unlogged);
+  }
   if (written.ok()) TuneBlobGc();  // At most once a second.
   return written;
 }

@@ -186,11 +186,14 @@ class RocksColdStore final : public ColdStore {
   // most every kBlobGcCheckEvery; called after each commit and deletion (a
   // store that writes nothing collects nothing).
   void TuneBlobGc() ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
-  // The block records of `write` that have a stand-in (block_stubs), after
-  // the commit logged the stand-ins: outside the WAL, so a crash before the
-  // memtable's flush leaves the stand-in (RocksColdStoreOptions::
-  // log_token_groups). A failure here leaves the stand-in too.
-  void WriteUnlogged(const StreamWrite& write)
+  // The block records (id, full record) of a stream whose stand-ins
+  // (StreamWrite::block_stand_ins) the commit just logged: outside the WAL,
+  // so a crash before the memtable's flush leaves the stand-in
+  // (RocksColdStoreOptions::log_token_groups). A failure here leaves the
+  // stand-in too.
+  void WriteUnlogged(
+      absl::string_view stream_id,
+      const std::vector<const std::pair<uint64_t, std::string>*>& records)
       ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   // At a clean close: the records WriteUnlogged wrote that no flush has
   // written yet go to the WAL, so a restart finds them whole without the

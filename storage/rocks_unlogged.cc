@@ -11,17 +11,14 @@
 
 namespace kvmem {
 
-void RocksColdStore::WriteUnlogged(const StreamWrite& write) {
+void RocksColdStore::WriteUnlogged(
+    absl::string_view stream_id,
+    const std::vector<const std::pair<uint64_t, std::string>*>& records) {
   rocksdb::WriteBatch batch;
   std::vector<std::string> keys;
-  for (const auto& [id, record] : write.blocks) {
-    for (const auto& stub : write.block_stubs) {
-      if (stub.first == id) {
-        keys.push_back(NumberedKey(write.stream_id, id));
-        batch.Put(blocks_, keys.back(), record);
-        break;
-      }
-    }
+  for (const auto* r : records) {
+    keys.push_back(NumberedKey(stream_id, r->first));
+    batch.Put(blocks_, keys.back(), r->second);
   }
   if (keys.empty()) return;
   rocksdb::WriteOptions unlogged = write_options_;

@@ -279,9 +279,9 @@ absl::StatusOr<FrameSignals> DecodeSignals(absl::string_view bytes) {
 
 namespace {
 
-// Version 5 adds groups_pending after the codes; a stub leaves the groups
-// out (empty) and sets it.
-std::string EncodeBlockRecord(const BlockRecord& b, bool stub) {
+// Version 5 adds groups_pending after the codes; a stand-in leaves the
+// groups out (empty) and sets it.
+std::string EncodeBlockRecord(const BlockRecord& b, bool stand_in) {
   Writer w;
   w.U8(kBlockVersion);
   w.U64(b.info.id);
@@ -309,7 +309,7 @@ std::string EncodeBlockRecord(const BlockRecord& b, bool stub) {
   w.U64(b.last_access_frame);
   w.F32(b.hits);
   w.U64(b.last_hit_frame);
-  if (stub) {
+  if (stand_in) {
     w.Floats({});
     w.Str("");
     w.Str("");
@@ -319,18 +319,18 @@ std::string EncodeBlockRecord(const BlockRecord& b, bool stub) {
                             b.token_group.size()));
     w.Str(b.token_codes);
   }
-  w.U8(stub || b.groups_pending ? 1 : 0);
+  w.U8(stand_in || b.groups_pending ? 1 : 0);
   return w.Take();
 }
 
 }  // namespace
 
 std::string EncodeBlock(const BlockRecord& b) {
-  return EncodeBlockRecord(b, /*stub=*/false);
+  return EncodeBlockRecord(b, /*stand_in=*/false);
 }
 
-std::string EncodeBlockStub(const BlockRecord& b) {
-  return EncodeBlockRecord(b, /*stub=*/true);
+std::string EncodeBlockStandIn(const BlockRecord& b) {
+  return EncodeBlockRecord(b, /*stand_in=*/true);
 }
 
 absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes) {

@@ -79,7 +79,7 @@ struct BlockRecord {
   uint64_t last_hit_frame = 0;
   // The record a seal logged while its token groups (group_summaries,
   // token_group, token_codes: ~13 MB of a 7B block's 13.3) went to the
-  // store outside its write-ahead log (StreamWrite::block_stubs): a crash
+  // store outside its write-ahead log (StreamWrite::block_stand_ins): a crash
   // before the store flushed them leaves this stand-in, and recovery builds
   // the groups again from the block's frames (Stream::CompleteRecords).
   bool groups_pending = false;
@@ -97,8 +97,8 @@ absl::StatusOr<FrameSignals> DecodeSignals(absl::string_view bytes);
 
 std::string EncodeBlock(const BlockRecord& block);
 // The record without its token groups, marked groups_pending: the stand-in
-// a seal logs for `block` (StreamWrite::block_stubs).
-std::string EncodeBlockStub(const BlockRecord& block);
+// a seal logs for `block` (StreamWrite::block_stand_ins).
+std::string EncodeBlockStandIn(const BlockRecord& block);
 absl::StatusOr<BlockRecord> DecodeBlock(absl::string_view bytes);
 
 }  // namespace kvmem

@@ -235,7 +235,7 @@ absl::Status Stream::CompleteRecords(std::vector<BlockRecord>* records) const {
     StreamWrite write;
     write.stream_id = id_;
     write.blocks.emplace_back(rec.info.id, EncodeBlock(rec));
-    write.block_stubs.emplace_back(rec.info.id, EncodeBlockStub(rec));
+    write.block_stand_ins.emplace_back(rec.info.id, EncodeBlockStandIn(rec));
     // A store that refuses the write (a full disk) keeps the stand-in: the
     // next recovery builds the groups again.
     env_.store->Commit(write).IgnoreError();

@@ -99,7 +99,7 @@ BlockEntry Stream::SealOpenBlock(StreamState* state, StreamWrite* write,
   write->blocks.emplace_back(rec.info.id, EncodeBlock(rec));
   if (!rec.token_codes.empty() || !rec.group_summaries.empty()) {
     // The store may log this and the groups apart (rebuilt if lost).
-    write->block_stubs.emplace_back(rec.info.id, EncodeBlockStub(rec));
+    write->block_stand_ins.emplace_back(rec.info.id, EncodeBlockStandIn(rec));
   }
   if (clock != nullptr) clock->Mark(IngestStage::kSealRest);
   e.sealed_record = true;

@@ -43,7 +43,7 @@ int CommitWithStandIn(const RocksColdStoreOptions& o, const std::string& record,
   w.stream_id = "s";
   w.state = "state";
   w.blocks = {{0, record}};
-  w.block_stubs = {{0, "stand-in"}};
+  w.block_stand_ins = {{0, "stand-in"}};
   if (!(*store)->Commit(w).ok()) return 3;
   auto now = Blocks(**store, "s");
   if (now.size() != 1 || now[0].second != record) return 4;
@@ -51,7 +51,7 @@ int CommitWithStandIn(const RocksColdStoreOptions& o, const std::string& record,
   return 0;
 }
 
-// A record with a stand-in (StreamWrite::block_stubs) is read back whole
+// A record with a stand-in (StreamWrite::block_stand_ins) is read back whole
 // while the store is open and after a clean close (the close logs it);
 // a crash (a child process that ends without closing the store: its WAL is
 // in the page cache, its memtables are gone) leaves the logged stand-in,

@@ -1,5 +1,5 @@
 // A seal's block record goes to the store with a stand-in without its token
-// groups (StreamWrite::block_stubs): RocksDB logs the stand-in and writes
+// groups (StreamWrite::block_stand_ins): RocksDB logs the stand-in and writes
 // the full record outside its WAL, so a crash before the memtable's flush
 // leaves the stand-in. Recovery builds the groups again from the block's
 // frames: the same groups, codes and recall sets as the seal's.
@@ -32,11 +32,11 @@ class StandInsOnly final : public ForwardingColdStore {
   absl::Status Commit(const StreamWrite& w) override {
     StreamWrite kept = w;
     for (auto& [id, record] : kept.blocks) {
-      for (const auto& [stub_id, stub] : w.block_stubs) {
-        if (stub_id == id) record = stub;
+      for (const auto& [stand_in_id, stand_in] : w.block_stand_ins) {
+        if (stand_in_id == id) record = stand_in;
       }
     }
-    kept.block_stubs.clear();
+    kept.block_stand_ins.clear();
     return ForwardingColdStore::Commit(kept);
   }
 };
