@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/codec/dtype.h"
+#include "engine/codec/frame_parts.h"
 
 namespace kvmem {
 namespace {
@@ -171,7 +172,7 @@ bool FramesEncoded(ColdPrecision p) {
 }
 
 uint64_t EncodedRowBytes(const Geometry& g, ColdPrecision p) {
-  if (!FramesEncoded(p)) return uint64_t{g.head_dim} * DTypeBytes(g.dtype);
+  if (!FramesEncoded(p)) return FrameRowBytes(g);
   return HeaderBytes(p) + CodeBytes(g, p);
 }
 

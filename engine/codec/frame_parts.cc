@@ -42,10 +42,13 @@ uint64_t FramePartBytes(const Geometry& g, uint32_t part_tokens) {
   return FramePayloadBytes(g, part_tokens);
 }
 
+size_t FrameRowBytes(const Geometry& g) {
+  return size_t{g.head_dim} * DTypeBytes(g.dtype);
+}
+
 void SplitFrame(const Geometry& g, uint32_t t, uint32_t part_tokens,
                 absl::string_view frame, std::string* out) {
-  SplitFrameRows(g, t, part_tokens, size_t{g.head_dim} * DTypeBytes(g.dtype),
-                 frame, out);
+  SplitFrameRows(g, t, part_tokens, FrameRowBytes(g), frame, out);
 }
 
 void SplitFrameRows(const Geometry& g, uint32_t t, uint32_t part_tokens,
@@ -59,8 +62,8 @@ void SplitFrameRows(const Geometry& g, uint32_t t, uint32_t part_tokens,
 std::string JoinFrame(const Geometry& g, uint32_t t, uint32_t part_tokens,
                       absl::string_view parts) {
   std::string frame(parts.size(), '\0');
-  MoveRows(g, t, part_tokens, size_t{g.head_dim} * DTypeBytes(g.dtype),
-           parts.data(), frame.data(), /*split=*/false);
+  MoveRows(g, t, part_tokens, FrameRowBytes(g), parts.data(), frame.data(),
+           /*split=*/false);
   return frame;
 }
 

@@ -24,15 +24,18 @@ inline constexpr uint64_t kFramePartTargetBytes = 64 << 10;
 uint32_t FramePartTokens(const Geometry& g);
 // Bytes of a full part of part_tokens tokens (the store's part size).
 uint64_t FramePartBytes(const Geometry& g, uint32_t part_tokens);
+// Bytes of a frame's row as appended (a row: one layer, K or V and kv_head's
+// head_dim values of a token).
+size_t FrameRowBytes(const Geometry& g);
 
 // The frame (t tokens, as appended) as its parts back to back, into *out
 // (resized; its capacity is reused). REQUIRES: part_tokens > 0 and
 // frame.size() == FramePayloadBytes(g, t).
 void SplitFrame(const Geometry& g, uint32_t t, uint32_t part_tokens,
                 absl::string_view frame, std::string* out);
-// SplitFrame for rows of row_bytes bytes each (a row: one layer, K or V and
-// kv_head's head_dim values of a token), e.g. a frame's rows encoded one by
-// one in frame order (frame_codec.h): the same moves, of smaller rows.
+// SplitFrame for rows of row_bytes bytes each (FrameRowBytes as appended),
+// e.g. a frame's rows encoded one by one in frame order (frame_codec.h):
+// the same moves, of smaller rows.
 void SplitFrameRows(const Geometry& g, uint32_t t, uint32_t part_tokens,
                     size_t row_bytes, absl::string_view frame,
                     std::string* out);
