@@ -302,9 +302,13 @@ int CpuLanes() {
 int CpuLanes() { return 0; }
 #endif
 
-const char* const kLaneNames[] = {"off", "avx2", "avx512vnni"};
+// The kernels' names, by CpuLanes' numbers.
+const std::string& LaneName(int k) {
+  static const std::string names[] = {"off", "avx2", "avx512vnni"};
+  return names[k];
+}
 
-// The kernel on (an index of kLaneNames): the best the CPU has unless
+// The kernel on (CpuLanes' numbering): the best the CPU has unless
 // SelectLaneTokenKernel chose another.
 std::atomic<int>& LanesOn() {
   static std::atomic<int> on{CpuLanes()};
@@ -335,14 +339,12 @@ bool LaneTokenDensities(const TokenCodeShape& shape, const TokenQuery& q,
 }
 
 const std::string& LaneTokenKernel() {
-  static const std::string names[] = {kLaneNames[0], kLaneNames[1],
-                                      kLaneNames[2]};
-  return names[LanesOn().load(std::memory_order_relaxed)];
+  return LaneName(LanesOn().load(std::memory_order_relaxed));
 }
 
 bool SelectLaneTokenKernel(const std::string& name) {
   for (int k = 0; k <= CpuLanes(); ++k) {
-    if (name == kLaneNames[k]) {
+    if (name == LaneName(k)) {
       LanesOn().store(k);
       return true;
     }
