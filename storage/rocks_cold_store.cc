@@ -34,12 +34,36 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
       return FromRocks(s, absl::StrCat("open RocksDB at ", options.path));
     }
     store->Install();
+    store->FlushReplayed();
   }
   store->KeepSpare(FreeBytes(options.path));
   if (options.wal_sync == WalSync::kInterval) {
     store->syncer_ = std::thread([p = store.get()] { p->SyncLoop(); });
   }
   return std::unique_ptr<ColdStore>(std::move(store));
+}
+
+// The open keeps what it replays from the last run's logs in memtables
+// (avoid_flush_during_recovery: a reopen on a nearly full disk writes no
+// table files), so those logs stay live until each column family flushes,
+// while a family that had nothing in them starts at the new log. Damage in
+// such an older log then made point-in-time recovery refuse the store,
+// salvage included ("SST file is ahead of WALs": a family's files might
+// hold data past the damage). Flushing every family once here retires the
+// last run's logs. With less free space than the memtables can hold the
+// flush is left to RocksDB, as before. (Within one run the same holds
+// after any family's own flush: docs/reliability.md.)
+void RocksColdStore::FlushReplayed() {
+  // At most the memtables' bytes are written (AutoReserve counts them).
+  if (db_.read_only ||
+      FreeBytes(options_.path) < std::max(reserve_, AutoReserve(options_))) {
+    return;
+  }
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  fo.allow_write_stall = true;
+  // A failure is RocksDB's background error: the next write meets it.
+  db_.db->Flush(fo, db_.handles).PermitUncheckedError();
 }
 
 RocksColdStore::~RocksColdStore() {
