@@ -25,6 +25,11 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
     kvmem::MutexLock lock(&store->db_mu_);
     rocksdb::Status s =
         OpenDb(options, store->listener_, /*read_only=*/false, &store->db_);
+    // Salvage: damage in a log that a column family has flushed past.
+    const bool up_to_damage = !options.strict_wal && DamagedLogBehindFlush(s);
+    if (up_to_damage) {
+      s = OpenDbUpToDamage(options, store->listener_, &store->db_);
+    }
     if (!s.ok() && (s.IsNoSpace() || (s.IsIOError() && store->Low()))) {
       const rocksdb::Status first = s;
       s = OpenDb(options, store->listener_, /*read_only=*/true, &store->db_);
@@ -34,7 +39,13 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
       return FromRocks(s, absl::StrCat("open RocksDB at ", options.path));
     }
     store->Install();
-    store->FlushReplayed();
+    s = store->FlushReplayed(/*must=*/up_to_damage);
+    if (!s.ok()) {
+      store->CloseDb();
+      return FromRocks(s, absl::StrCat("flush ", options.path,
+                                       " after replaying its logs up to a "
+                                       "damaged record"));
+    }
   }
   store->KeepSpare(FreeBytes(options.path));
   if (options.wal_sync == WalSync::kInterval) {
@@ -51,19 +62,23 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
 // salvage included ("SST file is ahead of WALs": a family's files might
 // hold data past the damage). Flushing every family once here retires the
 // last run's logs. With less free space than the memtables can hold the
-// flush is left to RocksDB, as before. (Within one run the same holds
-// after any family's own flush: docs/reliability.md.)
-void RocksColdStore::FlushReplayed() {
+// flush is left to RocksDB, as before, unless `must`: after an open that
+// replayed up to a damaged record (OpenDbUpToDamage), the damaged logs must
+// go before anything is written.
+rocksdb::Status RocksColdStore::FlushReplayed(bool must) {
   // At most the memtables' bytes are written (AutoReserve counts them).
   if (db_.read_only ||
-      FreeBytes(options_.path) < std::max(reserve_, AutoReserve(options_))) {
-    return;
+      (!must &&
+       FreeBytes(options_.path) < std::max(reserve_, AutoReserve(options_)))) {
+    return rocksdb::Status::OK();
   }
   rocksdb::FlushOptions fo;
   fo.wait = true;
   fo.allow_write_stall = true;
-  // A failure is RocksDB's background error: the next write meets it.
-  db_.db->Flush(fo, db_.handles).PermitUncheckedError();
+  const rocksdb::Status s = db_.db->Flush(fo, db_.handles);
+  // Otherwise a failure is RocksDB's background error: the next write
+  // meets it.
+  return must ? s : rocksdb::Status::OK();
 }
 
 RocksColdStore::~RocksColdStore() {

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -101,7 +103,7 @@ static rocksdb::ColumnFamilyOptions WithBlobFiles(
 
 rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
                        std::shared_ptr<rocksdb::EventListener> listener,
-                       bool read_only, Db* out) {
+                       bool read_only, Db* out, const Replay& replay) {
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
@@ -122,9 +124,11 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   // outside the WAL instead (RocksColdStore::LogUnflushedRecords).
   db_options.avoid_flush_during_shutdown = true;
   db_options.wal_recovery_mode =
-      options.strict_wal
+      replay.skip_damaged ? rocksdb::WALRecoveryMode::kSkipAnyCorruptedRecords
+      : options.strict_wal
           ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
           : rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+  db_options.wal_filter = replay.filter;
 
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
@@ -175,6 +179,89 @@ rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
   out->db.reset(raw);
   out->handles = std::move(handles);
   out->read_only = read_only;
+  return s;
+}
+
+namespace {
+
+// A write batch's first sequence number: the first 8 bytes of its
+// representation, little-endian (RocksDB's WriteBatch header: sequence,
+// then count).
+uint64_t BatchSequence(const rocksdb::WriteBatch& batch) {
+  uint64_t seq = 0;
+  const std::string& rep = batch.Data();
+  if (rep.size() >= sizeof(seq)) std::memcpy(&seq, rep.data(), sizeof(seq));
+  return seq;
+}
+
+// Lists the records an open replays (each log's, in order, by sequence
+// number); or, given such lists, lets through the records that match them
+// in order and stops replay at the first that does not.
+class ReplayLists final : public rocksdb::WalFilter {
+ public:
+  using Lists = std::map<uint64_t, std::vector<uint64_t>>;
+  explicit ReplayLists(const Lists* replay) : replay_(replay) {}
+  WalProcessingOption LogRecordFound(unsigned long long log_number,
+                                     const std::string&,
+                                     const rocksdb::WriteBatch& batch,
+                                     rocksdb::WriteBatch*, bool*) override {
+    const uint64_t seq = BatchSequence(batch);
+    if (replay_ == nullptr) {
+      seen_[log_number].push_back(seq);
+      return WalProcessingOption::kContinueProcessing;
+    }
+    size_t& n = next_[log_number];
+    const auto it = replay_->find(log_number);
+    if (stopped_ || it == replay_->end() || n >= it->second.size() ||
+        it->second[n] != seq) {
+      stopped_ = true;
+      return WalProcessingOption::kStopReplay;
+    }
+    ++n;
+    seen_[log_number].push_back(seq);
+    return WalProcessingOption::kContinueProcessing;
+  }
+  const char* Name() const override { return "kvmem-replay-lists"; }
+  const Lists& seen() const { return seen_; }
+
+ private:
+  const Lists* replay_;
+  Lists seen_;
+  std::map<uint64_t, size_t> next_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+bool DamagedLogBehindFlush(const rocksdb::Status& s) {
+  return s.IsCorruption() &&
+         s.ToString().find("SST file is ahead of WALs") != std::string::npos;
+}
+
+rocksdb::Status OpenDbUpToDamage(
+    const RocksColdStoreOptions& options,
+    std::shared_ptr<rocksdb::EventListener> listener, Db* out) {
+  // Point-in-time recovery again, listing what it replays; it refuses
+  // again, having written nothing.
+  ReplayLists listing(nullptr);
+  Replay first;
+  first.filter = &listing;
+  rocksdb::Status s = OpenDb(options, listener, false, out, first);
+  if (s.ok() || !DamagedLogBehindFlush(s)) return s;
+  ReplayLists prefix(&listing.seen());
+  Replay second;
+  second.filter = &prefix;
+  second.skip_damaged = true;
+  s = OpenDb(options, listener, false, out, second);
+  if (!s.ok()) return s;
+  size_t records = 0;
+  for (const auto& [log, seqs] : prefix.seen()) records += seqs.size();
+  rocksdb::Log(rocksdb::InfoLogLevel::ERROR_LEVEL,
+               out->db->GetDBOptions().info_log,
+               "kvmem: a write-ahead log is damaged and a column family was "
+               "flushed past it: replayed the %zu records before the damage "
+               "(point in time), every family is flushed next",
+               records);
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "rocksdb/db.h"
 #include "rocksdb/listener.h"
+#include "rocksdb/wal_filter.h"
 #include "storage/rocks_cold_store.h"
 #include "storage/rocks_keys.h"
 
@@ -96,10 +97,37 @@ struct Db {
   bool read_only = false;
 };
 
+// How an open replays the write-ahead logs: by default as the options say
+// (point-in-time recovery, or strict); `filter`, when set, sees every
+// record replayed; skip_damaged reads on past damaged records (the filter
+// then decides where replay stops).
+struct Replay {
+  rocksdb::WalFilter* filter = nullptr;
+  bool skip_damaged = false;
+};
+
 // Opens the store's RocksDB read-write, or read-only when asked, into *out.
 rocksdb::Status OpenDb(const RocksColdStoreOptions& options,
                        std::shared_ptr<rocksdb::EventListener> listener,
-                       bool read_only, Db* out);
+                       bool read_only, Db* out, const Replay& replay = {});
+
+// True for point-in-time recovery's refusal of a store in which a column
+// family's files are newer than a damaged log record ("SST file is ahead of
+// WALs"): the families flush one at a time, so the others' records can
+// still be in older logs.
+bool DamagedLogBehindFlush(const rocksdb::Status& s);
+
+// Salvage's open after that refusal: replays exactly the records
+// point-in-time recovery replays, up to the first damaged one (a first open
+// lists them; the second reads past the damage and stops where the lists
+// part), so every family not flushed past the damage holds the logs'
+// prefix, as point-in-time recovery would give, and a family flushed past
+// it keeps its files. The caller must flush every family before writing
+// (RocksColdStore::FlushReplayed): until then the damaged logs are live and
+// a restart would stop at the damage again, before anything written since.
+rocksdb::Status OpenDbUpToDamage(
+    const RocksColdStoreOptions& options,
+    std::shared_ptr<rocksdb::EventListener> listener, Db* out);
 
 // Bytes free for unprivileged writes on path's filesystem (UINT64_MAX when
 // unknown).
