@@ -26,8 +26,7 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
     rocksdb::Status s =
         OpenDb(options, store->listener_, /*read_only=*/false, &store->db_);
     // Salvage: damage in a log that a column family has flushed past.
-    const bool up_to_damage = !options.strict_wal && DamagedLogBehindFlush(s);
-    if (up_to_damage) {
+    if (!options.strict_wal && DamagedLogBehindFlush(s)) {
       s = OpenDbUpToDamage(options, store->listener_, &store->db_);
     }
     if (!s.ok() && (s.IsNoSpace() || (s.IsIOError() && store->Low()))) {
@@ -39,13 +38,7 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
       return FromRocks(s, absl::StrCat("open RocksDB at ", options.path));
     }
     store->Install();
-    s = store->FlushReplayed(/*must=*/up_to_damage);
-    if (!s.ok()) {
-      store->CloseDb();
-      return FromRocks(s, absl::StrCat("flush ", options.path,
-                                       " after replaying its logs up to a "
-                                       "damaged record"));
-    }
+    store->FlushReplayed();
   }
   store->KeepSpare(FreeBytes(options.path));
   if (options.wal_sync == WalSync::kInterval) {
@@ -58,27 +51,22 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
 // (avoid_flush_during_recovery: a reopen on a nearly full disk writes no
 // table files), so those logs stay live until each column family flushes,
 // while a family that had nothing in them starts at the new log. Damage in
-// such an older log then made point-in-time recovery refuse the store,
-// salvage included ("SST file is ahead of WALs": a family's files might
-// hold data past the damage). Flushing every family once here retires the
-// last run's logs. With less free space than the memtables can hold the
-// flush is left to RocksDB, as before, unless `must`: after an open that
-// replayed up to a damaged record (OpenDbUpToDamage), the damaged logs must
-// go before anything is written.
-rocksdb::Status RocksColdStore::FlushReplayed(bool must) {
-  // At most the memtables' bytes are written (AutoReserve counts them).
+// such an older log then made point-in-time recovery refuse the store
+// ("SST file is ahead of WALs": a family's files might hold data past the
+// damage; salvage now replays up to it, OpenDbUpToDamage). Flushing every
+// family once here retires the last run's logs. With less free space than
+// AutoReserve (what the memtables hold, and 64 MiB) or the reserve, the
+// flush is left to RocksDB, as before.
+void RocksColdStore::FlushReplayed() {
   if (db_.read_only ||
-      (!must &&
-       FreeBytes(options_.path) < std::max(reserve_, AutoReserve(options_)))) {
-    return rocksdb::Status::OK();
+      FreeBytes(options_.path) < std::max(reserve_, AutoReserve(options_))) {
+    return;
   }
   rocksdb::FlushOptions fo;
   fo.wait = true;
   fo.allow_write_stall = true;
-  const rocksdb::Status s = db_.db->Flush(fo, db_.handles);
-  // Otherwise a failure is RocksDB's background error: the next write
-  // meets it.
-  return must ? s : rocksdb::Status::OK();
+  // A failure is RocksDB's background error: the next write meets it.
+  db_.db->Flush(fo, db_.handles).PermitUncheckedError();
 }
 
 RocksColdStore::~RocksColdStore() {

@@ -241,28 +241,54 @@ bool DamagedLogBehindFlush(const rocksdb::Status& s) {
 rocksdb::Status OpenDbUpToDamage(
     const RocksColdStoreOptions& options,
     std::shared_ptr<rocksdb::EventListener> listener, Db* out) {
+  // A database holds its options' WAL filter for its life: each open that
+  // gets one is closed before its filter goes.
+  const auto close = [](Db* db) {
+    for (auto* h : db->handles) {
+      db->db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    }
+    db->db->Close().PermitUncheckedError();
+    db->db.reset();
+    db->handles.clear();
+  };
   // Point-in-time recovery again, listing what it replays; it refuses
   // again, having written nothing.
   ReplayLists listing(nullptr);
   Replay first;
   first.filter = &listing;
-  rocksdb::Status s = OpenDb(options, listener, false, out, first);
-  if (s.ok() || !DamagedLogBehindFlush(s)) return s;
+  Db listed;
+  rocksdb::Status s = OpenDb(options, listener, false, &listed, first);
+  if (s.ok()) {
+    close(&listed);
+    return OpenDb(options, listener, false, out);
+  }
+  if (!DamagedLogBehindFlush(s)) return s;
   ReplayLists prefix(&listing.seen());
   Replay second;
   second.filter = &prefix;
   second.skip_damaged = true;
-  s = OpenDb(options, listener, false, out, second);
+  Db salvaged;
+  s = OpenDb(options, listener, false, &salvaged, second);
   if (!s.ok()) return s;
   size_t records = 0;
   for (const auto& [log, seqs] : prefix.seen()) records += seqs.size();
   rocksdb::Log(rocksdb::InfoLogLevel::ERROR_LEVEL,
-               out->db->GetDBOptions().info_log,
+               salvaged.db->GetDBOptions().info_log,
                "kvmem: a write-ahead log is damaged and a column family was "
                "flushed past it: replayed the %zu records before the damage "
-               "(point in time), every family is flushed next",
+               "(point in time); flushing every column family",
                records);
-  return s;
+  // Every family flushed makes the damaged logs obsolete: left live, the
+  // next open would stop at the same damage, before everything written
+  // since. Then the database opens again without the filter, replaying
+  // nothing.
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  fo.allow_write_stall = true;
+  s = salvaged.db->Flush(fo, salvaged.handles);
+  close(&salvaged);
+  if (!s.ok()) return s;
+  return OpenDb(options, listener, false, out);
 }
 
 bool WantBlobGc(bool on, uint64_t blob_bytes, uint64_t garbage_bytes) {

@@ -122,9 +122,10 @@ bool DamagedLogBehindFlush(const rocksdb::Status& s);
 // lists them; the second reads past the damage and stops where the lists
 // part), so every family not flushed past the damage holds the logs'
 // prefix, as point-in-time recovery would give, and a family flushed past
-// it keeps its files. The caller must flush every family before writing
-// (RocksColdStore::FlushReplayed): until then the damaged logs are live and
-// a restart would stop at the damage again, before anything written since.
+// it keeps its files. Then flushes every family (the damaged logs become
+// obsolete: left live, the next open would stop at the same damage, before
+// everything written since) and opens the database again, plainly, into
+// *out. A failed flush fails the open.
 rocksdb::Status OpenDbUpToDamage(
     const RocksColdStoreOptions& options,
     std::shared_ptr<rocksdb::EventListener> listener, Db* out);

@@ -133,10 +133,9 @@ class RocksColdStore final : public ColdStore {
   // The column family handles from db_'s.
   void Install() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   // After a writable open: flushes what the open replayed from the last
-  // run's logs, every column family, when the disk has room for it or
-  // `must` (rocks_cold_store.cc says why); a failure only when `must`.
-  rocksdb::Status FlushReplayed(bool must)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  // run's logs, every column family, when the disk has room for it
+  // (rocks_cold_store.cc says why).
+  void FlushReplayed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   // Every write goes through here, into RocksDB's write queue (see
   // kvmem::UninstrumentedCall for the ThreadSanitizer build). Callers have
   // checked the DB is open.
