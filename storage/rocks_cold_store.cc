@@ -62,11 +62,8 @@ void RocksColdStore::FlushReplayed() {
       FreeBytes(options_.path) < std::max(reserve_, AutoReserve(options_))) {
     return;
   }
-  rocksdb::FlushOptions fo;
-  fo.wait = true;
-  fo.allow_write_stall = true;
   // A failure is RocksDB's background error: the next write meets it.
-  db_.db->Flush(fo, db_.handles).PermitUncheckedError();
+  FlushEveryFamily(db_).PermitUncheckedError();
 }
 
 RocksColdStore::~RocksColdStore() {

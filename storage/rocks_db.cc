@@ -233,6 +233,22 @@ class ReplayLists final : public rocksdb::WalFilter {
 
 }  // namespace
 
+void CloseOpenDb(Db* db) {
+  for (auto* h : db->handles) {
+    db->db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+  db->db->Close().PermitUncheckedError();
+  db->db.reset();
+  db->handles.clear();
+}
+
+rocksdb::Status FlushEveryFamily(const Db& db) {
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  fo.allow_write_stall = true;
+  return db.db->Flush(fo, db.handles);
+}
+
 bool DamagedLogBehindFlush(const rocksdb::Status& s) {
   return s.IsCorruption() &&
          s.ToString().find("SST file is ahead of WALs") != std::string::npos;
@@ -243,14 +259,6 @@ rocksdb::Status OpenDbUpToDamage(
     std::shared_ptr<rocksdb::EventListener> listener, Db* out) {
   // A database holds its options' WAL filter for its life: each open that
   // gets one is closed before its filter goes.
-  const auto close = [](Db* db) {
-    for (auto* h : db->handles) {
-      db->db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
-    }
-    db->db->Close().PermitUncheckedError();
-    db->db.reset();
-    db->handles.clear();
-  };
   // Point-in-time recovery again, listing what it replays; it refuses
   // again, having written nothing.
   ReplayLists listing(nullptr);
@@ -259,7 +267,7 @@ rocksdb::Status OpenDbUpToDamage(
   Db listed;
   rocksdb::Status s = OpenDb(options, listener, false, &listed, first);
   if (s.ok()) {
-    close(&listed);
+    CloseOpenDb(&listed);
     return OpenDb(options, listener, false, out);
   }
   if (!DamagedLogBehindFlush(s)) return s;
@@ -282,11 +290,8 @@ rocksdb::Status OpenDbUpToDamage(
   // next open would stop at the same damage, before everything written
   // since. Then the database opens again without the filter, replaying
   // nothing.
-  rocksdb::FlushOptions fo;
-  fo.wait = true;
-  fo.allow_write_stall = true;
-  s = salvaged.db->Flush(fo, salvaged.handles);
-  close(&salvaged);
+  s = FlushEveryFamily(salvaged);
+  CloseOpenDb(&salvaged);
   if (!s.ok()) return s;
   return OpenDb(options, listener, false, out);
 }

@@ -97,6 +97,13 @@ struct Db {
   bool read_only = false;
 };
 
+// Closes an open database: its handles, then the database (nothing is
+// flushed: avoid_flush_during_shutdown).
+void CloseOpenDb(Db* db);
+
+// Flushes every column family of an open database and waits.
+rocksdb::Status FlushEveryFamily(const Db& db);
+
 // How an open replays the write-ahead logs: by default as the options say
 // (point-in-time recovery, or strict); `filter`, when set, sees every
 // record replayed; skip_damaged reads on past damaged records (the filter

@@ -326,12 +326,7 @@ void RocksColdStore::CloseDb() {
   // Records written outside the WAL and not flushed yet go to the WAL
   // (avoid_flush_during_shutdown, rocks_db.cc: nothing is flushed here).
   LogUnflushedRecords();
-  for (auto* h : db_.handles) {
-    db_.db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
-  }
-  db_.db->Close().PermitUncheckedError();
-  db_.db.reset();
-  db_.handles.clear();
+  CloseOpenDb(&db_);
   streams_ = blocks_ = payloads_ = frame_meta_ = block_layers_ = nullptr;
 }
 

@@ -60,17 +60,24 @@ inline int FreeLoopbackPort() {
 }
 
 // The whole file; empty when it cannot be read.
-// The newest non-empty RocksDB write-ahead log (*.log) in dir; "" if none.
-inline std::string NewestWal(const std::string& dir) {
-  std::string newest;
+// The non-empty RocksDB write-ahead logs (*.log) in dir, oldest first.
+inline std::vector<std::string> Wals(const std::string& dir) {
+  std::vector<std::string> wals;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string p = entry.path().string();
     if (p.size() > 4 && p.compare(p.size() - 4, 4, ".log") == 0 &&
         std::filesystem::file_size(p) > 0) {
-      newest = std::max(newest, p);
+      wals.push_back(p);
     }
   }
-  return newest;
+  std::sort(wals.begin(), wals.end());
+  return wals;
+}
+
+// The newest non-empty RocksDB write-ahead log (*.log) in dir; "" if none.
+inline std::string NewestWal(const std::string& dir) {
+  const std::vector<std::string> wals = Wals(dir);
+  return wals.empty() ? std::string() : wals.back();
 }
 
 // Overwrites 16 bytes in the middle of a file (a corrupted record).

@@ -50,25 +50,28 @@ std::unique_ptr<Opened> Open(const std::string& dir, bool strict,
   return out;
 }
 
+// Opens stream `id` with the test config and appends n random frames from
+// rng, then records the acknowledgement.
+void AppendStream(MemoryEngine& e, const std::string& id, uint64_t n,
+                  std::mt19937_64& rng) {
+  const testing::TestGeometry g;
+  ASSERT_TRUE(e.OpenStream(id, testing::TestConfig(g, 16, 4)).ok());
+  for (uint64_t i = 0; i < n; ++i) {
+    const testing::FloatFrame f = testing::RandomFrame(rng, g, 8);
+    ASSERT_TRUE(e.Append(id, testing::FrameOf(f, i, g.dtype)).ok());
+  }
+  ASSERT_TRUE(e.RecordAcknowledged().ok());
+}
+
 // Streams a (60 frames), b (opened, 20 frames), recorded, engine closed.
 // Returns the acknowledged frames per stream.
 std::map<std::string, uint64_t> Fill(const std::string& dir,
                                      uint64_t write_buffer_bytes = 32 << 20) {
-  const testing::TestGeometry g;
   auto o = Open(dir, false, write_buffer_bytes);
   EXPECT_TRUE(o->engine.ok()) << o->engine.status();
-  MemoryEngine& e = **o->engine;
-  const StreamConfig c = testing::TestConfig(g, 16, 4);
   std::mt19937_64 rng(1);
   std::map<std::string, uint64_t> acked = {{"a", 60}, {"b", 20}};
-  for (const auto& [id, n] : acked) {
-    EXPECT_TRUE(e.OpenStream(id, c).ok());
-    for (uint64_t i = 0; i < n; ++i) {
-      const testing::FloatFrame f = testing::RandomFrame(rng, g, 8);
-      EXPECT_TRUE(e.Append(id, testing::FrameOf(f, i, g.dtype)).ok());
-    }
-    EXPECT_TRUE(e.RecordAcknowledged().ok());
-  }
+  for (const auto& [id, n] : acked) AppendStream(**o->engine, id, n, rng);
   return acked;
 }
 
@@ -157,20 +160,6 @@ TEST(RecoveryTest, FlippedWalBytesAreReportedNeverSilent) {
   EXPECT_TRUE((*o->engine)->Quarantined().empty());
 }
 
-// The write-ahead logs, oldest first (*.log, non-empty).
-std::vector<std::string> Wals(const std::string& dir) {
-  std::vector<std::string> wals;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string p = entry.path().string();
-    if (p.size() > 4 && p.compare(p.size() - 4, 4, ".log") == 0 &&
-        fs::file_size(p) > 0) {
-      wals.push_back(p);
-    }
-  }
-  std::sort(wals.begin(), wals.end());
-  return wals;
-}
-
 // Memtables of 64 KiB: a (60 frames), b (20) and c (8) stream in one run;
 // the frames' column family flushes several times while the others' records
 // stay in older logs. Damage in the oldest log: point-in-time recovery
@@ -182,23 +171,15 @@ TEST(RecoveryTest, DamageInALogAFlushPassedIsReportedNeverSilent) {
   testing::TempDir dir;
   const uint64_t small = 64 << 10;
   std::map<std::string, uint64_t> acked = {{"a", 60}, {"b", 20}, {"c", 8}};
-  const testing::TestGeometry g;
   std::mt19937_64 rng(2);
-  const auto append = [&](MemoryEngine& e, const std::string& id, uint64_t n) {
-    ASSERT_TRUE(e.OpenStream(id, testing::TestConfig(g, 16, 4)).ok());
-    for (uint64_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(e.Append(id, testing::FrameOf(testing::RandomFrame(rng, g, 8),
-                                                i, g.dtype))
-                      .ok());
-    }
-    ASSERT_TRUE(e.RecordAcknowledged().ok());
-  };
   {
     auto o = Open(dir.path(), false, small);
     ASSERT_TRUE(o->engine.ok()) << o->engine.status();
-    for (const auto& [id, n] : acked) append(**o->engine, id, n);
+    for (const auto& [id, n] : acked) {
+      ASSERT_NO_FATAL_FAILURE(AppendStream(**o->engine, id, n, rng));
+    }
   }
-  const std::vector<std::string> wals = Wals(dir.path() + "/db");
+  const std::vector<std::string> wals = testing::Wals(dir.path() + "/db");
   ASSERT_GE(wals.size(), 2u) << "one log: the case is not exercised";
   testing::FlipMiddleBytes(wals.front());
   {
@@ -217,10 +198,10 @@ TEST(RecoveryTest, DamageInALogAFlushPassedIsReportedNeverSilent) {
                   .find("kvmem: a write-ahead log is damaged"),
               std::string::npos)
         << "the replay up to the damage did not run";
-    append(**o->engine, "d", 2);
+    ASSERT_NO_FATAL_FAILURE(AppendStream(**o->engine, "d", 2, rng));
     acked["d"] = 2;
   }
-  EXPECT_EQ(Wals(dir.path() + "/db").size(), 1u);
+  EXPECT_EQ(testing::Wals(dir.path() + "/db").size(), 1u);
   auto o = Open(dir.path(), /*strict=*/false, small);
   ASSERT_TRUE(o->engine.ok()) << o->engine.status();
   EXPECT_EQ(CheckNothingSilent(*o, acked), lost);
@@ -240,28 +221,19 @@ TEST(RecoveryTest, TheOpenRetiresTheLastRunsLogs) {
   testing::TempDir dir;
   const uint64_t small = 64 << 10;
   auto acked = Fill(dir.path(), small);
-  const std::vector<std::string> first_run = Wals(dir.path() + "/db");
+  const std::vector<std::string> first_run = testing::Wals(dir.path() + "/db");
   ASSERT_FALSE(first_run.empty());
   {
     auto o = Open(dir.path(), false, small);
     ASSERT_TRUE(o->engine.ok()) << o->engine.status();
-    MemoryEngine& e = **o->engine;
-    const testing::TestGeometry g;
-    ASSERT_TRUE(e.OpenStream("c", testing::TestConfig(g, 16, 4)).ok());
     std::mt19937_64 rng(2);
-    for (uint64_t i = 0; i < 2; ++i) {
-      ASSERT_TRUE(
-          e.Append("c", testing::FrameOf(testing::RandomFrame(rng, g, 8), i,
-                                         g.dtype))
-              .ok());
-    }
-    ASSERT_TRUE(e.RecordAcknowledged().ok());
+    ASSERT_NO_FATAL_FAILURE(AppendStream(**o->engine, "c", 2, rng));
     acked["c"] = 2;
   }
   for (const std::string& w : first_run) {
     EXPECT_FALSE(fs::exists(w)) << w << " outlived the next run's open";
   }
-  const std::vector<std::string> wals = Wals(dir.path() + "/db");
+  const std::vector<std::string> wals = testing::Wals(dir.path() + "/db");
   ASSERT_FALSE(wals.empty());
   testing::FlipMiddleBytes(wals.front());
   auto o = Open(dir.path(), /*strict=*/false, small);
