@@ -23,12 +23,7 @@ absl::StatusOr<std::unique_ptr<ColdStore>> RocksColdStore::Open(
   {
     // No other thread knows the store yet; the lock is for the analysis.
     kvmem::MutexLock lock(&store->db_mu_);
-    rocksdb::Status s =
-        OpenDb(options, store->listener_, /*read_only=*/false, &store->db_);
-    // Salvage: damage in a log that a column family has flushed past.
-    if (!options.strict_wal && DamagedLogBehindFlush(s)) {
-      s = OpenDbUpToDamage(options, store->listener_, &store->db_);
-    }
+    rocksdb::Status s = OpenDbForWrites(options, store->listener_, &store->db_);
     if (!s.ok() && (s.IsNoSpace() || (s.IsIOError() && store->Low()))) {
       const rocksdb::Status first = s;
       s = OpenDb(options, store->listener_, /*read_only=*/true, &store->db_);

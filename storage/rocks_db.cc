@@ -296,6 +296,14 @@ rocksdb::Status OpenDbUpToDamage(
   return OpenDb(options, listener, false, out);
 }
 
+rocksdb::Status OpenDbForWrites(
+    const RocksColdStoreOptions& options,
+    std::shared_ptr<rocksdb::EventListener> listener, Db* out) {
+  const rocksdb::Status s = OpenDb(options, listener, false, out);
+  if (options.strict_wal || !DamagedLogBehindFlush(s)) return s;
+  return OpenDbUpToDamage(options, std::move(listener), out);
+}
+
 bool WantBlobGc(bool on, uint64_t blob_bytes, uint64_t garbage_bytes) {
   if (blob_bytes == 0) return false;
   const double share = static_cast<double>(garbage_bytes) / blob_bytes;

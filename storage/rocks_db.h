@@ -137,6 +137,14 @@ rocksdb::Status OpenDbUpToDamage(
     const RocksColdStoreOptions& options,
     std::shared_ptr<rocksdb::EventListener> listener, Db* out);
 
+// The store's read-write open: OpenDb, and under salvage recovery (not
+// strict_wal) OpenDbUpToDamage when point-in-time recovery refuses for
+// damage behind a flush. Both the first open and a reopen after a failed
+// write go through it.
+rocksdb::Status OpenDbForWrites(
+    const RocksColdStoreOptions& options,
+    std::shared_ptr<rocksdb::EventListener> listener, Db* out);
+
 // Bytes free for unprivileged writes on path's filesystem (UINT64_MAX when
 // unknown).
 uint64_t FreeBytes(const std::string& path);

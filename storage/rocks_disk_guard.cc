@@ -305,7 +305,7 @@ void RocksColdStore::Reopen() {
   // stays raised.
   failed_.store(false);
   Db next;
-  rocksdb::Status s = OpenDb(options_, listener_, false, &next);
+  rocksdb::Status s = OpenDbForWrites(options_, listener_, &next);
   if (!s.ok()) {
     SetError(s.ToString());
     s = OpenDb(options_, listener_, true, &next);
