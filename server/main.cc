@@ -143,6 +143,9 @@ ABSL_FLAG(uint64_t, shm_max_total_bytes, 4ull << 30,
           "at most this; 0 turns it off.");
 ABSL_FLAG(uint64_t, shm_max_arena_bytes, 1ull << 30,
           "The largest shared-memory arena one client may attach.");
+ABSL_FLAG(uint32_t, shm_max_arenas_per_tenant, 64,
+          "Shared-memory arenas one tenant may hold at once (attached or "
+          "waiting for their hand-off; each holds a descriptor).");
 ABSL_FLAG(uint32_t, shm_lease_ms, 30000,
           "A shared-memory lease not released by then may be reclaimed (its "
           "bytes overwritten by a later delivery).");
@@ -317,6 +320,7 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   o.shm.max_total_bytes = absl::GetFlag(FLAGS_shm_max_total_bytes);
   o.shm.max_arena_bytes = absl::GetFlag(FLAGS_shm_max_arena_bytes);
+  o.shm.max_arenas_per_tenant = absl::GetFlag(FLAGS_shm_max_arenas_per_tenant);
   o.shm.lease = std::chrono::milliseconds(absl::GetFlag(FLAGS_shm_lease_ms));
   return o;
 }

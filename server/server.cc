@@ -49,6 +49,10 @@ absl::Status CheckOptions(const ServerOptions& o) {
         " must be in [4096, --shm_max_total_bytes=", o.shm.max_total_bytes,
         "]"));
   }
+  if (o.shm.max_total_bytes > 0 && o.shm.max_arenas_per_tenant < 1) {
+    return absl::InvalidArgumentError(
+        "--shm_max_arenas_per_tenant=0 must be at least 1");
+  }
   if (o.shm.lease.count() < 1 || o.shm.lease.count() > 3600 * 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shm_lease_ms=", o.shm.lease.count(), " must be in [1, 3600000]"));
@@ -128,6 +132,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (!o.unix_socket.empty() && o.shm.max_total_bytes > 0) {
     ShmOptions shm = o.shm;
     if (shm.socket_path.empty()) shm.socket_path = o.unix_socket + ".shm";
+    // With keys, each tenant's arenas get an equal share of the total.
+    if (s->tenancy_->enabled()) {
+      shm.max_tenant_bytes = std::max<uint64_t>(
+          4096, shm.max_total_bytes / s->tenancy_->tenants());
+    }
     KVMEM_ASSIGN_OR_RETURN(s->shm_, ShmArenas::Start(shm));
     s->metrics_->WatchSharedMemory(s->shm_.get());
     spdlog::info("shared memory: hand-off socket {}, arenas up to {} bytes",

@@ -131,7 +131,12 @@ ShmArenas::~ShmArenas() {
 
 absl::StatusOr<ShmArenas::Created> ShmArenas::Create(const std::string& tenant,
                                                      uint64_t bytes) {
-  if (bytes == 0) bytes = options_.max_arena_bytes;
+  // 0: the largest arena the tenant may have.
+  if (bytes == 0) {
+    bytes = options_.max_tenant_bytes > 0
+                ? std::min(options_.max_arena_bytes, options_.max_tenant_bytes)
+                : options_.max_arena_bytes;
+  }
   if (bytes > options_.max_arena_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes is ", bytes, "; this server's arenas hold at most ",
@@ -140,6 +145,28 @@ absl::StatusOr<ShmArenas::Created> ShmArenas::Create(const std::string& tenant,
   bytes = RoundUp(bytes);
   {
     kvmem::MutexLock lock(&mu_);
+    const TenantArenas use =
+        tenant_use_.contains(tenant) ? tenant_use_.at(tenant) : TenantArenas{};
+    if (use.arenas >= options_.max_arenas_per_tenant) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the caller holds ", use.arenas,
+          " shared-memory arenas (attached or waiting for their hand-off); "
+          "at most ",
+          options_.max_arenas_per_tenant,
+          " per tenant (kvmem-server --shm_max_arenas_per_tenant): close one "
+          "(its hand-off connection) or share one arena among the calls"));
+    }
+    const uint64_t tenant_limit = options_.max_tenant_bytes > 0
+                                      ? options_.max_tenant_bytes
+                                      : options_.max_total_bytes;
+    if (use.bytes + bytes > tenant_limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "an arena of ", bytes, " bytes would take the caller's arenas to ",
+          use.bytes + bytes, " bytes; ", tenant_limit,
+          options_.max_tenant_bytes > 0
+              ? " are its share of --shm_max_total_bytes, split among tenants"
+              : " are allowed (kvmem-server --shm_max_total_bytes)"));
+    }
     if (total_bytes_ + bytes > options_.max_total_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "an arena of ", bytes, " bytes would take this server's arenas to ",
@@ -147,10 +174,13 @@ absl::StatusOr<ShmArenas::Created> ShmArenas::Create(const std::string& tenant,
           " (kvmem-server --shm_max_total_bytes)"));
     }
     total_bytes_ += bytes;
+    TenantArenas& counted = tenant_use_[tenant];
+    ++counted.arenas;
+    counted.bytes += bytes;
   }
   auto unreserve = [&] {
     kvmem::MutexLock lock(&mu_);
-    total_bytes_ -= bytes;
+    Uncount(tenant, bytes);
   };
   const int fd = ::memfd_create("kvmem-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
@@ -301,12 +331,21 @@ void ShmArenas::Drop(uint64_t arena_id, bool dead_client) {
     if (it == arenas_.end()) return;
     a = std::move(it->second);
     arenas_.erase(it);
-    total_bytes_ -= a->bytes_;
+    Uncount(a->tenant_, a->bytes_);
     if (dead_client) ++dead_clients_;
     if (a->conn_ >= 0) ::close(a->conn_);
     a->conn_ = -1;
   }
   // The mapping goes when the last lease being written lets go of it.
+}
+
+void ShmArenas::Uncount(const std::string& tenant, uint64_t bytes) {
+  total_bytes_ -= bytes;
+  auto it = tenant_use_.find(tenant);
+  if (it == tenant_use_.end()) return;
+  --it->second.arenas;
+  it->second.bytes -= bytes;
+  if (it->second.arenas == 0) tenant_use_.erase(it);
 }
 
 // A pending connection sends the 32 hex digits of a token; the arena they

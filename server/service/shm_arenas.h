@@ -48,6 +48,13 @@ struct ShmOptions {
   // The largest arena one client may ask for, and all arenas together.
   uint64_t max_arena_bytes = 1ull << 30;
   uint64_t max_total_bytes = 4ull << 30;
+  // Per tenant (attached or waiting for their hand-off): at most this many
+  // arenas (each holds a descriptor: without a cap one client could take
+  // every descriptor the process may open, and then the listeners cannot
+  // accept), and at most this many bytes of arenas (0: max_total_bytes;
+  // the server sets an equal share of it per tenant of its keys).
+  uint32_t max_arenas_per_tenant = 64;
+  uint64_t max_tenant_bytes = 0;
   // A lease older than this may be reclaimed (its bytes overwritten).
   std::chrono::milliseconds lease{30000};
   // A token not picked up on the hand-off socket within this is void (and
@@ -77,8 +84,9 @@ class ShmArenas {
     uint64_t bytes = 0;
   };
   // A new arena of `bytes` (0: max_arena_bytes) for the tenant.
-  // INVALID_ARGUMENT above max_arena_bytes; RESOURCE_EXHAUSTED when all
-  // arenas would exceed max_total_bytes.
+  // INVALID_ARGUMENT above max_arena_bytes; RESOURCE_EXHAUSTED when the
+  // tenant holds max_arenas_per_tenant arenas already, or when its arenas
+  // would exceed max_tenant_bytes or all arenas max_total_bytes.
   absl::StatusOr<Created> Create(const std::string& tenant, uint64_t bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -141,6 +149,17 @@ class ShmArenas {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Arena>> arenas_
       ABSL_GUARDED_BY(mu_);
   uint64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  struct TenantArenas {
+    uint32_t arenas = 0;
+    uint64_t bytes = 0;
+  };
+  // Each tenant's arenas counted in arenas_ (and those being created);
+  // entries go when their counts reach zero.
+  absl::flat_hash_map<std::string, TenantArenas> tenant_use_
+      ABSL_GUARDED_BY(mu_);
+  // Gives back a tenant's arena of `bytes` from the totals.
+  void Uncount(const std::string& tenant, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t reclaimed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dead_clients_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -236,6 +236,52 @@ TEST_F(ShmArenasTest, LimitsAndAClientThatLeavesFreesItsArena) {
   EXPECT_TRUE(arenas_->Create("t", 0).ok());
 }
 
+// One tenant cannot take every arena (each a descriptor: the audit's client
+// of 20,000 one-byte arenas left the process none to accept connections
+// with) nor another tenant's bytes; a tenant's arena that goes gives its
+// room back to that tenant.
+TEST_F(ShmArenasTest, EachTenantHoldsAtMostItsArenasAndItsShare) {
+  ShmOptions o;
+  o.max_arena_bytes = 4 * 4096;
+  o.max_total_bytes = 64 * 4096;
+  o.max_tenant_bytes = 6 * 4096;
+  o.max_arenas_per_tenant = 3;
+  o.attach_timeout = std::chrono::milliseconds(100);
+  Start(o);
+  // bytes 0: the largest the tenant may have (its share caps it too).
+  auto first = arenas_->Create("a", 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->bytes, 4u * 4096);
+  absl::StatusOr<ShmArenas::Created> over = arenas_->Create("a", 3 * 4096);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("share of --shm_max_total_bytes"),
+            std::string::npos)
+      << over.status();
+  ASSERT_TRUE(arenas_->Create("a", 1).ok());  // One page.
+  ASSERT_TRUE(arenas_->Create("a", 1).ok());
+  over = arenas_->Create("a", 1);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("--shm_max_arenas_per_tenant"),
+            std::string::npos)
+      << over.status();
+  EXPECT_EQ(arenas_->Stats().arenas, 3u);
+  // Another tenant is not refused for a's use.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(arenas_->Create("b", 4096).ok()) << i;
+  }
+  EXPECT_EQ(arenas_->Create("b", 4096).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // None picked up: void after attach_timeout, each tenant's room back.
+  for (int i = 0; i < 100 && arenas_->Stats().arenas > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(arenas_->Stats().arenas, 0u);
+  EXPECT_EQ(arenas_->Stats().arena_bytes, 0u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(arenas_->Create("a", 2 * 4096).ok()) << i;
+  }
+}
+
 TEST_F(ShmArenasTest, ConcurrentReservationsNeverOverlap) {
   Start();
   auto c = arenas_->Create("t", 64 * 4096);
