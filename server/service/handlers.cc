@@ -14,6 +14,7 @@
 #include "server/service/delivery.h"
 #include "server/service/delivery_sinks.h"
 #include "server/service/proto_convert.h"
+#include "server/service/shm_arenas.h"
 
 namespace kvmem {
 
@@ -83,6 +84,8 @@ absl::StatusOr<std::unique_ptr<DeliverySink>> RecallSink(
   switch (req.mode()) {
     case v1::RecallDelivery::MODE_SHARED_MEMORY:
       if (call.options->shm == nullptr) return NoSharedMemory();
+      KVMEM_RETURN_IF_ERROR(CheckLeaseIds(req.release_lease_ids_size(),
+                                          "delivery.release_lease_ids"));
       return std::make_unique<ShmSink>(
           call.options->shm, call.caller->tenant(), req.shm_arena_id(),
           std::vector<uint64_t>(req.release_lease_ids().begin(),

@@ -8,6 +8,7 @@
 #include "server/service/handlers.h"
 #include "server/service/proto_convert.h"
 #include "server/service/reactors.h"
+#include "server/service/shm_arenas.h"
 #include "server/service/status_util.h"
 #include "server/service/wire.h"
 
@@ -287,6 +288,7 @@ grpc::ServerUnaryReactor* KvMemoryService::ReleaseLeases(
       [=](const Caller& c, const v1::ReleaseLeasesRequest& req,
           v1::ReleaseLeasesResponse* resp) -> absl::Status {
         if (options_.shm == nullptr) return NoSharedMemory();
+        KVMEM_RETURN_IF_ERROR(CheckLeaseIds(req.lease_ids_size(), "lease_ids"));
         KVMEM_ASSIGN_OR_RETURN(
             ShmArenas::Released r,
             options_.shm->Release(

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvmem {
@@ -66,9 +67,14 @@ absl::Status LeaseTable::Release(const std::vector<uint64_t>& asked,
                                  std::vector<uint64_t>* expired) {
   // A lease named twice is released once (not reported expired the second
   // time).
+  // (A set: a search of the list so far made a call of 320,000 ids take
+  // 11 s of a worker.)
   std::vector<uint64_t> ids;
+  ids.reserve(asked.size());
+  absl::flat_hash_set<uint64_t> named;
+  named.reserve(asked.size());
   for (uint64_t id : asked) {
-    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    if (named.insert(id).second) ids.push_back(id);
   }
   kvmem::MutexLock lock(&mu_);
   for (uint64_t id : ids) {

@@ -49,6 +49,13 @@ uint64_t RandomU64() {
 
 }  // namespace
 
+absl::Status CheckLeaseIds(int ids, absl::string_view field) {
+  if (ids <= kMaxLeaseIdsPerCall) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " has ", ids, " lease ids; at most ",
+                   kMaxLeaseIdsPerCall, " a call: release them in batches"));
+}
+
 // An arena: the memfd, the server's mapping of it, its leases and its
 // hand-off state.
 class ShmArenas::Arena {

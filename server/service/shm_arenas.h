@@ -62,6 +62,11 @@ struct ShmOptions {
   std::chrono::milliseconds attach_timeout{10000};
 };
 
+// Lease ids one call may name (ReleaseLeases.lease_ids, a delivery's
+// release_lease_ids); more is INVALID_ARGUMENT naming `field`.
+inline constexpr int kMaxLeaseIdsPerCall = 65536;
+absl::Status CheckLeaseIds(int ids, absl::string_view field);
+
 struct ShmStats {
   uint64_t arenas = 0;       // Attached or waiting for their hand-off.
   uint64_t arena_bytes = 0;  // Their sizes summed.

@@ -104,7 +104,7 @@ class RealServerTest(unittest.TestCase):
         self.assertIn("rt", [x.stream_id for x in c.list_streams()])
 
         ids = list(range(5))
-        fm = c.fetch_blocks("rt", ids, max_chunk_bytes=64)
+        fm = c.fetch_blocks("rt", ids, max_chunk_bytes=1024)
         self.assertEqual([b.info.block_id for b in fm], ids)
         for b in fm:
             i, j = 2 * b.info.block_id, 2 * b.info.block_id + 1
@@ -128,7 +128,7 @@ class RealServerTest(unittest.TestCase):
                 np.testing.assert_array_equal(b.kv, want)
                 self.assertEqual(b.payload, np.ascontiguousarray(want).tobytes())
         (b,) = c.fetch_blocks("rt", [1], layout=kvmem.PayloadLayout.BLOCK_LAYER_MAJOR,
-                              layers=[2, 0], max_chunk_bytes=100)
+                              layers=[2, 0], max_chunk_bytes=1024)
         self.assertEqual(b.kv.shape, (2, 2, HEADS, TOKENS[2] + TOKENS[3], DIM))
         np.testing.assert_array_equal(b.kv, np.concatenate(fs[2:4], axis=3)[[2, 0]])
 
