@@ -203,7 +203,10 @@ absl::Status CheckShape(const StreamConfig& config) {
                   CheckRange("config.block_policy.frames_per_block",
                              config.frames_per_block, 1, 4096),
                   CheckRange("config.recall_defaults.top_k",
-                             config.default_top_k, 0, kMaxTopK)}) {
+                             config.default_top_k, 0, kMaxTopK),
+                  // As a recall's budget.max_tokens (recall_query.cc).
+                  CheckRange("config.recall_defaults.max_tokens",
+                             config.default_max_tokens, 0, 1u << 24)}) {
     if (!st.ok()) return st;
   }
   if (DTypeBytes(g.dtype) == 0) {

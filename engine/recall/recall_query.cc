@@ -103,8 +103,11 @@ absl::StatusOr<RecallBudget> ResolveBudget(const RecallQuery& q,
                                                    kMaxTopK, " (0: no cap)"));
   }
   if (b.tokens > (1u << 24)) {
+    // The value in force: the request's, or the stream's default.
     return absl::InvalidArgumentError(absl::StrCat(
-        "budget.max_tokens is ", q.max_tokens, "; must be at most ", 1u << 24));
+        q.max_tokens != 0 ? "budget.max_tokens is "
+                          : "the stream's recall_defaults.max_tokens is ",
+        b.tokens, "; must be at most ", 1u << 24));
   }
   return b;
 }

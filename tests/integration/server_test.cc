@@ -508,6 +508,16 @@ TEST_F(ServerTest, BadInputCatalogue) {
   const std::vector<Case> cases = {
       {"OpenStream", "empty stream_id", [&] { return open("", Config(g)); },
        StatusCode::INVALID_ARGUMENT, "stream_id"},
+      // Accepted before, it made every recall without a budget fail naming
+      // budget.max_tokens as 0.
+      {"OpenStream", "recall_defaults.max_tokens 4e9",
+       [&] {
+         return with([](auto* c) {
+           c->mutable_recall_defaults()->set_max_tokens(4000000000u);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT,
+       "config.recall_defaults.max_tokens is 4000000000"},
       {"OpenStream", "stream_id of 200 bytes",
        [&] { return open(std::string(200, 'a'), Config(g)); },
        StatusCode::INVALID_ARGUMENT, "stream_id"},
