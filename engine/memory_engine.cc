@@ -72,6 +72,7 @@ StreamEnv MemoryEngine::Env() {
   env.store = store_.get();
   env.background = background_.get();
   env.global_warm_bytes = &global_warm_bytes_;
+  env.global_stage_bytes = &global_stage_bytes_;
   env.global_warm_budget = options_.global_warm_budget_bytes;
   env.demote_keeps_frames = options_.demote_keeps_frames;
   env.frame_parts = options_.frame_parts;

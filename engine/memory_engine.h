@@ -93,7 +93,9 @@ inline constexpr char kSimProfileError[] = "sim profile ";
 
 struct EngineOptions {
   // RAM all streams' warm blocks may hold together; 0 means no global cap.
-  // A stream over it demotes its own coldest warm blocks.
+  // A stream over it demotes its own coldest warm blocks. Staged copies
+  // (tier_policy.prefetch_blocks) are made only into room left under it by
+  // the warm blocks and all streams' staged copies.
   uint64_t global_warm_budget_bytes = 0;
   // Threads for tier moves, promotions and index rebuilds.
   int background_threads = 1;
@@ -257,6 +259,8 @@ class MemoryEngine {
   std::vector<StreamHandle> StreamsWithPrefix(const std::string& prefix) const
       ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t global_warm_bytes() const { return global_warm_bytes_.load(); }
+  // RAM held by all streams' staged copies.
+  uint64_t global_stage_bytes() const { return global_stage_bytes_.load(); }
   const Accelerator& accelerator() const { return *accel_; }
   // The retrieval backend in a line, for logs: "cpu", or the sim's
   // profile and hardware.
@@ -318,6 +322,7 @@ class MemoryEngine {
   // The retrieval backend all streams share (cpu, or sim with options.sim).
   const std::unique_ptr<Accelerator> accel_;
   std::atomic<uint64_t> global_warm_bytes_{0};
+  std::atomic<uint64_t> global_stage_bytes_{0};
   // Declared after the store and before the streams' map, so it is
   // destroyed first: its tasks finish while streams and store still exist.
   std::unique_ptr<Executor> background_;

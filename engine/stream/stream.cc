@@ -60,6 +60,7 @@ TierEnv Stream::MakeTierEnv() {
   t.store = env_.store;
   t.global_warm_bytes = env_.global_warm_bytes;
   t.global_warm_budget = env_.global_warm_budget;
+  t.global_stage_bytes = env_.global_stage_bytes;
   t.demote_keeps_frames = env_.demote_keeps_frames;
   t.accel = &accel();
   t.ledger = &ledger_;

@@ -71,6 +71,8 @@ struct StreamEnv {
   // RAM held by warm blocks of all streams, and its cap (0: none).
   std::atomic<uint64_t>* global_warm_bytes = nullptr;
   uint64_t global_warm_budget = 0;
+  // RAM held by staged copies of all streams (within that cap's room).
+  std::atomic<uint64_t>* global_stage_bytes = nullptr;
   // EngineOptions::demote_keeps_frames.
   bool demote_keeps_frames = false;
   // EngineOptions::frame_parts (for streams created).

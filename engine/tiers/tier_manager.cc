@@ -27,9 +27,10 @@ TierManager::~TierManager() {
 void TierManager::AddWarm(int64_t bytes, bool staged) {
   std::atomic<uint64_t>& local = staged ? stage_bytes_ : warm_bytes_;
   local.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
-  if (env_.global_warm_bytes != nullptr && !staged) {
-    env_.global_warm_bytes->fetch_add(static_cast<uint64_t>(bytes),
-                                      std::memory_order_relaxed);
+  std::atomic<uint64_t>* global =
+      staged ? env_.global_stage_bytes : env_.global_warm_bytes;
+  if (global != nullptr) {
+    global->fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
   }
 }
 

@@ -47,6 +47,9 @@ struct TierEnv {
   // RAM held by warm blocks of all streams, and its cap (0: none).
   std::atomic<uint64_t>* global_warm_bytes = nullptr;
   uint64_t global_warm_budget = 0;
+  // RAM held by staged copies of all streams: a copy is staged only into
+  // room the warm blocks and the staged copies leave under that cap.
+  std::atomic<uint64_t>* global_stage_bytes = nullptr;
   // A first demotion keeps the block's frames (EngineOptions::
   // demote_keeps_frames) instead of rewriting it per layer.
   bool demote_keeps_frames = false;
@@ -130,6 +133,9 @@ class TierManager {
   absl::Status ConfirmStaged(uint64_t id, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unstage(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A copy of `bytes` fits under the engine's warm cap beside the warm
+  // blocks and all streams' staged copies (true without a cap).
+  bool GlobalRoomToStage(uint64_t bytes) const;
   // The blocks staging picks for the pseudo query.
   std::vector<uint64_t> PickStaged(const std::vector<float>& pseudo_query) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -54,13 +54,29 @@ std::vector<uint64_t> TierManager::PickStaged(
   return picks;
 }
 
+bool TierManager::GlobalRoomToStage(uint64_t bytes) const {
+  if (env_.global_warm_budget == 0 || env_.global_warm_bytes == nullptr) {
+    return true;
+  }
+  const uint64_t staged = env_.global_stage_bytes != nullptr
+                              ? env_.global_stage_bytes->load()
+                              : stage_bytes_.load();
+  return env_.global_warm_bytes->load() + staged + bytes <=
+         env_.global_warm_budget;
+}
+
 absl::Status TierManager::StageLikelyBlocks(
     const std::vector<float>& pseudo_query) {
   const TierConfig& t = config_.tiers;
-  if (t.prefetch_blocks == 0 || pseudo_query.size() != view_->summary_dim()) {
-    return absl::OkStatus();
-  }
+  if (t.prefetch_blocks == 0) return absl::OkStatus();
   kvmem::MutexLock moves(&mu_);
+  // Copies give way to warm blocks (this stream's or another's) that took
+  // the room under the engine's cap since they were made.
+  while (!GlobalRoomToStage(0) && !staged_order_.empty()) {
+    Unstage(staged_order_.front());
+    staged_order_.pop_front();
+  }
+  if (pseudo_query.size() != view_->summary_dim()) return absl::OkStatus();
   for (uint64_t id : PickStaged(pseudo_query)) {
     uint32_t tokens;
     {
@@ -71,12 +87,18 @@ absl::Status TierManager::StageLikelyBlocks(
     }
     const uint64_t bytes = WarmBlock::AllocatedBytes(config_.geometry, tokens);
     if (bytes > t.stage_budget_bytes) continue;
-    while (stage_bytes_.load(std::memory_order_relaxed) + bytes >
-               t.stage_budget_bytes &&
+    // This stream's oldest copies make room under its stage budget, and
+    // under the engine's warm cap (a copy is made only into room the warm
+    // blocks and all streams' copies leave: with stage_budget_bytes of 2^64
+    // one stream staged 260 MB beside a global cap of 8 MiB).
+    while ((stage_bytes_.load(std::memory_order_relaxed) + bytes >
+                t.stage_budget_bytes ||
+            !GlobalRoomToStage(bytes)) &&
            !staged_order_.empty()) {
       Unstage(staged_order_.front());
       staged_order_.pop_front();
     }
+    if (!GlobalRoomToStage(bytes)) break;
     KVMEM_RETURN_IF_ERROR(Promote(id, /*staged=*/true));
     staged_order_.push_back(id);
   }

@@ -416,6 +416,45 @@ TEST(PrefetchTest, StagedBlocksAreOnlyReturnedWhenAQueryPicksThem) {
   EXPECT_EQ(e->GetStats("plain")->policy.staged, 0u);
 }
 
+// Staged copies live only in room the engine's warm cap leaves: a stream
+// whose stage budget is 2^64 (an audit's stream staged 260 MB beside a cap
+// of 8 MiB, its staged bytes counted nowhere) stages up to that room, and
+// its oldest copies go at its next frame once warm blocks took the room.
+TEST(PrefetchTest, StagedCopiesStayWithinTheGlobalWarmCap) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = TestConfig(g, 8, 2);
+  const uint64_t block = WarmBlock::AllocatedBytes(WithDefaults(c).geometry, 8);
+  EngineOptions options;
+  options.global_warm_budget_bytes = 6 * block;
+  auto e = OpenTestEngine(dir.path(), options);
+  c.tiers.warm_budget_bytes = 2 * block;
+  c.tiers.prefetch_blocks = 8;
+  c.tiers.stage_budget_bytes = ~uint64_t{0};
+  ASSERT_TRUE(e->OpenStream("staged", c).ok());
+  StreamConfig other = TestConfig(g, 8, 2);  // No budget of its own.
+  ASSERT_TRUE(e->OpenStream("other", other).ok());
+  StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(21);
+  uint64_t most_staged = 0;
+  for (uint64_t f = 0; f < 60; ++f) {
+    const auto& frame = m.AddFrame(rng, 4);
+    // The other stream starts late and fills the cap with warm blocks.
+    if (f >= 30) ASSERT_TRUE(e->Append("other", ToFrame(frame, f - 30)).ok());
+    ASSERT_TRUE(e->Append("staged", ToFrame(frame, f)).ok());
+    e->WaitForBackground();
+    const uint64_t staged = e->global_stage_bytes();
+    ASSERT_EQ(staged, e->GetStats("staged")->policy.stage_bytes);
+    ASSERT_LE(e->global_warm_bytes() + staged, options.global_warm_budget_bytes)
+        << "frame " << f;
+    most_staged = std::max(most_staged, staged);
+  }
+  // Staging ran (up to the room the warm blocks left), and gave way.
+  EXPECT_GE(most_staged, 2 * block);
+  EXPECT_GT(e->GetStats("staged")->policy.staged, 0u);
+  EXPECT_LT(e->global_stage_bytes(), most_staged);
+}
+
 // Rebuilds run in the background while appends and recalls go on; the
 // swapped index holds every block exactly once.
 TEST(RebuildTest, SwapsWithoutLosingOrDuplicatingBlocks) {
