@@ -109,6 +109,20 @@ absl::StatusOr<RecallBudget> ResolveBudget(const RecallQuery& q,
                           : "the stream's recall_defaults.max_tokens is ",
         b.tokens, "; must be at most ", 1u << 24));
   }
+  if (q.per_head || q.per_layer) {
+    const uint32_t heads =
+        summary_dim / std::max<uint32_t>(1, config.geometry.head_dim);
+    const uint64_t sets =
+        q.per_head ? heads
+                   : heads / std::max<uint32_t>(1, config.geometry.kv_heads);
+    if (sets * b.tokens > kMaxSetTokensPerRecall) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          q.per_head ? "per_head" : "per_layer", " recall would answer ", sets,
+          " sets of up to ", b.tokens, " tokens each = ", sets * b.tokens,
+          "; at most ", kMaxSetTokensPerRecall,
+          " a recall: lower budget.max_tokens or index fewer layers"));
+    }
+  }
   return b;
 }
 

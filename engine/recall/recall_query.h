@@ -41,7 +41,8 @@ absl::Status ValidateRecallQuery(const RecallQuery& q,
 // The budget in force: the query's max_tokens, else its window fraction of
 // the hot window (at least 1 token), else the stream's default; the
 // query's top_k, else the stream's. INVALID_ARGUMENT when top_k exceeds
-// kMaxTopK or the tokens 2^24.
+// kMaxTopK or the tokens 2^24; RESOURCE_EXHAUSTED when a per_head or
+// per_layer recall's sets x tokens exceed kMaxSetTokensPerRecall.
 absl::StatusOr<RecallBudget> ResolveBudget(const RecallQuery& q,
                                            const StreamConfig& config,
                                            uint32_t summary_dim);

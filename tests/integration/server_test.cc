@@ -848,6 +848,15 @@ TEST_F(ServerTest, BadInputCatalogue) {
          });
        },
        StatusCode::INVALID_ARGUMENT, "per_head and per_layer"},
+      // Sets x blocks unbounded built a 91 MB answer gRPC refused to send.
+      {"Recall", "per_head with budget.max_tokens 2^21",
+       [&] {
+         return recall([](auto* r) {
+           r->set_per_head(true);
+           r->mutable_budget()->set_max_tokens(1u << 21);
+         });
+       },
+       StatusCode::RESOURCE_EXHAUSTED, "sets of up to 2097152 tokens each"},
       {"FetchBlocks", "unknown stream",
        [&] { return fetch([](auto* r) { r->set_stream_id("ghost"); }); },
        StatusCode::NOT_FOUND, "\"ghost\""},
