@@ -389,16 +389,17 @@ uint64_t FramePayloadBytes(const Geometry& g, uint32_t token_count) {
 }
 
 absl::Status ValidateLayerList(const Geometry& g,
-                               const std::vector<uint32_t>& layers) {
+                               const std::vector<uint32_t>& layers,
+                               absl::string_view field) {
   std::vector<bool> seen(g.layers, false);
   for (uint32_t l : layers) {
     if (l >= g.layers) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "layers has ", l, "; the stream has ", g.layers, " layers"));
+          field, " has ", l, "; the stream has ", g.layers, " layers"));
     }
     if (seen[l]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("layers names layer ", l, " twice"));
+          absl::StrCat(field, " names layer ", l, " twice"));
     }
     seen[l] = true;
   }

@@ -84,9 +84,10 @@ absl::Status ValidateTokenList(const std::vector<uint32_t>& tokens,
 
 // OK when `layers` (a request's layer list, BLOCK_LAYER_MAJOR) names each
 // of the geometry's layers at most once; INVALID_ARGUMENT naming the first
-// that is out of range or repeated.
+// that is out of range or repeated, as `field`.
 absl::Status ValidateLayerList(const Geometry& g,
-                               const std::vector<uint32_t>& layers);
+                               const std::vector<uint32_t>& layers,
+                               absl::string_view field = "layers");
 
 // Bytes of a block of token_count tokens as FetchBlocks sends it: all its
 // frames (kFrameMajor), or `layers` layer records, K then V each

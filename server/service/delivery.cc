@@ -13,14 +13,16 @@ absl::Status NoSharedMemory() {
 }
 
 absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
-                                              int layers) {
+                                              int layers,
+                                              absl::string_view prefix) {
   switch (layout) {
     case v1::PAYLOAD_LAYOUT_UNSPECIFIED:
     case v1::PAYLOAD_LAYOUT_FRAME_MAJOR:
       if (layers > 0) {
         return absl::InvalidArgumentError(
-            "layers is set; it needs layout PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR "
-            "or PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR");
+            absl::StrCat(prefix, "layers is set; it needs ", prefix,
+                         "layout PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR or "
+                         "PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR"));
       }
       return PayloadLayout::kFrameMajor;
     case v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR:
@@ -28,7 +30,7 @@ absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
       return PayloadLayout::kBlockLayerMajor;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "layout is ", static_cast<int>(layout),
+          prefix, "layout is ", static_cast<int>(layout),
           "; use FRAME_MAJOR, BLOCK_LAYER_MAJOR or TOKEN_LAYER_MAJOR"));
   }
 }

@@ -86,7 +86,8 @@ absl::Status NoSharedMemory();
 // BLOCK_LAYER_MAJOR or TOKEN_LAYER_MAJOR, which is kBlockLayerMajor with
 // tokens chosen); INVALID_ARGUMENT naming the field otherwise.
 absl::StatusOr<PayloadLayout> LayoutFromProto(v1::PayloadLayout layout,
-                                              int layers);
+                                              int layers,
+                                              absl::string_view prefix = "");
 
 // True for TOKEN_LAYER_MAJOR: deliveries choose tokens.
 inline bool GathersTokens(v1::PayloadLayout layout) {

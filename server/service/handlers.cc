@@ -186,9 +186,11 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
                            v1::RecallResponse* resp) {
   DeliveryRequest d;
   d.stream = &stream;
-  KVMEM_ASSIGN_OR_RETURN(d.layout,
-                         LayoutFromProto(req.layout(), req.layers_size()));
+  KVMEM_ASSIGN_OR_RETURN(
+      d.layout, LayoutFromProto(req.layout(), req.layers_size(), "delivery."));
   d.layers.assign(req.layers().begin(), req.layers().end());
+  KVMEM_RETURN_IF_ERROR(
+      ValidateLayerList(stream.config().geometry, d.layers, "delivery.layers"));
   d.executor = call.executor;
   d.helpers = call.options->copy_helpers;
   KVMEM_ASSIGN_OR_RETURN(const auto held_tokens, HeldTokens(req));

@@ -15,6 +15,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "server/service/lease_table.h"
 
 namespace kvmem {
@@ -150,41 +151,7 @@ absl::StatusOr<ShmArenas::Created> ShmArenas::Create(const std::string& tenant,
         options_.max_arena_bytes, " (kvmem-server --shm_max_arena_bytes)"));
   }
   bytes = RoundUp(bytes);
-  {
-    kvmem::MutexLock lock(&mu_);
-    const TenantArenas use =
-        tenant_use_.contains(tenant) ? tenant_use_.at(tenant) : TenantArenas{};
-    if (use.arenas >= options_.max_arenas_per_tenant) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the caller holds ", use.arenas,
-          " shared-memory arenas (attached or waiting for their hand-off); "
-          "at most ",
-          options_.max_arenas_per_tenant,
-          " per tenant (kvmem-server --shm_max_arenas_per_tenant): close one "
-          "(its hand-off connection) or share one arena among the calls"));
-    }
-    const uint64_t tenant_limit = options_.max_tenant_bytes > 0
-                                      ? options_.max_tenant_bytes
-                                      : options_.max_total_bytes;
-    if (use.bytes + bytes > tenant_limit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "an arena of ", bytes, " bytes would take the caller's arenas to ",
-          use.bytes + bytes, " bytes; ", tenant_limit,
-          options_.max_tenant_bytes > 0
-              ? " are its share of --shm_max_total_bytes, split among tenants"
-              : " are allowed (kvmem-server --shm_max_total_bytes)"));
-    }
-    if (total_bytes_ + bytes > options_.max_total_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "an arena of ", bytes, " bytes would take this server's arenas to ",
-          total_bytes_ + bytes, " bytes; it allows ", options_.max_total_bytes,
-          " (kvmem-server --shm_max_total_bytes)"));
-    }
-    total_bytes_ += bytes;
-    TenantArenas& counted = tenant_use_[tenant];
-    ++counted.arenas;
-    counted.bytes += bytes;
-  }
+  KVMEM_RETURN_IF_ERROR(Count(tenant, bytes));
   auto unreserve = [&] {
     kvmem::MutexLock lock(&mu_);
     Uncount(tenant, bytes);
@@ -344,6 +311,43 @@ void ShmArenas::Drop(uint64_t arena_id, bool dead_client) {
     a->conn_ = -1;
   }
   // The mapping goes when the last lease being written lets go of it.
+}
+
+absl::Status ShmArenas::Count(const std::string& tenant, uint64_t bytes) {
+  kvmem::MutexLock lock(&mu_);
+  const TenantArenas use =
+      tenant_use_.contains(tenant) ? tenant_use_.at(tenant) : TenantArenas{};
+  if (use.arenas >= options_.max_arenas_per_tenant) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the caller holds ", use.arenas,
+        " shared-memory arenas (attached or waiting for their hand-off); "
+        "at most ",
+        options_.max_arenas_per_tenant,
+        " per tenant (kvmem-server --shm_max_arenas_per_tenant): close one "
+        "(its hand-off connection) or share one arena among the calls"));
+  }
+  const uint64_t tenant_limit = options_.max_tenant_bytes > 0
+                                    ? options_.max_tenant_bytes
+                                    : options_.max_total_bytes;
+  if (use.bytes + bytes > tenant_limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "an arena of ", bytes, " bytes would take the caller's arenas to ",
+        use.bytes + bytes, " bytes; ", tenant_limit,
+        options_.max_tenant_bytes > 0
+            ? " are its share of --shm_max_total_bytes, split among tenants"
+            : " are allowed (kvmem-server --shm_max_total_bytes)"));
+  }
+  if (total_bytes_ + bytes > options_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "an arena of ", bytes, " bytes would take this server's arenas to ",
+        total_bytes_ + bytes, " bytes; it allows ", options_.max_total_bytes,
+        " (kvmem-server --shm_max_total_bytes)"));
+  }
+  total_bytes_ += bytes;
+  TenantArenas& counted = tenant_use_[tenant];
+  ++counted.arenas;
+  counted.bytes += bytes;
+  return absl::OkStatus();
 }
 
 void ShmArenas::Uncount(const std::string& tenant, uint64_t bytes) {

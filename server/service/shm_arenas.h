@@ -162,6 +162,10 @@ class ShmArenas {
   // entries go when their counts reach zero.
   absl::flat_hash_map<std::string, TenantArenas> tenant_use_
       ABSL_GUARDED_BY(mu_);
+  // Counts a new arena of `bytes` for the tenant, or RESOURCE_EXHAUSTED
+  // naming the limit it would pass.
+  absl::Status Count(const std::string& tenant, uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back a tenant's arena of `bytes` from the totals.
   void Uncount(const std::string& tenant, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -204,7 +204,7 @@ TEST_F(ServerTest, TwoStreamsOverBothTransportsMatchOracleAndSurviveKill) {
   // FetchBlocks returns exactly the appended bytes, in small chunks.
   std::vector<uint64_t> ids = {0, 17, 5, 74};
   std::vector<FetchedBlock> fetched;
-  grpc::Status s = unix_->FetchBlocks("cam-a", ids, &fetched, 777);
+  grpc::Status s = unix_->FetchBlocks("cam-a", ids, &fetched, 1024);
   ASSERT_TRUE(s.ok()) << s.error_message();
   ASSERT_EQ(fetched.size(), ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -848,6 +848,25 @@ TEST_F(ServerTest, BadInputCatalogue) {
          });
        },
        StatusCode::INVALID_ARGUMENT, "per_head and per_layer"},
+      {"Recall", "delivery.layout 77",
+       [&] {
+         return recall([](auto* r) {
+           r->mutable_delivery()->set_mode(v1::RecallDelivery::MODE_INLINE);
+           r->mutable_delivery()->set_layout(
+               static_cast<v1::PayloadLayout>(77));
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "delivery.layout is 77"},
+      {"Recall", "delivery.layers has 9 (3 layers)",
+       [&] {
+         return recall([](auto* r) {
+           r->mutable_delivery()->set_mode(v1::RecallDelivery::MODE_INLINE);
+           r->mutable_delivery()->set_layout(
+               v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+           r->mutable_delivery()->add_layers(9);
+         });
+       },
+       StatusCode::INVALID_ARGUMENT, "delivery.layers has 9"},
       // Sets x blocks unbounded built a 91 MB answer gRPC refused to send.
       {"Recall", "per_head with budget.max_tokens 2^21",
        [&] {
