@@ -324,6 +324,9 @@ struct StreamStats {
   uint64_t payload_bytes = 0;
   uint64_t summary_bytes = 0;
   uint64_t token_code_bytes = 0;  // Token codes in RAM, besides summaries.
+  // Tracks with a history in RAM: those shown by a kept block (they go
+  // with the last of their blocks to leave RAM).
+  uint64_t track_histories = 0;
   // Index vectors copied by appends that outgrew the index's arrays under
   // the stream's writer lock (0 with "Progressive": it grows beside
   // recalls, StreamIndexes::Grow).

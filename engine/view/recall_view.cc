@@ -114,7 +114,12 @@ void RecallView::DropEvictedRun() {
     std::vector<uint64_t>& ids = it->second;  // Ascending.
     ids.erase(ids.begin(),
               std::lower_bound(ids.begin(), ids.end(), blocks_.first()));
-    it = ids.empty() ? track_blocks_.erase(it) : std::next(it);
+    if (ids.empty()) {
+      tracks_.erase(it->first);
+      it = track_blocks_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 
@@ -181,6 +186,7 @@ void RecallView::FillStats(StreamStats* s) const {
   s->payload_bytes = state_.payload_bytes;
   s->index_copied_in_place = indexes_.copied_in_place();
   s->index_bytes = indexes_.memory_bytes();
+  s->track_histories = tracks_.size();
   for (const BlockEntry& e : blocks_) {
     if (e.rec.disk != DiskForm::kNone) {
       s->summary_bytes +=

@@ -206,6 +206,9 @@ class RecallView {
   StreamIndexes indexes_ ABSL_GUARDED_BY(mu_);
   // Sampled recall of indexes replaced by rebuilds.
   IndexQuality retired_quality_ ABSL_GUARDED_BY(mu_);
+  // Each track shown by a kept block (erased with its last such block, in
+  // DropEvictedRun: a tracker that names new ids all day made this grow
+  // without bound).
   std::map<uint64_t, TrackHistory> tracks_ ABSL_GUARDED_BY(mu_);
   // Which kept blocks show each track (ascending ids).
   std::map<uint64_t, std::vector<uint64_t>> track_blocks_ ABSL_GUARDED_BY(mu_);

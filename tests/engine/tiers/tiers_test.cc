@@ -553,6 +553,44 @@ TEST(TiersTest, RebuildsRacingEvictionsOfTheirBlocks) {
   }
 }
 
+// A track's history leaves RAM with the last kept block that shows it: a
+// tracker that names new ids in every frame (an audit's front end sent
+// 1,024 a frame) no longer grows the stream's track map without bound.
+TEST(TiersTest, TrackHistoriesLeaveWithTheirBlocks) {
+  testing::TempDir dir;
+  TestGeometry g;
+  StreamConfig c = TestConfig(g, 8, 2);
+  const Geometry geo = WithDefaults(c).geometry;
+  c.tiers.warm_budget_bytes = 1;  // Every block demoted as it seals...
+  c.tiers.storage_cap_bytes = FramePayloadBytes(geo, 2 * 4);  // ...evicted.
+  auto e = OpenTestEngine(dir.path());
+  ASSERT_TRUE(e->OpenStream("s", c).ok());
+  StreamModel m(g, 2, 8, {2, 0});
+  std::mt19937_64 rng(22);
+  constexpr uint64_t kPerFrame = 4;
+  uint64_t most = 0;
+  for (uint64_t f = 0; f < 400; ++f) {
+    FrameSignals sig;
+    for (uint64_t k = 0; k < kPerFrame; ++k) {
+      sig.detections.push_back(
+          {f * kPerFrame + k + 1, 0, 0.1f, 0.1f, 0.4f, 0.4f, 0.9f});
+    }
+    ASSERT_TRUE(e->Append("s", ToFrame(m.AddFrame(rng, 4), f, sig)).ok());
+    const StreamStats st = *e->GetStats("s");
+    most = std::max(most, st.track_histories);
+    // The kept blocks' tracks (a block is 2 frames; the few blocks not yet
+    // dropped), never every track seen.
+    ASSERT_LE(st.track_histories,
+              (st.sealed_blocks - st.evicted.blocks) * 2 * kPerFrame)
+        << "frame " << f;
+  }
+  EXPECT_GT(most, 0u);
+  EXPECT_LT(most, 100u);  // Of 1,600 tracks seen.
+  // The newest tracks still have their histories (and blocks).
+  const StreamStats st = *e->GetStats("s");
+  EXPECT_GT(st.track_histories, 0u);
+}
+
 // An evicted block keeps only its card in RAM until the run of evicted
 // blocks before it leaves: none of its token codes' memory. (Its record
 // was move-assigned a fresh one, and a std::string assigned from a short
