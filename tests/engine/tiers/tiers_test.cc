@@ -1,6 +1,7 @@
 // The dynamic memory: shot segmentation, tiers and replacement, dual-signal
 // and per-layer recall, staged prefetch, index rebuilds. Real RocksDB.
 #include <chrono>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <thread>
