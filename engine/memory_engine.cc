@@ -437,6 +437,9 @@ const StreamConfig& StreamHandle::config() const { return stream_->config(); }
 absl::StatusOr<AppendResult> StreamHandle::Append(Frame frame) const {
   return stream_->Append(std::move(frame));
 }
+absl::Status StreamHandle::CheckFrameHeader(const Frame& header) const {
+  return stream_->CheckFrameHeader(header);
+}
 StreamStats StreamHandle::Stats() const { return stream_->Stats(); }
 absl::StatusOr<BlockInfo> StreamHandle::GetBlock(uint64_t block_id) const {
   return stream_->GetBlock(block_id);

@@ -48,6 +48,9 @@ class StreamHandle {
   const StreamConfig& config() const;
   // Stores a frame durably (see MemoryEngine::Append).
   absl::StatusOr<AppendResult> Append(Frame frame) const;
+  // Append's checks of a frame's header, before its payload (see
+  // Stream::CheckFrameHeader).
+  absl::Status CheckFrameHeader(const Frame& header) const;
   StreamStats Stats() const;
   absl::StatusOr<BlockInfo> GetBlock(uint64_t block_id) const;
   // A block's payload in `layout` (BLOCK_LAYER_MAJOR: the given layers,

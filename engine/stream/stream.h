@@ -110,6 +110,11 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // closed stream), and a deleted stream answers NOT_FOUND.
   absl::StatusOr<AppendResult> Append(Frame frame)
       ABSL_LOCKS_EXCLUDED(append_mu_);
+  // Append's checks of a frame's header (stream closed or deleted, index,
+  // token count, position) against the stream's state now, before its
+  // payload arrives: a front end learns at once, not after sending the
+  // whole frame. Append checks again (another call may append between).
+  absl::Status CheckFrameHeader(const Frame& header) const;
 
   // The budgeted recall set (engine/recall/recaller.h): scored by the
   // stream's scorer, filled into the token budget; per layer when
@@ -201,6 +206,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // The append path (stream_append.cc).
   absl::Status ValidateFrame(const Frame& frame,
                              const StreamState& state) const;
+  // ValidateFrame's checks of the header's fields (no payload).
+  absl::Status ValidateHeader(const Frame& frame,
+                              const StreamState& state) const;
   // A frame's scene embedding size against the stream's (into
   // next->scene_dim).
   absl::Status TakeSceneDim(const Frame& frame, StreamState* next) const;

@@ -14,8 +14,18 @@
 
 namespace kvmem {
 
-absl::Status Stream::ValidateFrame(const Frame& frame,
-                                   const StreamState& state) const {
+absl::Status Stream::CheckFrameHeader(const Frame& header) const {
+  StreamState state;
+  {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    if (view_.deleted()) return view_.DeletedError();
+    state = view_.state();
+  }
+  return ValidateHeader(header, state);
+}
+
+absl::Status Stream::ValidateHeader(const Frame& frame,
+                                    const StreamState& state) const {
   if (state.closed) {
     return absl::FailedPreconditionError(absl::StrCat(
         "stream \"", id_, "\" is closed; reopen it with OpenStream to append"));
@@ -48,6 +58,13 @@ absl::Status Stream::ValidateFrame(const Frame& frame,
         absl::StrCat("frame.first_token_position ", frame.first_token_position,
                      " is beyond 2^62"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Stream::ValidateFrame(const Frame& frame,
+                                   const StreamState& state) const {
+  KVMEM_RETURN_IF_ERROR(ValidateHeader(frame, state));
+  const Geometry& g = config_.geometry;
   const uint64_t want = FramePayloadBytes(g, frame.token_count);
   if (frame.payload.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat(

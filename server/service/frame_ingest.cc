@@ -38,12 +38,16 @@ absl::StatusOr<std::optional<AppendResult>> FrameIngest::OnHeader(
         absl::StrCat("frame.payload has ", header->payload().size(),
                      " bytes; payload_bytes is ", want));
   }
+  Frame frame = FrameFromHeader(*header);
+  // Closed stream, an index out of order, a position overlapping: said
+  // now, not after the whole payload has arrived.
+  KVMEM_RETURN_IF_ERROR(stream_.CheckFrameHeader(frame));
   if (admit_) {
     absl::StatusOr<std::shared_ptr<void>> ticket = admit_(stream_, want);
     if (!ticket.ok()) return ticket.status();
     ticket_ = *std::move(ticket);
   }
-  frame_ = FrameFromHeader(*header);
+  frame_ = std::move(frame);
   expected_bytes_ = want;
   frame_->payload = std::move(*header->mutable_payload());
   frame_->payload.reserve(want);

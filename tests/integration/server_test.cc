@@ -688,6 +688,16 @@ TEST_F(ServerTest, BadInputCatalogue) {
       {"AppendFrames", "frame 9 after frame 3 (out of order)",
        [&] { return raw_append({header(next, 9)}); },
        StatusCode::FAILED_PRECONDITION, "next expected is 4"},
+      // Said at the header, before any payload (a front end would have
+      // sent the whole frame first; with none, "the call ended inside the
+      // frame" hid the cause).
+      {"AppendFrames", "frame 9 after frame 3, header alone",
+       [&] {
+         v1::AppendFramesRequest q = header(next, 9);
+         q.mutable_frame()->clear_payload();
+         return raw_append({q});
+       },
+       StatusCode::FAILED_PRECONDITION, "next expected is 4"},
       {"AppendFrames", "first_token_position inside the previous frame",
        [&] {
          v1::AppendFramesRequest q = header(next, 4);
