@@ -1,8 +1,9 @@
 // exp over arrays, for the per-head attention-mass estimate (one exp per
 // candidate, KV head and query vector on every recall). Cephes' expf: range
 // reduction x = k ln 2 + r, |r| <= ln 2 / 2, a degree-6 polynomial for e^r,
-// 2^k through the exponent bits; within 2 ulp of exp on [-87.3, 88].
-// Below -87.3 (and -inf) gives 0; above 88 gives exp(88) (finite). NaN in gives
+// 2^k through the exponent bits; within 2 ulp of exp on [-87.3, 64].
+// Below -87.3 (and -inf) gives 0; above 64 gives exp(64) (fast_exp_poly.h's
+// kHigh: sums of many stay finite). NaN in gives
 // an unspecified value: callers pass finite logits or -inf.
 //
 // Kernels: "avx512" (16 lanes) when the CPU has AVX-512 F, AVX2 and FMA,

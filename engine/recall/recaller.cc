@@ -88,7 +88,10 @@ std::vector<RecalledBlock> ToRecalled(const RecallView& view,
 
 // One planned set's answer: its blocks, channels and cold share, their
 // masses as shares of the query's attention (ScoredSet::mass_scale); their
-// sum into *mass.
+// sum into *mass. Shares of one whole sum to at most 1: at extreme logits
+// (keys near fp16's largest) the exact rescoring of the first units leaves
+// the scan's normaliser behind, and the shares are then scaled down
+// together (their order kept).
 LayerRecallSet AnswerSet(const RecallView& view, const ScoredSet& set,
                          const RecallPlan& plan, const ScoredRecall& scored,
                          const std::vector<float>& mean_query, float* mass)
@@ -105,11 +108,18 @@ LayerRecallSet AnswerSet(const RecallView& view, const ScoredSet& set,
   out.cold_share = set.cold_mass > 0
                        ? static_cast<float>(std::min(1.0, cold / set.cold_mass))
                        : 0.0f;
-  *mass = 0;
+  double sum = 0;
   for (RecalledBlock& b : out.blocks) {
     b.mass = static_cast<float>(b.mass * set.mass_scale);
-    *mass += b.mass;
+    sum += b.mass;
   }
+  if (sum > 1) {
+    for (RecalledBlock& b : out.blocks) {
+      b.mass = static_cast<float>(b.mass / sum);
+    }
+    sum = 1;
+  }
+  *mass = static_cast<float>(sum);
   return out;
 }
 

@@ -403,6 +403,57 @@ TEST(MassRecallSemanticsTest, HugeSemanticWeightsStayOrdered) {
   }
 }
 
+// The other end of float's range: keys at fp16's largest and a query at
+// the largest value a recall takes (+-65,536), whose logits (~3e10) put
+// cold tokens e^(1e10) above any window log-sum-exp. exp saturates below
+// the point where a block's or a recall's float sums could overflow
+// (fast_exp_poly.h's kHigh): every mass stays finite and a share of at most
+// 1. (At exp(88) a sum of three tokens was inf: an audit's answer carried
+// mass inf, gate weights flattened and shares beyond 1.)
+// Blocks whole (one group) and in token groups (the token stage).
+TEST(MassRecallSemanticsTest, SaturatedLogitsGiveFiniteShares) {
+  for (uint32_t groups : {1u, 4u}) {
+    SCOPED_TRACE(groups);
+    testing::TempDir dir;
+    const testing::TestGeometry g;
+    auto e = testing::OpenTestEngine(dir.path());
+    StreamConfig c = MassConfig(g, "Progressive");
+    c.groups_per_block = groups;
+    ASSERT_TRUE(e->OpenStream("s", c).ok());
+    std::mt19937_64 rng(31);
+    for (uint64_t f = 0; f < 40; ++f) {
+      testing::FloatFrame frame = testing::RandomFrame(rng, g, 4);
+      for (float& x : frame.values) x = x < 0 ? -65504.0f : 65504.0f;
+      ASSERT_TRUE(e->Append("s", testing::FrameOf(frame, f, g.dtype)).ok());
+    }
+    const size_t dim = e->GetStats("s")->summary_dim;
+    for (int i = 0; i < 4; ++i) {
+      RecallQuery q;
+      for (float x : testing::RandomQuery(rng, dim)) {
+        q.query.push_back(x < 0 ? -65536.0f : 65536.0f);
+      }
+      q.max_tokens = 24;
+      if (i % 2 == 1) q.window_lse.assign(g.kv_heads * 2, 0.0f);
+      auto r = e->Recall("s", q);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_FALSE(r->blocks.empty());
+      double gates = 0;
+      for (const RecalledBlock& b : r->blocks) {
+        EXPECT_TRUE(std::isfinite(b.mass)) << "block " << b.block.id;
+        EXPECT_GE(b.mass, 0.0f);
+        EXPECT_LE(b.mass, 1.0f + 1e-4f);
+        EXPECT_TRUE(std::isfinite(b.priority));
+        EXPECT_TRUE(std::isfinite(b.gate_weight));
+        gates += b.gate_weight;
+      }
+      EXPECT_NEAR(gates, 1.0, 1e-4);
+      EXPECT_TRUE(std::isfinite(r->recalled_mass)) << "query " << i;
+      EXPECT_LE(r->recalled_mass, 1.0f + 1e-4f) << "query " << i;
+      if (groups > 1) EXPECT_GT(r->tokens_scored, 0u);
+    }
+  }
+}
+
 // A scene term can lift any block, not only the query's tracks: the one
 // block whose scene matches the query's is found even where its attention
 // mass alone would not let it survive the bounds (with a budget of one
