@@ -100,7 +100,12 @@ absl::StatusOr<std::unique_ptr<Stream>> MemoryEngine::RecoverOne(
     // gives the fields whose meaning would change the stream's behaviour
     // what the stream had (groups_per_block 1, score SUMMED); the engine's
     // defaults fill the rest, as for a new stream that leaves them unset.
-    const StreamConfig config = WithDefaults(stored);
+    StreamConfig config = WithDefaults(stored);
+    // Before 2026-12-07 OpenStream took any recall_defaults.max_tokens; a
+    // stream stored with one beyond a recall's limit keeps working (its
+    // recalls without a budget were refused anyway) at the limit.
+    config.default_max_tokens =
+        std::min(config.default_max_tokens, kMaxRecallTokens);
     KVMEM_ASSIGN_OR_RETURN(StreamState state, DecodeState(r.state));
     if (absl::Status v = ValidateStreamConfig(config); !v.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(

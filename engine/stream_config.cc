@@ -206,7 +206,7 @@ absl::Status CheckShape(const StreamConfig& config) {
                              config.default_top_k, 0, kMaxTopK),
                   // As a recall's budget.max_tokens (recall_query.cc).
                   CheckRange("config.recall_defaults.max_tokens",
-                             config.default_max_tokens, 0, 1u << 24)}) {
+                             config.default_max_tokens, 0, kMaxRecallTokens)}) {
     if (!st.ok()) return st;
   }
   if (DTypeBytes(g.dtype) == 0) {

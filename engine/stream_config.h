@@ -35,12 +35,16 @@ inline constexpr uint64_t kMaxQueryFloats = uint64_t{1} << 22;
 // it Recall answers RESOURCE_EXHAUSTED. 16 vectors (the most scored) x 32
 // heads reach it at 65,536 units (4,096 blocks of 16 token groups).
 inline constexpr uint64_t kMaxScoresPerRecall = uint64_t{1} << 25;
+// A recall's budget (budget.max_tokens, recall_defaults.max_tokens).
+inline constexpr uint32_t kMaxRecallTokens = 1u << 24;
 // A per_head or per_layer recall answers a set per KV head or layer, each
 // listing its blocks (and their tokens) within the budget: sets x budget
-// tokens at most this (a per-head 7B recall of every layer, 256 sets, at
-// 4,096 tokens), else RESOURCE_EXHAUSTED. Unbounded, 1,024 heads x 2,000
-// blocks built a 91 MB answer that gRPC then refused to send.
-inline constexpr uint64_t kMaxSetTokensPerRecall = uint64_t{1} << 20;
+// tokens at most this, else RESOURCE_EXHAUSTED. 2^22 admits a per-head
+// recall of every layer of a 7B model with 32 KV heads a layer (1,024
+// sets) at 4,096 tokens, or of one with 8 (256 sets) at 16,384. Unbounded,
+// 1,024 heads x 2,000 blocks of 16M tokens built a 91 MB answer that gRPC
+// then refused to send.
+inline constexpr uint64_t kMaxSetTokensPerRecall = uint64_t{1} << 22;
 inline constexpr size_t kMaxStreamIdBytes = 128;
 
 // OK when id is 1..128 bytes of [A-Za-z0-9._:-]; otherwise INVALID_ARGUMENT

@@ -134,8 +134,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     if (shm.socket_path.empty()) shm.socket_path = o.unix_socket + ".shm";
     // With keys, each tenant's arenas get an equal share of the total.
     if (s->tenancy_->enabled()) {
+      // Whole pages: an arena is (RoundUp), and one of the share's size must
+      // fit it.
       shm.max_tenant_bytes = std::max<uint64_t>(
-          4096, shm.max_total_bytes / s->tenancy_->tenants());
+          4096, shm.max_total_bytes / s->tenancy_->tenants() / 4096 * 4096);
     }
     KVMEM_ASSIGN_OR_RETURN(s->shm_, ShmArenas::Start(shm));
     s->metrics_->WatchSharedMemory(s->shm_.get());

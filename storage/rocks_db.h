@@ -137,10 +137,10 @@ rocksdb::Status OpenDbUpToDamage(
     const RocksColdStoreOptions& options,
     std::shared_ptr<rocksdb::EventListener> listener, Db* out);
 
-// The store's read-write open: OpenDb, and under salvage recovery (not
-// strict_wal) OpenDbUpToDamage when point-in-time recovery refuses for
-// damage behind a flush. Both the first open and a reopen after a failed
-// write go through it.
+// The store's first read-write open: OpenDb, and under salvage recovery
+// (not strict_wal) OpenDbUpToDamage when point-in-time recovery refuses for
+// damage behind a flush (the engine's recovery then reports the loss). Not
+// for a reopen under running streams (RocksColdStore::Reopen).
 rocksdb::Status OpenDbForWrites(
     const RocksColdStoreOptions& options,
     std::shared_ptr<rocksdb::EventListener> listener, Db* out);

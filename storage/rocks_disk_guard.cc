@@ -305,7 +305,12 @@ void RocksColdStore::Reopen() {
   // stays raised.
   failed_.store(false);
   Db next;
-  rocksdb::Status s = OpenDbForWrites(options_, listener_, &next);
+  // Plain point-in-time recovery, never the salvage replay: the engine's
+  // streams were recovered against the database as it was, and a replay
+  // that stopped at damage would drop acknowledged frames under them
+  // unnoticed. Such damage keeps the store failed until a restart, whose
+  // recovery salvages and reports the loss.
+  rocksdb::Status s = OpenDb(options_, listener_, false, &next);
   if (!s.ok()) {
     SetError(s.ToString());
     s = OpenDb(options_, listener_, true, &next);

@@ -46,6 +46,16 @@ inline double RssKib(pid_t pid) {
   return 0;
 }
 
+// A process's peak resident set (VmHWM) in KiB; 0 when it cannot be read.
+inline double PeakRssKib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6));
+  }
+  return 0;
+}
+
 // A loopback port nothing listens on right now (bound, read, closed).
 inline int FreeLoopbackPort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

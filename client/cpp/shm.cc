@@ -135,11 +135,19 @@ std::vector<uint64_t> KvmemClient::TakeDeferred(uint64_t arena_id) {
   std::lock_guard<std::mutex> lock(arena_mu_);
   std::vector<uint64_t> ids;
   // Those of other (older) arenas go with them: an arena is freed, leases
-  // and all, when its last delivery lets go of it.
+  // and all, when its last delivery lets go of it. At most the server's
+  // limit a call (release_lease_ids: 65,536); the rest wait for the next.
+  constexpr size_t kMaxPerCall = 65536;
+  std::vector<std::pair<uint64_t, uint64_t>> later;
   for (const auto& [arena, lease] : deferred_) {
-    if (arena == arena_id) ids.push_back(lease);
+    if (arena != arena_id) continue;
+    if (ids.size() < kMaxPerCall) {
+      ids.push_back(lease);
+    } else {
+      later.emplace_back(arena, lease);
+    }
   }
-  deferred_.clear();
+  deferred_ = std::move(later);
   return ids;
 }
 

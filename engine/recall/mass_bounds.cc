@@ -56,9 +56,12 @@ void ValueBounds(const float* density, const float* slack, const float* on,
   upper_out->resize(n);
   float* lower = lower_out->data();
   float* upper = upper_out->data();
+  // The upper bound at most the largest float: inf there would make a unit
+  // that is not recallable (on 0) NaN.
+  constexpr float kTop = std::numeric_limits<float>::max();
   for (size_t i = 0; i < n; ++i) {  // Branch-free: it vectorises.
     lower[i] = on[i] * (density[i] / slack[i]) + (on[i] - 1.0f);
-    upper[i] = on[i] * (density[i] * slack[i]) + (on[i] - 1.0f);
+    upper[i] = on[i] * std::min(density[i] * slack[i], kTop) + (on[i] - 1.0f);
   }
   if (!sem.on()) return;
   for (size_t i = 0; i < n; ++i) {

@@ -7,6 +7,7 @@
 #include "base/thread_scratch.h"
 #include "engine/index/dot.h"
 #include "engine/recall/fast_exp.h"
+#include "engine/recall/fast_exp_poly.h"
 
 namespace kvmem {
 namespace {
@@ -81,7 +82,15 @@ MassEstimate EstimateMass(const MassInputs& in) {
       }
     }
   }
+  // A bound past exp's saturation (fast_exp_poly.h's kHigh) would make a
+  // factor smaller than the bound it stands for: such slack is the largest
+  // float instead, an upper bound that still holds.
+  std::vector<bool> past(n);
+  for (size_t c = 0; c < n; ++c) past[c] = est.slack[c] > fast_exp::kHigh;
   ExpInPlace(est.slack.data(), n);
+  for (size_t c = 0; c < n; ++c) {
+    if (past[c]) est.slack[c] = std::numeric_limits<float>::max();
+  }
   return est;
 }
 

@@ -102,12 +102,12 @@ absl::StatusOr<RecallBudget> ResolveBudget(const RecallQuery& q,
                                                    "; must be at most ",
                                                    kMaxTopK, " (0: no cap)"));
   }
-  if (b.tokens > (1u << 24)) {
+  if (b.tokens > kMaxRecallTokens) {
     // The value in force: the request's, or the stream's default.
     return absl::InvalidArgumentError(absl::StrCat(
         q.max_tokens != 0 ? "budget.max_tokens is "
                           : "the stream's recall_defaults.max_tokens is ",
-        b.tokens, "; must be at most ", 1u << 24));
+        b.tokens, "; must be at most ", kMaxRecallTokens));
   }
   if (q.per_head || q.per_layer) {
     const uint32_t heads =

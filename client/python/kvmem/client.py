@@ -29,6 +29,8 @@ types_pb = _pb.types_pb2
 STREAM_ID_HEADER = "kvmem-stream-id"
 DEFAULT_CHUNK_BYTES = 1 << 20
 _END = object()
+# Lease ids one call may release (the server refuses more).
+_MAX_RELEASES_PER_CALL = 65536
 
 
 @dataclass
@@ -578,8 +580,10 @@ class Client:
         """Leases of this arena to release with the next delivery (those of
         older arenas go with them)."""
         with self._lock:
-            ids = [lease for a, lease in self._deferred if a == arena.id]
-            self._deferred = []
+            mine = [(a, lease) for a, lease in self._deferred if a == arena.id]
+            # At most the server's limit a call; the rest wait for the next.
+            ids = [lease for _, lease in mine[:_MAX_RELEASES_PER_CALL]]
+            self._deferred = mine[_MAX_RELEASES_PER_CALL:]
         return ids
 
     def _release(self, arena: Arena, lease: int) -> None:
