@@ -36,25 +36,22 @@
 
 namespace kvmem::testing {
 
-// A process's resident set (VmRSS) in KiB; 0 when it cannot be read.
-inline double RssKib(pid_t pid) {
+// A field of /proc/<pid>/status in KiB ("VmRSS:", "VmHWM:"); 0 when it
+// cannot be read.
+inline double StatusKib(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6));
+    if (line.rfind(field, 0) == 0) return std::stod(line.substr(field.size()));
   }
   return 0;
 }
 
+// A process's resident set (VmRSS) in KiB; 0 when it cannot be read.
+inline double RssKib(pid_t pid) { return StatusKib(pid, "VmRSS:"); }
+
 // A process's peak resident set (VmHWM) in KiB; 0 when it cannot be read.
-inline double PeakRssKib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6));
-  }
-  return 0;
-}
+inline double PeakRssKib(pid_t pid) { return StatusKib(pid, "VmHWM:"); }
 
 // A loopback port nothing listens on right now (bound, read, closed).
 inline int FreeLoopbackPort() {

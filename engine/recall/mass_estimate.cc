@@ -36,6 +36,7 @@ MassEstimate EstimateMass(const MassInputs& in) {
   struct Scratch {
     std::vector<float> e, mask, alpha;
     std::vector<const float*> rows;
+    std::vector<uint8_t> past;  // Slack past exp's saturation.
   };
   Scratch& scratch = ThreadScratch<Scratch>();
   std::vector<float>& e = scratch.e;
@@ -85,7 +86,8 @@ MassEstimate EstimateMass(const MassInputs& in) {
   // A bound past exp's saturation (fast_exp_poly.h's kHigh) would make a
   // factor smaller than the bound it stands for: such slack is the largest
   // float instead, an upper bound that still holds.
-  std::vector<bool> past(n);
+  std::vector<uint8_t>& past = scratch.past;
+  past.resize(n);
   for (size_t c = 0; c < n; ++c) past[c] = est.slack[c] > fast_exp::kHigh;
   ExpInPlace(est.slack.data(), n);
   for (size_t c = 0; c < n; ++c) {

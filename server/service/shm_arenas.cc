@@ -315,8 +315,9 @@ void ShmArenas::Drop(uint64_t arena_id, bool dead_client) {
 
 absl::Status ShmArenas::Count(const std::string& tenant, uint64_t bytes) {
   kvmem::MutexLock lock(&mu_);
+  const auto found = tenant_use_.find(tenant);
   const TenantArenas use =
-      tenant_use_.contains(tenant) ? tenant_use_.at(tenant) : TenantArenas{};
+      found != tenant_use_.end() ? found->second : TenantArenas{};
   if (use.arenas >= options_.max_arenas_per_tenant) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the caller holds ", use.arenas,
