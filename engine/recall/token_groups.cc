@@ -1,7 +1,6 @@
 #include "engine/recall/token_groups.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "base/bounded_pool.h"
 #include "base/split_mix.h"
@@ -9,12 +8,14 @@
 #include "base/thread_scratch.h"
 #include "engine/codec/dtype.h"
 #include "engine/index/dot.h"
+#include "engine/recall/spherical_kmeans.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
 namespace {
 
-constexpr int kIterations = 6;
+// Assignment passes of the k-means, the seeding's included.
+constexpr int kPasses = 6;
 
 // Clustering compares tokens by the cosine of their keys over every indexed
 // layer. Past kClusterDim floats a token (a 7B model with every layer
@@ -82,13 +83,6 @@ void FoldRows(const float* rows, size_t n, size_t dim, size_t out_dim,
   }
 }
 
-void NormalizeRow(float* v, size_t n) {
-  const float norm = std::sqrt(Dot(v, v, n));
-  if (norm > 0) {
-    for (size_t i = 0; i < n; ++i) v[i] /= norm;
-  }
-}
-
 // Keys per token of the frames into *keys (every element written):
 // [token][indexed_layer][kv_head][head_dim].
 void GatherKeys(const StreamConfig& config,
@@ -127,74 +121,6 @@ void GatherKeys(const StreamConfig& config,
     }
     token0 += tc;
   }
-}
-
-// k centres over the n rows (dim floats each; norms: their norms).
-std::vector<float> InitialCentres(const float* rows,
-                                  const std::vector<float>& norms, size_t n,
-                                  size_t dim, size_t k) {
-  // Farthest-point initialisation: start at token 0, then repeatedly the
-  // token least similar to every centre so far.
-  std::vector<float> centres(k * dim);
-  std::vector<float> best(n, -INFINITY), dots(n);
-  size_t next = 0;
-  for (size_t c = 0; c < k; ++c) {
-    float* centre = centres.data() + c * dim;
-    std::copy_n(rows + next * dim, dim, centre);
-    NormalizeRow(centre, dim);
-    float lowest = INFINITY;
-    // Every row's dot with the new centre (DotMany: Dot's floats, four
-    // rows' sums in flight).
-    DotMany(rows, n, centre, 1, dim, dots.data());
-    for (size_t i = 0; i < n; ++i) {
-      const float cosine = norms[i] > 0 ? dots[i] / norms[i] : 0.0f;
-      best[i] = std::max(best[i], cosine);
-      if (best[i] < lowest) {
-        lowest = best[i];
-        next = i;
-      }
-    }
-  }
-  return centres;
-}
-
-// Spherical k-means of the rows' directions from `centres`: each row's
-// centre.
-std::vector<uint8_t> Cluster(const float* rows, const std::vector<float>& norms,
-                             size_t n, size_t dim, size_t k,
-                             std::vector<float> centres) {
-  std::vector<uint8_t> assign(n, 0);
-  // Every row's dot with every centre at once (DotMany: Dot's floats, with
-  // the centres read once per chunk of dimensions rather than once per row).
-  // A row's cosine with a unit centre is its dot over its norm (0 for a zero
-  // row).
-  std::vector<float> dots(n * k);
-  for (int it = 0; it < kIterations; ++it) {
-    bool changed = false;
-    DotMany(rows, n, centres.data(), k, dim, dots.data());
-    for (size_t i = 0; i < n; ++i) {
-      size_t arg = 0;
-      float top = -INFINITY;
-      for (size_t c = 0; c < k; ++c) {
-        const float s = norms[i] > 0 ? dots[i * k + c] / norms[i] : 0.0f;
-        if (s > top) {
-          top = s;
-          arg = c;
-        }
-      }
-      changed |= assign[i] != arg || it == 0;
-      assign[i] = static_cast<uint8_t>(arg);
-    }
-    if (!changed) break;
-    std::fill(centres.begin(), centres.end(), 0.0f);
-    for (size_t i = 0; i < n; ++i) {
-      if (norms[i] <= 0) continue;
-      AddDivided(rows + i * dim, norms[i], centres.data() + assign[i] * dim,
-                 dim);
-    }
-    for (size_t c = 0; c < k; ++c) NormalizeRow(centres.data() + c * dim, dim);
-  }
-  return assign;
 }
 
 // The raw mean key of each non-empty group, renumbered densely.
@@ -251,13 +177,7 @@ TokenGroups BuildTokenGroups(const StreamConfig& config,
     rows = folded.data();
     cdim = kClusterDim;
   }
-  std::vector<float> norms(n);
-  for (size_t i = 0; i < n; ++i) {
-    const float* x = rows + i * cdim;
-    norms[i] = std::sqrt(Dot(x, x, cdim));
-  }
-  std::vector<uint8_t> assign =
-      Cluster(rows, norms, n, cdim, k, InitialCentres(rows, norms, n, cdim, k));
+  std::vector<uint8_t> assign = SphericalKMeans(rows, n, cdim, k, kPasses);
   // A thread keeps its fold for the next seal (4 MiB for a 7B block of 512
   // tokens), not a rare larger one's.
   if (cdim != dim &&

@@ -38,6 +38,7 @@
 #include "server/ops/metrics.h"
 #include "storage/rocks_cold_store.h"
 #include "tests/test_util.h"
+#include "tools/common/demo_workload.h"
 
 namespace kvmem {
 namespace {
@@ -738,6 +739,34 @@ BENCHMARK(BM_TokenGroups)
     ->Args({512, 32})
     ->Args({512, 64})
     ->Unit(benchmark::kMicrosecond);
+
+// Token groups of kvmem bench's blocks (4 layers x 2 KV heads x 64 dims,
+// 4 frames of 128 tokens, 64 groups) from the demo's camera workload, whose
+// keys cluster as objects do (the random keys above never settle): the
+// seal's k-means as kvmem bench's ingest runs it.
+void BM_TokenGroupsCamera(benchmark::State& state) {
+  DemoGeometry g;
+  g.tokens_per_frame = 128;
+  StreamConfig c;
+  c.geometry = {g.layers, g.kv_heads, g.head_dim, DType::kFp16,
+                g.tokens_per_frame};
+  c.hot_window_tokens = 2048;
+  c = WithDefaults(c);
+  CameraWorkload camera(7, g, 6, 64);
+  std::vector<std::string> frames;
+  for (int f = 0; f < 64; ++f) frames.push_back(camera.MakeFrame(f).payload);
+  size_t block = 0;
+  for (auto _ : state) {
+    const size_t f0 = (block++ % 16) * 4;
+    const std::vector<absl::string_view> views(frames.begin() + f0,
+                                               frames.begin() + f0 + 4);
+    benchmark::DoNotOptimize(BuildTokenGroups(
+        c, views, std::vector<uint32_t>(4, g.tokens_per_frame),
+        c.groups_per_block));
+  }
+  state.SetLabel(absl::StrCat(c.groups_per_block, " groups"));
+}
+BENCHMARK(BM_TokenGroupsCamera)->Unit(benchmark::kMicrosecond);
 
 // The same for a 7B block with the stream defaults (every layer indexed:
 // 32 x 8 x 128 = 32,768 floats of keys per token): 4 frames of 128 tokens,
