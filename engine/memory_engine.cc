@@ -473,8 +473,8 @@ absl::StatusOr<uint64_t> StreamHandle::ReadBlockTokensInto(
   return stream_->ReadBlockTokensInto(block_id, tokens, layers, dst, capacity,
                                       info);
 }
-uint64_t StreamHandle::RetainedPayloadBytes() const {
-  return stream_->RetainedPayloadBytes();
+uint64_t StreamHandle::RetainedBytes() const {
+  return stream_->RetainedBytes();
 }
 
 std::vector<QuarantinedStream> MemoryEngine::Quarantined() const {

@@ -81,9 +81,10 @@ class StreamHandle {
       uint64_t block_id, const std::vector<uint32_t>& tokens,
       const std::vector<uint32_t>& layers, uint8_t* dst, uint64_t capacity,
       BlockInfo* info = nullptr) const;
-  // Payload bytes of the frames appended and not evicted, at full
-  // precision (degradation does not shrink it): what quotas count. O(1).
-  uint64_t RetainedPayloadBytes() const;
+  // What quotas count, O(1): payload bytes of the frames appended and not
+  // evicted, at full precision (degradation does not shrink it), and the
+  // RAM the kept blocks' signals hold (StreamStats::signal_bytes).
+  uint64_t RetainedBytes() const;
 
  private:
   friend class MemoryEngine;

@@ -103,12 +103,15 @@ ABSL_FLAG(uint32_t, max_streams_per_tenant, 1024,
           "Streams a tenant (the one tenant without keys) may hold; 0: no "
           "limit. Over it OpenStream is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint64_t, max_stream_bytes, 0,
-          "Payload bytes a stream may retain (frames appended and not "
-          "evicted, full precision); 0: no limit.");
+          "Bytes a stream may retain: payload (frames appended and not "
+          "evicted, full precision) and the RAM its kept blocks' signals "
+          "hold (scene means, track presences); 0: no limit.");
 ABSL_FLAG(uint64_t, max_tenant_bytes, 0,
-          "Payload bytes a tenant's streams may retain together; 0: no limit.");
+          "Bytes (as --max_stream_bytes counts them) a tenant's streams may "
+          "retain together; 0: no limit.");
 ABSL_FLAG(uint64_t, max_total_bytes, 0,
-          "Payload bytes all streams may retain together; 0: no limit. With "
+          "Bytes (as --max_stream_bytes counts them) all streams may retain "
+          "together; 0: no limit. With "
           "API keys each tenant gets an equal share.");
 ABSL_FLAG(uint32_t, max_calls_in_flight, 4096,
           "Calls served at once (streaming calls count while open); 0: no "

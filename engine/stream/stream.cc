@@ -301,13 +301,13 @@ uint64_t Stream::AcknowledgedFrames() const {
   return static_cast<uint64_t>(view_.state().last_frame + 1);
 }
 
-uint64_t Stream::RetainedPayloadBytes() const {
+uint64_t Stream::RetainedBytes() const {
   uint64_t appended;
   {
     kvmem::ReaderMutexLock lock(&view_.mu());
     appended = view_.state().payload_bytes;
   }
-  return appended - view_.evicted_payload_bytes();
+  return appended - view_.evicted_payload_bytes() + view_.signal_bytes();
 }
 
 absl::Status Stream::Close() {

@@ -165,7 +165,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
     return reader_.ReadBlockTokensInto(block_id, tokens, layers, dst, capacity,
                                        info);
   }
-  uint64_t RetainedPayloadBytes() const;
+  uint64_t RetainedBytes() const;  // StreamHandle::RetainedBytes.
 
   // Frames acknowledged so far: the last durable frame + 1 (0 when none).
   uint64_t AcknowledgedFrames() const;

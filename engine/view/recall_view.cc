@@ -62,8 +62,20 @@ size_t RecallView::EligibleBlocks(uint64_t window_end) const {
           blocks_.begin());
 }
 
+uint64_t SignalRamBytes(const BlockRecord& rec) {
+  // A presence's own bytes, its block id in the track's block list, and
+  // two map nodes (the track's history and its block list: key, value and
+  // a red-black node's three pointers and colour each).
+  constexpr uint64_t kPerPresence = sizeof(TrackPresence) + sizeof(uint64_t) +
+                                    2 * (sizeof(uint64_t) + 4 * sizeof(void*)) +
+                                    sizeof(TrackHistory) +
+                                    sizeof(std::vector<uint64_t>);
+  return rec.scene.size() * sizeof(float) + rec.tracks.size() * kPerPresence;
+}
+
 void RecallView::Install(BlockEntry entry) {
   const BlockRecord& rec = entry.rec;
+  signal_bytes_.fetch_add(SignalRamBytes(rec), std::memory_order_relaxed);
   if (rec.disk != DiskForm::kNone) indexes_.Add(rec.info.id, rec);
   if (rec.disk == DiskForm::kNone) {  // Recovered evicted.
     evicted_payload_bytes_.fetch_add(rec.info.payload_bytes,
@@ -103,11 +115,15 @@ StreamIndexes::Growth RecallView::GrowIndexesFor(
 }
 
 void RecallView::DropEvictedRun() {
-  const size_t dropped = blocks_.DropLeading([](const BlockEntry& e) {
-    return e.rec.disk == DiskForm::kNone && !e.warm && !e.staged &&
-           e.generation % 2 == 0;
+  uint64_t freed = 0;
+  const size_t dropped = blocks_.DropLeading([&freed](const BlockEntry& e) {
+    const bool gone = e.rec.disk == DiskForm::kNone && !e.warm && !e.staged &&
+                      e.generation % 2 == 0;
+    if (gone) freed += SignalRamBytes(e.rec);
+    return gone;
   });
   if (dropped == 0) return;
+  signal_bytes_.fetch_sub(freed, std::memory_order_relaxed);
   unit_tokens_.erase(unit_tokens_.begin(),
                      unit_tokens_.begin() + dropped * units_per_block());
   for (auto it = track_blocks_.begin(); it != track_blocks_.end();) {
@@ -187,6 +203,7 @@ void RecallView::FillStats(StreamStats* s) const {
   s->index_copied_in_place = indexes_.copied_in_place();
   s->index_bytes = indexes_.memory_bytes();
   s->track_histories = tracks_.size();
+  s->signal_bytes = signal_bytes();
   for (const BlockEntry& e : blocks_) {
     if (e.rec.disk != DiskForm::kNone) {
       s->summary_bytes +=

@@ -38,6 +38,14 @@
 
 namespace kvmem {
 
+// RAM a kept block's signals hold, whatever its payload: its scene mean and
+// its track presences, each presence with the entries the view's track
+// maps give it (a new track's two map nodes charged to every presence: an
+// upper bound). A client's frames can carry 1,024 detections and an 8,192-
+// float scene embedding beside a one-token payload, so streams count these
+// bytes with their payload against the byte limits (Stream::RetainedBytes).
+uint64_t SignalRamBytes(const BlockRecord& rec);
+
 // The open block's mean key and tokens (score MASS's window estimate; empty
 // for scorers that do not ask for it).
 struct OpenMean {
@@ -185,6 +193,10 @@ class RecallView {
   uint64_t evicted_payload_bytes() const {
     return evicted_payload_bytes_.load(std::memory_order_relaxed);
   }
+  // RAM the kept blocks' signals hold (SignalRamBytes of each).
+  uint64_t signal_bytes() const {
+    return signal_bytes_.load(std::memory_order_relaxed);
+  }
   // The view's part of the stream's stats: state, block and byte counts
   // per tier, summaries, index quality, shot cuts and rebuilds.
   void FillStats(StreamStats* s) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -221,6 +233,7 @@ class RecallView {
   uint64_t shot_cuts_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rebuilds_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> evicted_payload_bytes_{0};
+  std::atomic<uint64_t> signal_bytes_{0};
 };
 
 }  // namespace kvmem

@@ -254,20 +254,23 @@ class MetricsCollector final : public prometheus::Collectable {
 
   // What no RAM flag bounds: it grows with the blocks streams keep.
   static MetricFamily MetadataBytes(const std::vector<StreamStats>& streams) {
-    double summaries = 0, codes = 0, indexes = 0;
+    double summaries = 0, codes = 0, indexes = 0, signals = 0;
     for (const StreamStats& s : streams) {
       summaries += static_cast<double>(s.summary_bytes);
       codes += static_cast<double>(s.token_code_bytes);
       indexes += static_cast<double>(s.index_bytes);
+      signals += static_cast<double>(s.signal_bytes);
     }
     MetricFamily meta = Family(
         "kvmem_metadata_bytes",
         "RAM the streams' sealed blocks hold for recall, by kind: summaries "
-        "(and token groups), token codes, index rows. Freed by eviction.",
+        "(and token groups), token codes, index rows, signals (scene means, "
+        "track presences). Freed by eviction.",
         MetricType::Gauge);
     AddValue(&meta, {{"kind", "summaries"}}, summaries);
     AddValue(&meta, {{"kind", "token_codes"}}, codes);
     AddValue(&meta, {{"kind", "indexes"}}, indexes);
+    AddValue(&meta, {{"kind", "signals"}}, signals);
     return meta;
   }
 

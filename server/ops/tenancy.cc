@@ -153,7 +153,7 @@ Admission::TenantUse& Admission::Use(const std::string& tenant) const {
 uint64_t Admission::RetainedBytes(const std::string& prefix) const {
   uint64_t held = 0;
   for (const auto& s : engine_->StreamsWithPrefix(prefix)) {
-    held += s.RetainedPayloadBytes();
+    held += s.RetainedBytes();
   }
   return held;
 }
@@ -178,7 +178,8 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
                   const char* flag) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, " retains ", held,
-        " payload bytes (with frames being received) and this frame adds ",
+        " bytes (payload, its blocks' signals in RAM, frames being received) "
+        "and this frame adds ",
         bytes, "; the server allows ", limit, " (", flag,
         "): set tier_policy.storage_cap_bytes so old blocks are evicted, or "
         "delete streams"));
@@ -215,7 +216,7 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
   }
   uint64_t& stream_reserved = stream_reserved_[stream.id()];
   if (limits_.max_stream_bytes > 0) {
-    const uint64_t held = stream.RetainedPayloadBytes() + stream_reserved;
+    const uint64_t held = stream.RetainedBytes() + stream_reserved;
     if (held + bytes > limits_.max_stream_bytes) {
       if (stream_reserved == 0) stream_reserved_.erase(stream.id());
       return over("the stream", held, limits_.max_stream_bytes,

@@ -155,6 +155,8 @@ void ToProto(const StreamStats& s, v1::StreamStats* p) {
   p->set_payload_bytes(s.payload_bytes);
   p->set_summary_bytes(s.summary_bytes);
   p->set_token_code_bytes(s.token_code_bytes);
+  p->set_signal_bytes(s.signal_bytes);
+  p->set_track_histories(s.track_histories);
   v1::IngestCpu* cpu = p->mutable_ingest_cpu();
   const auto& ns = s.ingest_cpu_ns;
   cpu->set_validate_ns(ns[static_cast<int>(IngestStage::kValidate)]);

@@ -253,6 +253,55 @@ TEST_F(SecurityTest, LimitsAnswerResourceExhausted) {
   EXPECT_EQ(server->Stop(), 0);
 }
 
+// What a frame's signals keep in RAM counts against the byte limits with
+// its payload: frames of one token (384 payload bytes) with 1,024 new
+// tracks and an 8,192-float scene embedding each are refused past
+// --max_stream_bytes (1 MiB) after a few frames, where their payload alone
+// (24 KiB for all 64) would never reach it.
+TEST_F(SecurityTest, SignalsCountAgainstTheByteLimits) {
+  TestGeometry g;
+  StreamModel m(g, 2, 8, {1});
+  std::mt19937_64 rng(6);
+  constexpr uint64_t kLimit = 1 << 20;
+  auto server = Start({"--max_stream_bytes=" + std::to_string(kLimit)});
+  auto c = Client(*server, "");
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(c->OpenStream("s", Config(g), &opened).ok());
+  std::vector<OutgoingFrame> frames;
+  for (uint64_t i = 0; i < 64; ++i) {
+    OutgoingFrame f = ToOutgoing(m.AddFrame(rng, 1), i);
+    v1::FrameSignals* sig = f.header.mutable_signals();
+    for (uint64_t k = 0; k < 1024; ++k) {
+      v1::Detection* d = sig->add_detections();
+      d->set_track_id(i * 1024 + k + 1);
+      d->set_x_max(0.5f);
+      d->set_y_max(0.5f);
+      d->set_score(0.9f);
+    }
+    for (int k = 0; k < 8192; ++k) sig->add_scene_embedding(k % 7 * 0.1f);
+    frames.push_back(std::move(f));
+  }
+  v1::AppendFramesResponse ar;
+  const grpc::Status st = c->AppendFrames("s", frames, &ar);
+  EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("--max_stream_bytes"));
+  EXPECT_THAT(st.error_message(), HasSubstr("signals"));
+  v1::StreamStats stats;
+  ASSERT_TRUE(c->GetStreamStats("s", &stats).ok());
+  EXPECT_GE(stats.last_durable_frame(), 2);
+  EXPECT_LT(stats.last_durable_frame(), 63);
+  EXPECT_LT(stats.payload_bytes(), 64u * 384);
+  // Refused because payload and signals together reach the limit.
+  EXPECT_GT(stats.signal_bytes(), kLimit / 2);
+  EXPECT_GT(stats.signal_bytes() + stats.payload_bytes() + 384, kLimit);
+  EXPECT_GT(stats.track_histories(), 0u);
+  std::cout << "refused after frame " << stats.last_durable_frame()
+            << ": payload " << stats.payload_bytes() << " bytes, signals "
+            << stats.signal_bytes() << " bytes in RAM\n";
+  c.reset();
+  EXPECT_EQ(server->Stop(), 0);
+}
+
 // Exactly one credential per call: two different keys (two tenants, or a
 // valid key beside an invalid one) are UNAUTHENTICATED whichever header
 // carries which; the same key in both headers is one credential.

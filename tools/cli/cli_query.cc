@@ -50,7 +50,8 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       "%llu\n"
       "  blocks          %llu sealed, %u frames in the open block\n"
       "  memory          %.2f MiB KV appended, %.1f KiB summaries, %.1f KiB "
-      "token codes and %.1f KiB of indexes in RAM\n"
+      "token codes, %.1f KiB of indexes and %.1f KiB of signals (%llu "
+      "tracks) in RAM\n"
       "  recalls         %llu, %llu blocks, %llu tokens recalled\n",
       s.stream_id().c_str(), s.closed() ? " (closed)" : "", g.layers(),
       g.kv_heads(), g.head_dim(), v1::DType_Name(g.dtype()).c_str(),
@@ -63,6 +64,8 @@ void PrintStatsHuman(const v1::StreamStats& s) {
       static_cast<unsigned long long>(s.sealed_blocks()), s.open_block_frames(),
       s.payload_bytes() / 1048576.0, s.summary_bytes() / 1024.0,
       s.token_code_bytes() / 1024.0, s.index().bytes() / 1024.0,
+      s.signal_bytes() / 1024.0,
+      static_cast<unsigned long long>(s.track_histories()),
       static_cast<unsigned long long>(s.recalls()),
       static_cast<unsigned long long>(s.recalled_blocks()),
       static_cast<unsigned long long>(s.recalled_tokens()));

@@ -423,6 +423,8 @@ class StreamStats:
     index: IndexStats = field(default_factory=IndexStats)
     accelerator: AcceleratorStats = field(default_factory=AcceleratorStats)
     ingest_cpu: IngestCpu = field(default_factory=IngestCpu)
+    signal_bytes: int = 0
+    track_histories: int = 0
 
 
 # --------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include "engine/codec/block_layout.h"
 #include "engine/codec/quantize.h"
 #include "engine/stream_config.h"
+#include "engine/view/recall_view.h"
 #include "gmock/gmock.h"
 #include "storage/forwarding_store.h"
 #include "tests/engine_fixture.h"
@@ -569,6 +570,9 @@ TEST(TiersTest, TrackHistoriesLeaveWithTheirBlocks) {
   StreamModel m(g, 2, 8, {2, 0});
   std::mt19937_64 rng(22);
   constexpr uint64_t kPerFrame = 4;
+  BlockRecord one_track;
+  one_track.tracks.resize(1);
+  const uint64_t per_presence = SignalRamBytes(one_track);
   uint64_t most = 0;
   for (uint64_t f = 0; f < 400; ++f) {
     FrameSignals sig;
@@ -583,6 +587,10 @@ TEST(TiersTest, TrackHistoriesLeaveWithTheirBlocks) {
     // dropped), never every track seen.
     ASSERT_LE(st.track_histories,
               (st.sealed_blocks - st.evicted.blocks) * 2 * kPerFrame)
+        << "frame " << f;
+    // Each track shows in one block: the signals' RAM counted is exactly
+    // the kept presences', going with their blocks.
+    ASSERT_EQ(st.signal_bytes, st.track_histories * per_presence)
         << "frame " << f;
   }
   std::cout << "track histories held: at most " << most << " of "
