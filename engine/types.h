@@ -327,9 +327,10 @@ struct StreamStats {
   // Tracks with a history in RAM: those shown by a kept block (they go
   // with the last of their blocks to leave RAM).
   uint64_t track_histories = 0;
-  // RAM the kept blocks' signals hold (scene means, track presences and
-  // their track map entries: SignalRamBytes), counted with the payload
-  // against the byte limits.
+  // RAM the signals hold: the kept blocks' (scene means, track presences
+  // and their track map entries: SignalRamBytes) and the open block's
+  // (BlockSemanticsBuilder::RamBytes), counted with the payload against
+  // the byte limits.
   uint64_t signal_bytes = 0;
   // Index vectors copied by appends that outgrew the index's arrays under
   // the stream's writer lock (0 with "Progressive": it grows beside

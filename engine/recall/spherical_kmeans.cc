@@ -172,6 +172,10 @@ std::vector<uint8_t> SphericalKMeans(const float* rows, size_t n, size_t dim,
   // scoring both cosines with that error, picks the same centre.
   const float err = static_cast<float>(dim + 64) * 0x1p-22f;
   const float apart = 4 * err;
+  // Rows this short lose squares to underflow in their computed norm (a
+  // cosine then is off by a factor, not by err): scored every pass. At
+  // norm^2 >= dim * 2^-100 what underflow drops is below 2^-26 of it.
+  const float tiny = std::sqrt(static_cast<float>(dim)) * 0x1p-50f;
   Scratch& s = ThreadScratch<Scratch>();
   for (int pass = 1; pass < passes; ++pass) {
     MoveCentres(rows, norms, n, dim, k, b.centre, &centres, &s.previous,
@@ -190,7 +194,7 @@ std::vector<uint8_t> SphericalKMeans(const float* rows, size_t n, size_t dim,
       const uint8_t c = b.centre[i];
       b.own[i] -= s.drift[c];
       b.other[i] += c == far ? second : s.drift[far];
-      if (b.own[i] - b.other[i] > apart) {
+      if (b.own[i] - b.other[i] > apart && norms[i] >= tiny) {
         ++count.rows_kept;
         continue;
       }
@@ -201,8 +205,10 @@ std::vector<uint8_t> SphericalKMeans(const float* rows, size_t n, size_t dim,
     count.rows_scored += s.pending.size();
     if (!ScorePending(rows, norms, n, dim, k, centres, &s, &b)) break;
   }
-  if ((s.batch.capacity() + s.previous.capacity()) * sizeof(float) >
-      kKeptScratchBytes) {
+  const size_t kept_floats = s.previous.capacity() + s.drift.capacity() +
+                             s.batch.capacity() + s.dots.capacity() +
+                             s.cosines.capacity() + s.pending.capacity();
+  if (kept_floats * sizeof(float) > kKeptScratchBytes) {
     ReleaseThreadScratch<Scratch>();
   }
   return std::move(b.centre);

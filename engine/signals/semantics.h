@@ -29,6 +29,11 @@ class BlockSemanticsBuilder {
   std::vector<TrackPresence> Tracks() const;
   std::vector<float> SceneMean() const;
   void Reset();
+  // RAM it holds: its tracks' map nodes (glibc's chunks, rounded up) and
+  // the scene sum.
+  uint64_t RamBytes() const {
+    return tracks_.size() * 112 + scene_sum_.size() * sizeof(double);
+  }
 
  private:
   std::map<uint64_t, TrackPresence> tracks_;

@@ -19,6 +19,7 @@ std::vector<float> OpenBlock::Signature(const Frame& frame) const {
 void OpenBlock::Add(Frame* frame, const std::vector<float>& signature) {
   summary_.AddFrame(frame->payload, frame->token_count);
   semantics_.AddFrame(frame->index, frame->signals);
+  signal_bytes_.store(semantics_.RamBytes(), std::memory_order_relaxed);
   segmenter_.Add(signature);
   tokens_.push_back(frame->token_count);
   payloads_.push_back(std::move(frame->payload));
@@ -54,6 +55,7 @@ void OpenBlock::Reset() {
   summary_.Reset();
   segmenter_.Reset();
   semantics_.Reset();
+  signal_bytes_.store(0, std::memory_order_relaxed);
   payloads_.clear();
   tokens_.clear();
 }

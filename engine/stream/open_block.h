@@ -7,6 +7,7 @@
 #ifndef KVMEM_ENGINE_STREAM_OPEN_BLOCK_H_
 #define KVMEM_ENGINE_STREAM_OPEN_BLOCK_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,6 +49,11 @@ class OpenBlock {
   void Reset();
 
   uint64_t tokens() const { return summary_.tokens(); }
+  // RAM its frames' signals hold (BlockSemanticsBuilder::RamBytes), from
+  // any thread.
+  uint64_t signal_bytes() const {
+    return signal_bytes_.load(std::memory_order_relaxed);
+  }
   std::vector<float> Mean() const { return summary_.Mean(); }
   const std::string& last_payload() const { return payloads_.back(); }
   // Frame i's payload bytes; null when absent.
@@ -62,6 +68,7 @@ class OpenBlock {
   BlockSemanticsBuilder semantics_;
   std::vector<std::string> payloads_;
   std::vector<uint32_t> tokens_;
+  std::atomic<uint64_t> signal_bytes_{0};
 };
 
 }  // namespace kvmem

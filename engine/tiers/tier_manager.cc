@@ -112,7 +112,7 @@ absl::Status TierManager::CommitMove(
   // keeps its own buffer (libstdc++ copies into it), so an evicted block's
   // entry kept the capacity of its token codes (9 KiB a block in the soak:
   // its RSS grew ~200 KiB/s). The old record dies with `rec`.
-  std::swap(e.rec, rec);
+  view_->SetRecord(id, &rec);
   if (with_record) e.sealed_record = false;
   apply(e);
   return absl::OkStatus();
@@ -399,7 +399,7 @@ absl::Status TierManager::Promote(uint64_t id, bool staged) {
   AddWarm(warm->allocated_bytes(), staged);
   e.warm = std::move(warm);
   e.staged = staged;
-  e.rec = std::move(rec);
+  view_->SetRecord(id, &rec);
   if (staged) {
     moves_.staged += 1;
   } else {

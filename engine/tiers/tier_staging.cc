@@ -131,7 +131,7 @@ absl::Status TierManager::ConfirmStaged(uint64_t id, uint64_t bytes) {
     AddWarm(bytes, false);
     e.staged = false;
     e.sealed_record = false;
-    e.rec = std::move(rec);
+    view_->SetRecord(id, &rec);
     moves_.stage_hits += 1;
   }
   staged_order_.erase(

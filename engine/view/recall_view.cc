@@ -63,13 +63,12 @@ size_t RecallView::EligibleBlocks(uint64_t window_end) const {
 }
 
 uint64_t SignalRamBytes(const BlockRecord& rec) {
-  // A presence's own bytes, its block id in the track's block list, and
-  // two map nodes (the track's history and its block list: key, value and
-  // a red-black node's three pointers and colour each).
-  constexpr uint64_t kPerPresence = sizeof(TrackPresence) + sizeof(uint64_t) +
-                                    2 * (sizeof(uint64_t) + 4 * sizeof(void*)) +
-                                    sizeof(TrackHistory) +
-                                    sizeof(std::vector<uint64_t>);
+  // A presence's own bytes in the record, two map nodes (the track's
+  // history and its block list: a red-black node with key and value, 80
+  // bytes as glibc allocates them, counted as 96) and the block list's
+  // buffer (a 32-byte chunk for one id): a track a single block shows, as
+  // a tracker naming new ids does, costs about 232 bytes.
+  constexpr uint64_t kPerPresence = sizeof(TrackPresence) + 2 * 96 + 32;
   return rec.scene.size() * sizeof(float) + rec.tracks.size() * kPerPresence;
 }
 
@@ -137,6 +136,14 @@ void RecallView::DropEvictedRun() {
       ++it;
     }
   }
+}
+
+void RecallView::SetRecord(uint64_t id, BlockRecord* rec) {
+  BlockRecord& kept = blocks_[id].rec;
+  const uint64_t was = SignalRamBytes(kept);
+  std::swap(kept, *rec);
+  signal_bytes_.fetch_add(SignalRamBytes(kept) - was,
+                          std::memory_order_relaxed);  // Modulo 2^64.
 }
 
 void RecallView::Unindex(uint64_t id, size_t groups, uint64_t payload_bytes) {

@@ -174,6 +174,10 @@ class RecallView {
   void PublishOpenMean(OpenMean m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     open_mean_ = std::move(m);
   }
+  // Swaps *rec in as kept block id's record (a tier move; *rec gets the old
+  // one), its signals' count following. REQUIRES: blocks().Has(id).
+  void SetRecord(uint64_t id, BlockRecord* rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A kept block's entry, for a tier move. REQUIRES: blocks().Has(id).
   BlockEntry& entry(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return blocks_[id];

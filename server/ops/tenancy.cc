@@ -181,7 +181,8 @@ absl::StatusOr<Admission::Reservation> Admission::AdmitBytes(
         " bytes (payload, its blocks' signals in RAM, frames being received) "
         "and this frame adds ",
         bytes, "; the server allows ", limit, " (", flag,
-        "): set tier_policy.storage_cap_bytes so old blocks are evicted, or "
+        "): set (or lower) tier_policy.storage_cap_bytes so old blocks and "
+        "their signals are evicted, or "
         "delete streams"));
   };
   const std::string prefix = tenancy_->EngineId(tenant, "");
@@ -250,10 +251,37 @@ Admission::Reservation Admission::HoldResponseBytes(const std::string& tenant,
                                                     uint64_t bytes) const {
   kvmem::MutexLock lock(&mu_);
   Use(tenant).responses += bytes;
+  return ResponsesHeld(tenant, bytes);
+}
+
+Admission::Reservation Admission::ResponsesHeld(const std::string& tenant,
+                                                uint64_t bytes) const {
   return Reservation(static_cast<void*>(nullptr), [this, tenant, bytes](void*) {
     kvmem::MutexLock l(&mu_);
     Use(tenant).responses -= bytes;
   });
+}
+
+absl::StatusOr<Admission::Reservation> Admission::ReserveAnswerBytes(
+    const std::string& tenant, uint64_t bytes) const {
+  const uint64_t share = Share(limits_.max_queued_response_bytes);
+  {
+    kvmem::MutexLock lock(&mu_);
+    const uint64_t held = Use(tenant).responses;
+    if (share > 0 && held > 0 && held + bytes > share) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          tenancy_->enabled() ? "the tenant" : "the server", " holds ", held,
+          " bytes of answers not yet written to its clients and the next "
+          "block needs ",
+          bytes, "; ", share,
+          tenancy_->enabled() ? " are its share of --max_queued_response_bytes"
+                              : " are allowed (--max_queued_response_bytes)",
+          ": read the answers of its other calls first, or fetch fewer "
+          "blocks at once"));
+    }
+    Use(tenant).responses += bytes;  // Checked and taken in one step.
+  }
+  return ResponsesHeld(tenant, bytes);
 }
 
 bool Admission::ResponsesOverShare(const std::string& tenant) const {

@@ -12,11 +12,12 @@
 // do not exist for it (NOT_FOUND). Keys are compared in constant time and
 // never logged; only tenant names are.
 //
-// Limits (0 = none): streams per tenant; retained payload bytes per stream,
-// per tenant and in all (the full-precision size of every frame not
-// evicted); calls in flight; bytes of frames being received (a frame's
-// buffer is allocated whole when its header arrives). Over a limit the
-// caller gets RESOURCE_EXHAUSTED naming the limit and the flag that sets it.
+// Limits (0 = none): streams per tenant; retained bytes per stream, per
+// tenant and in all (the full-precision size of every frame not evicted,
+// and the RAM its signals hold); calls in flight; bytes of frames being
+// received (a frame's buffer is allocated whole when its header arrives). Over
+// a limit the caller gets RESOURCE_EXHAUSTED naming the limit and the flag that
+// sets it.
 //
 // With keys, the server-wide limits (calls in flight, total bytes, frame
 // bytes in flight) are split into equal shares, one per tenant of the keys
@@ -131,6 +132,14 @@ class Admission {
   // --max_queued_response_bytes (false when it has no limit).
   bool ResponsesOverShare(const std::string& tenant) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The bytes of a block a FetchBlocks call is about to read and hold until
+  // they are written, counted with the Sessions' held responses: refused
+  // (RESOURCE_EXHAUSTED naming --max_queued_response_bytes) when the tenant
+  // already holds some and these would pass its share. A tenant holding
+  // none may always take one block, however large.
+  absl::StatusOr<Reservation> ReserveAnswerBytes(const std::string& tenant,
+                                                 uint64_t bytes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A call in flight, released on destruction.
   using Slot = std::shared_ptr<void>;
@@ -146,11 +155,14 @@ class Admission {
  private:
   struct TenantUse {
     uint32_t calls = 0;
-    uint64_t reserved = 0;   // Frame bytes in flight.
-    uint64_t responses = 0;  // Queued Session response bytes.
+    uint64_t reserved = 0;  // Frame bytes in flight.
+    // Session responses queued and FetchBlocks' blocks held, in bytes.
+    uint64_t responses = 0;
   };
   TenantUse& Use(const std::string& tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `bytes` of the tenant's responses back on destruction.
+  Reservation ResponsesHeld(const std::string& tenant, uint64_t bytes) const;
   uint64_t RetainedBytes(const std::string& prefix) const;
 
   const Tenancy* const tenancy_;
@@ -209,6 +221,11 @@ class Caller {
   }
   bool ResponsesOverShare() const {
     return admission_->ResponsesOverShare(tenant_);
+  }
+  // For the FetchBlocks reactor.
+  absl::StatusOr<Admission::Reservation> ReserveAnswerBytes(
+      uint64_t bytes) const {
+    return admission_->ReserveAnswerBytes(tenant_, bytes);
   }
   const std::string& tenant() const { return tenant_; }
 

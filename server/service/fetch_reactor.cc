@@ -8,7 +8,14 @@
 // i+1 is read on the executor (a RocksDB read may block), so storage and
 // the socket work at the same time. Warm blocks are read inline (a copy of
 // RAM). A reader that finds the next block not read yet leaves a
-// continuation that the read runs when it ends.
+// continuation that the read runs when it ends. A block's bytes count in
+// the tenant's held answers (--max_queued_response_bytes, with the
+// Sessions') from before its read until its last chunk is written: a block
+// is read ahead only while the share has room, and a call whose next block
+// finds none ends RESOURCE_EXHAUSTED saying how many blocks it sent (a
+// client that opened many fetches and read none pinned a block or two of
+// each in RAM, counted nowhere).
+#include <cmath>
 #include <memory>
 #include <optional>
 
@@ -35,6 +42,7 @@ constexpr uint32_t kMinChunkBytes = 1024;
 
 // One block read ahead of the sender.
 struct Ahead {
+  Admission::Reservation held;  // The block's bytes, in the tenant's share.
   kvmem::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<std::vector<PayloadPiece>> pieces ABSL_GUARDED_BY(mu);
@@ -69,7 +77,7 @@ class FetchBlocksReactor final
       }
       return;
     }
-    ReadAhead(0);
+    if (!StartRead(/*needed=*/true)) return;
     Next();
   }
 
@@ -176,15 +184,40 @@ class FetchBlocksReactor final
     return absl::OkStatus();
   }
 
-  // Starts reading block i (none past the last): inline when it was in
-  // RAM at Prepare (a block that left RAM since is read here all the same:
-  // rare and bounded), else on the executor.
-  void ReadAhead(size_t i) {
-    if (i >= blocks_.size()) {
-      ahead_ = nullptr;
-      return;
+  // What block i's read will hold: its payload, or the share of it its
+  // tokens and layers are (rounded up).
+  uint64_t ReadBytes(size_t i) const {
+    const BlockInfo& b = blocks_[i];
+    long double bytes = static_cast<long double>(b.payload_bytes);
+    if (!tokens_.empty() && !tokens_[i].empty() && b.token_count > 0) {
+      bytes = bytes * tokens_[i].size() / b.token_count;
     }
+    const uint32_t layers = stream_->config().geometry.layers;
+    if (!layers_.empty() && layers > 0) bytes = bytes * layers_.size() / layers;
+    return static_cast<uint64_t>(std::ceil(bytes));
+  }
+
+  // Starts reading the next block (block_; none past the last) once its
+  // bytes are reserved in the tenant's share: inline when it was in RAM at
+  // Prepare (a block that left RAM since is read here all the same: rare
+  // and bounded), else on the executor. Without room a read ahead waits
+  // for the current block to be sent (true, nothing started); a read
+  // `needed` now ends the call (false).
+  bool StartRead(bool needed) {
+    ahead_ = nullptr;
+    if (block_ >= blocks_.size()) return true;
+    absl::StatusOr<Admission::Reservation> held =
+        caller_.ReserveAnswerBytes(ReadBytes(block_));
+    if (!held.ok()) {
+      if (!needed) return true;
+      Finish(ToGrpcStatus(caller_.Scrub(absl::ResourceExhaustedError(
+          absl::StrCat("FetchBlocks sent ", block_, " of ", blocks_.size(),
+                       " blocks: ", held.status().message())))));
+      return false;
+    }
+    const size_t i = block_++;
     auto a = std::make_shared<Ahead>();
+    a->held = *std::move(held);
     ahead_ = a;
     std::vector<uint32_t> tokens;
     if (!tokens_.empty()) tokens = tokens_[i];
@@ -210,15 +243,22 @@ class FetchBlocksReactor final
     } else {
       executor_->Submit(std::move(read));
     }
+    return true;
   }
 
   // Sends the next chunk, taking the next block (read ahead) when the
   // current one is used up; finishes after the last.
   void Next() {
     while (piece_ >= pieces_.size()) {
+      // The current block is written: its bytes leave the share.
+      pieces_.clear();
+      held_ = nullptr;
       if (ahead_ == nullptr) {
-        Finish(grpc::Status::OK);
-        return;
+        if (block_ >= blocks_.size()) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        if (!StartRead(/*needed=*/true)) return;
       }
       std::shared_ptr<Ahead> a = ahead_;
       {
@@ -235,8 +275,9 @@ class FetchBlocksReactor final
         // changed it since the request was checked).
         pieces_ = *std::move(a->pieces);
         current_ = a->info;
+        held_ = std::move(a->held);
       }
-      ReadAhead(++block_);
+      StartRead(/*needed=*/false);
       piece_ = 0;
       piece_pos_ = 0;
       block_offset_ = 0;
@@ -348,10 +389,12 @@ class FetchBlocksReactor final
   std::vector<uint64_t> release_;  // Leases to release before placing.
   std::vector<v1::FetchBlocksResponse> placed_;
   std::optional<ShmArenas::Lease> lease_;  // Shared memory, once placed.
-  size_t block_ = 0;  // The next block to send (or to place).
+  // The next block to read (byte stream) or to place (shared memory).
+  size_t block_ = 0;
   std::shared_ptr<Ahead> ahead_;
   BlockInfo current_;
   std::vector<PayloadPiece> pieces_;
+  Admission::Reservation held_;  // pieces_' bytes, in the tenant's share.
   size_t piece_ = 0;
   size_t piece_pos_ = 0;
   uint64_t block_offset_ = 0;

@@ -624,6 +624,93 @@ TEST_F(SecurityTest, ASessionThatIsNeverReadIsBounded) {
   EXPECT_TRUE(s->Finish().ok());
 }
 
+// FetchBlocks calls whose chunks are never read: each block a call reads
+// counts in its tenant's share of --max_queued_response_bytes until its
+// last chunk is written, so with cold blocks of 2 MiB and a share of 4 MiB
+// one call holds a block and the one read ahead, and the other fifteen are
+// refused before reading anything; without the count each call pinned two
+// blocks (64 MiB for the sixteen). A reader then fetches every block.
+TEST_F(SecurityTest, FetchesThatAreNeverReadHoldAtMostTheirShare) {
+  auto server = Start({"--max_queued_response_bytes=4194304"});
+  auto c = Client(*server, "");
+  TestGeometry g;
+  g.layers = 4;
+  g.kv_heads = 8;
+  g.head_dim = 128;  // 16 KiB a token: 256 KiB frames, 2 MiB blocks.
+  StreamModel m(g, 8, 32, {1});
+  std::mt19937_64 rng(8);
+  v1::StreamConfig config = testing::WireConfig(g, 32, 8, {1});
+  config.mutable_tier_policy()->set_warm_budget_bytes(1);  // All cold.
+  v1::OpenStreamResponse opened;
+  ASSERT_TRUE(c->OpenStream("cam", config, &opened).ok());
+  std::vector<OutgoingFrame> frames;
+  for (int f = 0; f < 66; ++f) {
+    frames.push_back(ToOutgoing(m.AddFrame(rng, 16), f));
+  }
+  v1::AppendFramesResponse ar;
+  ASSERT_TRUE(c->AppendFrames("cam", frames, &ar).ok());
+  v1::StreamStats stats;
+  ASSERT_TRUE(c->GetStreamStats("cam", &stats).ok());
+  ASSERT_GE(stats.sealed_blocks(), 8u);
+  ASSERT_EQ(stats.warm().blocks(), 0u);
+
+  // Small client windows (no BDP probe): the server holds what it read.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = v1::KvMemory::NewStub(grpc::CreateCustomChannel(
+      server->target(), grpc::InsecureChannelCredentials(), args));
+  v1::FetchBlocksRequest req;
+  req.set_stream_id("cam");
+  for (uint64_t b = 0; b < 8; ++b) req.add_block_ids(b);
+  const double rss0 = testing::RssKib(server->pid());
+  constexpr int kCalls = 16;
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctx(kCalls);
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::FetchBlocksResponse>>>
+      readers(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    ctx[i] = std::make_unique<grpc::ClientContext>();
+    ctx[i]->AddMetadata("kvmem-stream-id", "cam");
+    readers[i] = stub->FetchBlocks(ctx[i].get(), req);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double rss = testing::RssKib(server->pid());
+  int refused = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    v1::FetchBlocksResponse chunk;
+    if (readers[i]->Read(&chunk)) {  // One holding blocks: let it go.
+      ctx[i]->TryCancel();
+      readers[i]->Finish();
+      continue;
+    }
+    const grpc::Status st = readers[i]->Finish();
+    EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(st.error_message(), HasSubstr("FetchBlocks sent 0 of 8"));
+    EXPECT_THAT(st.error_message(), HasSubstr("--max_queued_response_bytes"));
+    ++refused;
+  }
+  std::cout << "unread fetches: " << refused << " of " << kCalls
+            << " refused, server RSS +" << (rss - rss0) << " KiB\n";
+  EXPECT_GE(refused, kCalls - 2);
+  if (!KVMEM_TEST_ASAN) {  // ASan's quarantine keeps what is freed.
+    EXPECT_LT(rss - rss0, 24 * 1024.0);
+  }
+  // The share comes back: a client that reads gets every block, intact.
+  std::vector<FetchedBlock> fetched;
+  grpc::Status st;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    st = c->FetchBlocks("cam", {0, 1, 2, 3, 4, 5, 6, 7}, &fetched);
+    if (st.error_code() != StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(fetched.size(), 8u);
+  for (uint64_t b = 0; b < 8; ++b) {
+    EXPECT_EQ(fetched[b].payload, m.BlockBytes(b)) << "block " << b;
+  }
+  c.reset();
+  EXPECT_EQ(server->Stop(), 0);
+}
+
 // Large answers (recalls delivering their tokens inline, 1 MiB each): the
 // Session stops reading once its tenant's queued answers pass its share of
 // --max_queued_response_bytes (4 MiB here), long before 64 answers, and

@@ -167,5 +167,25 @@ TEST(SphericalKMeansTest, TiesZeroRowsAndEveryRowItsOwnCentreMatchThePlain) {
   ExpectPlain(few, dim, 10, 6);
 }
 
+// Rows of 2,048 floats (the fold's width), some so short that their
+// squares underflow (a norm short of the row's: such rows are scored every
+// pass), beside ordinary ones.
+TEST(SphericalKMeansTest, WideAndTinyRowsMatchThePlain) {
+  std::vector<float> rows = Clustered(200, 2048, 12, 0.5f, 3);
+  for (size_t i = 0; i < 200; i += 3) {
+    for (size_t d = 0; d < 2048; ++d) rows[i * 2048 + d] *= 1e-21f;
+  }
+  for (size_t i = 1; i < 200; i += 7) {  // One larger entry, the rest tiny.
+    for (size_t d = 0; d < 2048; ++d) {
+      rows[i * 2048 + d] = d == i % 2048 ? 1e-21f : 2.6e-23f;
+    }
+  }
+  for (size_t k : {size_t{1}, size_t{16}}) {
+    for (int passes = 1; passes <= 6; ++passes) {
+      ExpectPlain(rows, 2048, k, passes);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvmem

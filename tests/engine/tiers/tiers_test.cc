@@ -8,6 +8,7 @@
 
 #include "engine/codec/block_layout.h"
 #include "engine/codec/quantize.h"
+#include "engine/signals/semantics.h"
 #include "engine/stream_config.h"
 #include "engine/view/recall_view.h"
 #include "gmock/gmock.h"
@@ -570,9 +571,17 @@ TEST(TiersTest, TrackHistoriesLeaveWithTheirBlocks) {
   StreamModel m(g, 2, 8, {2, 0});
   std::mt19937_64 rng(22);
   constexpr uint64_t kPerFrame = 4;
+  constexpr size_t kScene = 48;  // Scene floats a frame.
   BlockRecord one_track;
   one_track.tracks.resize(1);
   const uint64_t per_presence = SignalRamBytes(one_track);
+  BlockSemanticsBuilder open;
+  FrameSignals one;
+  one.detections.resize(1);
+  one.scene_embedding.assign(kScene, 0.5f);
+  open.AddFrame(0, one);
+  const uint64_t open_scene = kScene * sizeof(double);
+  const uint64_t per_open_track = open.RamBytes() - open_scene;
   uint64_t most = 0;
   for (uint64_t f = 0; f < 400; ++f) {
     FrameSignals sig;
@@ -580,6 +589,7 @@ TEST(TiersTest, TrackHistoriesLeaveWithTheirBlocks) {
       sig.detections.push_back(
           {f * kPerFrame + k + 1, 0, 0.1f, 0.1f, 0.4f, 0.4f, 0.9f});
     }
+    sig.scene_embedding.assign(kScene, 0.25f + 0.001f * f);
     ASSERT_TRUE(e->Append("s", ToFrame(m.AddFrame(rng, 4), f, sig)).ok());
     const StreamStats st = *e->GetStats("s");
     most = std::max(most, st.track_histories);
@@ -589,8 +599,17 @@ TEST(TiersTest, TrackHistoriesLeaveWithTheirBlocks) {
               (st.sealed_blocks - st.evicted.blocks) * 2 * kPerFrame)
         << "frame " << f;
     // Each track shows in one block: the signals' RAM counted is exactly
-    // the kept presences', going with their blocks.
-    ASSERT_EQ(st.signal_bytes, st.track_histories * per_presence)
+    // the kept presences', the scene means of the blocks not evicted (an
+    // evicted block keeps its tracks, not its scene) and the open block's
+    // tracks and scene sum.
+    const uint64_t scenes =
+        st.warm.blocks + st.cold.blocks + st.degraded.blocks;
+    const uint64_t in_open =
+        st.open_block_frames == 0
+            ? 0
+            : open_scene + st.open_block_frames * kPerFrame * per_open_track;
+    ASSERT_EQ(st.signal_bytes, st.track_histories * per_presence +
+                                   scenes * kScene * sizeof(float) + in_open)
         << "frame " << f;
   }
   std::cout << "track histories held: at most " << most << " of "
