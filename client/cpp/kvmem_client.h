@@ -192,7 +192,8 @@ class KvmemClient {
                          std::vector<BlockView>* views);
 
   // Shared memory (a unix-socket target on the server's host): attaches an
-  // arena of `bytes` (0: options().shm_arena_bytes); while one is attached,
+  // arena of `bytes` (0: options().shm_arena_bytes, or the largest that
+  // fits when the server has no room for that); while one is attached,
   // a call asking for no more than it holds does nothing, and one asking
   // for more attaches a larger arena in its place (deliveries in the old
   // one stay valid until released). FetchShared and shared-memory recalls

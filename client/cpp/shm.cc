@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "client/cpp/kvmem_client.h"
 
@@ -185,6 +186,21 @@ uint64_t KvmemClient::shm_arena_id() const {
   return a == nullptr ? 0 : a->id();
 }
 
+namespace {
+
+// An AttachSharedMemory refused for the arena's size (past the server's
+// largest arena, or past the caller's room under the total), not for the
+// call count, the arena count or the transport.
+bool RefusedForSize(const grpc::Status& s) {
+  const std::string& m = s.error_message();
+  return (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+          s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) &&
+         (m.find("--shm_max_arena_bytes") != std::string::npos ||
+          m.find("--shm_max_total_bytes") != std::string::npos);
+}
+
+}  // namespace
+
 grpc::Status KvmemClient::AttachSharedMemory(uint64_t bytes) {
   const std::shared_ptr<ClientArena> attached = Arena();
   if (attached != nullptr && attached->bytes() >= bytes) {
@@ -196,6 +212,15 @@ grpc::Status KvmemClient::AttachSharedMemory(uint64_t bytes) {
   req.set_bytes(bytes != 0 ? bytes : options_.shm_arena_bytes);
   v1::AttachSharedMemoryResponse resp;
   grpc::Status s = stub_->AttachSharedMemory(&ctx, req, &resp);
+  if (bytes == 0 && req.bytes() != 0 && RefusedForSize(s)) {
+    // The default size is past what this caller may have (the server's
+    // largest arena, or its share of the server's arenas with many
+    // tenants): the largest that fits, or the first refusal.
+    grpc::ClientContext again;
+    Authorize(options_, &again);
+    req.set_bytes(0);
+    if (stub_->AttachSharedMemory(&again, req, &resp).ok()) s = grpc::Status();
+  }
   if (!s.ok()) return s;
   std::shared_ptr<ClientArena> a;
   s = ClientArena::Attach(resp, &a);

@@ -263,12 +263,13 @@ Admission::Reservation Admission::ResponsesHeld(const std::string& tenant,
 }
 
 absl::StatusOr<Admission::Reservation> Admission::ReserveAnswerBytes(
-    const std::string& tenant, uint64_t bytes) const {
+    const std::string& tenant, uint64_t bytes, bool ahead) const {
   const uint64_t share = Share(limits_.max_queued_response_bytes);
   {
     kvmem::MutexLock lock(&mu_);
     const uint64_t held = Use(tenant).responses;
-    if (share > 0 && held > 0 && held + bytes > share) {
+    const uint64_t room = ahead ? share / 2 : share;
+    if (share > 0 && held > 0 && held + bytes > room) {
       return absl::ResourceExhaustedError(absl::StrCat(
           tenancy_->enabled() ? "the tenant" : "the server", " holds ", held,
           " bytes of answers not yet written to its clients and the next "

@@ -136,9 +136,12 @@ class Admission {
   // they are written, counted with the Sessions' held responses: refused
   // (RESOURCE_EXHAUSTED naming --max_queued_response_bytes) when the tenant
   // already holds some and these would pass its share. A tenant holding
-  // none may always take one block, however large.
+  // none may always take one block, however large. A read `ahead` (the
+  // call holds its current block) must leave half the share free, so one
+  // call reading ahead does not refuse the tenant's other calls.
   absl::StatusOr<Reservation> ReserveAnswerBytes(const std::string& tenant,
-                                                 uint64_t bytes) const
+                                                 uint64_t bytes,
+                                                 bool ahead) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // A call in flight, released on destruction.
@@ -223,9 +226,9 @@ class Caller {
     return admission_->ResponsesOverShare(tenant_);
   }
   // For the FetchBlocks reactor.
-  absl::StatusOr<Admission::Reservation> ReserveAnswerBytes(
-      uint64_t bytes) const {
-    return admission_->ReserveAnswerBytes(tenant_, bytes);
+  absl::StatusOr<Admission::Reservation> ReserveAnswerBytes(uint64_t bytes,
+                                                            bool ahead) const {
+    return admission_->ReserveAnswerBytes(tenant_, bytes, ahead);
   }
   const std::string& tenant() const { return tenant_; }
 

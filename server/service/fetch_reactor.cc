@@ -11,7 +11,8 @@
 // continuation that the read runs when it ends. A block's bytes count in
 // the tenant's held answers (--max_queued_response_bytes, with the
 // Sessions') from before its read until its last chunk is written: a block
-// is read ahead only while the share has room, and a call whose next block
+// is read ahead only while half the share stays free, and a call whose next
+// block
 // finds none ends RESOURCE_EXHAUSTED saying how many blocks it sent (a
 // client that opened many fetches and read none pinned a block or two of
 // each in RAM, counted nowhere).
@@ -83,8 +84,14 @@ class FetchBlocksReactor final
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      // A lease the client will never hear of in full goes back now.
+      // A lease the client will never hear of in full goes back now, and
+      // the blocks held leave the tenant's share (a read still running
+      // keeps its own until it ends).
       if (lease_) shm_->Abandon(*lease_);
+      out_.Clear();
+      pieces_.clear();
+      held_ = nullptr;
+      ahead_ = nullptr;
       Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                           "the client stopped reading"));
       return;
@@ -184,12 +191,15 @@ class FetchBlocksReactor final
     return absl::OkStatus();
   }
 
-  // What block i's read will hold: its payload, or the share of it its
-  // tokens and layers are (rounded up).
+  // What block i's read will hold: a token gather copies just its tokens
+  // of its layers (rounded up); any other read keeps the whole block alive
+  // at full precision whatever layers it sends (a warm block's memory, or a
+  // cold block built whole from its frames), so it counts the payload.
   uint64_t ReadBytes(size_t i) const {
     const BlockInfo& b = blocks_[i];
+    if (tokens_.empty()) return b.payload_bytes;
     long double bytes = static_cast<long double>(b.payload_bytes);
-    if (!tokens_.empty() && !tokens_[i].empty() && b.token_count > 0) {
+    if (!tokens_[i].empty() && b.token_count > 0) {
       bytes = bytes * tokens_[i].size() / b.token_count;
     }
     const uint32_t layers = stream_->config().geometry.layers;
@@ -207,7 +217,7 @@ class FetchBlocksReactor final
     ahead_ = nullptr;
     if (block_ >= blocks_.size()) return true;
     absl::StatusOr<Admission::Reservation> held =
-        caller_.ReserveAnswerBytes(ReadBytes(block_));
+        caller_.ReserveAnswerBytes(ReadBytes(block_), /*ahead=*/!needed);
     if (!held.ok()) {
       if (!needed) return true;
       Finish(ToGrpcStatus(caller_.Scrub(absl::ResourceExhaustedError(
@@ -250,7 +260,9 @@ class FetchBlocksReactor final
   // current one is used up; finishes after the last.
   void Next() {
     while (piece_ >= pieces_.size()) {
-      // The current block is written: its bytes leave the share.
+      // The current block is written: its bytes leave the share (the last
+      // message's slices of them first).
+      out_.Clear();
       pieces_.clear();
       held_ = nullptr;
       if (ahead_ == nullptr) {

@@ -139,19 +139,13 @@ ShmArenas::~ShmArenas() {
 
 absl::StatusOr<ShmArenas::Created> ShmArenas::Create(const std::string& tenant,
                                                      uint64_t bytes) {
-  // 0: the largest arena the tenant may have.
-  if (bytes == 0) {
-    bytes = options_.max_tenant_bytes > 0
-                ? std::min(options_.max_arena_bytes, options_.max_tenant_bytes)
-                : options_.max_arena_bytes;
-  }
   if (bytes > options_.max_arena_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes is ", bytes, "; this server's arenas hold at most ",
         options_.max_arena_bytes, " (kvmem-server --shm_max_arena_bytes)"));
   }
-  bytes = RoundUp(bytes);
-  KVMEM_RETURN_IF_ERROR(Count(tenant, bytes));
+  // 0: the largest arena that fits now (Count).
+  KVMEM_ASSIGN_OR_RETURN(bytes, Count(tenant, RoundUp(bytes)));
   auto unreserve = [&] {
     kvmem::MutexLock lock(&mu_);
     Uncount(tenant, bytes);
@@ -313,7 +307,8 @@ void ShmArenas::Drop(uint64_t arena_id, bool dead_client) {
   // The mapping goes when the last lease being written lets go of it.
 }
 
-absl::Status ShmArenas::Count(const std::string& tenant, uint64_t bytes) {
+absl::StatusOr<uint64_t> ShmArenas::Count(const std::string& tenant,
+                                          uint64_t bytes) {
   kvmem::MutexLock lock(&mu_);
   const auto found = tenant_use_.find(tenant);
   const TenantArenas use =
@@ -330,6 +325,16 @@ absl::Status ShmArenas::Count(const std::string& tenant, uint64_t bytes) {
   const uint64_t tenant_limit = options_.max_tenant_bytes > 0
                                     ? options_.max_tenant_bytes
                                     : options_.max_total_bytes;
+  if (bytes == 0) {
+    // The largest whole pages every limit leaves room for (one page at
+    // least: none is refused below).
+    const uint64_t room =
+        std::min({options_.max_arena_bytes,
+                  tenant_limit - std::min(tenant_limit, use.bytes),
+                  options_.max_total_bytes -
+                      std::min(options_.max_total_bytes, total_bytes_)});
+    bytes = std::max<uint64_t>(kPage, room / kPage * kPage);
+  }
   if (use.bytes + bytes > tenant_limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "an arena of ", bytes, " bytes would take the caller's arenas to ",
@@ -348,7 +353,7 @@ absl::Status ShmArenas::Count(const std::string& tenant, uint64_t bytes) {
   TenantArenas& counted = tenant_use_[tenant];
   ++counted.arenas;
   counted.bytes += bytes;
-  return absl::OkStatus();
+  return bytes;
 }
 
 void ShmArenas::Uncount(const std::string& tenant, uint64_t bytes) {

@@ -88,7 +88,8 @@ class ShmArenas {
     std::string token;  // 32 hex digits, good for one hand-off.
     uint64_t bytes = 0;
   };
-  // A new arena of `bytes` (0: max_arena_bytes) for the tenant.
+  // A new arena of `bytes` (0: the largest that fits now, Count) for the
+  // tenant.
   // INVALID_ARGUMENT above max_arena_bytes; RESOURCE_EXHAUSTED when the
   // tenant holds max_arenas_per_tenant arenas already, or when its arenas
   // would exceed max_tenant_bytes or all arenas max_total_bytes.
@@ -162,9 +163,10 @@ class ShmArenas {
   // entries go when their counts reach zero.
   absl::flat_hash_map<std::string, TenantArenas> tenant_use_
       ABSL_GUARDED_BY(mu_);
-  // Counts a new arena of `bytes` for the tenant, or RESOURCE_EXHAUSTED
-  // naming the limit it would pass.
-  absl::Status Count(const std::string& tenant, uint64_t bytes)
+  // Counts a new arena of `bytes` (0: the largest whole pages the limits
+  // leave room for now) for the tenant and returns its size, or
+  // RESOURCE_EXHAUSTED naming the limit it would pass.
+  absl::StatusOr<uint64_t> Count(const std::string& tenant, uint64_t bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back a tenant's arena of `bytes` from the totals.
   void Uncount(const std::string& tenant, uint64_t bytes)

@@ -626,10 +626,12 @@ TEST_F(SecurityTest, ASessionThatIsNeverReadIsBounded) {
 
 // FetchBlocks calls whose chunks are never read: each block a call reads
 // counts in its tenant's share of --max_queued_response_bytes until its
-// last chunk is written, so with cold blocks of 2 MiB and a share of 4 MiB
-// one call holds a block and the one read ahead, and the other fifteen are
-// refused before reading anything; without the count each call pinned two
-// blocks (64 MiB for the sixteen). A reader then fetches every block.
+// last chunk is written, and a read ahead must leave half the share free.
+// With cold blocks of 2 MiB and a share of 4 MiB two calls hold a block each
+// and the other fourteen are refused before reading anything; without the
+// count each call pinned two blocks (64 MiB for the sixteen). A fetch of one
+// layer counts the whole block (its read builds the block from its frames).
+// A reader then fetches every block.
 TEST_F(SecurityTest, FetchesThatAreNeverReadHoldAtMostTheirShare) {
   auto server = Start({"--max_queued_response_bytes=4194304"});
   auto c = Client(*server, "");
@@ -659,54 +661,72 @@ TEST_F(SecurityTest, FetchesThatAreNeverReadHoldAtMostTheirShare) {
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   auto stub = v1::KvMemory::NewStub(grpc::CreateCustomChannel(
       server->target(), grpc::InsecureChannelCredentials(), args));
+  constexpr int kCalls = 16;
+  // kCalls fetches of `req` left unread for a while: how many were refused,
+  // and the server's RSS growth meanwhile (KiB).
+  auto unread = [&](const v1::FetchBlocksRequest& req, double* grown) {
+    const double rss0 = testing::RssKib(server->pid());
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctx(kCalls);
+    std::vector<std::unique_ptr<grpc::ClientReader<v1::FetchBlocksResponse>>>
+        readers(kCalls);
+    for (int i = 0; i < kCalls; ++i) {
+      ctx[i] = std::make_unique<grpc::ClientContext>();
+      ctx[i]->AddMetadata("kvmem-stream-id", "cam");
+      readers[i] = stub->FetchBlocks(ctx[i].get(), req);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    *grown = testing::RssKib(server->pid()) - rss0;
+    int refused = 0;
+    for (int i = 0; i < kCalls; ++i) {
+      v1::FetchBlocksResponse chunk;
+      if (readers[i]->Read(&chunk)) {  // One holding a block: let it go.
+        ctx[i]->TryCancel();
+        readers[i]->Finish();
+        continue;
+      }
+      const grpc::Status st = readers[i]->Finish();
+      EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
+      EXPECT_THAT(st.error_message(), HasSubstr("FetchBlocks sent 0 of 8"));
+      EXPECT_THAT(st.error_message(), HasSubstr("--max_queued_response_bytes"));
+      ++refused;
+    }
+    return refused;
+  };
+  // The share comes back: a client that reads gets every block, intact.
+  auto read_all = [&] {
+    std::vector<FetchedBlock> fetched;
+    grpc::Status st;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      st = c->FetchBlocks("cam", {0, 1, 2, 3, 4, 5, 6, 7}, &fetched);
+      if (st.error_code() != StatusCode::RESOURCE_EXHAUSTED) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_EQ(fetched.size(), 8u);
+    for (uint64_t b = 0; b < 8; ++b) {
+      EXPECT_EQ(fetched[b].payload, m.BlockBytes(b)) << "block " << b;
+    }
+  };
   v1::FetchBlocksRequest req;
   req.set_stream_id("cam");
   for (uint64_t b = 0; b < 8; ++b) req.add_block_ids(b);
-  const double rss0 = testing::RssKib(server->pid());
-  constexpr int kCalls = 16;
-  std::vector<std::unique_ptr<grpc::ClientContext>> ctx(kCalls);
-  std::vector<std::unique_ptr<grpc::ClientReader<v1::FetchBlocksResponse>>>
-      readers(kCalls);
-  for (int i = 0; i < kCalls; ++i) {
-    ctx[i] = std::make_unique<grpc::ClientContext>();
-    ctx[i]->AddMetadata("kvmem-stream-id", "cam");
-    readers[i] = stub->FetchBlocks(ctx[i].get(), req);
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  const double rss = testing::RssKib(server->pid());
-  int refused = 0;
-  for (int i = 0; i < kCalls; ++i) {
-    v1::FetchBlocksResponse chunk;
-    if (readers[i]->Read(&chunk)) {  // One holding blocks: let it go.
-      ctx[i]->TryCancel();
-      readers[i]->Finish();
-      continue;
-    }
-    const grpc::Status st = readers[i]->Finish();
-    EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
-    EXPECT_THAT(st.error_message(), HasSubstr("FetchBlocks sent 0 of 8"));
-    EXPECT_THAT(st.error_message(), HasSubstr("--max_queued_response_bytes"));
-    ++refused;
-  }
+  double grown = 0;
+  int refused = unread(req, &grown);
   std::cout << "unread fetches: " << refused << " of " << kCalls
-            << " refused, server RSS +" << (rss - rss0) << " KiB\n";
+            << " refused, server RSS +" << grown << " KiB\n";
   EXPECT_GE(refused, kCalls - 2);
   if (!KVMEM_TEST_ASAN) {  // ASan's quarantine keeps what is freed.
-    EXPECT_LT(rss - rss0, 24 * 1024.0);
+    EXPECT_LT(grown, 24 * 1024.0);
   }
-  // The share comes back: a client that reads gets every block, intact.
-  std::vector<FetchedBlock> fetched;
-  grpc::Status st;
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    st = c->FetchBlocks("cam", {0, 1, 2, 3, 4, 5, 6, 7}, &fetched);
-    if (st.error_code() != StatusCode::RESOURCE_EXHAUSTED) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(st.ok()) << st.error_message();
-  ASSERT_EQ(fetched.size(), 8u);
-  for (uint64_t b = 0; b < 8; ++b) {
-    EXPECT_EQ(fetched[b].payload, m.BlockBytes(b)) << "block " << b;
-  }
+  read_all();
+  // One layer of four, layer-major: each read still holds a whole block.
+  req.set_layout(v1::PAYLOAD_LAYOUT_BLOCK_LAYER_MAJOR);
+  req.add_layers(0);
+  refused = unread(req, &grown);
+  std::cout << "unread one-layer fetches: " << refused << " of " << kCalls
+            << " refused\n";
+  EXPECT_GE(refused, kCalls - 2);
+  read_all();
   c.reset();
   EXPECT_EQ(server->Stop(), 0);
 }

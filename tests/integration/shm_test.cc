@@ -634,6 +634,44 @@ TEST(ShmChild, HoldLeasesUntilKilled) {
   std::this_thread::sleep_for(std::chrono::seconds(60));
 }
 
+// A client whose default arena (256 MiB) is past what it may have attaches
+// the largest that fits instead of failing every shared-memory call: here
+// its tenant's share (1 GiB of arenas split among 8 tenants: 128 MiB) and
+// a server whose arenas hold at most 64 MiB. Asked for by size, an arena
+// past the room is refused as before.
+TEST_F(ShmTest, ADefaultArenaPastTheRoomTakesWhatFits) {
+  const std::string keys = dir_.path() + "/keys";
+  {
+    std::ofstream out(keys);
+    for (int t = 0; t < 8; ++t) {
+      out << "tenant-" << t << ":" << kKeyA << t << "\n";
+    }
+  }
+  Start({"--api_keys_file=" + keys, "--shm_max_total_bytes=1073741824",
+         "--shm_max_arena_bytes=536870912"});
+  KvmemClient* c = Client(std::string(kKeyA) + "0");
+  Load(c, "cam", Tier::kWarm, 2);
+  Delivery d;
+  grpc::Status s = c->FetchShared("cam", {0, 1}, {}, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Bytes(d.blocks()[1]), Expected(model_, g_, 1, false));
+  s = c->AttachSharedMemory(512ull << 20);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+}
+
+TEST_F(ShmTest, ADefaultArenaPastTheLargestTakesTheLargest) {
+  Start({"--shm_max_total_bytes=67108864", "--shm_max_arena_bytes=67108864"});
+  KvmemClient* c = Client();
+  Load(c, "cam", Tier::kWarm, 2);
+  Delivery d;
+  grpc::Status s = c->FetchShared("cam", {0, 1}, {}, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Bytes(d.blocks()[0]), Expected(model_, g_, 0, false));
+  s = c->AttachSharedMemory(128ull << 20);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << s.error_message();
+}
+
 // A client killed while it holds an arena and a lease frees both at once
 // (its hand-off connection closes with it): the server's whole shared
 // memory, which the dead client held, is free for the next client.

@@ -248,7 +248,7 @@ TEST_F(ShmArenasTest, EachTenantHoldsAtMostItsArenasAndItsShare) {
   o.max_arenas_per_tenant = 3;
   o.attach_timeout = std::chrono::milliseconds(100);
   Start(o);
-  // bytes 0: the largest the tenant may have (its share caps it too).
+  // bytes 0: the largest that fits (the arena cap, below the share).
   auto first = arenas_->Create("a", 0);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->bytes, 4u * 4096);
@@ -280,6 +280,37 @@ TEST_F(ShmArenasTest, EachTenantHoldsAtMostItsArenasAndItsShare) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(arenas_->Create("a", 2 * 4096).ok()) << i;
   }
+}
+
+// bytes 0 asks for the largest arena that fits now: within the tenant's
+// share what its arenas leave, within the server's total what all leave;
+// refused, naming the limit, when not a page is left.
+TEST_F(ShmArenasTest, ZeroBytesIsTheLargestArenaThatFitsNow) {
+  ShmOptions o;
+  o.max_arena_bytes = 8 * 4096;
+  o.max_total_bytes = 10 * 4096;
+  o.max_tenant_bytes = 6 * 4096;
+  o.max_arenas_per_tenant = 4;
+  Start(o);
+  auto a = arenas_->Create("a", 2 * 4096);
+  ASSERT_TRUE(a.ok()) << a.status();
+  a = arenas_->Create("a", 0);  // The share's other 4 pages.
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->bytes, 4u * 4096);
+  a = arenas_->Create("a", 0);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(a.status().message().find("share of --shm_max_total_bytes"),
+            std::string::npos)
+      << a.status();
+  auto b = arenas_->Create("b", 0);  // The server's last 4 pages.
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->bytes, 4u * 4096);
+  b = arenas_->Create("c", 0);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("--shm_max_total_bytes"),
+            std::string::npos)
+      << b.status();
+  EXPECT_EQ(arenas_->Stats().arena_bytes, 10u * 4096);
 }
 
 TEST_F(ShmArenasTest, ConcurrentReservationsNeverOverlap) {

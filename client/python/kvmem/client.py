@@ -532,7 +532,8 @@ class Client:
     def attach_shared_memory(self, nbytes: int = 0,
                              timeout: Optional[float] = None) -> None:
         """Attaches a shared-memory arena of nbytes (0: shm_arena_bytes,
-        256 MiB); a unix-socket target on the server's host only
+        256 MiB, or the largest that fits when the server has no room for
+        that); a unix-socket target on the server's host only
         (FailedPreconditionError otherwise). While one is attached, asking
         for no more than it holds does nothing and asking for more attaches
         a larger one in its place (deliveries in the old one stay valid).
@@ -542,9 +543,25 @@ class Client:
             attached = self._arena
         if attached is not None and attached.size >= nbytes:
             return
-        resp = self._call(self._stub.AttachSharedMemory,
-                          pb.AttachSharedMemoryRequest(bytes=nbytes or self.shm_arena_bytes),
-                          None, timeout)
+        try:
+            resp = self._call(self._stub.AttachSharedMemory,
+                              pb.AttachSharedMemoryRequest(bytes=nbytes or self.shm_arena_bytes),
+                              None, timeout)
+        except KvmemError as e:
+            # The default size is past what this caller may have (the
+            # server's largest arena, or its share of the server's arenas
+            # with many tenants): the largest that fits, or this refusal.
+            sized = e.code in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               grpc.StatusCode.INVALID_ARGUMENT) and (
+                "--shm_max_arena_bytes" in e.message or
+                "--shm_max_total_bytes" in e.message)
+            if nbytes or not self.shm_arena_bytes or not sized:
+                raise
+            try:
+                resp = self._call(self._stub.AttachSharedMemory,
+                                  pb.AttachSharedMemoryRequest(bytes=0), None, timeout)
+            except KvmemError:
+                raise e from None
         arena = Arena(resp)
         with self._lock:
             if self._arena is attached:

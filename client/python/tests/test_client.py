@@ -486,6 +486,20 @@ class ApiKeyTest(unittest.TestCase):
                 self.assertEqual([s.stream_id for s in good.list_streams()], ["k1"])
 
 
+class SharedMemoryRoomTest(unittest.TestCase):
+    def test_default_arena_past_the_largest_takes_what_fits(self):
+        """The default arena (256 MiB) past the server's largest (64 MiB
+        here): attach_shared_memory() takes the largest that fits; asked for
+        by size, an arena past it is refused."""
+        with Server("--shm_max_total_bytes=67108864",
+                    "--shm_max_arena_bytes=67108864") as server:
+            with kvmem.Client(server.unix, timeout=30) as c:
+                c.attach_shared_memory()
+                self.assertGreater(c.shm_arena_id, 0)
+                with self.assertRaises(kvmem.InvalidArgumentError):
+                    c.attach_shared_memory(128 << 20)
+
+
 class _WrongServer:
     """A gRPC server that answers every KvMemory call as a kvmem-server that
     does not own the stream does (kvmem-server --etcd): UNAVAILABLE with the
