@@ -308,7 +308,7 @@ uint64_t Stream::RetainedBytes() const {
     appended = view_.state().payload_bytes;
   }
   return appended - view_.evicted_payload_bytes() + view_.signal_bytes() +
-         open_.signal_bytes();
+         OpenSignalBytes();
 }
 
 absl::Status Stream::Close() {
@@ -444,7 +444,7 @@ StreamStats Stream::Stats() const {
   s.config = config_;
   s.summary_dim = view_.summary_dim();
   view_.FillStats(&s);  // State, tiers, index quality, shot cuts, rebuilds.
-  s.signal_bytes += open_.signal_bytes();
+  s.signal_bytes += OpenSignalBytes();
   tiers_.FillStats(&s.policy);  // Moves and the stage buffer.
   feedback_.FillStats(&s);      // Recall counts and latency percentiles.
   s.accel.warning = RecallFloorWarning(view_, accel(), s.index_recall_samples,

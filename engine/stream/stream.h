@@ -298,6 +298,11 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   kvmem::Mutex append_mu_;
   OpenBlock open_ ABSL_GUARDED_BY(append_mu_);
+  // open_.signal_bytes(), an atomic, read from any thread without
+  // append_mu_ (the quotas and stats ask while appends run).
+  uint64_t OpenSignalBytes() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return open_.signal_bytes();
+  }
   // open_ lacks frames the state says it holds (see FreshOpenBlock).
   bool open_stale_ ABSL_GUARDED_BY(append_mu_) = false;
   // The last frame as stored, when the stream encodes frames (EncodeAtIngest).
