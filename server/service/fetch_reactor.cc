@@ -12,9 +12,8 @@
 // the tenant's held answers (--max_queued_response_bytes, with the
 // Sessions') from before its read until its last chunk is written: a block
 // is read ahead only while half the share stays free, and a call whose next
-// block
-// finds none ends RESOURCE_EXHAUSTED saying how many blocks it sent (a
-// client that opened many fetches and read none pinned a block or two of
+// block finds no room ends RESOURCE_EXHAUSTED saying how many blocks it sent
+// (a client that opened many fetches and read none pinned a block or two of
 // each in RAM, counted nowhere).
 #include <cmath>
 #include <memory>
