@@ -326,8 +326,8 @@ absl::StatusOr<uint64_t> ShmArenas::Count(const std::string& tenant,
                                     ? options_.max_tenant_bytes
                                     : options_.max_total_bytes;
   if (bytes == 0) {
-    // The largest whole pages every limit leaves room for (one page at
-    // least: none is refused below).
+    // The largest whole pages every limit leaves room for; one page when
+    // none is left, so the checks below refuse it naming the limit.
     const uint64_t room =
         std::min({options_.max_arena_bytes,
                   tenant_limit - std::min(tenant_limit, use.bytes),

@@ -760,9 +760,9 @@ void BM_TokenGroupsCamera(benchmark::State& state) {
     const size_t f0 = (block++ % 16) * 4;
     const std::vector<absl::string_view> views(frames.begin() + f0,
                                                frames.begin() + f0 + 4);
-    benchmark::DoNotOptimize(BuildTokenGroups(
-        c, views, std::vector<uint32_t>(4, g.tokens_per_frame),
-        c.groups_per_block));
+    benchmark::DoNotOptimize(
+        BuildTokenGroups(c, views, std::vector<uint32_t>(4, g.tokens_per_frame),
+                         c.groups_per_block));
   }
   state.SetLabel(absl::StrCat(c.groups_per_block, " groups"));
 }
