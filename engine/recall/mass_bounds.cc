@@ -92,9 +92,11 @@ float BudgetThreshold(const std::vector<float>& lower,
     pending->clear();
     for (size_t i0 = 0; i0 < n; i0 += 16) {  // Most runs of 16 skip at once.
       const size_t i1 = std::min(n, i0 + 16);
-      float top = upper[i0];
-      for (size_t i = i0 + 1; i < i1; ++i) top = std::max(top, upper[i]);
-      if (!(top >= floor)) continue;
+      // Whether any reaches the floor, as a count the compiler vectorises
+      // (a float max chain stays scalar: one max after another).
+      uint32_t reach = 0;
+      for (size_t i = i0; i < i1; ++i) reach += upper[i] >= floor;
+      if (reach == 0) continue;
       for (size_t i = i0; i < i1; ++i) {
         if (!(upper[i] >= floor)) continue;
         threshold.Add(lower[i], tokens[i]);

@@ -16,16 +16,52 @@ constexpr float kNone = -std::numeric_limits<float>::infinity();
 // The floats of exps EstimateMass keeps at once (256 KiB: within L2).
 constexpr size_t kExpBatchFloats = size_t{64} << 10;
 
+// The slack factors from the largest bounds in logits, in place: exp of
+// each, exactly 1 without bounds (no scan carried any).
+void SlackFactors(bool bounded, float* slack, size_t n,
+                  std::vector<uint8_t>* past_scratch) {
+  if (!bounded) {  // Exact scans: every factor is exp(0).
+    std::fill(slack, slack + n, 1.0f);
+    return;
+  }
+  // A bound past exp's saturation (fast_exp_poly.h's kHigh) would make a
+  // factor smaller than the bound it stands for: such slack is the largest
+  // float instead, an upper bound that still holds. Counted first (a loop
+  // that vectorises): there are seldom any.
+  uint32_t past_count = 0;
+  for (size_t c = 0; c < n; ++c) past_count += slack[c] > fast_exp::kHigh;
+  if (past_count == 0) {
+    ExpInPlace(slack, n);
+    return;
+  }
+  past_scratch->resize(n);
+  // A raw pointer: a one-byte store may alias anything, so through the
+  // vector every row reloaded its data pointer.
+  uint8_t* past = past_scratch->data();
+  for (size_t c = 0; c < n; ++c) past[c] = slack[c] > fast_exp::kHigh;
+  ExpInPlace(slack, n);
+  for (size_t c = 0; c < n; ++c) {
+    if (past[c]) slack[c] = std::numeric_limits<float>::max();
+  }
+}
+
 }  // namespace
 
 MassEstimate EstimateMass(const MassInputs& in) {
-  const size_t n = in.n, H = in.heads, J = in.scans.size();
   MassEstimate est;
+  EstimateMass(in, &est);
+  return est;
+}
+
+void EstimateMass(const MassInputs& in, MassEstimate* out) {
+  const size_t n = in.n, H = in.heads, J = in.scans.size();
+  MassEstimate& est = *out;  // Its buffers are reused.
   est.heads = in.heads;
   est.vectors = static_cast<uint32_t>(J);
   est.weight = VectorWeights(in.weight, J);
   est.log_norm.assign(J * H, kNone);
-  est.density.assign(in.ranges.size(), std::vector<float>(n, 0.0f));
+  est.density.resize(in.ranges.size());
+  for (std::vector<float>& d : est.density) d.assign(n, 0.0f);
   est.slack.assign(n, 0.0f);
   // An additive mask (-inf where nothing is counted), so the per-head
   // loops have no branches. A batch of heads' exps is kept (e: [head in
@@ -46,6 +82,7 @@ MassEstimate EstimateMass(const MassInputs& in) {
   for (size_t c = 0; c < n; ++c) mask[c] = in.counted[c] > 0 ? 0.0f : kNone;
   const ExpKernelInfo& kernel = ActiveExpKernel();
   std::vector<float> sums(H);
+  bool bounded = false;  // Some scan carries bounds.
   for (size_t j = 0; j < J; ++j) {
     const SegmentScan& scan = *in.scans[j];
     for (size_t b0 = 0; b0 < H; b0 += batch) {
@@ -78,22 +115,15 @@ MassEstimate EstimateMass(const MassInputs& in) {
       }
     }
     if (!scan.bound.empty()) {  // slack holds the largest bound, in logits.
+      bounded = true;
+      float* most = est.slack.data();
+      const float* bound = scan.bound.data();
       for (size_t c = 0; c < n; ++c) {
-        est.slack[c] = std::max(est.slack[c], scan.bound[c] * in.logit_scale);
+        most[c] = std::max(most[c], bound[c] * in.logit_scale);
       }
     }
   }
-  // A bound past exp's saturation (fast_exp_poly.h's kHigh) would make a
-  // factor smaller than the bound it stands for: such slack is the largest
-  // float instead, an upper bound that still holds.
-  std::vector<uint8_t>& past = scratch.past;
-  past.resize(n);
-  for (size_t c = 0; c < n; ++c) past[c] = est.slack[c] > fast_exp::kHigh;
-  ExpInPlace(est.slack.data(), n);
-  for (size_t c = 0; c < n; ++c) {
-    if (past[c]) est.slack[c] = std::numeric_limits<float>::max();
-  }
-  return est;
+  SlackFactors(bounded, est.slack.data(), n, &scratch.past);
 }
 
 namespace {

@@ -70,6 +70,8 @@ struct MassEstimate {
 // REQUIRES: every scan has in.n rows of in.heads dots; window_lse holds
 // scans.size() * heads values; ranges are within [0, heads) and non-empty.
 MassEstimate EstimateMass(const MassInputs& in);
+// The same into *out, reusing its buffers (a recall's per-thread rows).
+void EstimateMass(const MassInputs& in, MassEstimate* out);
 
 // The densities over heads [h0, h1) of m candidates from their exact dots,
 // dots[(candidate * vectors + vector) * heads + head], with the normaliser

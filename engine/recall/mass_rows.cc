@@ -9,6 +9,29 @@
 
 namespace kvmem {
 
+namespace {
+
+struct ClassifyScratch {
+  std::vector<uint32_t> before, straddling;
+};
+
+// With `by_token` and a block straddling the window's start: that block
+// (else UINT64_MAX), and its tokens before the window per group into
+// *before (a group's tokens are in append order in its run: these are its
+// first).
+uint64_t StraddleBefore(const RecallView& view, const ScoreRequest& req,
+                        bool by_token, std::vector<uint32_t>* before)
+    ABSL_SHARED_LOCKS_REQUIRED(view.mu()) {
+  if (!by_token || req.straddle_tokens == 0) return UINT64_MAX;
+  before->assign(view.units_per_block(), 0);
+  const std::vector<uint8_t>& group =
+      view.blocks()[req.eligible].rec.token_group;
+  for (uint32_t t = 0; t < req.straddle_tokens; ++t) ++(*before)[group[t]];
+  return req.eligible;
+}
+
+}  // namespace
+
 void ClassifyRows(const RecallView& view, const ScoreRequest& req,
                   bool by_token, MassRows* rows) {
   const size_t n = rows->ids().size();
@@ -18,39 +41,65 @@ void ClassifyRows(const RecallView& view, const ScoreRequest& req,
   rows->counted.resize(n);
   rows->recallable.resize(n);
   const bool front_window = !req.query->window_lse.empty();
-  // The straddling block's tokens before the window, per group (a group's
-  // tokens are in append order in its run: these are its first).
-  struct Scratch {
-    std::vector<uint32_t> before;
-  };
-  std::vector<uint32_t>& before = ThreadScratch<Scratch>().before;
-  rows->straddle_block = UINT64_MAX;
-  if (by_token && req.straddle_tokens > 0) {
-    rows->straddle_block = req.eligible;
-    before.assign(view.units_per_block(), 0);
-    const std::vector<uint8_t>& group =
-        view.blocks()[req.eligible].rec.token_group;
-    for (uint32_t t = 0; t < req.straddle_tokens; ++t) ++before[group[t]];
-  }
+  ClassifyScratch& scratch = ThreadScratch<ClassifyScratch>();
+  std::vector<uint32_t>& before = scratch.before;
+  rows->straddle_block = StraddleBefore(view, req, by_token, &before);
+  // Raw pointers: a store through role (one byte) may alias anything, so
+  // through the vectors every row reloaded their data pointers.
   const uint64_t* ids = rows->ids().data();
-  for (size_t i = 0; i < n; ++i) {
+  uint32_t* out_tokens = rows->tokens.data();
+  CandidateRole* out_role = rows->role.data();
+  const uint32_t* before_tokens = before.data();
+  const uint64_t eligible = req.eligible, straddle = rows->straddle_block;
+  const uint64_t first = view.blocks().first();
+  const uint32_t per_block = view.units_per_block();
+  const uint32_t* unit_tokens = view.BlockUnitTokens(first);
+  const CandidateRole held =
+      front_window ? CandidateRole::kIgnore : CandidateRole::kWindow;
+  // The straddling block's recallable rows: their tokens in the window
+  // count in the normaliser as the window's do, when the front end sent
+  // no window_lse.
+  std::vector<uint32_t>& straddling = scratch.straddling;
+  straddling.clear();
+  // Two loops: this one gathers (scalar); the next derives the floats (it
+  // vectorises), so this one makes two stores a row, not four.
+  // Ungrouped with no straddling block (unit id = block id): half the
+  // instructions a row, which is what this loop is bound by.
+  const bool plain = shift == 0 && straddle == UINT64_MAX;
+  for (size_t i = 0; plain && i < n; ++i) {
+    const bool recall = ids[i] < eligible;
+    out_tokens[i] = unit_tokens[ids[i] - first];
+    out_role[i] = recall ? CandidateRole::kRecall : held;
+  }
+  for (size_t i = 0; !plain && i < n; ++i) {
     const uint64_t b = ids[i] >> shift;
-    const uint32_t tokens = view.UnitTokens(b, GroupOf(ids[i], shift));
-    const uint32_t cold = b < req.eligible ? tokens
-                          : b == rows->straddle_block
-                              ? before[GroupOf(ids[i], shift)]
-                              : 0;
-    const CandidateRole role = b < req.eligible || cold > 0
-                                   ? CandidateRole::kRecall
-                               : front_window ? CandidateRole::kIgnore
-                                              : CandidateRole::kWindow;
-    rows->tokens[i] = role == CandidateRole::kRecall ? cold : tokens;
-    rows->role[i] = role;
-    // Without the front end's window_lse, a straddling group's tokens in
-    // the window count in the normaliser as the window's do.
-    rows->counted[i] =
-        front_window ? static_cast<float>(cold) : static_cast<float>(tokens);
-    rows->recallable[i] = role == CandidateRole::kRecall ? 1.0f : 0.0f;
+    const uint32_t g = GroupOf(ids[i], shift);
+    const uint32_t tokens = unit_tokens[(b - first) * per_block + g];
+    uint32_t cold = b < eligible ? tokens : 0;
+    if (b == straddle) {
+      cold = before_tokens[g];
+      if (cold > 0) straddling.push_back(static_cast<uint32_t>(i));
+    }
+    const bool recall = b < eligible || cold > 0;
+    out_tokens[i] = recall ? cold : tokens;
+    out_role[i] = recall ? CandidateRole::kRecall : held;
+  }
+  float* out_counted = rows->counted.data();
+  float* out_recallable = rows->recallable.data();
+  for (size_t i = 0; i < n; ++i) {
+    const bool recall = out_role[i] == CandidateRole::kRecall;
+    const float tokens = static_cast<float>(out_tokens[i]);
+    // With window_lse, only recallable tokens count (the front end's
+    // window is in it).
+    out_counted[i] = front_window && !recall ? 0.0f : tokens;
+    out_recallable[i] = recall ? 1.0f : 0.0f;
+  }
+  if (!front_window) {
+    for (uint32_t i : straddling) {
+      const uint64_t b = ids[i] >> shift;
+      out_counted[i] = static_cast<float>(
+          unit_tokens[(b - first) * per_block + GroupOf(ids[i], shift)]);
+    }
   }
   rows->exact = true;
   for (const SegmentScan& s : rows->scans) rows->exact &= s.exact;

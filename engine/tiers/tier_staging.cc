@@ -190,30 +190,46 @@ absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
   // The coldest warm block's keep score, found once per call (NaN: not
   // yet); the demotion itself picks the coldest again.
   double coldest_keep = std::nan("");
-  for (const RecallHit& hit : hits) {
-    // Per hit, so an append waits for at most one hit's moves.
+  size_t next = 0;
+  while (next < hits.size()) {
+    // Per hit that may move, so an append waits for at most one hit's
+    // moves (and the heat of the hits before it).
     kvmem::MutexLock moves(&mu_);
+    // The heat of every hit up to the next one that may move (staged, or
+    // not in RAM), under one exclusive hold of the view: one per hit made
+    // each recall's release of its shared hold wake this thread, and the
+    // next recall wait behind it.
+    const RecallHit* hit = nullptr;
     bool candidate = false;
     float prior_hits = 0;
     uint64_t prior_hit_frame = 0;
     uint64_t staged_bytes = 0;
     {
       kvmem::MutexLock lock(&view_->mu());
-      if (view_->deleted() || !view_->blocks().Has(hit.block)) continue;
-      BlockEntry& e = view_->entry(hit.block);
-      prior_hits = e.rec.hits;
-      prior_hit_frame = e.rec.last_hit_frame;
-      e.rec.hits = static_cast<float>(
-          DecayedHits(e.rec, hit.frame, config_.tiers.heat_half_life_frames) +
-          1);
-      e.rec.last_hit_frame = hit.frame;
-      e.rec.last_access_frame = std::max(e.rec.last_access_frame, hit.frame);
-      if (e.staged) {
-        staged_bytes = e.warm->allocated_bytes();
-      } else {
-        candidate = !e.warm && e.rec.disk != DiskForm::kNone;
+      while (next < hits.size() && hit == nullptr) {
+        const RecallHit& h = hits[next++];
+        if (view_->deleted() || !view_->blocks().Has(h.block)) continue;
+        BlockEntry& e = view_->entry(h.block);
+        const float prior = e.rec.hits;
+        const uint64_t prior_frame = e.rec.last_hit_frame;
+        e.rec.hits = static_cast<float>(
+            DecayedHits(e.rec, h.frame, config_.tiers.heat_half_life_frames) +
+            1);
+        e.rec.last_hit_frame = h.frame;
+        e.rec.last_access_frame = std::max(e.rec.last_access_frame, h.frame);
+        if (e.staged) {
+          staged_bytes = e.warm->allocated_bytes();
+        } else {
+          candidate = !e.warm && e.rec.disk != DiskForm::kNone;
+        }
+        if (staged_bytes > 0 || candidate) {
+          hit = &h;
+          prior_hits = prior;
+          prior_hit_frame = prior_frame;
+        }
       }
     }
+    if (hit == nullptr) break;
     bool promote = false;
     if (candidate) {
       // Shared: the victim scan reads every block and must not hold up
@@ -221,13 +237,13 @@ absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
       kvmem::ReaderMutexLock lock(&view_->mu());
       bool displaces = false;
       promote =
-          AdmitPromotion(hit.block, prior_hits, prior_hit_frame, hit.frame,
+          AdmitPromotion(hit->block, prior_hits, prior_hit_frame, hit->frame,
                          !displaced, &coldest_keep, &displaces);
       displaced = displaced || (promote && displaces);
       if (!promote) moves_.promotions_declined += 1;
     }
-    absl::Status s = promote ? Promote(hit.block, /*staged=*/false)
-                             : ConfirmStaged(hit.block, staged_bytes);
+    absl::Status s = promote ? Promote(hit->block, /*staged=*/false)
+                             : ConfirmStaged(hit->block, staged_bytes);
     if (!s.ok() && first_error.ok()) first_error = s;  // Go on with the rest.
   }
   return first_error;

@@ -206,6 +206,50 @@ TEST(MassEstimateTest, SlackBoundsTheExactDensity) {
   }
 }
 
+TEST(MassEstimateTest, SlackPastExpsSaturationIsTheLargestFloat) {
+  // A bound whose logit is past the exp's saturation (64) must not become
+  // a factor smaller than it: the largest float stands for it; the others
+  // are their exps.
+  std::mt19937_64 rng(16);
+  Problem p = RandomProblem(rng, 40, 2, 1);
+  p.scans[0].bound.assign(40, 2.0f);
+  p.scans[0].bound[7] = 70.0f / p.scale;
+  p.scans[0].bound[30] = 1e6f;
+  const MassEstimate est = EstimateMass(Inputs(p, {{0, 2}}));
+  for (size_t c = 0; c < 40; ++c) {
+    if (c == 7 || c == 30) {
+      EXPECT_EQ(est.slack[c], std::numeric_limits<float>::max()) << c;
+    } else {
+      EXPECT_NEAR(est.slack[c], std::exp(2.0f * p.scale), 1e-6f) << c;
+    }
+  }
+  // Without a bound past it, the same factors.
+  p.scans[0].bound[7] = p.scans[0].bound[30] = 2.0f;
+  const MassEstimate low = EstimateMass(Inputs(p, {{0, 2}}));
+  EXPECT_EQ(low.slack[7], est.slack[0]);
+}
+
+TEST(MassEstimateTest, AnEstimateIntoUsedBuffersIsAFreshOne) {
+  // A recall's rows keep their estimate's buffers: a larger estimate with
+  // more ranges and bounds before must leave nothing behind.
+  std::mt19937_64 rng(17);
+  Problem big = RandomProblem(rng, 90, 4, 3);
+  for (auto& s : big.scans) s.bound.assign(90, 3.0f);
+  Problem small = RandomProblem(rng, 25, 4, 2);
+  for (auto& s : small.scans) s.bound.assign(25, 1.0f);  // Below big's.
+  small.window[2] = kNone;  // A head with nothing but the candidates.
+  MassEstimate used;
+  EstimateMass(Inputs(big, {{0, 4}, {0, 2}, {2, 4}}), &used);
+  EstimateMass(Inputs(small, {{1, 3}}), &used);
+  const MassEstimate fresh = EstimateMass(Inputs(small, {{1, 3}}));
+  EXPECT_EQ(used.heads, fresh.heads);
+  EXPECT_EQ(used.vectors, fresh.vectors);
+  EXPECT_EQ(used.weight, fresh.weight);
+  EXPECT_EQ(used.log_norm, fresh.log_norm);
+  EXPECT_EQ(used.density, fresh.density);
+  EXPECT_EQ(used.slack, fresh.slack);
+}
+
 TEST(FastExpTest, EveryKernelAgreesWithExp) {
   std::vector<float> x;
   for (float v = -100; v <= 95; v += 0.37f) x.push_back(v);
