@@ -77,6 +77,7 @@ StreamEnv MemoryEngine::Env() {
   env.demote_keeps_frames = options_.demote_keeps_frames;
   env.frame_parts = options_.frame_parts;
   env.seal_after_ack = options_.seal_after_ack;
+  env.rebuild_kept_per_sealed = options_.rebuild_kept_per_sealed;
   env.frame_part_tokens = options_.frame_part_tokens;
   env.accel = accel_.get();
   env.warn = options_.warn;

@@ -179,6 +179,10 @@ struct EngineOptions {
   // is true (--seal_after_ack): at 7B a seal is ~100-200 ms of CPU, which a
   // camera's append and the recall behind it on its Session waited for.
   bool seal_after_ack = false;
+  // A stream's index rebuild runs no sooner than 1/this of its indexed
+  // blocks have sealed since the last (RebuildSchedule; 0: no floor, the
+  // stream's triggers alone, for tests that want rebuilds often).
+  uint32_t rebuild_kept_per_sealed = 8;
 };
 
 // The threads a recall uses for EngineOptions::recall_threads = `option`
@@ -244,7 +248,7 @@ class MemoryEngine {
   absl::Status RunMaintenance(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Rebuilds a stream's indexes from its live summaries (Recall keeps
   // serving the old ones meanwhile); returns the blocks indexed. The engine
-  // does it as blocks accumulate (index_policy.rebuild_every_blocks).
+  // does it as blocks accumulate (tier_policy.rebuild_every_blocks).
   absl::StatusOr<size_t> RebuildIndex(const std::string& id)
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -183,6 +183,11 @@ ABSL_FLAG(bool, frame_parts, true,
           "part per token at 7B), so a cold read of a few tokens reads "
           "their parts, not whole frames; a stream keeps the form it was "
           "created with.");
+ABSL_FLAG(uint32_t, rebuild_kept_per_sealed, 8,
+          "A stream's index rebuild (tier_policy.rebuild_every_blocks / "
+          "_seconds) runs no sooner than 1/N of its indexed blocks have "
+          "sealed since the last, so its cost per sealed block stays at most "
+          "N blocks' re-adds whatever a client sets; 0: no floor.");
 ABSL_FLAG(bool, seal_after_ack, true,
           "An append that fills its block is acknowledged once the frame is "
           "durable; the block's seal (summaries, token codes, its record) "
@@ -305,6 +310,8 @@ absl::StatusOr<kvmem::ServerOptions> OptionsFromFlags(
   o.engine.recall_threads = recall_threads;
   o.engine.frame_parts = absl::GetFlag(FLAGS_frame_parts);
   o.engine.seal_after_ack = absl::GetFlag(FLAGS_seal_after_ack);
+  o.engine.rebuild_kept_per_sealed =
+      absl::GetFlag(FLAGS_rebuild_kept_per_sealed);
   KVMEM_ASSIGN_OR_RETURN(o.api_keys, ApiKeysFromFlags());
   o.limits.max_streams_per_tenant = absl::GetFlag(FLAGS_max_streams_per_tenant);
   o.limits.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);

@@ -53,7 +53,7 @@ Stream::Stream(const std::string& id, const StreamConfig& config,
       view_(id_, config_, state),
       reader_(view_, env.store),
       tiers_(&view_, &reader_, MakeTierEnv()),
-      rebuilds_(config_.tiers) {}
+      rebuilds_(config_.tiers, env.rebuild_kept_per_sealed) {}
 
 TierEnv Stream::MakeTierEnv() {
   TierEnv t;
@@ -421,7 +421,13 @@ void Stream::ScheduleMaintenance() {
 }
 
 void Stream::MaybeScheduleRebuild(size_t sealed) {
-  if (!rebuilds_.DueAfterSealing(sealed)) return;
+  if (sealed == 0) return;
+  uint64_t kept;
+  {
+    kvmem::ReaderMutexLock lock(&view_.mu());
+    kept = view_.indexes().all().size();  // What a rebuild re-adds.
+  }
+  if (!rebuilds_.DueAfterSealing(sealed, kept)) return;
   if (env_.background == nullptr) {
     RebuildIndex();
     return;

@@ -80,6 +80,7 @@ struct StreamEnv {
   uint32_t frame_part_tokens = 0;  // EngineOptions::frame_part_tokens.
   // EngineOptions::seal_after_ack (needs background).
   bool seal_after_ack = false;
+  uint32_t rebuild_kept_per_sealed = 8;  // EngineOptions'.
   // The retrieval backend searches and staging go through; null: the
   // shared cpu backend.
   Accelerator* accel = nullptr;

@@ -340,7 +340,9 @@ int Run() {
     o.log_file = absl::StrCat(dir, "/server-", trial, ".log");
     o.extra_args = {
         absl::StrCat("--wal_sync=", policies[trial % policies.size()]),
-        "--wal_sync_interval_ms=50"};
+        "--wal_sync_interval_ms=50",
+        // Rebuilds every 3 blocks however many the streams keep.
+        "--rebuild_kept_per_sealed=0"};
     server = std::make_unique<ServerProcess>(o);
     if (!server->Start(std::chrono::seconds(60), error)) return false;
     cl->clear();

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -517,6 +518,44 @@ void BM_StreamRecall(benchmark::State& state) {
   std::filesystem::remove_all(dir);
 }
 
+// Appends with index rebuilds asked for after every seal (arg 1) or never
+// (arg 0): 4,000 one-frame blocks of the BM_StreamRecall stream, all kept,
+// background work settled; the process's CPU seconds (the rebuilds run on
+// the background executor), the rebuilds run, and CPU per append.
+void BM_AppendRebuildEveryBlock(benchmark::State& state) {
+  constexpr uint64_t kFrames = 4000;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "kvmem-engine-bench-rebuild";
+  for (auto _ : state) {
+    std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
+    StreamConfig c;
+    c.geometry = {2, 2, 64, DType::kFp16, 4};
+    c.hot_window_tokens = 64;
+    c.frames_per_block = 1;
+    c.indexed_layers = {0};
+    c.index_factory = "Progressive";
+    c.tiers.warm_budget_bytes = 0;
+    c.tiers.rebuild_every_blocks = static_cast<uint32_t>(state.range(0));
+    if (!engine->OpenStream("cam", c).ok()) {
+      state.SkipWithError("OpenStream failed");
+      return;
+    }
+    std::mt19937_64 rng(8);
+    const std::clock_t c0 = std::clock();
+    if (!AppendRandomFrames(state, engine.get(), kFrames, 4, 2 * 2 * 2 * 4 * 64,
+                            rng)) {
+      return;
+    }
+    engine->WaitForBackground();
+    const double cpu = double(std::clock() - c0) / CLOCKS_PER_SEC;
+    state.counters["cpu_s"] = cpu;
+    state.counters["cpu_us_per_append"] = cpu * 1e6 / kFrames;
+    state.counters["rebuilds"] =
+        static_cast<double>(engine->GetStats("cam")->policy.rebuilds);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Stream "cam" at the 7B geometry (32 x 8 x 128 fp16, 16-token frames,
 // 4-frame blocks, a 64-token window, RAM for every block): 13 blocks and
 // `more` frames appended, background work settled; null (the benchmark
@@ -950,6 +989,11 @@ void BM_CallMetrics(benchmark::State& state) {
 }
 BENCHMARK(BM_CallMetrics)->Threads(1)->Threads(2);
 
+BENCHMARK(BM_AppendRebuildEveryBlock)
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_StreamRecall)
     ->Args({1000, 1, 1})
     ->Args({10000, 1, 1})

@@ -494,7 +494,8 @@ TEST(RebuildTest, SwapsWithoutLosingOrDuplicatingBlocks) {
   e->WaitForBackground();
   EXPECT_EQ(bad.load(), 0);
   auto stream = *e->Find("s");
-  // Triggers every 3 blocks; one already queued absorbs the next ones.
+  // Triggers every 3 blocks at first (then no sooner than an eighth of the
+  // kept blocks); one already queued absorbs the next ones.
   EXPECT_GT(stream.Stats().policy.rebuilds, 0u);
   EXPECT_EQ(*e->RebuildIndex("s"), 100u);
   for (int i = 0; i < 10; ++i) {
@@ -553,6 +554,40 @@ TEST(TiersTest, RebuildsRacingEvictionsOfTheirBlocks) {
     EXPECT_TRUE(
         stream.ReadBlockPayload(b.block.id, PayloadLayout::kFrameMajor, {})
             .ok());
+  }
+}
+
+// A client's rebuild_every_blocks = 1 rebuilds after every seal only while
+// the stream is small: a rebuild re-adds every kept block, so one runs no
+// sooner than an eighth of them have sealed since the last
+// (EngineOptions::rebuild_kept_per_sealed; 0: every seal, as before).
+TEST(TiersTest, RebuildsAreAmortisedOverTheKeptBlocks) {
+  TestGeometry g;
+  for (uint32_t floor : {8u, 0u}) {
+    SCOPED_TRACE(::testing::Message() << "rebuild_kept_per_sealed " << floor);
+    testing::TempDir dir;
+    StreamConfig c = TestConfig(g, 8, 2);
+    c.tiers.rebuild_every_blocks = 1;
+    EngineOptions options;
+    options.rebuild_kept_per_sealed = floor;
+    auto e = OpenTestEngine(dir.path(), options);
+    ASSERT_TRUE(e->OpenStream("s", c).ok());
+    StreamModel m(g, 2, 8, {2, 0});
+    std::mt19937_64 rng(22);
+    for (uint64_t f = 0; f < 800; ++f) {
+      ASSERT_TRUE(e->Append("s", ToFrame(m.AddFrame(rng, 4), f)).ok());
+      e->WaitForBackground();  // Each due rebuild runs before the next seal.
+    }
+    const StreamStats st = *e->GetStats("s");
+    ASSERT_EQ(st.sealed_blocks, 400u);
+    if (floor == 0) {
+      EXPECT_EQ(st.policy.rebuilds, 400u);
+    } else {
+      // 8 x ln(400 / 8) + 8 = 39: the first 8 seals, then one each time
+      // the kept blocks grow by an eighth.
+      EXPECT_GE(st.policy.rebuilds, 30u);
+      EXPECT_LE(st.policy.rebuilds, 50u);
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include "engine/view/recall_view.h"
 
 #include <random>
+#include <thread>
 
 #include "engine/recall/recall_feedback.h"
 #include "engine/stream_config.h"
@@ -131,18 +132,39 @@ TEST(RecallViewTest, RebuildKeepsTheLiveSummaries) {
 TEST(RebuildScheduleTest, DueByCountAndOneAtATime) {
   TierConfig t;
   t.rebuild_every_blocks = 5;
-  RebuildSchedule s(t);
-  EXPECT_FALSE(s.DueAfterSealing(0));
-  EXPECT_FALSE(s.DueAfterSealing(3));
-  EXPECT_TRUE(s.DueAfterSealing(2));  // 5 sealed: due, the count restarts.
-  EXPECT_FALSE(s.DueAfterSealing(4));
+  RebuildSchedule s(t, 8);
+  EXPECT_FALSE(s.DueAfterSealing(0, 0));
+  EXPECT_FALSE(s.DueAfterSealing(3, 0));
+  EXPECT_TRUE(s.DueAfterSealing(2, 0));  // 5 sealed: due, the count restarts.
+  EXPECT_FALSE(s.DueAfterSealing(4, 0));
   EXPECT_TRUE(s.Claim());
   EXPECT_FALSE(s.Claim());  // One queued at a time.
   s.Done();
   EXPECT_TRUE(s.Claim());
   TierConfig off;
-  RebuildSchedule never(off);
-  EXPECT_FALSE(never.DueAfterSealing(1000));
+  RebuildSchedule never(off, 8);
+  EXPECT_FALSE(never.DueAfterSealing(1000, 0));
+}
+
+TEST(RebuildScheduleTest, NoSoonerThanAnEighthOfTheKeptBlocks) {
+  // rebuild_every_blocks = 1 on a stream keeping 81 blocks: a rebuild
+  // copies all 81, so one is due only every 11 seals (11 x 8 >= 81); the
+  // seconds trigger waits for the same; a floor of 0 is the triggers alone.
+  TierConfig t;
+  t.rebuild_every_blocks = 1;
+  RebuildSchedule s(t, 8);
+  EXPECT_TRUE(s.DueAfterSealing(1, 8));  // A small stream: every seal.
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(s.DueAfterSealing(1, 81)) << i;
+  EXPECT_TRUE(s.DueAfterSealing(1, 81));
+  EXPECT_FALSE(s.DueAfterSealing(1, 81));
+  RebuildSchedule unfloored(t, 0);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(unfloored.DueAfterSealing(1, 81));
+  TierConfig secs;
+  secs.rebuild_every_seconds = 1;
+  RebuildSchedule timed(secs, 8);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_FALSE(timed.DueAfterSealing(1, 81));
+  EXPECT_TRUE(timed.DueAfterSealing(10, 81));
 }
 
 RecalledBlock Recalled(uint64_t id, uint32_t tokens) {
