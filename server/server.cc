@@ -154,6 +154,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   service_options.max_inline_bytes =
       max_msg - std::min<uint64_t>(1u << 20, max_msg / 2);
   service_options.max_chunk_bytes = static_cast<uint32_t>(o.max_chunk_bytes);
+  // A Session's answer wraps the recall's in a few bytes more.
+  service_options.max_answer_bytes =
+      max_msg - std::min<uint64_t>(1024, max_msg);
   service_options.tenancy = s->tenancy_.get();
   service_options.admission = s->admission_.get();
   s->service_ = std::make_unique<KvMemoryService>(

@@ -42,9 +42,46 @@ absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The recall's answer within max_bytes (0: unchecked), or what it holds
+// and what to ask for instead.
+absl::Status CheckAnswerSize(const v1::RecallRequest& req,
+                             const v1::RecallResponse& resp,
+                             uint64_t max_bytes) {
+  if (max_bytes == 0) return absl::OkStatus();
+  const uint64_t bytes = resp.ByteSizeLong();
+  if (bytes <= max_bytes) return absl::OkStatus();
+  uint64_t blocks = resp.blocks_size(), offsets = 0;
+  for (const v1::RecalledBlock& b : resp.blocks()) {
+    offsets += b.token_offsets_size();
+  }
+  for (const v1::LayerRecallSet& s : resp.layer_sets()) {
+    blocks += s.blocks_size();
+    for (const v1::RecalledBlock& b : s.blocks()) {
+      offsets += b.token_offsets_size();
+    }
+  }
+  const std::string stream =
+      req.stream_id().empty()
+          ? std::string()
+          : absl::StrCat(" on stream \"", req.stream_id(), "\"");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the recall's answer", stream, " is ", bytes, " bytes (",
+      std::max(resp.layer_sets_size(), 1), " sets, ", blocks,
+      " recalled blocks, ", offsets, " token offsets), over the ", max_bytes,
+      " a message may carry (--max_message_bytes): ask for fewer tokens "
+      "(budget.max_tokens), ",
+      req.per_head() ? "per_layer sets instead of per_head, " : "",
+      "or a smaller window_fraction"));
+}
+
+}  // namespace
+
 absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
                        const v1::RecallRequest& req, v1::RecallResponse* resp,
-                       ServerMetrics* metrics, bool session) {
+                       ServerMetrics* metrics, bool session,
+                       uint64_t max_answer_bytes) {
   const auto t0 = SteadyClock::now();
   absl::StatusOr<RecallResult> r = engine->Recall(engine_id, FromProto(req));
   if (metrics != nullptr)
@@ -54,7 +91,7 @@ absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
     metrics->ObserveTokenScan(r->tokens_scored, r->token_us / 1e6);
   }
   ToProto(*r, resp);
-  return absl::OkStatus();
+  return CheckAnswerSize(req, *resp, max_answer_bytes);
 }
 
 bool Delivers(const v1::RecallRequest& req) {
@@ -78,9 +115,11 @@ std::vector<uint64_t> RecalledIds(const v1::RecallResponse& resp) {
   return ids;
 }
 
-// The sink req.mode names: inline, or the caller's shared-memory arena.
+// The sink req.mode names: inline (at most inline_bytes of KV), or the
+// caller's shared-memory arena.
 absl::StatusOr<std::unique_ptr<DeliverySink>> RecallSink(
-    const RecallDeliveryCall& call, const v1::RecallDelivery& req) {
+    const RecallDeliveryCall& call, const v1::RecallDelivery& req,
+    uint64_t inline_bytes) {
   switch (req.mode()) {
     case v1::RecallDelivery::MODE_SHARED_MEMORY:
       if (call.options->shm == nullptr) return NoSharedMemory();
@@ -97,7 +136,7 @@ absl::StatusOr<std::unique_ptr<DeliverySink>> RecallSink(
                          " with delivery.mode MODE_INLINE; an arena needs "
                          "MODE_SHARED_MEMORY"));
       }
-      return std::make_unique<InlineSink>(call.options->max_inline_bytes);
+      return std::make_unique<InlineSink>(inline_bytes);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("delivery.mode is ", static_cast<int>(req.mode()),
@@ -179,6 +218,40 @@ std::vector<std::vector<uint32_t>> RecalledTokens(
   return tokens;
 }
 
+// The bytes `blocks` delivered blocks' descriptors add to an answer: a
+// DeliveredBlock each (its tag and length, block id, and a region or the
+// data field's tag and length, the offsets' tag and length: at most 58
+// bytes) and, gathering tokens, their offsets' varints (`described`).
+uint64_t DescriptorBytes(size_t blocks,
+                         const std::vector<std::vector<uint32_t>>& described) {
+  uint64_t bytes = 58 * uint64_t{blocks};
+  for (const std::vector<uint32_t>& offsets : described) {
+    for (uint32_t t : offsets) {
+      bytes += 1 + (t >= 1u << 7) + (t >= 1u << 14) + (t >= 1u << 21) +
+               (t >= 1u << 28);
+    }
+  }
+  return bytes;
+}
+
+// The KV bytes inline delivery may add to a recall's answer `resp` beside
+// `described` bytes of descriptors (and 64 for delivered_bytes and
+// held_blocks), or RESOURCE_EXHAUSTED when those alone may not fit.
+absl::StatusOr<uint64_t> InlineRoom(const ServiceOptions& o,
+                                    const v1::RecallResponse& resp,
+                                    size_t blocks, uint64_t described) {
+  if (o.max_answer_bytes == 0) return o.max_inline_bytes;
+  const uint64_t need = resp.ByteSizeLong() + described + 64;
+  if (need > o.max_answer_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the recall's answer with its ", blocks, " blocks delivered needs ",
+        need, " bytes before their KV, over the ", o.max_answer_bytes,
+        " a message may carry (--max_message_bytes): ask for fewer tokens "
+        "(budget.max_tokens), or fetch the blocks with FetchBlocks"));
+  }
+  return std::min(o.max_inline_bytes, o.max_answer_bytes - need);
+}
+
 // Fills resp->delivered for a recall made with req.delivery.
 absl::Status DeliverRecall(const RecallDeliveryCall& call,
                            const StreamHandle& stream,
@@ -194,12 +267,10 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
   d.executor = call.executor;
   d.helpers = call.options->copy_helpers;
   KVMEM_ASSIGN_OR_RETURN(const auto held_tokens, HeldTokens(req));
-  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<DeliverySink> sink,
-                         RecallSink(call, req));
+  const std::vector<uint64_t> ids = RecalledIds(*resp);
   const absl::flat_hash_set<uint64_t> held(req.held_block_ids().begin(),
                                            req.held_block_ids().end());
   const bool gather = GathersTokens(req.layout());
-  const std::vector<uint64_t> ids = RecalledIds(*resp);
   std::vector<std::vector<uint32_t>> chosen;
   std::vector<uint32_t> counts;
   if (gather) chosen = RecalledTokens(*resp, ids, &counts);
@@ -230,6 +301,12 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
       described.push_back(std::move(missing));
     }
   }
+  KVMEM_ASSIGN_OR_RETURN(
+      const uint64_t inline_bytes,
+      InlineRoom(*call.options, *resp, d.block_ids.size(),
+                 DescriptorBytes(d.block_ids.size(), described)));
+  KVMEM_ASSIGN_OR_RETURN(std::unique_ptr<DeliverySink> sink,
+                         RecallSink(call, req, inline_bytes));
   KVMEM_ASSIGN_OR_RETURN(const Delivered delivered, Deliver(d, sink.get()));
   for (size_t i = 0; i < d.block_ids.size(); ++i) {
     v1::DeliveredBlock* out = resp->add_delivered();
@@ -250,7 +327,8 @@ absl::Status RunRecallDelivering(const RecallDeliveryCall& call,
                                  const v1::RecallRequest& req,
                                  v1::RecallResponse* resp) {
   KVMEM_RETURN_IF_ERROR(RunRecall(call.engine, call.engine_id, req, resp,
-                                  call.options->metrics, call.session));
+                                  call.options->metrics, call.session,
+                                  call.options->max_answer_bytes));
   if (!Delivers(req)) return absl::OkStatus();
   KVMEM_ASSIGN_OR_RETURN(const StreamHandle stream,
                          call.engine->Find(call.engine_id));

@@ -27,10 +27,13 @@ absl::Status RunOpen(MemoryEngine* engine, const Caller& caller,
                      v1::OpenStreamResponse* resp);
 
 // Runs a recall on the stream with engine id engine_id and fills resp; its
-// time goes to metrics (when not null) under the method that asked.
+// time goes to metrics (when not null) under the method that asked. An
+// answer over max_answer_bytes (0: unchecked) is RESOURCE_EXHAUSTED, with
+// its size and what to ask for instead.
 absl::Status RunRecall(MemoryEngine* engine, const std::string& engine_id,
                        const v1::RecallRequest& req, v1::RecallResponse* resp,
-                       ServerMetrics* metrics = nullptr, bool session = false);
+                       ServerMetrics* metrics = nullptr, bool session = false,
+                       uint64_t max_answer_bytes = 0);
 
 // True when a recall also delivers its blocks' bytes (req.delivery).
 bool Delivers(const v1::RecallRequest& req);

@@ -187,7 +187,8 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
   }
   if (s.ok()) {
     absl::StatusOr<std::string> id = c->EngineId(req.stream_id());
-    s = id.ok() ? RunRecall(engine_, *id, req, &resp, options_.metrics)
+    s = id.ok() ? RunRecall(engine_, *id, req, &resp, options_.metrics,
+                            /*session=*/false, options_.max_answer_bytes)
                 : id.status();
     s = c->Scrub(s);
   }

@@ -39,6 +39,11 @@ struct ServiceOptions {
   // The most KV bytes a recall delivers inline (keep below the transport's
   // max message size).
   uint64_t max_inline_bytes = 60ull << 20;
+  // The largest answer the transport sends (its max message size less an
+  // envelope's room): a recall whose sets would not fit is refused with
+  // what to change, not left to the transport ("Sent message larger than
+  // max"); inline delivery takes what its sets leave. 0: unchecked.
+  uint64_t max_answer_bytes = 0;
 };
 
 }  // namespace kvmem

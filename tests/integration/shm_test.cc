@@ -538,6 +538,56 @@ TEST_F(ShmTest, InlineDeliveryBeyondAResponseIsResourceExhausted) {
   }
 }
 
+// A recall whose sets would not fit one message is refused by the server
+// with the answer's size and what to ask for instead, with and without
+// delivery (before 2026-12-07 the transport refused it after the work, with
+// "Sent message larger than max"); the same query with fewer sets fits.
+TEST_F(ShmTest, ARecallOverAMessageIsRefusedWithItsSize) {
+  Start({"--max_message_bytes=65536", "--max_chunk_bytes=32768"});
+  KvmemClient* c = Client();
+  Load(c, "cam", Tier::kWarm, 800);
+  v1::RecallRequest req = Query("cam", 5);
+  req.set_per_head(true);  // Two sets (one layer, two KV heads).
+  req.mutable_budget()->set_max_tokens(800 * kFpb * kTokens);
+  v1::RecallResponse resp;
+  grpc::Status s = c->Recall(req, &resp);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("2 sets"));
+  EXPECT_THAT(s.error_message(), HasSubstr("--max_message_bytes"));
+  EXPECT_THAT(s.error_message(), HasSubstr("per_layer sets instead of"));
+  for (auto mode : {v1::RecallDelivery::MODE_SHARED_MEMORY,
+                    v1::RecallDelivery::MODE_INLINE}) {
+    req.mutable_delivery()->set_mode(mode);
+    Delivery d;
+    s = c->RecallDelivered(req, &resp, &d);
+    EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+        << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("--max_message_bytes"));
+  }
+  // One set of 700 blocks fits (~31 KB), but not beside the descriptors of
+  // its 700 blocks delivered (58 bytes each at most): refused before any
+  // lease is taken.
+  req.set_per_head(false);
+  req.mutable_budget()->set_max_tokens(700 * kFpb * kTokens);
+  req.clear_delivery();
+  s = c->Recall(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.blocks_size(), 700);
+  req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
+  Delivery d;
+  s = c->RecallDelivered(req, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("700 blocks delivered"));
+  // 200 blocks and their delivery fit.
+  req.mutable_budget()->set_max_tokens(200 * kFpb * kTokens);
+  s = c->RecallDelivered(req, &resp, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.blocks_size(), 200);
+  EXPECT_EQ(d.blocks().size(), 200u);
+}
+
 // A lease held past --shm_lease_ms is reclaimed when the arena needs the
 // room, and its holder hears so (DATA_LOSS) on release; before that, a
 // full arena answers RESOURCE_EXHAUSTED and takes nothing.
