@@ -1,7 +1,7 @@
 #include "client/cpp/kvmem_client.h"
 
 #include <algorithm>
-#include <cstring>
+#include <chrono>
 #include <fstream>
 #include <iterator>
 
@@ -227,131 +227,6 @@ grpc::Status KvmemClient::Recall(const v1::RecallRequest& req,
                 [&](v1::KvMemory::Stub* stub, grpc::ClientContext* ctx) {
                   return stub->Recall(ctx, req, resp);
                 });
-}
-
-v1::FetchBlocksRequest KvmemClient::FetchRequest(
-    const std::string& stream_id, const std::vector<uint64_t>& block_ids,
-    const FetchOptions& o) {
-  v1::FetchBlocksRequest req;
-  req.set_stream_id(stream_id);
-  for (uint64_t id : block_ids) req.add_block_ids(id);
-  req.set_max_chunk_bytes(o.max_chunk_bytes);
-  req.set_layout(o.layout);
-  for (uint32_t l : o.layers) req.add_layers(l);
-  for (const v1::BlockTokens& t : o.tokens) *req.add_tokens() = t;
-  return req;
-}
-
-void KvmemClient::NoteFetchedTokens(const FetchOptions& o,
-                                    std::vector<BlockView>* views) {
-  if (o.layout != v1::PAYLOAD_LAYOUT_TOKEN_LAYER_MAJOR) return;
-  for (BlockView& v : *views) {
-    const uint64_t id = v.info.block_id();
-    auto named = std::find_if(
-        o.tokens.begin(), o.tokens.end(),
-        [id](const v1::BlockTokens& t) { return t.block_id() == id; });
-    v.token_offsets.clear();
-    if (named != o.tokens.end() && named->token_offsets_size() > 0) {
-      v.token_offsets.assign(named->token_offsets().begin(),
-                             named->token_offsets().end());
-      continue;
-    }
-    for (uint32_t j = 0; j < v.info.token_count(); ++j) {
-      v.token_offsets.push_back(j);
-    }
-  }
-}
-
-namespace {
-
-// Reads a FetchBlocks byte stream to its end, each chunk checked to continue
-// its block: on_chunk(chunk, first), first when the chunk starts a block.
-// DATA_LOSS (the call cancelled) for a chunk out of order.
-grpc::Status ReadFetchStream(
-    grpc::ClientContext* ctx,
-    grpc::ClientReader<v1::FetchBlocksResponse>* reader,
-    const std::function<void(v1::FetchBlocksResponse*, bool)>& on_chunk) {
-  v1::FetchBlocksResponse chunk;
-  bool in_block = false;
-  uint64_t block_bytes = 0;  // Of the current block, so far.
-  while (reader->Read(&chunk)) {
-    if (chunk.has_block()) {
-      in_block = true;
-      block_bytes = 0;
-    }
-    if (!in_block || block_bytes != chunk.offset()) {
-      ctx->TryCancel();
-      reader->Finish().IgnoreError();
-      return grpc::Status(grpc::StatusCode::DATA_LOSS,
-                          "FetchBlocks chunks arrived out of order");
-    }
-    block_bytes += chunk.data().size();
-    on_chunk(&chunk, chunk.has_block());
-  }
-  return reader->Finish();
-}
-
-}  // namespace
-
-grpc::Status KvmemClient::FetchBlocks(const std::string& stream_id,
-                                      const std::vector<uint64_t>& block_ids,
-                                      std::vector<FetchedBlock>* blocks,
-                                      uint32_t max_chunk_bytes) {
-  FetchOptions options;
-  options.max_chunk_bytes = max_chunk_bytes;
-  const v1::FetchBlocksRequest req =
-      FetchRequest(stream_id, block_ids, options);
-  return Routed(
-      stream_id, [&](v1::KvMemory::Stub* stub, grpc::ClientContext* ctx) {
-        auto reader = stub->FetchBlocks(ctx, req);
-        blocks->clear();
-        return ReadFetchStream(
-            ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
-              if (first) {
-                blocks->push_back({chunk->block(), std::string()});
-                blocks->back().payload.reserve(chunk->block().payload_bytes());
-              }
-              blocks->back().payload.append(chunk->data());
-            });
-      });
-}
-
-grpc::Status KvmemClient::FetchInto(const std::string& stream_id,
-                                    const std::vector<uint64_t>& block_ids,
-                                    const FetchOptions& options,
-                                    std::vector<uint8_t>* buffer,
-                                    std::vector<BlockView>* views) {
-  const v1::FetchBlocksRequest req =
-      FetchRequest(stream_id, block_ids, options);
-  std::vector<size_t> starts;
-  grpc::Status s = Routed(
-      stream_id, [&](v1::KvMemory::Stub* stub, grpc::ClientContext* ctx) {
-        auto reader = stub->FetchBlocks(ctx, req);
-        views->clear();
-        starts.clear();
-        size_t used = 0;
-        return ReadFetchStream(
-            ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
-              if (first) {
-                starts.push_back(used);
-                BlockView& v = views->emplace_back();
-                v.block_id = chunk->block_id();
-                v.info = chunk->block();
-              }
-              const std::string& d = chunk->data();
-              if (buffer->size() < used + d.size())
-                buffer->resize(used + d.size());
-              std::memcpy(buffer->data() + used, d.data(), d.size());
-              used += d.size();
-              views->back().size += d.size();
-            });
-      });
-  // Pointers last: the buffer may have grown while the chunks came.
-  for (size_t i = 0; i < views->size(); ++i) {
-    (*views)[i].data = buffer->data() + starts[i];
-  }
-  NoteFetchedTokens(options, views);
-  return s;
 }
 
 grpc::Status KvmemClient::CheckHealth(

@@ -176,7 +176,12 @@ class KvmemClient {
 
   grpc::Status Recall(const v1::RecallRequest& req, v1::RecallResponse* resp);
 
-  // Fetches the payloads of the given blocks, in request order.
+  // Fetches the payloads of the given blocks, in request order. A server
+  // that refuses the next block for room in the caller's share of
+  // --max_queued_response_bytes ("FetchBlocks sent N of M blocks": other
+  // fetches of the tenant hold it until they are read) is asked again for
+  // the blocks not yet received, after 20, 40, ... 320 ms without progress
+  // (about 0.6 s), then its refusal is returned. FetchInto alike.
   grpc::Status FetchBlocks(const std::string& stream_id,
                            const std::vector<uint64_t>& block_ids,
                            std::vector<FetchedBlock>* blocks,
@@ -258,6 +263,14 @@ class KvmemClient {
   // stream's route now leads there) and the call should be made again.
   bool Follow(const std::string& stream_id, const grpc::ClientContext& ctx,
               const grpc::Status& status);
+  // FetchBlocks of req's blocks through on_chunk (ReadFetchStream's), asked
+  // again for the blocks not yet received while the server refuses the next
+  // one for room (FetchBlocks above); truncate(n) drops what arrived past
+  // the first n blocks (an attempt's partial block, or a redirected call's).
+  grpc::Status FetchResuming(
+      const std::string& stream_id, v1::FetchBlocksRequest req,
+      const std::function<void(size_t)>& truncate,
+      const std::function<void(v1::FetchBlocksResponse*, bool)>& on_chunk);
   // Runs call (a fresh, authorised context each time) on the stream's
   // route, following redirects (ClientOptions::max_redirects).
   grpc::Status Routed(const std::string& stream_id,

@@ -631,7 +631,8 @@ TEST_F(SecurityTest, ASessionThatIsNeverReadIsBounded) {
 // and the other fourteen are refused before reading anything; without the
 // count each call pinned two blocks (64 MiB for the sixteen). A fetch of one
 // layer counts the whole block (its read builds the block from its frames).
-// A reader then fetches every block.
+// A reader then fetches every block, and the client resumes a fetch refused
+// for room once the share comes back.
 TEST_F(SecurityTest, FetchesThatAreNeverReadHoldAtMostTheirShare) {
   auto server = Start({"--max_queued_response_bytes=4194304"});
   auto c = Client(*server, "");
@@ -727,6 +728,43 @@ TEST_F(SecurityTest, FetchesThatAreNeverReadHoldAtMostTheirShare) {
             << " refused\n";
   EXPECT_GE(refused, kCalls - 2);
   read_all();
+
+  // The client resumes a fetch refused for room: two unread fetches hold
+  // the share (a probe is refused), and are let go 150 ms into the
+  // client's FetchBlocks, which still returns every block, intact, in one
+  // call (before 2026-12-07 it returned the refusal).
+  req.set_layout(v1::PAYLOAD_LAYOUT_FRAME_MAJOR);
+  req.clear_layers();
+  std::vector<std::unique_ptr<grpc::ClientContext>> hold_ctx(3);
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::FetchBlocksResponse>>>
+      holders(3);
+  for (int i = 0; i < 3; ++i) {
+    hold_ctx[i] = std::make_unique<grpc::ClientContext>();
+    hold_ctx[i]->AddMetadata("kvmem-stream-id", "cam");
+    holders[i] = stub->FetchBlocks(hold_ctx[i].get(), req);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  v1::FetchBlocksResponse probe;
+  EXPECT_FALSE(holders[2]->Read(&probe));
+  const grpc::Status probed = holders[2]->Finish();
+  EXPECT_EQ(probed.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << probed.error_message();
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    for (int i = 0; i < 2; ++i) {
+      hold_ctx[i]->TryCancel();
+      holders[i]->Finish();
+    }
+  });
+  std::vector<FetchedBlock> fetched;
+  const grpc::Status resumed =
+      c->FetchBlocks("cam", {0, 1, 2, 3, 4, 5, 6, 7}, &fetched);
+  release.join();
+  ASSERT_TRUE(resumed.ok()) << resumed.error_message();
+  ASSERT_EQ(fetched.size(), 8u);
+  for (uint64_t b = 0; b < 8; ++b) {
+    EXPECT_EQ(fetched[b].payload, m.BlockBytes(b)) << "block " << b;
+  }
   c.reset();
   EXPECT_EQ(server->Stop(), 0);
 }

@@ -4,7 +4,9 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -129,6 +131,18 @@ class _Cursor:
     def __init__(self, frame: int, position: int) -> None:
         self.frame = frame
         self.position = position
+
+
+_SENT = re.compile(r"FetchBlocks sent (\d+) of \d+ blocks")
+
+
+def _blocks_sent_before_refusal(err: KvmemError) -> int:
+    """The whole blocks a FetchBlocks refusal for room says were sent; -1
+    for any other error."""
+    if err.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return -1
+    m = _SENT.match(err.message or "")
+    return int(m.group(1)) if m else -1
 
 
 class Client:
@@ -460,6 +474,13 @@ class Client:
         this order; None means all. tokens (TOKEN_LAYER_MAJOR only): block id
         -> the token offsets to send of it (increasing); blocks not named send
         all their tokens.
+
+        A server that refuses the next block for room in the caller's share
+        of --max_queued_response_bytes ("FetchBlocks sent N of M blocks":
+        other fetches of the tenant hold it until they are read) is asked
+        again for the blocks not yet received, after 20, 40, ... 320 ms
+        without progress (about 0.6 s); then its refusal is raised. timeout
+        bounds each of those calls.
         """
         geometry = self.geometry(stream_id)
         req = pb.FetchBlocksRequest(stream_id=stream_id, block_ids=list(block_ids),
@@ -467,13 +488,7 @@ class Client:
                                     layout=int(layout), layers=list(layers or []),
                                     tokens=_block_tokens(tokens))
         want_layers = list(layers) if layers else list(range(geometry.layers))
-        for hop in range(self.max_redirects + 1):
-            try:
-                blocks = self._fetch_chunks(req, stream_id, timeout)
-                break
-            except KvmemError as err:
-                if not (self._learn(stream_id, err) and hop < self.max_redirects):
-                    raise
+        blocks = self._fetch_resuming(req, stream_id, timeout)
         out = []
         for b in blocks:
             payload = b"".join(b["parts"])
@@ -498,8 +513,49 @@ class Client:
                                     kv=kv, frame_indices=indices, frames=frames))
         return out
 
-    def _fetch_chunks(self, req, stream_id: str, timeout) -> list:
-        """One FetchBlocks call's chunks, gathered per block."""
+    def _fetch_routed(self, req, stream_id: str, timeout):
+        """_fetch_chunks, following redirects."""
+        for hop in range(self.max_redirects + 1):
+            try:
+                return self._fetch_chunks(req, stream_id, timeout)
+            except KvmemError as err:
+                if not (self._learn(stream_id, err) and hop < self.max_redirects):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _fetch_resuming(self, req, stream_id: str, timeout) -> list:
+        """Every block of req, asked again for those not yet received while
+        the server refuses the next one for room (fetch_blocks)."""
+        got: list[dict] = []
+        idle = 0
+        while True:
+            blocks, refused = self._fetch_routed(req, stream_id, timeout)
+            if refused is None:
+                return got + blocks
+            sent = _blocks_sent_before_refusal(refused)
+            if sent < 0 or sent > len(blocks) or sent >= len(req.block_ids):
+                raise refused
+            got += blocks[:sent]
+            idle = 0 if sent else idle + 1
+            if idle > 5:  # 20, 40, 80, 160, 320 ms without progress.
+                raise refused
+            left = list(req.block_ids)[sent:]
+            rest = pb.FetchBlocksRequest()
+            rest.CopyFrom(req)
+            del rest.block_ids[:]
+            rest.block_ids.extend(left)
+            # Only the blocks still asked for may have token lists.
+            del rest.tokens[:]
+            wanted = set(left)
+            rest.tokens.extend(t for t in req.tokens if t.block_id in wanted)
+            req = rest
+            if idle:
+                time.sleep(0.01 * (1 << idle))
+
+    def _fetch_chunks(self, req, stream_id: str, timeout):
+        """One FetchBlocks call's chunks, gathered per block, and None; or
+        the whole blocks received and the error when the server refused
+        the next block for room (\"FetchBlocks sent N of M blocks\")."""
         blocks: list[dict] = []
         try:
             call = self._stub_for(stream_id).FetchBlocks(
@@ -524,8 +580,11 @@ class Client:
                 else:
                     fr.append([c.frame_index, len(c.data)])
         except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
-        return blocks
+            err = error_from_rpc(e)
+            if _blocks_sent_before_refusal(err) >= 0:
+                return blocks, err
+            raise err from None
+        return blocks, None
 
     # -- shared memory ----------------------------------------------------
 

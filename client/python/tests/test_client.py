@@ -541,6 +541,82 @@ class _WrongServer:
         self.server.stop(None)
 
 
+class _RefusingFetches:
+    """A gRPC server whose FetchBlocks answers as a kvmem-server short of
+    room in the caller's share does, by script: `plan[k]` for the k-th call
+    is how many of the asked blocks it sends before refusing ("FetchBlocks
+    sent N of M blocks"), None to send them all. Each block is one chunk of
+    bytes([block id]) * 8. The real refusal's timing cannot be arranged
+    mid-call; the real server's is tested in SecurityTest."""
+
+    def __init__(self, plan) -> None:
+        from concurrent import futures
+        from kvmem.v1 import service_pb2, types_pb2
+        self.asked = []
+
+        def fetch(request, context):
+            ids = list(request.block_ids)
+            self.asked.append(ids)
+            step = plan[len(self.asked) - 1] if len(self.asked) <= len(plan) else None
+            for i, b in enumerate(ids):
+                if step is not None and i == step:
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"FetchBlocks sent {i} of {len(ids)} blocks: the "
+                                  "tenant's share of --max_queued_response_bytes is held")
+                yield service_pb2.FetchBlocksResponse(
+                    block_id=b, offset=0, data=bytes([b]) * 8, last_chunk_of_block=True,
+                    block=types_pb2.RecalledBlock())
+
+        handlers = {"FetchBlocks": grpc.unary_stream_rpc_method_handler(
+            fetch,
+            request_deserializer=service_pb2.FetchBlocksRequest.FromString,
+            response_serializer=service_pb2.FetchBlocksResponse.SerializeToString)}
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("kvmem.v1.KvMemory", handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def fetch(self, ids):
+        from kvmem.v1 import service_pb2
+        with kvmem.Client(f"127.0.0.1:{self.port}", timeout=30) as c:
+            return c._fetch_resuming(
+                service_pb2.FetchBlocksRequest(stream_id="cam", block_ids=ids),
+                "cam", None)
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+
+class FetchResumeTest(unittest.TestCase):
+    def test_a_fetch_refused_for_room_resumes_with_the_blocks_not_received(self):
+        """Block 0 sent then a refusal, then one with nothing sent, then the
+        rest: every block once, in order, each asked again only while it
+        had not arrived."""
+        fake = _RefusingFetches([1, 0, None])
+        try:
+            blocks = fake.fetch([5, 6, 7])
+            self.assertEqual([b["id"] for b in blocks], [5, 6, 7])
+            self.assertEqual([b"".join(b["parts"]) for b in blocks],
+                             [bytes([i]) * 8 for i in (5, 6, 7)])
+            self.assertEqual(fake.asked, [[5, 6, 7], [6, 7], [6, 7]])
+        finally:
+            fake.stop()
+
+    def test_a_refusal_without_progress_is_raised_after_about_half_a_second(self):
+        fake = _RefusingFetches([0] * 10)
+        try:
+            t0 = time.monotonic()
+            with self.assertRaises(kvmem.ResourceExhaustedError) as refused:
+                fake.fetch([1, 2])
+            waited = time.monotonic() - t0
+            self.assertIn("FetchBlocks sent 0 of 2", str(refused.exception))
+            self.assertEqual(len(fake.asked), 6)  # The call and 5 more.
+            self.assertGreaterEqual(waited, 0.6)
+        finally:
+            fake.stop()
+
+
 class RedirectTest(unittest.TestCase):
     def test_a_client_at_the_wrong_server_follows_to_the_owner(self):
         with Server() as server:
