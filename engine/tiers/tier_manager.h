@@ -78,8 +78,8 @@ class TierManager {
   // has room for it or its keep score beats the warm block it would
   // push out by the policy's promotion_margin(), at most one such
   // displacing promotion per call. Takes mu_ per hit that may move (staged,
-  // or not in RAM), applying the heat of the hits before it in the same
-  // hold under one exclusive lock of the view. Goes on after an error and
+  // or not in RAM), applying the heat of the hits before it (at most 64)
+  // in the same hold under one exclusive lock of the view. Goes on after an error and
   // returns the first.
   absl::Status ApplyHits(const std::vector<RecallHit>& hits)
       ABSL_LOCKS_EXCLUDED(mu_);

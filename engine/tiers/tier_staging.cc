@@ -185,6 +185,7 @@ bool TierManager::AdmitPromotion(uint64_t id, float prior_hits,
 }
 
 absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
+  constexpr size_t kHeatBatch = 64;
   absl::Status first_error;
   bool displaced = false;  // At most one displacing promotion per call.
   // The coldest warm block's keep score, found once per call (NaN: not
@@ -206,7 +207,10 @@ absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
     uint64_t staged_bytes = 0;
     {
       kvmem::MutexLock lock(&view_->mu());
-      while (next < hits.size() && hit == nullptr) {
+      // At most kHeatBatch hits a hold: a long drained list must not keep
+      // recalls out for long.
+      for (size_t n = 0; n < kHeatBatch && next < hits.size() && hit == nullptr;
+           ++n) {
         const RecallHit& h = hits[next++];
         if (view_->deleted() || !view_->blocks().Has(h.block)) continue;
         BlockEntry& e = view_->entry(h.block);
@@ -229,7 +233,7 @@ absl::Status TierManager::ApplyHits(const std::vector<RecallHit>& hits) {
         }
       }
     }
-    if (hit == nullptr) break;
+    if (hit == nullptr) continue;  // A batch with nothing to move.
     bool promote = false;
     if (candidate) {
       // Shared: the victim scan reads every block and must not hold up
