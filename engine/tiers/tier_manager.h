@@ -79,8 +79,8 @@ class TierManager {
   // push out by the policy's promotion_margin(), at most one such
   // displacing promotion per call. Takes mu_ per hit that may move (staged,
   // or not in RAM), applying the heat of the hits before it (at most 64)
-  // in the same hold under one exclusive lock of the view. Goes on after an error and
-  // returns the first.
+  // in the same hold under one exclusive lock of the view. Goes on after an
+  // error and returns the first.
   absl::Status ApplyHits(const std::vector<RecallHit>& hits)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Stages up to prefetch_blocks likely blocks (SUMMED's best for the

@@ -11,6 +11,7 @@
 #include "base/status_macros.h"
 #include "base/timing.h"
 #include "engine/stream_config.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "server/service/delivery.h"
 #include "server/service/delivery_sinks.h"
 #include "server/service/proto_convert.h"
@@ -227,8 +228,7 @@ uint64_t DescriptorBytes(size_t blocks,
   uint64_t bytes = 58 * uint64_t{blocks};
   for (const std::vector<uint32_t>& offsets : described) {
     for (uint32_t t : offsets) {
-      bytes += 1 + (t >= 1u << 7) + (t >= 1u << 14) + (t >= 1u << 21) +
-               (t >= 1u << 28);
+      bytes += google::protobuf::io::CodedOutputStream::VarintSize32(t);
     }
   }
   return bytes;

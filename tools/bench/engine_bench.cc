@@ -461,6 +461,22 @@ void TimeRecalls(benchmark::State& state, MemoryEngine* engine, Next next,
   }
 }
 
+// The stream of BM_StreamRecall and BM_AppendRebuildEveryBlock: one-frame
+// blocks of 4 tokens, 2 layers x 2 KV heads x 64, layer 0 indexed with
+// `factory`, a 64-token window. Every block stays warm: picking a demotion
+// victim scans all blocks, which at one demotion per append would dominate
+// the build.
+StreamConfig OneFrameBlocksConfig(const std::string& factory) {
+  StreamConfig c;
+  c.geometry = {2, 2, 64, DType::kFp16, 4};
+  c.hot_window_tokens = 64;
+  c.frames_per_block = 1;
+  c.indexed_layers = {0};
+  c.index_factory = factory;
+  c.tiers.warm_budget_bytes = 0;
+  return c;
+}
+
 // Engine-level Recall over a stream of N sealed blocks (one 4-token frame
 // per block, summary dim 128: one indexed layer of 2 heads x 64), index
 // Flat (arg 1 = 0) or Progressive (1). Counters: RAM per block beyond the
@@ -478,17 +494,10 @@ void BM_StreamRecall(benchmark::State& state) {
   so.write_buffer_bytes = 4 << 20;
   so.block_cache_bytes = 8 << 20;
   auto engine = *MemoryEngine::Open(*OpenRocksColdStore(so));
-  StreamConfig c;
-  c.geometry = {2, 2, 64, DType::kFp16, 4};
-  c.hot_window_tokens = 64;
-  c.frames_per_block = 1;
-  c.indexed_layers = {0};
-  c.index_factory = state.range(1) ? "Progressive" : "Flat";
+  StreamConfig c =
+      OneFrameBlocksConfig(state.range(1) ? "Progressive" : "Flat");
   // Arg 2: 1 per-head mass (the default), 2 the summed score.
   c.weights.score = static_cast<ScoreMode>(state.range(2));
-  // Every block stays warm: picking a demotion victim scans all blocks,
-  // which at one demotion per append would dominate the build.
-  c.tiers.warm_budget_bytes = 0;
   if (!engine->OpenStream("cam", c).ok()) {
     state.SkipWithError("OpenStream failed");
     return;
@@ -519,7 +528,7 @@ void BM_StreamRecall(benchmark::State& state) {
 }
 
 // Appends with index rebuilds asked for after every seal (arg 1) or never
-// (arg 0): 4,000 one-frame blocks of the BM_StreamRecall stream, all kept,
+// (arg 0): 4,000 blocks of OneFrameBlocksConfig's stream, all kept,
 // background work settled; the process's CPU seconds (the rebuilds run on
 // the background executor), the rebuilds run, and CPU per append.
 void BM_AppendRebuildEveryBlock(benchmark::State& state) {
@@ -528,13 +537,7 @@ void BM_AppendRebuildEveryBlock(benchmark::State& state) {
       std::filesystem::temp_directory_path() / "kvmem-engine-bench-rebuild";
   for (auto _ : state) {
     std::unique_ptr<MemoryEngine> engine = FreshEngine(dir);
-    StreamConfig c;
-    c.geometry = {2, 2, 64, DType::kFp16, 4};
-    c.hot_window_tokens = 64;
-    c.frames_per_block = 1;
-    c.indexed_layers = {0};
-    c.index_factory = "Progressive";
-    c.tiers.warm_budget_bytes = 0;
+    StreamConfig c = OneFrameBlocksConfig("Progressive");
     c.tiers.rebuild_every_blocks = static_cast<uint32_t>(state.range(0));
     if (!engine->OpenStream("cam", c).ok()) {
       state.SkipWithError("OpenStream failed");
