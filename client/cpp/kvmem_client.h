@@ -300,6 +300,10 @@ class KvmemClient {
   // Leases to release with the next delivery into arena `arena_id`.
   void DeferRelease(uint64_t arena_id, uint64_t lease_id);
   std::vector<uint64_t> TakeDeferred(uint64_t arena_id);
+  // Leases taken for a call that failed, deferred again: the server
+  // releases them before it runs a delivery, but a failed call may not have
+  // reached it (and a lease released already is ignored there).
+  void DeferAgain(uint64_t arena_id, const std::vector<uint64_t>& lease_ids);
 
   ClientOptions options_;
   const std::string target_;

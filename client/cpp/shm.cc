@@ -132,6 +132,12 @@ void KvmemClient::DeferRelease(uint64_t arena_id, uint64_t lease_id) {
   deferred_.emplace_back(arena_id, lease_id);
 }
 
+void KvmemClient::DeferAgain(uint64_t arena_id,
+                             const std::vector<uint64_t>& lease_ids) {
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  for (uint64_t id : lease_ids) deferred_.emplace_back(arena_id, id);
+}
+
 std::vector<uint64_t> KvmemClient::TakeDeferred(uint64_t arena_id) {
   std::lock_guard<std::mutex> lock(arena_mu_);
   std::vector<uint64_t> ids;
@@ -298,7 +304,8 @@ grpc::Status KvmemClient::FetchShared(const std::string& stream_id,
     Authorize(options_, &ctx, stream_id);
     v1::FetchBlocksRequest req = FetchRequest(stream_id, block_ids, options);
     req.set_shm_arena_id(arena->id());
-    for (uint64_t id : TakeDeferred(arena->id())) req.add_release_lease_ids(id);
+    const std::vector<uint64_t> released = TakeDeferred(arena->id());
+    for (uint64_t id : released) req.add_release_lease_ids(id);
     auto reader = stub_->FetchBlocks(&ctx, req);
     d.arena_ = arena;
     v1::FetchBlocksResponse r;
@@ -313,6 +320,7 @@ grpc::Status KvmemClient::FetchShared(const std::string& stream_id,
       d.bytes_ += v.size;
     }
     grpc::Status done = reader->Finish();
+    if (!done.ok()) DeferAgain(arena->id(), released);
     NoteFetchedTokens(options, &d.blocks_);
     return done.ok() ? viewed : done;
   });
@@ -367,8 +375,10 @@ grpc::Status KvmemClient::Delivering(
     v1::RecallDelivery* d = req->mutable_delivery();
     d->set_shm_arena_id(arena->id());
     d->clear_release_lease_ids();
-    for (uint64_t id : TakeDeferred(arena->id())) d->add_release_lease_ids(id);
+    const std::vector<uint64_t> released = TakeDeferred(arena->id());
+    for (uint64_t id : released) d->add_release_lease_ids(id);
     grpc::Status s = recall(*req, resp);
+    if (!s.ok()) DeferAgain(arena->id(), released);
     return s.ok() ? TakeDelivery(arena, resp, delivered) : s;
   });
 }

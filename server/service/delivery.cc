@@ -77,7 +77,6 @@ absl::Status ReadOne(const DeliveryRequest& r, size_t i, uint8_t* dst,
 
 absl::StatusOr<Delivered> Deliver(const DeliveryRequest& r,
                                   DeliverySink* sink) {
-  sink->Prepare();
   if (!r.tokens.empty() && (r.tokens.size() != r.block_ids.size() ||
                             r.layout != PayloadLayout::kBlockLayerMajor)) {
     return absl::InternalError(

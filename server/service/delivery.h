@@ -27,17 +27,14 @@
 
 namespace kvmem {
 
-// Where a delivery's blocks go. Deliver calls, in order: Prepare; Reserve
-// once for all the blocks; Slot for each block (from several threads at
+// Where a delivery's blocks go. Deliver calls, in order: Reserve once for
+// all the blocks; Slot for each block (from several threads at
 // once, each block once), writing that block's bytes there; then Finish
 // when every block was written, or Abandon when something failed after
 // Reserve succeeded. Describe may be called after Finish.
 class DeliverySink {
  public:
   virtual ~DeliverySink() = default;
-  // Before anything is read or reserved (e.g. leases the client is done
-  // with go back first).
-  virtual void Prepare() {}
   // Room for blocks of these sizes, in this order. An error (e.g.
   // RESOURCE_EXHAUSTED: no room) ends the delivery with nothing written.
   virtual absl::Status Reserve(const std::vector<uint64_t>& sizes) = 0;

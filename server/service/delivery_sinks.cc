@@ -20,8 +20,6 @@ absl::Status InlineSink::Reserve(const std::vector<uint64_t>& sizes) {
   return absl::OkStatus();
 }
 
-void ShmSink::Prepare() { shm_->ReleaseLive(tenant_, arena_id_, release_); }
-
 absl::Status ShmSink::Reserve(const std::vector<uint64_t>& sizes) {
   sizes_ = sizes;
   at_.assign(sizes.size(), 0);
@@ -47,6 +45,18 @@ v1::ShmRegion ShmSink::Region(size_t i) const {
   r.set_offset(lease_->offset + at_[i]);
   r.set_length(sizes_[i]);
   return r;
+}
+
+absl::Status ReleaseNamedLeases(ShmArenas* shm, const std::string& tenant,
+                                uint64_t arena_id,
+                                absl::Span<const uint64_t> lease_ids,
+                                absl::string_view field) {
+  KVMEM_RETURN_IF_ERROR(
+      CheckLeaseIds(static_cast<int>(lease_ids.size()), field));
+  if (shm != nullptr && arena_id != 0 && !lease_ids.empty()) {
+    shm->ReleaseLive(tenant, arena_id, lease_ids);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvmem

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "server/service/delivery.h"
 #include "server/service/shm_arenas.h"
 
@@ -41,19 +43,14 @@ class InlineSink final : public DeliverySink {
 };
 
 // Into one lease of the caller's arena (tenant, arena_id), blocks back to
-// back; the leases in `release` (the client is done with them) go back
-// first. Finish starts the lease's time (ShmArenas::Written); Abandon gives
-// it back.
+// back (the leases the request releases went back before it ran:
+// ReleaseNamedLeases). Finish starts the lease's time (ShmArenas::Written);
+// Abandon gives it back.
 class ShmSink final : public DeliverySink {
  public:
   // REQUIRES: shm outlives the sink.
-  ShmSink(ShmArenas* shm, std::string tenant, uint64_t arena_id,
-          std::vector<uint64_t> release)
-      : shm_(shm),
-        tenant_(std::move(tenant)),
-        arena_id_(arena_id),
-        release_(std::move(release)) {}
-  void Prepare() override;
+  ShmSink(ShmArenas* shm, std::string tenant, uint64_t arena_id)
+      : shm_(shm), tenant_(std::move(tenant)), arena_id_(arena_id) {}
   absl::Status Reserve(const std::vector<uint64_t>& sizes) override;
   uint8_t* Slot(size_t i) override { return lease_->data + at_[i]; }
   void Finish() override { shm_->Written(*lease_); }
@@ -70,10 +67,20 @@ class ShmSink final : public DeliverySink {
   ShmArenas* const shm_;
   const std::string tenant_;
   const uint64_t arena_id_;
-  const std::vector<uint64_t> release_;
   std::optional<ShmArenas::Lease> lease_;
   std::vector<uint64_t> at_, sizes_;  // Each block's offset in the lease.
 };
+
+// The leases a delivery request names as done with (its release_lease_ids,
+// `field` in the error) of the caller's arena `arena_id`, released at once:
+// before the request runs, whether it then succeeds or not (a delivery used
+// to release them only once it placed its blocks: a refused one's stayed
+// live until --shm_lease_ms). Ids that are not live leases are ignored; no
+// shared memory (shm null) or arena 0: nothing is released.
+absl::Status ReleaseNamedLeases(ShmArenas* shm, const std::string& tenant,
+                                uint64_t arena_id,
+                                absl::Span<const uint64_t> lease_ids,
+                                absl::string_view field);
 
 }  // namespace kvmem
 

@@ -106,6 +106,12 @@ class FetchBlocksReactor final
  private:
   absl::Status Prepare(MemoryEngine* engine, const v1::FetchBlocksRequest& req,
                        uint32_t max_chunk) {
+    // Leases the client is done with go back whatever becomes of the fetch.
+    KVMEM_RETURN_IF_ERROR(
+        ReleaseNamedLeases(shm_, caller_.tenant(), req.shm_arena_id(),
+                           absl::MakeConstSpan(req.release_lease_ids().data(),
+                                               req.release_lease_ids().size()),
+                           "release_lease_ids"));
     KVMEM_ASSIGN_OR_RETURN(const std::string id,
                            caller_.EngineId(req.stream_id()));
     absl::StatusOr<StreamHandle> stream = engine->Find(id);
@@ -129,13 +135,9 @@ class FetchBlocksReactor final
     KVMEM_ASSIGN_OR_RETURN(layout_,
                            LayoutFromProto(req.layout(), req.layers_size()));
     layers_.assign(req.layers().begin(), req.layers().end());
-    KVMEM_RETURN_IF_ERROR(
-        CheckLeaseIds(req.release_lease_ids_size(), "release_lease_ids"));
     chunk_ = req.max_chunk_bytes() == 0 ? std::min(1u << 20, max_chunk)
                                         : req.max_chunk_bytes();
     arena_id_ = req.shm_arena_id();
-    release_.assign(req.release_lease_ids().begin(),
-                    req.release_lease_ids().end());
     all_warm_ = true;
     for (size_t i = 0; i < static_cast<size_t>(req.block_ids_size()); ++i) {
       absl::StatusOr<BlockInfo> b = stream_->GetBlock(req.block_ids(i));
@@ -352,7 +354,7 @@ class FetchBlocksReactor final
     d.tokens = tokens_;
     d.executor = executor_;
     d.helpers = helpers_;
-    ShmSink sink(shm_, caller_.tenant(), arena_id_, release_);
+    ShmSink sink(shm_, caller_.tenant(), arena_id_);
     absl::StatusOr<Delivered> p = Deliver(d, &sink);
     if (!p.ok()) {
       Finish(ToGrpcStatus(caller_.Scrub(p.status())));
@@ -397,7 +399,6 @@ class FetchBlocksReactor final
   bool all_warm_ = false;
   uint32_t chunk_ = 0;
   uint64_t arena_id_ = 0;
-  std::vector<uint64_t> release_;  // Leases to release before placing.
   std::vector<v1::FetchBlocksResponse> placed_;
   std::optional<ShmArenas::Lease> lease_;  // Shared memory, once placed.
   // The next block to read (byte stream) or to place (shared memory).

@@ -124,12 +124,8 @@ absl::StatusOr<std::unique_ptr<DeliverySink>> RecallSink(
   switch (req.mode()) {
     case v1::RecallDelivery::MODE_SHARED_MEMORY:
       if (call.options->shm == nullptr) return NoSharedMemory();
-      KVMEM_RETURN_IF_ERROR(CheckLeaseIds(req.release_lease_ids_size(),
-                                          "delivery.release_lease_ids"));
-      return std::make_unique<ShmSink>(
-          call.options->shm, call.caller->tenant(), req.shm_arena_id(),
-          std::vector<uint64_t>(req.release_lease_ids().begin(),
-                                req.release_lease_ids().end()));
+      return std::make_unique<ShmSink>(call.options->shm, call.caller->tenant(),
+                                       req.shm_arena_id());
     case v1::RecallDelivery::MODE_INLINE:
       if (req.shm_arena_id() != 0) {
         return absl::InvalidArgumentError(
@@ -326,12 +322,20 @@ absl::Status DeliverRecall(const RecallDeliveryCall& call,
 absl::Status RunRecallDelivering(const RecallDeliveryCall& call,
                                  const v1::RecallRequest& req,
                                  v1::RecallResponse* resp) {
-  KVMEM_RETURN_IF_ERROR(RunRecall(call.engine, call.engine_id, req, resp,
+  if (req.delivery().mode() == v1::RecallDelivery::MODE_SHARED_MEMORY) {
+    const auto& ids = req.delivery().release_lease_ids();
+    KVMEM_RETURN_IF_ERROR(ReleaseNamedLeases(
+        call.options->shm, call.caller->tenant(), req.delivery().shm_arena_id(),
+        absl::MakeConstSpan(ids.data(), ids.size()),
+        "delivery.release_lease_ids"));
+  }
+  if (!call.engine_id.ok()) return call.engine_id.status();
+  KVMEM_RETURN_IF_ERROR(RunRecall(call.engine, *call.engine_id, req, resp,
                                   call.options->metrics, call.session,
                                   call.options->max_answer_bytes));
   if (!Delivers(req)) return absl::OkStatus();
   KVMEM_ASSIGN_OR_RETURN(const StreamHandle stream,
-                         call.engine->Find(call.engine_id));
+                         call.engine->Find(*call.engine_id));
   return DeliverRecall(call, stream, req.delivery(), resp);
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "base/executor.h"
 #include "engine/memory_engine.h"
 #include "kvmem/v1/service.pb.h"
@@ -44,14 +45,17 @@ struct RecallDeliveryCall {
   Executor* executor = nullptr;
   const Caller* caller = nullptr;
   const ServiceOptions* options = nullptr;
-  std::string engine_id;
+  // The stream's engine id, or why the caller may not name it (the
+  // request's leases still go back: RunRecallDelivering).
+  absl::StatusOr<std::string> engine_id;
   bool session = false;
 };
 
 // RunRecall, then, when req.delivery asks for it, delivery of every block
 // of the response (of all its sets, once, in recall order) the client does
 // not hold (req.delivery.held_block_ids), inline or into the caller's
-// shared-memory arena (server/service/delivery.h).
+// shared-memory arena (server/service/delivery.h). The leases the request
+// releases (delivery.release_lease_ids) go back first, whatever follows.
 absl::Status RunRecallDelivering(const RecallDeliveryCall& call,
                                  const v1::RecallRequest& req,
                                  v1::RecallResponse* resp);

@@ -175,12 +175,10 @@ grpc::ServerUnaryReactor* KvMemoryService::Recall(
     executor_->Submit([this, reactor, out, req = std::move(req),
                        c = *std::move(c)] {
       v1::RecallResponse resp;
-      absl::StatusOr<std::string> id = c.EngineId(req.stream_id());
-      const absl::Status s = c.Scrub(
-          id.ok() ? RunRecallDelivering({engine_, executor_, &c, &options_, *id,
-                                         /*session=*/false},
-                                        req, &resp)
-                  : id.status());
+      const absl::Status s = c.Scrub(RunRecallDelivering(
+          {engine_, executor_, &c, &options_, c.EngineId(req.stream_id()),
+           /*session=*/false},
+          req, &resp));
       reactor->Finish(s.ok() ? SerializeMessage(resp, out) : ToGrpcStatus(s));
     });
     return reactor;

@@ -337,20 +337,17 @@ absl::Status SessionReactor::Handle(v1::SessionResponse* resp) {
       return absl::OkStatus();
     }
     case v1::SessionRequest::kRecall: {
-      absl::Status s;
-      absl::StatusOr<std::string> id =
+      RecallDeliveryCall call{
+          engine_,
+          executor_,
+          &caller_,
+          &options_,
           req_.recall().stream_id().empty() && ingest_
               ? absl::StatusOr<std::string>(ingest_->stream().id())
-              : caller_.EngineId(req_.recall().stream_id());
-      if (id.ok()) {
-        RecallDeliveryCall call{engine_,         executor_, &caller_,
-                                &options_,       *id,
-                                /*session=*/true};
-        s = RunRecallDelivering(call, req_.recall(), resp->mutable_recall());
-      } else {
-        s = id.status();
-      }
-      s = caller_.Scrub(s);
+              : caller_.EngineId(req_.recall().stream_id()),
+          /*session=*/true};
+      absl::Status s = caller_.Scrub(
+          RunRecallDelivering(call, req_.recall(), resp->mutable_recall()));
       if (!s.ok()) {
         resp->mutable_error()->set_code(static_cast<int32_t>(s.code()));
         resp->mutable_error()->set_message(std::string(s.message()));

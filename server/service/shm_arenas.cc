@@ -266,7 +266,7 @@ absl::StatusOr<ShmArenas::Released> ShmArenas::Release(
 }
 
 void ShmArenas::ReleaseLive(const std::string& tenant, uint64_t arena_id,
-                            const std::vector<uint64_t>& lease_ids) {
+                            absl::Span<const uint64_t> lease_ids) {
   std::shared_ptr<Arena> a = Find(tenant, arena_id);
   if (a == nullptr) return;
   for (uint64_t id : lease_ids) a->leases_.Abandon(id);

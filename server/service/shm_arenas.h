@@ -38,6 +38,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "base/sync.h"
 
 namespace kvmem {
@@ -129,7 +130,7 @@ class ShmArenas {
   // Releases those of lease_ids that are live leases of the tenant's arena
   // and ignores the rest (releases that ride on a later delivery).
   void ReleaseLive(const std::string& tenant, uint64_t arena_id,
-                   const std::vector<uint64_t>& lease_ids)
+                   absl::Span<const uint64_t> lease_ids)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   ShmStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -588,6 +588,59 @@ TEST_F(ShmTest, ARecallOverAMessageIsRefusedWithItsSize) {
   EXPECT_EQ(d.blocks().size(), 200u);
 }
 
+// A request's release_lease_ids go back before it runs, whatever becomes
+// of it: a refused recall or fetch (an unknown stream, a block that is not
+// there) used to leave those leases live until --shm_lease_ms, the arena's
+// room held by leases the client had let go of. A call the server never
+// read (over its message limit) leaves them to the client's next delivery.
+TEST_F(ShmTest, ARefusedDeliveryStillReleasesItsLeases) {
+  Start({"--max_message_bytes=65536", "--max_chunk_bytes=32768"});
+  KvmemClient* c = Client();
+  Load(c, "cam", Tier::kWarm, 4);
+  // Whether the server holds `lease` as released (a second release is
+  // refused as such).
+  auto released = [&](uint64_t lease) {
+    v1::ReleaseLeasesResponse r;
+    grpc::Status s = c->ReleaseLeases(c->shm_arena_id(), {lease}, &r);
+    return s.error_code() == StatusCode::INVALID_ARGUMENT &&
+           s.error_message().find("released already") != std::string::npos;
+  };
+  auto lease_later = [&](uint64_t block) {
+    Delivery d;
+    EXPECT_TRUE(c->FetchShared("cam", {block}, {}, &d).ok());
+    const uint64_t lease = d.lease_id();
+    EXPECT_NE(lease, 0u);
+    d.ReleaseLater();  // Rides on the client's next delivery.
+    return lease;
+  };
+  const uint64_t first = lease_later(0);
+  v1::RecallRequest req = Query("nope", 1);
+  req.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
+  v1::RecallResponse resp;
+  Delivery d;
+  grpc::Status s = c->RecallDelivered(req, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_TRUE(released(first));
+  const uint64_t second = lease_later(1);
+  s = c->FetchShared("cam", {99}, {}, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_TRUE(released(second));
+  const uint64_t unread = lease_later(3);
+  v1::RecallRequest large = Query("cam", 2);
+  for (int i = 0; i < 20000; ++i) large.add_query(0.0f);  // 80 KB.
+  large.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
+  s = c->RecallDelivered(large, &resp, &d);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  ASSERT_TRUE(c->FetchShared("cam", {0}, {}, &d).ok());  // Carries it again.
+  EXPECT_TRUE(released(unread));
+  // A delivery that goes through releases them as before.
+  const uint64_t third = lease_later(2);
+  s = c->FetchShared("cam", {0, 1, 2, 3}, {}, &d);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(released(third));
+}
+
 // A lease held past --shm_lease_ms is reclaimed when the arena needs the
 // room, and its holder hears so (DATA_LOSS) on release; before that, a
 // full arena answers RESOURCE_EXHAUSTED and takes nothing.
@@ -812,13 +865,15 @@ TEST_F(ShmTest, ArenasBelongToTheirTenantAndToThisHost) {
   Delivery da;
   ASSERT_TRUE(a->FetchShared("cam", {0}, {}, &da).ok());
   ASSERT_TRUE(b->AttachSharedMemory().ok());
-  // b's request naming a's arena (the stream is b's own "cam").
+  // b's request naming a's arena (the stream is b's own "cam") and a's
+  // lease as one to release: refused, and a's lease stays a's.
   grpc::ClientContext ctx;
   KvmemClient::Authorize(b->options(), &ctx, "cam");
   v1::FetchBlocksRequest req;
   req.set_stream_id("cam");
   req.add_block_ids(0);
   req.set_shm_arena_id(a->shm_arena_id());
+  req.add_release_lease_ids(da.lease_id());
   auto reader = b->stub()->FetchBlocks(&ctx, req);
   v1::FetchBlocksResponse r;
   EXPECT_FALSE(reader->Read(&r));
@@ -827,6 +882,16 @@ TEST_F(ShmTest, ArenasBelongToTheirTenantAndToThisHost) {
   v1::ReleaseLeasesResponse rel;
   s = b->ReleaseLeases(a->shm_arena_id(), {da.lease_id()}, &rel);
   EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND);
+  // The same through a recall delivered into a's arena.
+  v1::RecallRequest recall = Query("cam", 1);
+  recall.mutable_delivery()->set_mode(v1::RecallDelivery::MODE_SHARED_MEMORY);
+  recall.mutable_delivery()->set_shm_arena_id(a->shm_arena_id());
+  recall.mutable_delivery()->add_release_lease_ids(da.lease_id());
+  grpc::ClientContext recall_ctx;
+  KvmemClient::Authorize(b->options(), &recall_ctx, "cam");
+  v1::RecallResponse recalled;
+  s = b->stub()->Recall(&recall_ctx, recall, &recalled);
+  EXPECT_EQ(s.error_code(), StatusCode::NOT_FOUND) << s.error_message();
   // A made-up token gets no descriptor: the server just hangs up.
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

@@ -24,7 +24,6 @@ using ::testing::HasSubstr;
 // Keeps each block's bytes in a string of its own and records the calls.
 class CollectingSink final : public DeliverySink {
  public:
-  void Prepare() override { calls.push_back("prepare"); }
   absl::Status Reserve(const std::vector<uint64_t>& sizes) override {
     calls.push_back("reserve");
     if (on_reserve) on_reserve();
@@ -96,7 +95,7 @@ TEST_F(DeliveryTest, ASinkOfTheTestsOwnGetsEveryBlockExactly) {
     CollectingSink sink;
     auto d = Deliver(r, &sink);
     ASSERT_TRUE(d.ok()) << d.status();
-    EXPECT_THAT(sink.calls, ElementsAre("prepare", "reserve", "finish"));
+    EXPECT_THAT(sink.calls, ElementsAre("reserve", "finish"));
     EXPECT_EQ(sink.slots.load(), 3);
     uint64_t bytes = 0;
     for (size_t i = 0; i < r.block_ids.size(); ++i) {
@@ -119,14 +118,14 @@ TEST_F(DeliveryTest, AFailingBlockAbandonsTheSink) {
   CollectingSink sink;
   auto d = Deliver(r, &sink);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(sink.calls, ElementsAre("prepare"));  // Sized before reserving.
+  EXPECT_THAT(sink.calls, ::testing::IsEmpty());  // Sized before reserving.
   r.block_ids = {0};
   r.layout = PayloadLayout::kBlockLayerMajor;
   r.layers = {7};  // Beyond the geometry's 3 layers.
   CollectingSink sink2;
   EXPECT_EQ(Deliver(r, &sink2).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(sink2.calls, ElementsAre("prepare"));
+  EXPECT_THAT(sink2.calls, ::testing::IsEmpty());
 
   r.block_ids = {0, 1, 2};
   r.layers.clear();
@@ -134,7 +133,7 @@ TEST_F(DeliveryTest, AFailingBlockAbandonsTheSink) {
   sink3.on_reserve = [this] { ASSERT_TRUE(engine_->DeleteStream("cam").ok()); };
   d = Deliver(r, &sink3);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound) << d.status();
-  EXPECT_THAT(sink3.calls, ElementsAre("prepare", "reserve", "abandon"));
+  EXPECT_THAT(sink3.calls, ElementsAre("reserve", "abandon"));
 }
 
 // Token delivery: each block's chosen tokens as the stream reads them
@@ -153,7 +152,7 @@ TEST_F(DeliveryTest, TokenDeliveryGetsEachBlocksChosenTokens) {
   CollectingSink sink;
   auto d = Deliver(r, &sink);
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_THAT(sink.calls, ElementsAre("prepare", "reserve", "finish"));
+  EXPECT_THAT(sink.calls, ElementsAre("reserve", "finish"));
   uint64_t bytes = 0;
   for (size_t i = 0; i < r.block_ids.size(); ++i) {
     auto pieces =
@@ -174,7 +173,7 @@ TEST_F(DeliveryTest, TokenDeliveryGetsEachBlocksChosenTokens) {
   d = Deliver(r, &refused);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(d.status().message(), HasSubstr("block 0 has offset 6"));
-  EXPECT_THAT(refused.calls, ElementsAre("prepare"));
+  EXPECT_THAT(refused.calls, ::testing::IsEmpty());
 }
 
 TEST_F(DeliveryTest, InlineSinkKeepsItsLimitAndFillsTheResponse) {

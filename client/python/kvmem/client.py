@@ -652,6 +652,13 @@ class Client:
         with self._lock:
             self._deferred.append((arena.id, lease))
 
+    def _defer_again(self, arena: Arena, leases: Sequence[int]) -> None:
+        """Leases taken for a call that failed, deferred again: the server
+        releases them before it runs a delivery, but a failed call may not
+        have reached it (a lease released already is ignored there)."""
+        with self._lock:
+            self._deferred.extend((arena.id, lease) for lease in leases)
+
     def _take_deferred(self, arena: Arena) -> list[int]:
         """Leases of this arena to release with the next delivery (those of
         older arenas go with them)."""
@@ -692,13 +699,16 @@ class Client:
             req = pb.FetchBlocksRequest(stream_id=stream_id, block_ids=list(block_ids),
                                         layout=int(layout), layers=list(layers or []),
                                         tokens=_block_tokens(tokens),
-                                        shm_arena_id=arena.id,
-                                        release_lease_ids=self._take_deferred(arena))
+                                        shm_arena_id=arena.id)
+            # Taken once the request is built (building it may raise).
+            released = self._take_deferred(arena)
+            req.release_lease_ids.extend(released)
             try:
                 msgs = list(self._stub.FetchBlocks(
                     req, metadata=self.metadata(stream_id),
                     timeout=self.timeout if timeout is None else timeout))
             except grpc.RpcError as e:
+                self._defer_again(arena, released)
                 raise error_from_rpc(e) from None
             named = dict(tokens or {})
             items = [(m.block_id, from_proto(RecalledBlock, m.block), m.shm, None,
@@ -728,11 +738,18 @@ class Client:
         n_layers = len(layers) if layers else geometry.layers
 
         def run(arena: Optional[Arena]):
+            released = []
             if arena is not None:
                 d.shm_arena_id = arena.id
                 del d.release_lease_ids[:]
-                d.release_lease_ids.extend(self._take_deferred(arena))
-            resp = exchange(req)
+                released = self._take_deferred(arena)
+                d.release_lease_ids.extend(released)
+            try:
+                resp = exchange(req)
+            except Exception:
+                if arena is not None:
+                    self._defer_again(arena, released)
+                raise
             token = layout == PayloadLayout.TOKEN_LAYER_MAJOR
             items = [(b.block_id, None, b.shm if b.HasField("shm") else None,
                       None if b.HasField("shm") else b.data,

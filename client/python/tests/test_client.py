@@ -325,6 +325,25 @@ class RealServerTest(unittest.TestCase):
             c.stub.ReleaseLeases(service_pb2.ReleaseLeasesRequest(
                 arena_id=arena, lease_ids=[lease]), metadata=c.metadata())
         self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        # A delivery refused still releases the leases it carried (the
+        # server lets them go before it runs one), and the client sends them
+        # again with the next in case the refused call never reached it.
+        for refused, error in (
+                (lambda: c.fetch_shared("shm", [99]), kvmem.NotFoundError),
+                (lambda: c.recall_delivered("shm", q[:5], mode="shm"),
+                 kvmem.InvalidArgumentError)):
+            d = c.fetch_shared("shm", [0])
+            lease = d.lease_id
+            d.release_later()
+            with self.assertRaises(error):
+                refused()
+            self.assertIn((c.shm_arena_id, lease), c._deferred)
+            with self.assertRaises(grpc.RpcError) as cm:  # Released already.
+                c.stub.ReleaseLeases(service_pb2.ReleaseLeasesRequest(
+                    arena_id=c.shm_arena_id, lease_ids=[lease]), metadata=c.metadata())
+            self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            c.fetch_shared("shm", [1]).release()
+            self.assertNotIn((c.shm_arena_id, lease), c._deferred)
         with c.session("shm") as s:
             r, d = s.recall_delivered(q, max_tokens=24, held=plain.block_ids[:1])
             self.assertEqual([b.block_id for b in d.blocks], plain.block_ids[1:])
