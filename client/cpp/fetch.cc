@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <string_view>
 #include <thread>
 
 #include "client/cpp/kvmem_client.h"
@@ -73,22 +74,36 @@ grpc::Status ReadFetchStream(
   return reader->Finish();
 }
 
-// The blocks a FetchBlocks refusal for room says were sent ("FetchBlocks
-// sent N of M blocks: ..."); -1 for any other status.
-int64_t BlocksSentBeforeRefusal(const grpc::Status& st) {
-  constexpr char kSent[] = "FetchBlocks sent ";
-  if (st.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED ||
-      st.error_message().rfind(kSent, 0) != 0) {
-    return -1;
-  }
+// The leading decimal number of s[at..] (below 2^30), or -1.
+int64_t LeadingNumber(std::string_view s, size_t at) {
+  if (at >= s.size() || s[at] < '0' || s[at] > '9') return -1;
   int64_t n = 0;
-  size_t i = sizeof(kSent) - 1;
-  const std::string& m = st.error_message();
-  if (i >= m.size() || m[i] < '0' || m[i] > '9') return -1;
-  for (; i < m.size() && m[i] >= '0' && m[i] <= '9' && n < (1 << 30); ++i) {
-    n = n * 10 + (m[i] - '0');
+  for (; at < s.size() && s[at] >= '0' && s[at] <= '9' && n < (1 << 30); ++at) {
+    n = n * 10 + (s[at] - '0');
   }
   return n;
+}
+
+// The blocks a finished FetchBlocks call's trailing metadata says were sent
+// before a refusal (kBlocksSentHeader), or -1.
+int64_t SentHeader(const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find(kBlocksSentHeader);
+  if (it == trailers.end()) return -1;
+  return LeadingNumber(std::string_view(it->second.data(), it->second.size()),
+                       0);
+}
+
+// The blocks a FetchBlocks refusal for room was sent with: `header` (its
+// trailing metadata's count) when there is one, else what the message
+// says ("FetchBlocks sent N of M blocks: ...", a server before the
+// header); -1 for any other status.
+int64_t BlocksSentBeforeRefusal(const grpc::Status& st, int64_t header) {
+  if (st.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return -1;
+  if (header >= 0) return header;
+  constexpr std::string_view kSent = "FetchBlocks sent ";
+  if (st.error_message().rfind(kSent, 0) != 0) return -1;
+  return LeadingNumber(st.error_message(), kSent.size());
 }
 
 }  // namespace
@@ -100,19 +115,22 @@ grpc::Status KvmemClient::FetchResuming(
   constexpr int kIdleTries = 5;  // 20, 40, 80, 160, 320 ms.
   size_t done = 0;               // Blocks received whole, before req's.
   for (int idle = 0;;) {
-    size_t got = 0;  // This attempt's blocks begun.
+    size_t got = 0;       // This attempt's blocks begun.
+    int64_t header = -1;  // Its kBlocksSentHeader.
     grpc::Status st = Routed(stream_id, [&](v1::KvMemory::Stub* stub,
                                             grpc::ClientContext* ctx) {
       truncate(done);
       got = 0;
       auto reader = stub->FetchBlocks(ctx, req);
-      return ReadFetchStream(ctx, reader.get(),
-                             [&](v1::FetchBlocksResponse* chunk, bool first) {
-                               got += first ? 1 : 0;
-                               on_chunk(chunk, first);
-                             });
+      grpc::Status read = ReadFetchStream(
+          ctx, reader.get(), [&](v1::FetchBlocksResponse* chunk, bool first) {
+            got += first ? 1 : 0;
+            on_chunk(chunk, first);
+          });
+      header = SentHeader(*ctx);
+      return read;
     });
-    const int64_t sent = BlocksSentBeforeRefusal(st);
+    const int64_t sent = BlocksSentBeforeRefusal(st, header);
     if (sent < 0 || static_cast<uint64_t>(sent) > got ||
         static_cast<int>(sent) >= req.block_ids_size()) {
       return st;

@@ -140,6 +140,9 @@ inline constexpr char kInstanceHeader[] = "kvmem-instance";
 // Trailing metadata of a call refused because another server owns the
 // stream: that server's address (ClientOptions::max_redirects).
 inline constexpr char kOwnerHeader[] = "kvmem-owner";
+// Trailing metadata of a FetchBlocks refused for room: the blocks it sent
+// whole before the refusal (FetchBlocks and FetchInto resume from there).
+inline constexpr char kBlocksSentHeader[] = "kvmem-blocks-sent";
 
 class KvmemClient {
  public:

@@ -1,14 +1,18 @@
 #include "server/ops/tenancy.h"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status_macros.h"
+#include "engine/ownership.h"
 #include "engine/stream_config.h"
 
 namespace kvmem {
@@ -350,9 +354,15 @@ absl::StatusOr<Caller> Caller::Enter(const Tenancy* tenancy,
 
 absl::Status Caller::Scrub(const absl::Status& s) const {
   if (s.ok()) return s;
-  if (std::optional<std::string> owner = OwnerOf(s);
-      owner.has_value() && !owner_sent_->exchange(true)) {
-    ctx_->AddTrailingMetadata(kOwnerHeader, *owner);
+  // Payloads that become trailing metadata.
+  static constexpr std::pair<const char*, const char*> kHeaders[] = {
+      {kOwnerPayload, kOwnerHeader}, {kBlocksSentPayload, kBlocksSentHeader}};
+  for (uint32_t i = 0; i < std::size(kHeaders); ++i) {
+    const auto value = s.GetPayload(kHeaders[i].first);
+    const uint32_t bit = uint32_t{1} << i;
+    if (value.has_value() && (headers_sent_->fetch_or(bit) & bit) == 0) {
+      ctx_->AddTrailingMetadata(kHeaders[i].second, std::string(*value));
+    }
   }
   return tenancy_->Scrub(tenant_, s);
 }

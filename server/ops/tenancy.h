@@ -53,6 +53,12 @@ namespace kvmem {
 // Trailing metadata of a call refused because another server owns the
 // stream: that server's address (engine/ownership.h's kOwnerPayload).
 inline constexpr char kOwnerHeader[] = "kvmem-owner";
+// Trailing metadata of a FetchBlocks refused for room after some of its
+// blocks ("FetchBlocks sent N of M blocks"): N, the blocks sent whole (the
+// status's kBlocksSentPayload), so that clients resume with the rest
+// without reading the message.
+inline constexpr char kBlocksSentHeader[] = "kvmem-blocks-sent";
+inline constexpr char kBlocksSentPayload[] = "type.kvmem.dev/blocks-sent";
 
 struct Limits {
   uint32_t max_streams_per_tenant = 0;
@@ -202,7 +208,9 @@ class Caller {
   }
   // The status as this caller may see it (other tenants' ids removed);
   // a status naming the stream's owner (engine/ownership.h) also puts it
-  // in the call's trailing metadata kOwnerHeader, once per call.
+  // in the call's trailing metadata kOwnerHeader, and one naming the
+  // blocks a fetch sent (kBlocksSentPayload) in kBlocksSentHeader, each
+  // once per call.
   absl::Status Scrub(const absl::Status& s) const;
   // REQUIRES: creation_mu() held (the check and the creation are one step).
   absl::Status AdmitNewStream() const
@@ -242,13 +250,14 @@ class Caller {
         server_slot_(std::move(server_slot)),
         tenant_slot_(std::move(tenant_slot)),
         ctx_(ctx),
-        owner_sent_(std::make_shared<std::atomic<bool>>(false)) {}
+        headers_sent_(std::make_shared<std::atomic<uint32_t>>(0)) {}
   const Tenancy* tenancy_;
   const Admission* admission_;
   std::string tenant_;
   Admission::Slot server_slot_, tenant_slot_;
   grpc::CallbackServerContext* ctx_;
-  std::shared_ptr<std::atomic<bool>> owner_sent_;  // Shared by copies.
+  // Trailing headers Scrub added (a bit each), shared by copies.
+  std::shared_ptr<std::atomic<uint32_t>> headers_sent_;
 };
 
 }  // namespace kvmem

@@ -221,9 +221,11 @@ class FetchBlocksReactor final
         caller_.ReserveAnswerBytes(ReadBytes(block_), /*ahead=*/!needed);
     if (!held.ok()) {
       if (!needed) return true;
-      Finish(ToGrpcStatus(caller_.Scrub(absl::ResourceExhaustedError(
+      absl::Status refused = absl::ResourceExhaustedError(
           absl::StrCat("FetchBlocks sent ", block_, " of ", blocks_.size(),
-                       " blocks: ", held.status().message())))));
+                       " blocks: ", held.status().message()));
+      refused.SetPayload(kBlocksSentPayload, absl::Cord(absl::StrCat(block_)));
+      Finish(ToGrpcStatus(caller_.Scrub(refused)));
       return false;
     }
     const size_t i = block_++;

@@ -688,6 +688,11 @@ TEST_F(SecurityTest, FetchesThatAreNeverReadHoldAtMostTheirShare) {
       const grpc::Status st = readers[i]->Finish();
       EXPECT_EQ(st.error_code(), StatusCode::RESOURCE_EXHAUSTED);
       EXPECT_THAT(st.error_message(), HasSubstr("FetchBlocks sent 0 of 8"));
+      // The count also in the trailing metadata, for clients to resume by.
+      const auto& trailers = ctx[i]->GetServerTrailingMetadata();
+      auto sent = trailers.find("kvmem-blocks-sent");
+      EXPECT_TRUE(sent != trailers.end() &&
+                  std::string(sent->second.data(), sent->second.size()) == "0");
       EXPECT_THAT(st.error_message(), HasSubstr("--max_queued_response_bytes"));
       ++refused;
     }

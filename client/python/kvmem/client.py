@@ -137,10 +137,13 @@ _SENT = re.compile(r"FetchBlocks sent (\d+) of \d+ blocks")
 
 
 def _blocks_sent_before_refusal(err: KvmemError) -> int:
-    """The whole blocks a FetchBlocks refusal for room says were sent; -1
-    for any other error."""
+    """The whole blocks a FetchBlocks refusal for room was sent with: its
+    trailing metadata's count (kvmem-blocks-sent), else what its message
+    says (a server before the header); -1 for any other error."""
     if err.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return -1
+    if err.blocks_sent is not None:
+        return err.blocks_sent
     m = _SENT.match(err.message or "")
     return int(m.group(1)) if m else -1
 

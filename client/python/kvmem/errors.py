@@ -8,6 +8,9 @@ import grpc
 
 # Trailing metadata naming the server that owns a stream (kvmem-server --etcd).
 OWNER_HEADER = "kvmem-owner"
+# Trailing metadata of a FetchBlocks refused for room: the blocks it sent
+# whole before the refusal.
+BLOCKS_SENT_HEADER = "kvmem-blocks-sent"
 _LAST_DURABLE = re.compile(r"last durable frame is (-?\d+)")
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
@@ -27,6 +30,9 @@ class KvmemError(Exception):
         self.owner = owner
         m = _LAST_DURABLE.search(message)
         self.last_durable_frame: Optional[int] = int(m.group(1)) if m else None
+        # A FetchBlocks refused for room: the blocks sent whole before it
+        # (trailing metadata kvmem-blocks-sent; error_from_rpc sets it).
+        self.blocks_sent: Optional[int] = None
 
 
 class InvalidArgumentError(KvmemError):
@@ -96,8 +102,13 @@ def error_from_rpc(e: grpc.RpcError) -> KvmemError:
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
     owner = None
+    sent = None
     if hasattr(e, "trailing_metadata"):
         for key, value in e.trailing_metadata() or ():
             if key == OWNER_HEADER:
                 owner = value
-    return error_for(code or grpc.StatusCode.UNKNOWN, details or "", owner)
+            elif key == BLOCKS_SENT_HEADER and str(value).isdigit():
+                sent = int(value)
+    err = error_for(code or grpc.StatusCode.UNKNOWN, details or "", owner)
+    err.blocks_sent = sent
+    return err

@@ -568,7 +568,9 @@ class _RefusingFetches:
     bytes([block id]) * 8. The real refusal's timing cannot be arranged
     mid-call; the real server's is tested in SecurityTest."""
 
-    def __init__(self, plan) -> None:
+    def __init__(self, plan, header: bool = False) -> None:
+        """header: the count in trailing metadata kvmem-blocks-sent and not
+        in the message (the client must use the header)."""
         from concurrent import futures
         from kvmem.v1 import service_pb2, types_pb2
         self.asked = []
@@ -579,6 +581,10 @@ class _RefusingFetches:
             step = plan[len(self.asked) - 1] if len(self.asked) <= len(plan) else None
             for i, b in enumerate(ids):
                 if step is not None and i == step:
+                    if header:
+                        context.set_trailing_metadata((("kvmem-blocks-sent", str(i)),))
+                        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      "no room in the tenant's share")
                     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                   f"FetchBlocks sent {i} of {len(ids)} blocks: the "
                                   "tenant's share of --max_queued_response_bytes is held")
@@ -612,15 +618,16 @@ class FetchResumeTest(unittest.TestCase):
         """Block 0 sent then a refusal, then one with nothing sent, then the
         rest: every block once, in order, each asked again only while it
         had not arrived."""
-        fake = _RefusingFetches([1, 0, None])
-        try:
-            blocks = fake.fetch([5, 6, 7])
-            self.assertEqual([b["id"] for b in blocks], [5, 6, 7])
-            self.assertEqual([b"".join(b["parts"]) for b in blocks],
-                             [bytes([i]) * 8 for i in (5, 6, 7)])
-            self.assertEqual(fake.asked, [[5, 6, 7], [6, 7], [6, 7]])
-        finally:
-            fake.stop()
+        for header in (False, True):  # The count in the message, the header.
+            fake = _RefusingFetches([1, 0, None], header=header)
+            try:
+                blocks = fake.fetch([5, 6, 7])
+                self.assertEqual([b["id"] for b in blocks], [5, 6, 7])
+                self.assertEqual([b"".join(b["parts"]) for b in blocks],
+                                 [bytes([i]) * 8 for i in (5, 6, 7)])
+                self.assertEqual(fake.asked, [[5, 6, 7], [6, 7], [6, 7]])
+            finally:
+                fake.stop()
 
     def test_a_refusal_without_progress_is_raised_after_about_half_a_second(self):
         fake = _RefusingFetches([0] * 10)
