@@ -4,6 +4,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "base/thread_scratch.h"
 #include "engine/index/dot.h"
 
@@ -103,6 +107,61 @@ void ClassifyRows(const RecallView& view, const ScoreRequest& req,
   }
   rows->exact = true;
   for (const SegmentScan& s : rows->scans) rows->exact &= s.exact;
+}
+
+double ColdMassScalar(const float* density, const float* recallable,
+                      const uint32_t* tokens, size_t n) {
+  double cold[4] = {0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (size_t k = 0; k < 4; ++k) {
+      cold[k] +=
+          recallable[i + k] > 0 ? double(density[i + k]) * tokens[i + k] : 0.0;
+    }
+  }
+  for (; i < n; ++i) {
+    cold[0] += recallable[i] > 0 ? double(density[i]) * tokens[i] : 0.0;
+  }
+  return (cold[0] + cold[1]) + (cold[2] + cold[3]);
+}
+
+double ColdMass(const float* density, const float* recallable,
+                const uint32_t* tokens, size_t n) {
+#if defined(__SSE2__)
+  // Lanes: sums 0 and 1 in `lo`, 2 and 3 in `hi`. A uint32 t becomes the
+  // double 2^52 + t by its bits, less 2^52: exactly t. Rows not recallable
+  // add +0.0 (the mask clears the product, NaN or not), as the scalar's 0.0.
+  const __m128i magic = _mm_set1_epi32(0x43300000);
+  const __m128d two52 = _mm_set1_pd(4503599627370496.0);
+  const __m128 zero = _mm_setzero_ps();
+  __m128d lo = _mm_setzero_pd(), hi = _mm_setzero_pd();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m128 d = _mm_loadu_ps(density + i);
+    const __m128 on = _mm_cmpgt_ps(_mm_loadu_ps(recallable + i), zero);
+    const __m128i t =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(tokens + i));
+    const __m128d t_lo =
+        _mm_sub_pd(_mm_castsi128_pd(_mm_unpacklo_epi32(t, magic)), two52);
+    const __m128d t_hi =
+        _mm_sub_pd(_mm_castsi128_pd(_mm_unpackhi_epi32(t, magic)), two52);
+    const __m128d d_lo = _mm_cvtps_pd(d);
+    const __m128d d_hi = _mm_cvtps_pd(_mm_movehl_ps(d, d));
+    const __m128d on_lo = _mm_castps_pd(_mm_unpacklo_ps(on, on));
+    const __m128d on_hi = _mm_castps_pd(_mm_unpackhi_ps(on, on));
+    lo = _mm_add_pd(lo, _mm_and_pd(_mm_mul_pd(d_lo, t_lo), on_lo));
+    hi = _mm_add_pd(hi, _mm_and_pd(_mm_mul_pd(d_hi, t_hi), on_hi));
+  }
+  double cold[4];
+  _mm_storeu_pd(cold, lo);
+  _mm_storeu_pd(cold + 2, hi);
+  for (; i < n; ++i) {
+    cold[0] += recallable[i] > 0 ? double(density[i]) * tokens[i] : 0.0;
+  }
+  return (cold[0] + cold[1]) + (cold[2] + cold[3]);
+#else
+  return ColdMassScalar(density, recallable, tokens, n);
+#endif
 }
 
 std::vector<float> WindowLse(const RecallView& view, const float* query,

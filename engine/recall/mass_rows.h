@@ -5,6 +5,7 @@
 #ifndef KVMEM_ENGINE_RECALL_MASS_ROWS_H_
 #define KVMEM_ENGINE_RECALL_MASS_ROWS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -61,6 +62,18 @@ struct PoolCandidates {
     id.clear();
   }
 };
+
+// The estimated cold mass of n rows: the sum of density[i] * tokens[i]
+// (in double) over the rows whose recallable[i] > 0. Four sums over
+// strided rows (row i adds to sum i % 4, the tail's to sum 0), added as
+// (s0 + s1) + (s2 + s3): deterministic, and the row-order sum up to its
+// rounding. SSE2 (x86-64's baseline) where there is SSE2: the same floats
+// as the scalar loop, bit for bit (MassRowsTest).
+double ColdMass(const float* density, const float* recallable,
+                const uint32_t* tokens, size_t n);
+// The same, the scalar loop (the definition).
+double ColdMassScalar(const float* density, const float* recallable,
+                      const uint32_t* tokens, size_t n);
 
 // Each scanned unit's tokens and role (recallable, window, ignored). With
 // `by_token` (the token stage scores the pool), the groups of the block

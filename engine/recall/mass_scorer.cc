@@ -409,22 +409,8 @@ ScoredSet MassScorer::RankSet(const RecallView& view, const ScoreRequest& req,
       SetState{MassSemantics(view, *req.query, req.eligible),
                std::vector<bool>(n, false)});
   ScoredSet out;
-  // Summed in locals: through out.cold_mass every add waited on the store
-  // of the one before (~0.1 ms at 43,200 units), and with one sum on the
-  // add before it (4 cycles a row). Four sums over strided rows, added in a
-  // fixed order: deterministic, and the row-order sum up to its rounding.
-  double cold[4] = {0, 0, 0, 0};
-  const float* d = density.data();
-  const float* on = rows.recallable.data();
-  const uint32_t* tokens = rows.tokens.data();
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (size_t k = 0; k < 4; ++k) {
-      cold[k] += on[i + k] > 0 ? double(d[i + k]) * tokens[i + k] : 0.0;
-    }
-  }
-  for (; i < n; ++i) cold[0] += on[i] > 0 ? double(d[i]) * tokens[i] : 0.0;
-  out.cold_mass = (cold[0] + cold[1]) + (cold[2] + cold[3]);
+  out.cold_mass =
+      ColdMass(density.data(), rows.recallable.data(), rows.tokens.data(), n);
   std::function<std::vector<PlanUnit>()> rest_tokens;
   if (token_stage_ && view.grouped()) {
     // The tokens decide: the pool needs no exact group ranking.

@@ -31,6 +31,7 @@
 #include "engine/index/token_codes.h"
 #include "engine/memory_engine.h"
 #include "engine/recall/fast_exp.h"
+#include "engine/recall/mass_rows.h"
 #include "engine/recall/recall_planner.h"
 #include "engine/recall/token_groups.h"
 #include "engine/recall/token_lanes.h"
@@ -997,6 +998,29 @@ BENCHMARK(BM_AppendRebuildEveryBlock)
     ->Arg(1)
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
+// Score MASS's cold mass over the rows of BM_StreamRecall/10000's recall
+// (10,016 rows, three in four recallable): arg 0 the scalar loop, 1
+// ColdMass (SSE2). The same double either way (MassRowsTest).
+void BM_ColdMass(benchmark::State& state) {
+  constexpr size_t kRows = 10016;
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> u(0.0f, 1e-3f);
+  std::vector<float> density(kRows), recallable(kRows);
+  std::vector<uint32_t> tokens(kRows);
+  for (size_t i = 0; i < kRows; ++i) {
+    density[i] = u(rng);
+    recallable[i] = rng() % 4 != 0 ? 1.0f : 0.0f;
+    tokens[i] = 4;
+  }
+  auto cold = state.range(0) == 0 ? ColdMassScalar : ColdMass;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        cold(density.data(), recallable.data(), tokens.data(), kRows));
+  }
+  state.SetLabel(state.range(0) == 0 ? "scalar" : "sse2");
+}
+BENCHMARK(BM_ColdMass)->Arg(0)->Arg(1);
+
 BENCHMARK(BM_StreamRecall)
     ->Args({1000, 1, 1})
     ->Args({10000, 1, 1})
