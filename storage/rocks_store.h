@@ -108,7 +108,7 @@ class RocksColdStore final : public ColdStore {
     return listener_->relocated_blob_bytes();
   }
   // Deleted streams' ranges compacted in the background (Reclaim), and
-  // those waiting: for tests and stats.
+  // those waiting or being compacted: for tests and stats.
   uint64_t reclaims_done() ABSL_LOCKS_EXCLUDED(reclaim_mu_);
   size_t reclaims_pending() ABSL_LOCKS_EXCLUDED(reclaim_mu_);
 
