@@ -85,13 +85,17 @@ int64_t LeadingNumber(std::string_view s, size_t at) {
 }
 
 // The blocks a finished FetchBlocks call's trailing metadata says were sent
-// before a refusal (kBlocksSentHeader), or -1.
+// before a refusal (kBlocksSentHeader: decimal digits only), or -1.
 int64_t SentHeader(const grpc::ClientContext& ctx) {
   const auto& trailers = ctx.GetServerTrailingMetadata();
   auto it = trailers.find(kBlocksSentHeader);
   if (it == trailers.end()) return -1;
-  return LeadingNumber(std::string_view(it->second.data(), it->second.size()),
-                       0);
+  const std::string_view value(it->second.data(), it->second.size());
+  if (value.empty() || value.size() > 9 ||
+      value.find_first_not_of("0123456789") != std::string_view::npos) {
+    return -1;
+  }
+  return LeadingNumber(value, 0);
 }
 
 // The blocks a FetchBlocks refusal for room was sent with: `header` (its

@@ -67,8 +67,8 @@ struct PoolCandidates {
 // (in double) over the rows whose recallable[i] > 0. Four sums over
 // strided rows (row i adds to sum i % 4, the tail's to sum 0), added as
 // (s0 + s1) + (s2 + s3): deterministic, and the row-order sum up to its
-// rounding. SSE2 (x86-64's baseline) where there is SSE2: the same floats
-// as the scalar loop, bit for bit (MassRowsTest).
+// rounding. SSE2 (x86-64's baseline) where there is SSE2: the same double
+// as the scalar loop, bit for bit (a NaN's payload aside; MassRowsTest).
 double ColdMass(const float* density, const float* recallable,
                 const uint32_t* tokens, size_t n);
 // The same, the scalar loop (the definition).

@@ -107,7 +107,8 @@ def error_from_rpc(e: grpc.RpcError) -> KvmemError:
         for key, value in e.trailing_metadata() or ():
             if key == OWNER_HEADER:
                 owner = value
-            elif key == BLOCKS_SENT_HEADER and str(value).isdigit():
+            elif (key == BLOCKS_SENT_HEADER and isinstance(value, str)
+                  and value.isascii() and value.isdigit()):
                 sent = int(value)
     err = error_for(code or grpc.StatusCode.UNKNOWN, details or "", owner)
     err.blocks_sent = sent

@@ -648,40 +648,46 @@ TEST(SegmentScanTest, ChunkedScansOfManyRowsStayWithinTheirBounds) {
 // 0.5 and NaN (only > 0 counts), token counts up to 2^32 - 1.
 TEST(MassRowsTest, ColdMassIsTheScalarSumBitForBit) {
   std::mt19937_64 rng(41);
+  // The finite ones first: with `nonfinite` false only those, so that long
+  // rows are compared bit for bit rather than as NaN.
   const float special[] = {0.0f,
                            -0.0f,
                            1e-42f,
                            -3.5f,
+                           std::numeric_limits<float>::max(),
                            std::numeric_limits<float>::infinity(),
                            -std::numeric_limits<float>::infinity(),
-                           std::numeric_limits<float>::quiet_NaN(),
-                           std::numeric_limits<float>::max()};
+                           std::numeric_limits<float>::quiet_NaN()};
   const float flags[] = {0.0f, 1.0f, -1.0f, 0.5f,
                          std::numeric_limits<float>::quiet_NaN()};
   const uint32_t counts[] = {0u, 1u, 7u, 1u << 24, 1u << 31, 0xffffffffu};
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{4}, size_t{5},
                    size_t{37}, size_t{10007}}) {
-    for (int special_share : {0, 8}) {  // In 8ths of the rows.
-      std::vector<float> density(n), recallable(n);
-      std::vector<uint32_t> tokens(n);
-      for (size_t i = 0; i < n; ++i) {
-        density[i] = static_cast<int>(rng() % 8) < special_share
-                         ? special[rng() % std::size(special)]
-                         : u(rng) * 1e-3f;
-        recallable[i] = flags[rng() % std::size(flags)];
-        tokens[i] = rng() % 4 == 0 ? counts[rng() % std::size(counts)]
-                                   : static_cast<uint32_t>(rng() % 64);
-      }
-      const double want =
-          ColdMassScalar(density.data(), recallable.data(), tokens.data(), n);
-      const double got =
-          ColdMass(density.data(), recallable.data(), tokens.data(), n);
-      if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(got)) << n << " " << special_share;
-      } else {
-        EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0)
-            << n << " " << special_share << ": " << want << " vs " << got;
+    for (int special_share : {0, 1, 8}) {  // In 8ths of the rows.
+      for (bool nonfinite : {false, true}) {
+        const size_t specials = nonfinite ? std::size(special) : 5;
+        std::vector<float> density(n), recallable(n);
+        std::vector<uint32_t> tokens(n);
+        for (size_t i = 0; i < n; ++i) {
+          density[i] = static_cast<int>(rng() % 8) < special_share
+                           ? special[rng() % specials]
+                           : u(rng) * 1e-3f;
+          recallable[i] = flags[rng() % std::size(flags)];
+          tokens[i] = rng() % 4 == 0 ? counts[rng() % std::size(counts)]
+                                     : static_cast<uint32_t>(rng() % 64);
+        }
+        const double want =
+            ColdMassScalar(density.data(), recallable.data(), tokens.data(), n);
+        const double got =
+            ColdMass(density.data(), recallable.data(), tokens.data(), n);
+        if (std::isnan(want)) {
+          EXPECT_TRUE(nonfinite) << n << " " << special_share;
+          EXPECT_TRUE(std::isnan(got)) << n << " " << special_share;
+        } else {
+          EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0)
+              << n << " " << special_share << ": " << want << " vs " << got;
+        }
       }
     }
   }
