@@ -176,8 +176,14 @@ import json, sys
 b = json.load(open(f"{sys.argv[1]}/bench.json"))
 for k in ["ingest_mb_per_s", "raw_stream_mb_per_s", "storage_put_mb_per_s",
           "recall_p50_us", "recall_p99_us", "empty_rpc_p99_us",
-          "inproc_recall_p99_us", "flat_faiss_p99_us", "live_recall_p99_us"]:
+          "inproc_recall_p99_us", "flat_faiss_p99_us", "live_recall_p99_us",
+          "loaded_ingest_mb_per_s", "loaded_recall_p99_us",
+          "loaded_recall_engine_p99_us", "loaded_empty_rpc_p99_us",
+          "loaded_recall_p99_vs_empty_rpc_p99"]:
     assert b[k] > 0, (k, b)
+# The loaded phase: every caller recalled at least once while the streams
+# appended their frames again.
+assert b["loaded_recallers"] == 4 and b["loaded_recalls"] >= 4, b
 assert b["inproc_recall_at_16"] == 1.0, b
 assert b["streams"] == 2 and b["frame_bytes"] == 262144, b
 assert b["live_frames_per_s"] > 0 and b["server_rss_mib"] > 0, b

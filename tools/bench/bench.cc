@@ -142,6 +142,15 @@ std::vector<OutgoingFrame> MakeFrames(const DemoGeometry& g, uint64_t seed,
   return frames;
 }
 
+// Every thread's latencies together, summarised.
+Latency SummarizeAll(const std::vector<std::vector<double>>& per_thread) {
+  std::vector<double> all;
+  for (const std::vector<double>& l : per_thread) {
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return Summarize(&all);
+}
+
 std::string StreamId(int i) { return absl::StrCat("bench-cam-", i); }
 
 std::unique_ptr<KvmemClient> OwnConnection(const std::string& target) {
@@ -179,6 +188,7 @@ class BenchRun {
   explicit BenchRun(const BenchOptions& o)
       : o_(o), g_(GeometryOf(o)), config_(StreamConfigOf(o, g_)) {
     r_.streams = o.streams;
+    r_.loaded_recallers = o.loaded_recallers;
     r_.cold_precision = o.cold_precision;
     r_.ingest_precision = o.ingest_precision;
     r_.kernel = ActiveInt8Kernel().name;
@@ -201,6 +211,9 @@ class BenchRun {
   void Ingest();
   void Recall();
   void EmptyRpc();
+  void LoadedRecall();
+  // The recall phase's request for stream s with query q.
+  v1::RecallRequest RecallRequestOf(int s, const std::vector<float>& q) const;
   void Live();
   // One live camera: n frames appended and recalled at o.fps on a Session.
   void LiveCamera(int s, int n, const std::vector<std::vector<float>>& queries,
@@ -240,6 +253,8 @@ absl::StatusOr<BenchReport> BenchRun::Run() {
   Recall();
   if (!err_.status().ok()) return err_.status();
   EmptyRpc();
+  if (!err_.status().ok()) return err_.status();
+  if (o_.loaded_recallers > 0) LoadedRecall();
   if (!err_.status().ok()) return err_.status();
   if (o_.fps > 0) Live();
   if (!err_.status().ok()) return err_.status();
@@ -399,12 +414,8 @@ void BenchRun::Recall() {
   Parallel(o_.streams, [&](int s) {
     CameraWorkload cam(o_.seed * 1000 + s, g_, 6, o_.frames);
     for (int i = 0; i < o_.recalls; ++i) {
-      v1::RecallRequest req;
-      req.set_stream_id(StreamId(s));
-      const std::vector<float> q = cam.MakeQuery(i % o_.frames);
-      req.mutable_query()->Assign(q.begin(), q.end());
-      req.mutable_budget()->set_top_k(o_.recall_top_k);
-      req.mutable_budget()->set_max_tokens(o_.recall_max_tokens);
+      const v1::RecallRequest req =
+          RecallRequestOf(s, cam.MakeQuery(i % o_.frames));
       v1::RecallResponse resp;
       const auto c0 = Clock::now();
       const grpc::Status st = clients_[s]->Recall(req, &resp);
@@ -414,9 +425,7 @@ void BenchRun::Recall() {
   });
   const double secs = Seconds(t0, Clock::now());
   r_.server_cpu_recall = (SampleProcess(o_.server_pid).cpu_s - p0.cpu_s) / secs;
-  std::vector<double> all;
-  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  r_.recall = Summarize(&all);
+  r_.recall = SummarizeAll(lat);
 }
 
 void BenchRun::EmptyRpc() {
@@ -432,13 +441,90 @@ void BenchRun::EmptyRpc() {
       err_.Set("Health.Check", st);
     }
   });
-  std::vector<double> all;
-  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  r_.empty_rpc = Summarize(&all);
+  r_.empty_rpc = SummarizeAll(lat);
+}
+
+v1::RecallRequest BenchRun::RecallRequestOf(int s,
+                                            const std::vector<float>& q) const {
+  v1::RecallRequest req;
+  req.set_stream_id(StreamId(s));
+  req.mutable_query()->Assign(q.begin(), q.end());
+  req.mutable_budget()->set_top_k(o_.recall_top_k);
+  req.mutable_budget()->set_max_tokens(o_.recall_max_tokens);
+  return req;
+}
+
+void BenchRun::LoadedRecall() {
+  // 7. Recall while every stream ingests at full rate: each appends its
+  // frames again (as the ones after those it holds), and loaded_recallers
+  // callers, each on a connection of its own, recall the streams in turn,
+  // each recall followed by an empty RPC, so the two meet the same load,
+  // until the appends are done (at least one pair each).
+  const int callers = o_.loaded_recallers;
+  Say(absl::StrCat("loaded recall: ", callers, " callers while ", o_.streams,
+                   " streams ingest"));
+  const uint64_t shift_tokens =
+      static_cast<uint64_t>(o_.frames) * o_.tokens_per_frame;
+  for (std::vector<OutgoingFrame>& frames : frames_) {
+    for (OutgoingFrame& f : frames) {
+      v1::FrameHeader& h = f.header;
+      h.set_frame_index(h.frame_index() + o_.frames);
+      h.set_timestamp_us(h.timestamp_us() + int64_t{o_.frames} * 333333);
+      h.set_first_token_position(h.first_token_position() + shift_tokens);
+    }
+  }
+  std::vector<std::unique_ptr<KvmemClient>> own;
+  for (int c = 0; c < callers; ++c) {
+    own.push_back(OwnConnection(o_.target));
+    if (!own.back()->WaitForReady(std::chrono::seconds(10))) {
+      return err_.Set(absl::UnavailableError(
+          absl::StrCat("cannot connect to ", o_.target)));
+    }
+  }
+  std::vector<std::vector<double>> rec(callers), eng(callers), emp(callers);
+  // Each stream's queries, as the recall phase's (built before the clock).
+  std::vector<std::vector<std::vector<float>>> queries(o_.streams);
+  for (int s = 0; s < o_.streams; ++s) {
+    CameraWorkload cam(o_.seed * 1000 + s, g_, 6, o_.frames);
+    for (int i = 0; i < o_.frames; ++i) queries[s].push_back(cam.MakeQuery(i));
+  }
+  std::atomic<int> appending{o_.streams};
+  const auto t0 = Clock::now();
+  std::atomic<double> ingest_secs{0};
+  Parallel(o_.streams + callers, [&](int k) {
+    if (k < o_.streams) {
+      v1::AppendFramesResponse resp;
+      err_.Set("AppendFrames (loaded)",
+               clients_[k]->AppendFrames(StreamId(k), frames_[k], &resp));
+      if (--appending == 0) ingest_secs = Seconds(t0, Clock::now());
+      return;
+    }
+    const int c = k - o_.streams;
+    for (int i = 0; i == 0 || appending.load() > 0; ++i) {
+      const int s = (c + i * callers) % o_.streams;
+      const v1::RecallRequest req =
+          RecallRequestOf(s, queries[s][i % o_.frames]);
+      v1::RecallResponse resp;
+      auto c0 = Clock::now();
+      grpc::Status st = own[c]->Recall(req, &resp);
+      rec[c].push_back(MicrosSince(c0));
+      if (!st.ok()) return err_.Set("Recall (loaded)", st);
+      eng[c].push_back(resp.timing().total_us());
+      grpc::health::v1::HealthCheckResponse health;
+      c0 = Clock::now();
+      st = own[c]->CheckHealth("", &health);
+      emp[c].push_back(MicrosSince(c0));
+      if (!st.ok()) return err_.Set("Health.Check (loaded)", st);
+    }
+  });
+  r_.loaded_ingest_mb_per_s = Ratio(total_mb_, ingest_secs.load());
+  r_.loaded_recall = SummarizeAll(rec);
+  r_.loaded_recall_engine = SummarizeAll(eng);
+  r_.loaded_empty_rpc = SummarizeAll(emp);
 }
 
 void BenchRun::Live() {
-  // 7. Live: sessions append and recall each frame at the camera's pace.
+  // 8. Live: sessions append and recall each frame at the camera's pace.
   Say(absl::StrCat("live: ", o_.streams, " sessions at ", o_.fps, " fps for ",
                    o_.live_seconds, " s"));
   r_.live_fps = o_.fps;
@@ -465,17 +551,10 @@ void BenchRun::Live() {
   const double span = last > first ? Seconds(first, last) : 0.0;
   r_.live_frames_per_s = Ratio(double(live_done_.load()),
                                std::max(span, n / std::max(o_.fps, 1e-9)));
-  std::vector<double> a, b, e, m;
-  for (int s = 0; s < o_.streams; ++s) {
-    a.insert(a.end(), app[s].begin(), app[s].end());
-    b.insert(b.end(), rec[s].begin(), rec[s].end());
-    e.insert(e.end(), eng[s].begin(), eng[s].end());
-    m.insert(m.end(), emp[s].begin(), emp[s].end());
-  }
-  r_.live_empty_rpc = Summarize(&m);
-  r_.live_append = Summarize(&a);
-  r_.live_recall = Summarize(&b);
-  r_.live_recall_engine = Summarize(&e);
+  r_.live_empty_rpc = SummarizeAll(emp);
+  r_.live_append = SummarizeAll(app);
+  r_.live_recall = SummarizeAll(rec);
+  r_.live_recall_engine = SummarizeAll(eng);
 }
 
 void BenchRun::LiveCamera(int s, int n,
@@ -571,6 +650,12 @@ std::string BenchJson(const BenchReport& r) {
   w.Key("stream_recall_tokens_scored").Num(r.stream_tokens_scored, 1);
   lat("wide_inproc_recall", r.wide_inproc);
   lat("wide_flat_faiss", r.wide_flat);
+  w.Key("loaded_recallers").Int(r.loaded_recallers);
+  w.Key("loaded_recalls").UInt(r.loaded_recall.count);
+  w.Key("loaded_ingest_mb_per_s").Num(r.loaded_ingest_mb_per_s, 1);
+  lat("loaded_recall", r.loaded_recall);
+  lat("loaded_recall_engine", r.loaded_recall_engine);
+  lat("loaded_empty_rpc", r.loaded_empty_rpc);
   w.Key("live_fps").Num(r.live_fps, 2);
   w.Key("live_frames_per_s").Num(r.live_frames_per_s, 1);
   lat("live_append", r.live_append);
@@ -587,6 +672,8 @@ std::string BenchJson(const BenchReport& r) {
       .Num(Ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s), 3);
   w.Key("recall_p99_vs_empty_rpc_p99")
       .Num(Ratio(r.recall.p99_us, r.empty_rpc.p99_us), 3);
+  w.Key("loaded_recall_p99_vs_empty_rpc_p99")
+      .Num(Ratio(r.loaded_recall.p99_us, r.loaded_empty_rpc.p99_us), 3);
   w.Key("flat_faiss_p99_vs_inproc_p99")
       .Num(Ratio(r.flat.p99_us, r.inproc.p99_us), 2);
   w.Key("stream_recall_mass_p99_vs_summed_p99")
@@ -648,6 +735,18 @@ std::string BenchText(const BenchReport& r) {
       "empty RPC p99 %.1f us (x%.2f)\n",
       r.recall.p50_us, r.recall.p99_us, r.recall.p999_us, r.empty_rpc.p99_us,
       Ratio(r.recall.p99_us, r.empty_rpc.p99_us));
+  if (r.loaded_recall.count > 0) {
+    s += absl::StrFormat(
+        "  recall RPC while all streams ingest (%d callers, %llu recalls; "
+        "ingest %.1f MB/s) p50 %7.1f us  p99 %7.1f us (in the engine p99 "
+        "%.1f us); empty RPC under the same load p50 %.1f us p99 %.1f us "
+        "(x%.2f)\n",
+        r.loaded_recallers, r.loaded_recall.count, r.loaded_ingest_mb_per_s,
+        r.loaded_recall.p50_us, r.loaded_recall.p99_us,
+        r.loaded_recall_engine.p99_us, r.loaded_empty_rpc.p50_us,
+        r.loaded_empty_rpc.p99_us,
+        Ratio(r.loaded_recall.p99_us, r.loaded_empty_rpc.p99_us));
+  }
   if (r.live_fps > 0) {
     s += absl::StrFormat(
         "  live %.1f fps/stream  %.1f frames/s achieved; append p99 %.1f us, "

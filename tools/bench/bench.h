@@ -12,7 +12,8 @@
 //     streams;
 //   - the service: N camera streams appending at full rate
 //     (AppendFrames), then (once the server's background work settled)
-//     recalling (ids only) concurrently, then, with
+//     recalling (ids only) concurrently, then appending as much again
+//     while a few callers recall and send empty RPCs in turn, then, with
 //     fps > 0, live sessions appending and recalling each frame at that
 //     pace; the server's RSS and CPU when its pid is known.
 //
@@ -41,6 +42,9 @@ struct BenchOptions {
   int recalls = 300;  // Per stream, recall phase (and empty RPCs).
   double fps = 0;     // Live phase pace per stream; 0 skips it.
   double live_seconds = 10;
+  // Callers recalling while every stream ingests again at full rate (the
+  // loaded phase); 0 skips it.
+  int loaded_recallers = 4;
   // Frame geometry: 4 x 2 x 64 fp16, 128 tokens = 256 KiB per frame.
   uint32_t layers = 4, kv_heads = 2, head_dim = 64, tokens_per_frame = 128;
   uint32_t hot_window_tokens = 2048;
@@ -106,6 +110,13 @@ struct BenchReport {
   std::string cold_precision, ingest_precision;
   uint64_t cold_tier_blocks = 0, cold_tier_bytes = 0;
   Latency recall;
+  // Loaded phase (loaded_recallers > 0): every stream appends its frames
+  // again at full rate while loaded_recallers callers each alternate a
+  // recall (as the recall phase's) and an empty RPC, so both meet the same
+  // load; the recall's own time in the engine beside it.
+  Latency loaded_recall, loaded_recall_engine, loaded_empty_rpc;
+  int loaded_recallers = 0;
+  double loaded_ingest_mb_per_s = 0;
   // Live phase (fps > 0).
   double live_fps = 0;  // Asked per stream.
   // Achieved, all streams: frames answered over the span from the first

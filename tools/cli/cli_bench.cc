@@ -26,6 +26,10 @@ ABSL_FLAG(double, live_fps, 0,
           "bench: after the full-rate phases, sessions append and recall "
           "each frame at this pace per stream (0: no live phase).");
 ABSL_FLAG(double, live_seconds, 10, "bench: length of the live phase.");
+ABSL_FLAG(int, loaded_recallers, 4,
+          "bench: callers that recall, each recall followed by an empty RPC, "
+          "while every stream appends its frames again at full rate (the "
+          "loaded phase; 0: no loaded phase).");
 ABSL_FLAG(uint64_t, warm_budget_mib, 64,
           "bench: warm (RAM) budget per stream; past it blocks are demoted, "
           "rewriting their KV layer-major on disk.");
@@ -129,6 +133,7 @@ int RunBench(const std::vector<std::string>&) {
   o.frames = FlagOr(FLAGS_frames, "frames", 120);
   o.fps = absl::GetFlag(FLAGS_live_fps);
   o.live_seconds = absl::GetFlag(FLAGS_live_seconds);
+  o.loaded_recallers = absl::GetFlag(FLAGS_loaded_recallers);
   o.layers = FlagOr(FLAGS_layers, "layers", 4u);
   o.kv_heads = FlagOr(FLAGS_kv_heads, "kv_heads", 2u);
   o.head_dim = FlagOr(FLAGS_head_dim, "head_dim", 64u);
@@ -157,11 +162,12 @@ int RunBench(const std::vector<std::string>&) {
     return 2;
   }
   if (o.streams < 1 || o.streams > 1024 || o.frames < 1 || o.recalls < 1 ||
-      o.fps < 0 || o.inproc_vectors < 16 || o.inproc_queries < 1) {
+      o.fps < 0 || o.inproc_vectors < 16 || o.inproc_queries < 1 ||
+      o.loaded_recallers < 0 || o.loaded_recallers > 256) {
     std::fprintf(stderr,
                  "kvmem bench: need 1..1024 --streams, >= 1 --frames and "
-                 "--recalls, --live_fps >= 0, --index_vectors >= 16 and "
-                 "--index_queries >= 1\n");
+                 "--recalls, --live_fps >= 0, --index_vectors >= 16, "
+                 "--index_queries >= 1 and 0..256 --loaded_recallers\n");
     return 2;
   }
   const bool cameras = absl::flags_internal::WasPresentOnCommandLine("cameras");
