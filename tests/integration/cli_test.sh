@@ -181,8 +181,8 @@ for k in ["ingest_mb_per_s", "raw_stream_mb_per_s", "storage_put_mb_per_s",
           "loaded_recall_engine_p99_us", "loaded_empty_rpc_p99_us",
           "loaded_recall_p99_vs_empty_rpc_p99"]:
     assert b[k] > 0, (k, b)
-# The loaded phase: every caller recalled at least once while the streams
-# appended their frames again.
+# The loaded phase ran: each caller made at least its one recall and empty
+# RPC (in so small a run the appends may be over before some of them).
 assert b["loaded_recallers"] == 4 and b["loaded_recalls"] >= 4, b
 assert b["inproc_recall_at_16"] == 1.0, b
 assert b["streams"] == 2 and b["frame_bytes"] == 262144, b

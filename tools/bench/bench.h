@@ -12,10 +12,11 @@
 //     streams;
 //   - the service: N camera streams appending at full rate
 //     (AppendFrames), then (once the server's background work settled)
-//     recalling (ids only) concurrently, then appending as much again
-//     while a few callers recall and send empty RPCs in turn, then, with
-//     fps > 0, live sessions appending and recalling each frame at that
-//     pace; the server's RSS and CPU when its pid is known.
+//     recalling (ids only) concurrently, then, with fps > 0, live
+//     sessions appending and recalling each frame at that pace, then
+//     appending as much again while a few callers recall and send empty
+//     RPCs in turn; the server's RSS (before that last phase) and CPU when
+//     its pid is known.
 //
 // Thread safety: RunBench is self-contained; call it from one thread.
 #ifndef KVMEM_TOOLS_BENCH_BENCH_H_
@@ -127,7 +128,7 @@ struct BenchReport {
   Latency live_recall_engine;  // The engine's own time (RecallTiming.total_us).
   Latency live_empty_rpc;      // After each recall, same connection.
   // Server process (server_pid >= 0).
-  double server_rss_mib = 0;                            // After the run.
+  double server_rss_mib = 0;  // Before the loaded phase.
   double server_cpu_ingest = 0, server_cpu_recall = 0;  // Cores busy.
   IngestStages ingest_stages;  // The ingest phase's CPU by stage.
 };

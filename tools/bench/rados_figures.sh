@@ -50,7 +50,7 @@ for form in frames layers; do
 ingest=$("$bin/kvmem" bench --server_store=rados:kvmem --server_ceph_conf="$CEPH_CONF" \
   --server_flags=--cold_form=$form \
   --streams=4 --frames=30 --layers=32 --kv_heads=8 --head_dim=128 --tokens_per_frame=128 \
-  --recalls=20 --index_vectors=16 --index_queries=1 2>/dev/null | awk '/^  ingest / {print $2}')
+  --recalls=20 --loaded_recallers=0 --index_vectors=16 --index_queries=1 2>/dev/null | awk '/^  ingest / {print $2}')
 purge
 echo "kvmem ingest into RADOS, cold blocks as $form (4 streams of 7B frames, 16 MiB each): $ingest MB/s" \
   "= $(python3 -c "print(f'{$ingest/$w:.2f}')")x rados bench write"
@@ -87,7 +87,7 @@ pid=$!
 until "$bin/kvmem" health --addr="unix:$sock" >/dev/null 2>&1; do sleep 0.2; done
 t0=$(date +%s)
 "$bin/kvmem" bench --addr="unix:$sock" --keep_streams --streams=1 --frames="$frames" \
-  --recalls=20 --index_vectors=16 --index_queries=1 --scratch_dir="$dir/bench" >/dev/null 2>&1
+  --recalls=20 --loaded_recallers=0 --index_vectors=16 --index_queries=1 --scratch_dir="$dir/bench" >/dev/null 2>&1
 echo "ingested one camera-hour ($frames frames, the bench's geometry) in $(( $(date +%s) - t0 )) s"
 "$bin/kvmem" stats --addr="unix:$sock" --stream=bench-cam-0 2>/dev/null | sed -n '4,5p;8,11p'
 kill -9 "$pid"
