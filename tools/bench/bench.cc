@@ -676,7 +676,7 @@ std::string BenchJson(const BenchReport& r) {
       .Num(Ratio(r.recall.p99_us, r.empty_rpc.p99_us), 3);
   w.Key("loaded_recall_p99_vs_empty_rpc_p99")
       .Num(Ratio(r.loaded_recall.p99_us, r.loaded_empty_rpc.p99_us), 3);
-  w.Key("loaded_recall_p99_vs_idle_empty_rpc_p99")
+  w.Key("loaded_recall_p99_vs_empty_rpc_phase_p99")
       .Num(Ratio(r.loaded_recall.p99_us, r.empty_rpc.p99_us), 3);
   w.Key("flat_faiss_p99_vs_inproc_p99")
       .Num(Ratio(r.flat.p99_us, r.inproc.p99_us), 2);
@@ -744,7 +744,7 @@ std::string BenchText(const BenchReport& r) {
         "  recall RPC while all streams ingest (%d callers, %llu recalls; "
         "ingest %.1f MB/s) p50 %7.1f us  p99 %7.1f us (in the engine p99 "
         "%.1f us); empty RPC under the same load p50 %.1f us p99 %.1f us "
-        "(x%.2f; x%.2f of the idle empty RPC's p99)\n",
+        "(x%.2f; x%.2f of the empty RPC phase's p99)\n",
         r.loaded_recallers, r.loaded_recall.count, r.loaded_ingest_mb_per_s,
         r.loaded_recall.p50_us, r.loaded_recall.p99_us,
         r.loaded_recall_engine.p99_us, r.loaded_empty_rpc.p50_us,
