@@ -212,6 +212,8 @@ class BenchRun {
   void Recall();
   void EmptyRpc();
   void LoadedRecall();
+  // Each stream's queries, frame by frame: the recall phase's.
+  std::vector<std::vector<std::vector<float>>> StreamQueries() const;
   // The recall phase's request for stream s with query q.
   v1::RecallRequest RecallRequestOf(int s, const std::vector<float>& q) const;
   void Live();
@@ -446,6 +448,15 @@ void BenchRun::EmptyRpc() {
   r_.empty_rpc = SummarizeAll(lat);
 }
 
+std::vector<std::vector<std::vector<float>>> BenchRun::StreamQueries() const {
+  std::vector<std::vector<std::vector<float>>> queries(o_.streams);
+  for (int s = 0; s < o_.streams; ++s) {
+    CameraWorkload cam(o_.seed * 1000 + s, g_, 6, o_.frames);
+    for (int i = 0; i < o_.frames; ++i) queries[s].push_back(cam.MakeQuery(i));
+  }
+  return queries;
+}
+
 v1::RecallRequest BenchRun::RecallRequestOf(int s,
                                             const std::vector<float>& q) const {
   v1::RecallRequest req;
@@ -485,11 +496,7 @@ void BenchRun::LoadedRecall() {
   }
   std::vector<std::vector<double>> rec(callers), eng(callers), emp(callers);
   // Each stream's queries, as the recall phase's (built before the clock).
-  std::vector<std::vector<std::vector<float>>> queries(o_.streams);
-  for (int s = 0; s < o_.streams; ++s) {
-    CameraWorkload cam(o_.seed * 1000 + s, g_, 6, o_.frames);
-    for (int i = 0; i < o_.frames; ++i) queries[s].push_back(cam.MakeQuery(i));
-  }
+  const std::vector<std::vector<std::vector<float>>> queries = StreamQueries();
   std::atomic<int> appending{o_.streams};
   const auto t0 = Clock::now();
   std::atomic<double> ingest_secs{0};
@@ -535,11 +542,7 @@ void BenchRun::Live() {
       eng(o_.streams), emp(o_.streams);
   // Frames and queries come from the ingest phase's (built before the
   // clock starts): the load generator shares the machine's cores.
-  std::vector<std::vector<std::vector<float>>> queries(o_.streams);
-  for (int s = 0; s < o_.streams; ++s) {
-    CameraWorkload cam(o_.seed * 1000 + s, g_, 6, o_.frames);
-    for (int i = 0; i < o_.frames; ++i) queries[s].push_back(cam.MakeQuery(i));
-  }
+  const std::vector<std::vector<std::vector<float>>> queries = StreamQueries();
   live_first_.assign(o_.streams, Clock::time_point::max());
   live_last_.assign(o_.streams, Clock::time_point::min());
   Parallel(o_.streams, [&](int s) {
