@@ -187,6 +187,13 @@ assert b["loaded_recallers"] == 4 and b["loaded_recalls"] >= 4, b
 assert b["inproc_recall_at_16"] == 1.0, b
 assert b["streams"] == 2 and b["frame_bytes"] == 262144, b
 assert b["live_frames_per_s"] > 0 and b["server_rss_mib"] > 0, b
+# CPU per GB of the ingest and of the two references, and what those two
+# alone take at 0.8x the puts' rate: their own figures' product.
+assert b["cpus"] >= 1 and b["ingest_cpu_s_per_gb"] > 0, b
+assert b["storage_cpu_s_per_gb"] > 0 and b["transport_cpu_s_per_gb"] > 0, b
+cores = 0.8 * b["storage_put_mb_per_s"] / 1e3 * (
+    b["storage_cpu_s_per_gb"] + b["transport_cpu_s_per_gb"])
+assert abs(b["cores_for_0_8x_storage_at_references_cpu"] - cores) < 0.01, b
 # Blocks left RAM, stored at about a quarter of their appended bytes: less
 # than 0.3 of all 32 frames. (RAM holds at most 8 of a stream's 16: 1 MiB
 # of warm blocks and the open block, so at full precision the blocks out of

@@ -194,6 +194,7 @@ class BenchRun {
     r_.kernel = ActiveInt8Kernel().name;
     r_.token_lanes = LaneTokenKernel();
     r_.cpu = CpuModel();
+    r_.cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   }
   absl::StatusOr<BenchReport> Run();
 
@@ -311,6 +312,7 @@ absl::Status BenchRun::StorageReference() {
   so.path = o_.scratch_dir + "/storage-reference";
   auto store = OpenRocksColdStore(so);
   if (!store.ok()) return store.status();
+  const double c0 = SelfCpuSeconds();
   const auto t0 = Clock::now();
   Parallel(o_.streams, [&](int s) {
     for (int i = 0; i < o_.frames; ++i) {
@@ -321,6 +323,7 @@ absl::Status BenchRun::StorageReference() {
     }
   });
   r_.storage_put_mb_per_s = total_mb_ / Seconds(t0, Clock::now());
+  r_.storage_cpu_s_per_gb = (SelfCpuSeconds() - c0) / (total_mb_ / 1e3);
   return err_.status();
 }
 
@@ -336,6 +339,7 @@ absl::Status BenchRun::TransportReference() {
   b.RegisterService(&sink);
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   if (!server) return absl::InternalError("cannot start the no-op sink");
+  const double c0 = SelfCpuSeconds();
   const auto t0 = Clock::now();
   Parallel(o_.streams, [&](int s) {
     auto c = OwnConnection("unix:" + path);
@@ -344,6 +348,7 @@ absl::Status BenchRun::TransportReference() {
              c->AppendFrames(StreamId(s), frames_[s], &resp));
   });
   r_.raw_stream_mb_per_s = total_mb_ / Seconds(t0, Clock::now());
+  r_.transport_cpu_s_per_gb = (SelfCpuSeconds() - c0) / (total_mb_ / 1e3);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   ::unlink(path.c_str());
   return err_.status();
@@ -374,6 +379,7 @@ void BenchRun::Ingest() {
   Say(absl::StrCat("ingest: ", o_.streams, " streams x ", o_.frames,
                    " frames of ", r_.frame_bytes / 1024, " KiB"));
   const ProcSample p0 = SampleProcess(o_.server_pid);
+  const double self0 = SelfCpuSeconds();
   const auto t0 = Clock::now();
   Parallel(o_.streams, [&](int s) {
     v1::AppendFramesResponse resp;
@@ -384,6 +390,11 @@ void BenchRun::Ingest() {
   r_.ingest_mb_per_s = total_mb_ / secs;
   r_.ingest_frames_per_s = double(o_.frames) * o_.streams / secs;
   r_.server_cpu_ingest = (SampleProcess(o_.server_pid).cpu_s - p0.cpu_s) / secs;
+  if (o_.server_pid >= 0) {
+    r_.ingest_cpu_s_per_gb = (SampleProcess(o_.server_pid).cpu_s - p0.cpu_s +
+                              SelfCpuSeconds() - self0) /
+                             (total_mb_ / 1e3);
+  }
   // The stages: each stream's stats (which seal what the acks left
   // pending), and the server's CPU up to them.
   IngestStages& st = r_.ingest_stages;
@@ -621,6 +632,19 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& o) {
   return run.Run();
 }
 
+namespace {
+
+// The CPUs the two references' own work (storage and transport, per GB)
+// takes at `fraction` of the storage reference's rate: what ingest at that
+// rate needs even if kvmem's work cost nothing. 0 when not measured.
+double ReferenceCoresAtFraction(const BenchReport& r, double fraction) {
+  if (r.ingest_cpu_s_per_gb <= 0) return 0;
+  return fraction * r.storage_put_mb_per_s / 1e3 *
+         (r.storage_cpu_s_per_gb + r.transport_cpu_s_per_gb);
+}
+
+}  // namespace
+
 std::string BenchJson(const BenchReport& r) {
   JsonWriter w;
   w.Object(/*multiline=*/true);
@@ -675,6 +699,12 @@ std::string BenchJson(const BenchReport& r) {
       .Num(Ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), 3);
   w.Key("ingest_vs_raw_stream")
       .Num(Ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s), 3);
+  w.Key("cpus").Int(r.cpus);
+  w.Key("storage_cpu_s_per_gb").Num(r.storage_cpu_s_per_gb, 3);
+  w.Key("transport_cpu_s_per_gb").Num(r.transport_cpu_s_per_gb, 3);
+  w.Key("ingest_cpu_s_per_gb").Num(r.ingest_cpu_s_per_gb, 3);
+  w.Key("cores_for_0_8x_storage_at_references_cpu")
+      .Num(ReferenceCoresAtFraction(r, 0.8), 2);
   w.Key("recall_p99_vs_empty_rpc_p99")
       .Num(Ratio(r.recall.p99_us, r.empty_rpc.p99_us), 3);
   w.Key("loaded_recall_p99_vs_empty_rpc_p99")
@@ -730,6 +760,14 @@ std::string BenchText(const BenchReport& r) {
       r.ingest_mb_per_s, r.ingest_frames_per_s, r.storage_put_mb_per_s,
       Ratio(r.ingest_mb_per_s, r.storage_put_mb_per_s), r.raw_stream_mb_per_s,
       Ratio(r.ingest_mb_per_s, r.raw_stream_mb_per_s));
+  if (r.ingest_cpu_s_per_gb > 0) {
+    s += absl::StrFormat(
+        "  CPU per GB          ingest %.2f s (server and clients); storage "
+        "alone %.2f s, transport alone %.2f s: those two alone at 0.8x "
+        "storage's rate take %.2f of %d CPUs\n",
+        r.ingest_cpu_s_per_gb, r.storage_cpu_s_per_gb, r.transport_cpu_s_per_gb,
+        ReferenceCoresAtFraction(r, 0.8), r.cpus);
+  }
   s += absl::StrFormat(
       "  cold tier (%s)     %llu blocks out of RAM, %.1f MiB on disk (%.1f "
       "KiB a block); frames written %s\n",

@@ -130,6 +130,13 @@ struct BenchReport {
   // Server process (server_pid >= 0).
   double server_rss_mib = 0;  // Before the loaded phase.
   double server_cpu_ingest = 0, server_cpu_recall = 0;  // Cores busy.
+  // CPU seconds per GB of frames: the two references (this process: the
+  // puts with RocksDB's threads; the no-op sink with its clients) and the
+  // ingest phase (the server's and this process's, its clients); 0 when
+  // not measured (no server_pid). cpus: the machine's online CPUs.
+  double storage_cpu_s_per_gb = 0, transport_cpu_s_per_gb = 0;
+  double ingest_cpu_s_per_gb = 0;
+  int cpus = 0;
   IngestStages ingest_stages;  // The ingest phase's CPU by stage.
 };
 

@@ -1,5 +1,6 @@
 #include "tools/bench/bench_util.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -13,6 +14,12 @@
 #include "engine/codec/dtype.h"
 
 namespace kvmem {
+
+double SelfCpuSeconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9;
+}
 
 ProcSample SampleProcess(int pid) {
   ProcSample s;

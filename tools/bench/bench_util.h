@@ -21,6 +21,9 @@ struct ProcSample {
   // write_bytes: its page-cache writes as the kernel sends them to disk).
   double disk_write_bytes = 0;
 };
+// This process's CPU seconds (every thread, finished ones included), at
+// the clock's resolution rather than /proc's ticks.
+double SelfCpuSeconds();
 ProcSample SampleProcess(int pid);
 
 // a / b, or 0 when b is not positive (a figure beside a reference that was
