@@ -132,8 +132,10 @@ struct BenchReport {
   double server_cpu_ingest = 0, server_cpu_recall = 0;  // Cores busy.
   // CPU seconds per GB of frames: the two references (this process: the
   // puts with RocksDB's threads; the no-op sink with its clients) and the
-  // ingest phase (the server's and this process's, its clients); 0 when
-  // not measured (no server_pid). cpus: the machine's online CPUs.
+  // ingest phase (the server's and this process's, its clients, up to the
+  // last append's ack; the stages also count the seals pending then); the
+  // ingest figure 0 when not measured (no server_pid). cpus: the machine's
+  // online CPUs.
   double storage_cpu_s_per_gb = 0, transport_cpu_s_per_gb = 0;
   double ingest_cpu_s_per_gb = 0;
   int cpus = 0;
